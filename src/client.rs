@@ -1,1 +1,304 @@
-//! client
+//! The client: a `reqwest::Client` plus a retry policy, a key header and the time sources.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use http::{HeaderName, Method};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use reqwest::IntoUrl;
+
+use crate::error::Error;
+use crate::policy::RetryPolicy;
+use crate::request::RequestBuilder;
+use crate::time::{Clock, Sleeper, TokioClock, TokioSleeper};
+
+/// The default idempotency key header.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// A retrying HTTP client that sends one idempotency key per logical operation.
+///
+/// Cloning is cheap and clones share the connection pool, the policy and the RNG.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn run() -> Result<(), idempotent_retry::Error> {
+/// use idempotent_retry::{Client, IdempotencyKey};
+///
+/// let client = Client::new(reqwest::Client::new());
+/// let key = IdempotencyKey::derive("agent.send_email", &["conv_42", "7"]);
+/// let response = client
+///     .post("https://api.example.com/v1/emails")
+///     .idempotency_key(key)
+///     .json(&serde_json::json!({"to": "a@example.com"}))
+///     .send()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Client {
+    pub(crate) inner: Arc<ClientRef>,
+}
+
+pub(crate) struct ClientRef {
+    pub(crate) http: reqwest::Client,
+    pub(crate) policy: RetryPolicy,
+    pub(crate) key_header: HeaderName,
+    pub(crate) auto_keys: bool,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) sleeper: Arc<dyn Sleeper>,
+    pub(crate) rng: Jitter,
+}
+
+/// Where jitter comes from: the thread-local RNG, or one seeded RNG shared by all clones.
+pub(crate) enum Jitter {
+    Thread,
+    Seeded(Box<Mutex<StdRng>>),
+}
+
+impl fmt::Debug for ClientRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("policy", &self.policy)
+            .field("key_header", &self.key_header)
+            .field("auto_keys", &self.auto_keys)
+            .field("clock", &self.clock)
+            .field("sleeper", &self.sleeper)
+            .field(
+                "rng",
+                &match self.rng {
+                    Jitter::Thread => "thread",
+                    Jitter::Seeded(_) => "seeded",
+                },
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// Wraps a `reqwest::Client` with the default policy and the `Idempotency-Key` header.
+    pub fn new(http: reqwest::Client) -> Client {
+        Client::from_builder(ClientBuilder::new().http(http))
+    }
+
+    /// A builder to configure the policy, key header and time sources.
+    pub fn builder() -> ClientBuilder {
+        ClientBuilder::new()
+    }
+
+    fn from_builder(builder: ClientBuilder) -> Client {
+        Client {
+            inner: Arc::new(ClientRef {
+                http: builder.http.unwrap_or_default(),
+                policy: builder.policy,
+                key_header: builder.key_header,
+                auto_keys: builder.auto_keys,
+                clock: builder.clock,
+                sleeper: builder.sleeper,
+                rng: match builder.rng_seed {
+                    Some(seed) => Jitter::Seeded(Box::new(Mutex::new(StdRng::seed_from_u64(seed)))),
+                    None => Jitter::Thread,
+                },
+            }),
+        }
+    }
+
+    /// The client-wide policy.
+    pub fn policy(&self) -> &RetryPolicy {
+        &self.inner.policy
+    }
+
+    /// The header the key travels in.
+    pub fn key_header(&self) -> &HeaderName {
+        &self.inner.key_header
+    }
+
+    /// Starts a `GET` request. Retried without a key; a key is sent only if given.
+    pub fn get<U: IntoUrl>(&self, url: U) -> RequestBuilder {
+        self.request(Method::GET, url)
+    }
+
+    /// Starts a `POST` request. Gets a random key unless one is given (or automatic keys are
+    /// off).
+    pub fn post<U: IntoUrl>(&self, url: U) -> RequestBuilder {
+        self.request(Method::POST, url)
+    }
+
+    /// Starts a `PUT` request. Retried without a key; a key is sent only if given.
+    pub fn put<U: IntoUrl>(&self, url: U) -> RequestBuilder {
+        self.request(Method::PUT, url)
+    }
+
+    /// Starts a `PATCH` request. Gets a random key unless one is given (or automatic keys are
+    /// off).
+    pub fn patch<U: IntoUrl>(&self, url: U) -> RequestBuilder {
+        self.request(Method::PATCH, url)
+    }
+
+    /// Starts a `DELETE` request. Retried without a key; a key is sent only if given.
+    pub fn delete<U: IntoUrl>(&self, url: U) -> RequestBuilder {
+        self.request(Method::DELETE, url)
+    }
+
+    /// Starts a `HEAD` request.
+    pub fn head<U: IntoUrl>(&self, url: U) -> RequestBuilder {
+        self.request(Method::HEAD, url)
+    }
+
+    /// Starts a request with any method. Methods that are not idempotent by definition
+    /// (everything but `GET`, `HEAD`, `OPTIONS`, `PUT`, `DELETE`, `TRACE`) get a random key
+    /// unless one is given.
+    pub fn request<U: IntoUrl>(&self, method: Method, url: U) -> RequestBuilder {
+        RequestBuilder::new(self.clone(), self.inner.http.request(method, url))
+    }
+}
+
+/// Configures a [`Client`].
+///
+/// # Default
+///
+/// | setting | default |
+/// |---|---|
+/// | [`http`](Self::http) | `reqwest::Client::new()` |
+/// | [`policy`](Self::policy) | [`RetryPolicy::default()`] |
+/// | [`key_header`](Self::key_header) | `Idempotency-Key` |
+/// | [`auto_keys`](Self::auto_keys) | `true` |
+/// | [`clock`](Self::clock) / [`sleeper`](Self::sleeper) | tokio's |
+/// | [`rng_seed`](Self::rng_seed) | none: the thread-local RNG |
+#[must_use]
+pub struct ClientBuilder {
+    http: Option<reqwest::Client>,
+    policy: RetryPolicy,
+    key_header: HeaderName,
+    auto_keys: bool,
+    clock: Arc<dyn Clock>,
+    sleeper: Arc<dyn Sleeper>,
+    rng_seed: Option<u64>,
+}
+
+impl fmt::Debug for ClientBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientBuilder")
+            .field("policy", &self.policy)
+            .field("key_header", &self.key_header)
+            .field("auto_keys", &self.auto_keys)
+            .field("rng_seed", &self.rng_seed)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for ClientBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ClientBuilder {
+    /// A builder with every default.
+    pub fn new() -> Self {
+        ClientBuilder {
+            http: None,
+            policy: RetryPolicy::default(),
+            key_header: IDEMPOTENCY_KEY,
+            auto_keys: true,
+            clock: Arc::new(TokioClock),
+            sleeper: Arc::new(TokioSleeper),
+            rng_seed: None,
+        }
+    }
+
+    /// The `reqwest::Client` that sends each attempt. Configure TLS, proxies and pools there;
+    /// leave its own retries at reqwest's default (HTTP/2 refusals only) or turn them off with
+    /// `reqwest::retry::never()`, so retries are not stacked.
+    ///
+    /// Default: `reqwest::Client::new()`.
+    pub fn http(mut self, http: reqwest::Client) -> Self {
+        self.http = Some(http);
+        self
+    }
+
+    /// The retry policy for every request, unless a request sets its own.
+    ///
+    /// Default: [`RetryPolicy::default()`].
+    pub fn policy(mut self, policy: RetryPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The header the key travels in, for providers that name it differently (for example
+    /// `PayPal-Request-Id`).
+    ///
+    /// Default: `Idempotency-Key`.
+    pub fn key_header(mut self, header: HeaderName) -> Self {
+        self.key_header = header;
+        self
+    }
+
+    /// Whether requests with a non-idempotent method (`POST`, `PATCH`, ...) get a random key
+    /// when none is given. With `false`, such a request is retried only when no attempt can
+    /// have reached the server (connect and DNS failures).
+    ///
+    /// Default: `true`.
+    pub fn auto_keys(mut self, enabled: bool) -> Self {
+        self.auto_keys = enabled;
+        self
+    }
+
+    /// The clock that measures the reconcile window and dates `Retry-After`.
+    ///
+    /// Default: [`TokioClock`].
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// What waits between attempts.
+    ///
+    /// Default: [`TokioSleeper`].
+    pub fn sleeper(mut self, sleeper: impl Sleeper) -> Self {
+        self.sleeper = Arc::new(sleeper);
+        self
+    }
+
+    /// Seeds the jitter RNG, shared by all clones, so the sequence of delays is reproducible.
+    ///
+    /// Default: none; the thread-local RNG seeded by the operating system.
+    pub fn rng_seed(mut self, seed: u64) -> Self {
+        self.rng_seed = Some(seed);
+        self
+    }
+
+    /// Builds the client.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) when the policy is invalid (see
+    /// [`RetryPolicy::validate`]).
+    pub fn build(self) -> Result<Client, Error> {
+        self.policy.validate()?;
+        Ok(Client::from_builder(self))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_traits<T: Send + Sync + Clone + fmt::Debug + 'static>() {}
+
+    #[test]
+    fn client_is_send_sync_clone() {
+        assert_traits::<Client>();
+    }
+
+    #[test]
+    fn build_refuses_an_invalid_policy() {
+        let err = Client::builder()
+            .policy(RetryPolicy::default().max_attempts(0))
+            .build()
+            .expect_err("zero attempts is invalid");
+        assert_eq!(err.kind(), crate::ErrorKind::Builder);
+        assert!(err.to_string().contains("max_attempts"));
+    }
+}

@@ -1,1 +1,366 @@
-//! error
+//! The crate's one error type.
+//!
+//! An [`Error`] tells the caller the truth about the operation: its [`ErrorKind`], whether the
+//! server may have executed it ([`Error::is_outcome_unknown`]), the idempotency key to
+//! reconcile with, how many attempts were made, and the last response when there was one.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use http::StatusCode;
+
+use crate::classify::FailureKind;
+use crate::key::{IdempotencyKey, InvalidKey};
+use crate::report::RetryReport;
+
+type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// What went wrong, broadly. Match on it with a wildcard arm: new kinds may be added.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// Every allowed attempt failed transiently. Check
+    /// [`is_outcome_unknown`](Error::is_outcome_unknown): retry later with the same key, or
+    /// reconcile.
+    AttemptsExhausted,
+    /// The next wait would have ended past the reconcile window. Do not retry: reconcile using
+    /// the key (the receiver may soon forget it, and a retry would then be a new request).
+    ReconcileWindow,
+    /// The server asked to wait longer than `max_retry_after`, or longer than the reconcile
+    /// window has left. [`retry_after`](Error::retry_after) says how long it asked for.
+    RetryAfterTooLong,
+    /// A retry was due, but the request body is a stream that cannot be sent twice. The one
+    /// attempt's failure is the [`source`](std::error::Error::source).
+    BodyNotReplayable,
+    /// The idempotency key, or a key header set by the caller, is not a valid key.
+    InvalidKey,
+    /// A transport error that was not retried: not transient, or a request that may have
+    /// reached the server and has neither a key nor an idempotent method.
+    Transport,
+    /// Invalid configuration or request: a bad policy, URL, or header, or conflicting keys.
+    Builder,
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ErrorKind::AttemptsExhausted => "attempts exhausted",
+            ErrorKind::ReconcileWindow => "reconcile window ended",
+            ErrorKind::RetryAfterTooLong => "server asked to wait too long",
+            ErrorKind::BodyNotReplayable => "request body cannot be replayed",
+            ErrorKind::InvalidKey => "invalid idempotency key",
+            ErrorKind::Transport => "transport error",
+            ErrorKind::Builder => "invalid configuration",
+        })
+    }
+}
+
+/// The error returned when an operation ends without a final response.
+///
+/// `Error` is `Send + Sync + 'static` and keeps its source chain: the last transport error
+/// (a `reqwest::Error`), or the [`InvalidKey`] reason.
+pub struct Error {
+    inner: Box<Inner>,
+}
+
+struct Inner {
+    kind: ErrorKind,
+    report: RetryReport,
+    outcome_unknown: bool,
+    failure: Option<FailureKind>,
+    status: Option<StatusCode>,
+    retry_after: Option<Duration>,
+    window: Option<Duration>,
+    message: Option<String>,
+    // A Mutex so that `Error` is `Sync` whatever `reqwest::Response` is; it is only ever
+    // locked through `&mut self`, so it never blocks.
+    response: Mutex<Option<reqwest::Response>>,
+    source: Option<BoxError>,
+}
+
+impl Error {
+    fn new(kind: ErrorKind) -> Self {
+        Error {
+            inner: Box::new(Inner {
+                kind,
+                report: RetryReport::new(None),
+                outcome_unknown: false,
+                failure: None,
+                status: None,
+                retry_after: None,
+                window: None,
+                message: None,
+                response: Mutex::new(None),
+                source: None,
+            }),
+        }
+    }
+
+    pub(crate) fn builder(message: impl Into<String>) -> Self {
+        let mut err = Error::new(ErrorKind::Builder);
+        err.inner.message = Some(message.into());
+        err
+    }
+
+    pub(crate) fn builder_from(source: reqwest::Error) -> Self {
+        Error::new(ErrorKind::Builder).with_source(source)
+    }
+
+    pub(crate) fn invalid_key(reason: InvalidKey, context: &str) -> Self {
+        let mut err = Error::new(ErrorKind::InvalidKey).with_source(reason);
+        err.inner.message = Some(context.to_owned());
+        err
+    }
+
+    pub(crate) fn operation(kind: ErrorKind, report: RetryReport, outcome_unknown: bool) -> Self {
+        let mut err = Error::new(kind);
+        err.inner.report = report;
+        err.inner.outcome_unknown = outcome_unknown;
+        err
+    }
+
+    pub(crate) fn with_source(
+        mut self,
+        source: impl Into<Box<dyn StdError + Send + Sync>>,
+    ) -> Self {
+        self.inner.source = Some(source.into());
+        self
+    }
+
+    pub(crate) fn with_failure(mut self, failure: Option<FailureKind>) -> Self {
+        self.inner.failure = failure;
+        self
+    }
+
+    pub(crate) fn with_response(mut self, response: reqwest::Response) -> Self {
+        self.inner.status = Some(response.status());
+        self.inner.response = Mutex::new(Some(response));
+        self
+    }
+
+    pub(crate) fn with_retry_after(mut self, asked: Duration) -> Self {
+        self.inner.retry_after = Some(asked);
+        self
+    }
+
+    pub(crate) fn with_window(mut self, window: Duration) -> Self {
+        self.inner.window = Some(window);
+        self
+    }
+
+    /// What went wrong.
+    #[must_use]
+    pub fn kind(&self) -> ErrorKind {
+        self.inner.kind
+    }
+
+    /// How many attempts were made (0 when the request was refused before sending).
+    #[must_use]
+    pub fn attempts(&self) -> u32 {
+        self.inner.report.attempts()
+    }
+
+    /// The key every attempt carried: reconcile with it, or retry later with it.
+    #[must_use]
+    pub fn idempotency_key(&self) -> Option<&IdempotencyKey> {
+        self.inner.report.idempotency_key()
+    }
+
+    /// Whether the server may have executed the operation.
+    ///
+    /// `true` when any attempt was sent and then timed out, was reset or closed, or answered
+    /// 5xx or 409 (in progress): the side effect may have happened. Reconcile using
+    /// [`idempotency_key`](Self::idempotency_key), or retry later with the same key.
+    ///
+    /// `false` when no attempt can have been executed: every attempt failed to connect or
+    /// resolve, or was refused (429, 408), or nothing was sent. It is then safe to try again
+    /// later, even with a new key.
+    #[must_use]
+    pub fn is_outcome_unknown(&self) -> bool {
+        self.inner.outcome_unknown
+    }
+
+    /// The last response's status, when the last attempt got a response.
+    #[must_use]
+    pub fn status(&self) -> Option<StatusCode> {
+        self.inner.status
+    }
+
+    /// What the server asked to wait (`Retry-After` or `retry-after-ms`), for
+    /// [`ErrorKind::RetryAfterTooLong`].
+    #[must_use]
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.inner.retry_after
+    }
+
+    /// Whether the last attempt timed out.
+    #[must_use]
+    pub fn is_timeout(&self) -> bool {
+        self.inner.failure == Some(FailureKind::Timeout)
+    }
+
+    /// How the last attempt failed, when it did.
+    #[must_use]
+    pub fn failure(&self) -> Option<FailureKind> {
+        self.inner.failure
+    }
+
+    /// Time from the first attempt to the end of the last one.
+    #[must_use]
+    pub fn elapsed(&self) -> Duration {
+        self.inner.report.elapsed()
+    }
+
+    /// The full account of the operation.
+    #[must_use]
+    pub fn report(&self) -> &RetryReport {
+        &self.inner.report
+    }
+
+    /// Takes the last response out of the error, when the last attempt got one. Its body has
+    /// not been read. Returns `None` on the second call.
+    pub fn take_response(&mut self) -> Option<reqwest::Response> {
+        match self.inner.response.get_mut() {
+            Ok(slot) => slot.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
+        }
+    }
+
+    fn describe(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = &self.inner;
+        let attempts = inner.report.attempts();
+        let plural = if attempts == 1 { "" } else { "s" };
+        match inner.kind {
+            ErrorKind::Builder => {
+                f.write_str("invalid configuration")?;
+                if let Some(message) = &inner.message {
+                    write!(f, ": {message}")?;
+                }
+                return Ok(());
+            }
+            ErrorKind::InvalidKey => {
+                f.write_str("invalid idempotency key")?;
+                if let Some(message) = &inner.message {
+                    write!(f, " ({message})")?;
+                }
+                return Ok(());
+            }
+            ErrorKind::AttemptsExhausted => {
+                write!(f, "gave up after {attempts} attempt{plural}")?;
+            }
+            ErrorKind::ReconcileWindow => {
+                f.write_str("reconcile window")?;
+                if let Some(window) = inner.window {
+                    write!(f, " of {window:?}")?;
+                }
+                write!(
+                    f,
+                    " would end before the next attempt, after {attempts} attempt{plural}: reconcile, do not retry"
+                )?;
+            }
+            ErrorKind::RetryAfterTooLong => {
+                f.write_str("server asked to wait")?;
+                if let Some(asked) = inner.retry_after {
+                    write!(f, " {asked:?}")?;
+                }
+                write!(
+                    f,
+                    ", longer than allowed, after {attempts} attempt{plural}"
+                )?;
+            }
+            ErrorKind::BodyNotReplayable => {
+                f.write_str("request failed and its streamed body cannot be sent again")?;
+            }
+            ErrorKind::Transport => {
+                f.write_str("request failed")?;
+                if self.inner.outcome_unknown && inner.report.idempotency_key().is_none() {
+                    f.write_str(
+                        " and was not retried: it has no idempotency key and may have reached the server",
+                    )?;
+                }
+            }
+        }
+        if let Some(status) = inner.status {
+            write!(f, " (last status {status})")?;
+        } else if let Some(failure) = inner.failure {
+            write!(f, " (last failure: {failure})")?;
+        }
+        if inner.outcome_unknown {
+            f.write_str("; outcome unknown")?;
+        } else {
+            f.write_str("; not executed")?;
+        }
+        if let Some(key) = inner.report.idempotency_key() {
+            write!(f, "; idempotency key {key}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.describe(f)
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = &self.inner;
+        f.debug_struct("Error")
+            .field("kind", &inner.kind)
+            .field("attempts", &inner.report.attempts())
+            .field("key", &inner.report.idempotency_key())
+            .field("outcome_unknown", &inner.outcome_unknown)
+            .field("failure", &inner.failure)
+            .field("status", &inner.status)
+            .field("retry_after", &inner.retry_after)
+            .field("message", &inner.message)
+            .field("source", &inner.source)
+            .finish()
+    }
+}
+
+impl StdError for Error {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.inner
+            .source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync_static<T: Send + Sync + 'static>() {}
+
+    #[test]
+    fn error_is_send_sync_static_and_small() {
+        assert_send_sync_static::<Error>();
+        assert_eq!(std::mem::size_of::<Error>(), std::mem::size_of::<usize>());
+        assert_eq!(
+            std::mem::size_of::<Result<(), Error>>(),
+            std::mem::size_of::<usize>()
+        );
+    }
+
+    #[test]
+    fn messages_are_lowercase_without_period() {
+        let key = IdempotencyKey::new("k_123").expect("valid key");
+        let mut report = RetryReport::new(Some(key));
+        report.attempts = 5;
+        let err = Error::operation(ErrorKind::AttemptsExhausted, report, true)
+            .with_failure(Some(FailureKind::ConnectionReset));
+        let text = err.to_string();
+        assert_eq!(
+            text,
+            "gave up after 5 attempts (last failure: connection reset); outcome unknown; idempotency key k_123"
+        );
+        assert!(!text.ends_with('.'));
+        let text = Error::builder("max_attempts must be at least 1").to_string();
+        assert_eq!(text, "invalid configuration: max_attempts must be at least 1");
+    }
+}

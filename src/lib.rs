@@ -1,4 +1,4 @@
-//! placeholder crate docs (written last)
+//! Retrying HTTP client that keeps one idempotency key per logical operation.
 #![forbid(unsafe_code)]
 #![warn(
     missing_docs,
@@ -18,3 +18,15 @@ mod report;
 mod request;
 mod retry_after;
 mod time;
+
+pub use backoff::{backoff_ceiling, full_jitter};
+pub use canonical::canonical_json;
+pub use classify::FailureKind;
+pub use client::{Client, ClientBuilder, IDEMPOTENCY_KEY};
+pub use error::{Error, ErrorKind};
+pub use key::{IdempotencyKey, InvalidKey, InvalidKeyReason};
+pub use policy::RetryPolicy;
+pub use report::{AttemptRecord, RetryReport, Wait, WaitReason};
+pub use request::RequestBuilder;
+pub use retry_after::{parse_retry_after, parse_retry_after_ms, requested_delay};
+pub use time::{Clock, Sleep, Sleeper, TokioClock, TokioSleeper};

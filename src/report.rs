@@ -1,1 +1,139 @@
-//! report
+//! What happened during one logical operation: attempts, waits, the key.
+//!
+//! Every response returned by [`RequestBuilder::send`](crate::RequestBuilder::send) carries a
+//! [`RetryReport`] in its extensions, and every [`Error`](crate::Error) carries one too.
+
+use std::time::Duration;
+
+use http::StatusCode;
+
+use crate::classify::FailureKind;
+use crate::key::IdempotencyKey;
+
+/// The account of one logical operation.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn run() -> Result<(), idempotent_retry::Error> {
+/// use idempotent_retry::{Client, RetryReport};
+///
+/// let client = Client::new(reqwest::Client::new());
+/// let response = client.post("https://api.example.com/v1/charges").send().await?;
+/// if let Some(report) = response.extensions().get::<RetryReport>() {
+///     println!("{} attempts, key {:?}", report.attempts(), report.idempotency_key());
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryReport {
+    pub(crate) key: Option<IdempotencyKey>,
+    pub(crate) attempts: u32,
+    pub(crate) elapsed: Duration,
+    pub(crate) history: Vec<AttemptRecord>,
+}
+
+impl RetryReport {
+    pub(crate) fn new(key: Option<IdempotencyKey>) -> Self {
+        RetryReport {
+            key,
+            attempts: 0,
+            elapsed: Duration::ZERO,
+            history: Vec::new(),
+        }
+    }
+
+    /// How many attempts were sent (or tried to be sent), the first one included.
+    #[must_use]
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// The idempotency key every attempt carried, if the operation had one.
+    #[must_use]
+    pub fn idempotency_key(&self) -> Option<&IdempotencyKey> {
+        self.key.as_ref()
+    }
+
+    /// Time from the start of the first attempt to the end of the last one, waits included.
+    #[must_use]
+    pub fn elapsed(&self) -> Duration {
+        self.elapsed
+    }
+
+    /// The delays waited between attempts, in order.
+    #[must_use]
+    pub fn delays(&self) -> Vec<Duration> {
+        self.history
+            .iter()
+            .filter_map(|a| a.wait.map(|w| w.delay))
+            .collect()
+    }
+
+    /// The sum of all delays waited.
+    #[must_use]
+    pub fn total_wait(&self) -> Duration {
+        self.history
+            .iter()
+            .filter_map(|a| a.wait.map(|w| w.delay))
+            .fold(Duration::ZERO, Duration::saturating_add)
+    }
+
+    /// One record per attempt, in order.
+    #[must_use]
+    pub fn history(&self) -> &[AttemptRecord] {
+        &self.history
+    }
+}
+
+/// One attempt of an operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AttemptRecord {
+    /// 1 for the first attempt.
+    pub number: u32,
+    /// The response status, when a response arrived.
+    pub status: Option<StatusCode>,
+    /// Why the attempt was not final, when it was not.
+    pub failure: Option<FailureKind>,
+    /// The wait that followed this attempt, when another attempt followed.
+    pub wait: Option<Wait>,
+}
+
+/// A wait between two attempts and why it was that long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Wait {
+    /// How long the operation waited.
+    pub delay: Duration,
+    /// Why.
+    pub reason: WaitReason,
+}
+
+/// Why a wait was as long as it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WaitReason {
+    /// Capped exponential backoff with full jitter, drawn below this ceiling.
+    Backoff {
+        /// `min(max_delay, base_delay * 2^retry)` for this retry.
+        ceiling: Duration,
+    },
+    /// The server asked for at least this long (`Retry-After` or `retry-after-ms`), and that
+    /// was longer than the backoff drawn.
+    RetryAfter {
+        /// What the server asked for.
+        asked: Duration,
+    },
+}
+
+impl std::fmt::Display for WaitReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WaitReason::Backoff { ceiling } => {
+                write!(f, "full-jitter backoff below {ceiling:?}")
+            }
+            WaitReason::RetryAfter { asked } => write!(f, "server asked for {asked:?}"),
+        }
+    }
+}
