@@ -260,7 +260,9 @@ mod tests {
 
     #[test]
     fn statuses_follow_the_table() {
-        for code in [200, 201, 204, 301, 304, 400, 401, 403, 404, 410, 422, 501, 505] {
+        for code in [
+            200, 201, 204, 301, 304, 400, 401, 403, 404, 410, 422, 501, 505,
+        ] {
             assert_eq!(class(code, true), StatusClass::Final, "{code}");
         }
         for code in [500, 502, 503, 504, 507, 599] {
@@ -270,12 +272,18 @@ mod tests {
                 "{code}"
             );
         }
-        assert_eq!(class(429, false), StatusClass::Retry(FailureKind::Throttled));
+        assert_eq!(
+            class(429, false),
+            StatusClass::Retry(FailureKind::Throttled)
+        );
         assert_eq!(
             class(408, false),
             StatusClass::Retry(FailureKind::RequestTimeout)
         );
-        assert_eq!(class(409, true), StatusClass::Retry(FailureKind::InProgress));
+        assert_eq!(
+            class(409, true),
+            StatusClass::Retry(FailureKind::InProgress)
+        );
         assert_eq!(class(409, false), StatusClass::Final);
     }
 
@@ -322,10 +330,22 @@ mod tests {
             }
         }
         let cases = [
-            (io::ErrorKind::ConnectionReset, Some(FailureKind::ConnectionReset)),
-            (io::ErrorKind::ConnectionAborted, Some(FailureKind::ConnectionReset)),
-            (io::ErrorKind::BrokenPipe, Some(FailureKind::ConnectionReset)),
-            (io::ErrorKind::UnexpectedEof, Some(FailureKind::ConnectionClosed)),
+            (
+                io::ErrorKind::ConnectionReset,
+                Some(FailureKind::ConnectionReset),
+            ),
+            (
+                io::ErrorKind::ConnectionAborted,
+                Some(FailureKind::ConnectionReset),
+            ),
+            (
+                io::ErrorKind::BrokenPipe,
+                Some(FailureKind::ConnectionReset),
+            ),
+            (
+                io::ErrorKind::UnexpectedEof,
+                Some(FailureKind::ConnectionClosed),
+            ),
             (io::ErrorKind::TimedOut, Some(FailureKind::Timeout)),
             (io::ErrorKind::ConnectionRefused, Some(FailureKind::Connect)),
             (io::ErrorKind::PermissionDenied, None),

@@ -237,7 +237,10 @@ pub(crate) enum Decision {
         reason: WaitReason,
     },
     /// End the operation with an error.
-    Stop { kind: Option<FailureKind>, stop: Stop },
+    Stop {
+        kind: Option<FailureKind>,
+        stop: Stop,
+    },
 }
 
 /// Why an operation stopped without a final answer.
@@ -364,4 +367,488 @@ pub(crate) fn is_idempotent_method(method: &http::Method) -> bool {
         Method::TRACE,
     ]
     .contains(method)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use http::HeaderValue;
+    use proptest::prelude::*;
+    use rand::SeedableRng;
+    use rand::TryRng;
+    use rand::rngs::StdRng;
+
+    use super::*;
+
+    /// An RNG that always returns the same word: all ones draws the top of every range.
+    struct ConstRng(u64);
+
+    impl TryRng for ConstRng {
+        type Error = Infallible;
+        fn try_next_u32(&mut self) -> Result<u32, Infallible> {
+            Ok(self.0 as u32)
+        }
+        fn try_next_u64(&mut self) -> Result<u64, Infallible> {
+            Ok(self.0)
+        }
+        fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Infallible> {
+            dst.fill(self.0 as u8);
+            Ok(())
+        }
+    }
+
+    const MAX: u64 = u64::MAX;
+    static NO_HEADERS: std::sync::LazyLock<HeaderMap> = std::sync::LazyLock::new(HeaderMap::new);
+
+    fn t0() -> Instant {
+        crate::time::Clock::now(&crate::time::TokioClock)
+    }
+
+    fn wall() -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000)
+    }
+
+    fn state(attempts: u32, keyed: bool, idempotent: bool) -> OperationState {
+        OperationState {
+            started: t0(),
+            attempts,
+            keyed,
+            idempotent_method: idempotent,
+            replayable: true,
+        }
+    }
+
+    fn status(code: u16, headers: &HeaderMap) -> Observed<'_> {
+        Observed::Response {
+            status: StatusCode::from_u16(code).expect("valid status in test"),
+            headers,
+        }
+    }
+
+    fn run(policy: &RetryPolicy, state: &OperationState, observed: Observed<'_>) -> Decision {
+        decide(
+            policy,
+            state,
+            observed,
+            state.started,
+            wall(),
+            &mut ConstRng(MAX),
+        )
+    }
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(*name, HeaderValue::from_static(value));
+        }
+        map
+    }
+
+    #[test]
+    fn final_statuses_are_returned() {
+        let policy = RetryPolicy::default();
+        for code in [200, 201, 204, 302, 400, 404, 422, 501, 505] {
+            assert_eq!(
+                run(&policy, &state(1, true, false), status(code, &NO_HEADERS)),
+                Decision::Return,
+                "{code}"
+            );
+        }
+    }
+
+    #[test]
+    fn server_error_retries_with_full_jitter_ceiling() {
+        let policy = RetryPolicy::default();
+        let decision = run(&policy, &state(1, true, false), status(503, &NO_HEADERS));
+        assert_eq!(
+            decision,
+            Decision::Retry {
+                kind: FailureKind::ServerError,
+                delay: Duration::from_millis(500),
+                reason: WaitReason::Backoff {
+                    ceiling: Duration::from_millis(500)
+                },
+            }
+        );
+        // The third retry's ceiling is 500 ms * 2^3; a zero word draws zero.
+        let decision = decide(
+            &policy,
+            &state(4, true, false),
+            status(503, &NO_HEADERS),
+            t0(),
+            wall(),
+            &mut ConstRng(0),
+        );
+        assert_eq!(
+            decision,
+            Decision::Retry {
+                kind: FailureKind::ServerError,
+                delay: Duration::ZERO,
+                reason: WaitReason::Backoff {
+                    ceiling: Duration::from_secs(4)
+                },
+            }
+        );
+    }
+
+    #[test]
+    fn seeded_rng_gives_a_reproducible_delay_sequence() {
+        let policy = RetryPolicy::default();
+        let delays = |seed| {
+            let mut rng = StdRng::seed_from_u64(seed);
+            (1..5)
+                .map(|n| {
+                    let s = state(n, true, false);
+                    match decide(
+                        &policy,
+                        &s,
+                        status(503, &NO_HEADERS),
+                        s.started,
+                        wall(),
+                        &mut rng,
+                    ) {
+                        Decision::Retry { delay, .. } => delay,
+                        other => panic!("expected a retry, got {other:?}"),
+                    }
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(delays(7), delays(7));
+        assert_ne!(delays(7), delays(8));
+    }
+
+    #[test]
+    fn stops_after_max_attempts() {
+        let policy = RetryPolicy::default().max_attempts(3);
+        assert!(matches!(
+            run(&policy, &state(2, true, false), status(503, &NO_HEADERS)),
+            Decision::Retry { .. }
+        ));
+        assert_eq!(
+            run(&policy, &state(3, true, false), status(503, &NO_HEADERS)),
+            Decision::Stop {
+                kind: Some(FailureKind::ServerError),
+                stop: Stop::Exhausted
+            }
+        );
+    }
+
+    #[test]
+    fn retry_after_is_a_floor() {
+        let policy = RetryPolicy::default();
+        let h = headers(&[("retry-after", "2")]);
+        assert_eq!(
+            run(&policy, &state(1, true, false), status(429, &h)),
+            Decision::Retry {
+                kind: FailureKind::Throttled,
+                delay: Duration::from_secs(2),
+                reason: WaitReason::RetryAfter {
+                    asked: Duration::from_secs(2)
+                },
+            }
+        );
+        // Backoff above the asked delay wins: retry 4 draws up to 8 s.
+        let h = headers(&[("retry-after-ms", "10")]);
+        let policy = policy.max_attempts(10);
+        match run(&policy, &state(5, true, false), status(503, &h)) {
+            Decision::Retry { delay, reason, .. } => {
+                assert_eq!(delay, Duration::from_secs(8));
+                assert!(matches!(reason, WaitReason::Backoff { .. }));
+            }
+            other => panic!("expected a retry, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn retry_after_too_long_stops_at_once() {
+        let policy = RetryPolicy::default();
+        let h = headers(&[("retry-after", "61")]);
+        assert_eq!(
+            run(&policy, &state(1, true, false), status(429, &h)),
+            Decision::Stop {
+                kind: Some(FailureKind::Throttled),
+                stop: Stop::RetryAfterTooLong {
+                    asked: Duration::from_secs(61)
+                }
+            }
+        );
+        // Within max_retry_after but past the window's end.
+        let policy = RetryPolicy::default().reconcile_window(Duration::from_secs(30));
+        let h = headers(&[("retry-after", "30")]);
+        assert_eq!(
+            run(&policy, &state(1, true, false), status(503, &h)),
+            Decision::Stop {
+                kind: Some(FailureKind::ServerError),
+                stop: Stop::RetryAfterTooLong {
+                    asked: Duration::from_secs(30)
+                }
+            }
+        );
+        // Garbage is absent, not zero: plain backoff.
+        let h = headers(&[("retry-after", "soon")]);
+        assert!(matches!(
+            run(&policy, &state(1, true, false), status(503, &h)),
+            Decision::Retry {
+                reason: WaitReason::Backoff { .. },
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn never_waits_past_the_window() {
+        let policy = RetryPolicy::default().reconcile_window(Duration::from_secs(10));
+        let s = state(1, true, false);
+        // 9.6 s in, 400 ms left: a 500 ms wait would cross the end.
+        let now = s.started + Duration::from_millis(9600);
+        let decision = decide(
+            &policy,
+            &s,
+            status(503, &NO_HEADERS),
+            now,
+            wall(),
+            &mut ConstRng(MAX),
+        );
+        assert_eq!(
+            decision,
+            Decision::Stop {
+                kind: Some(FailureKind::ServerError),
+                stop: Stop::Window
+            }
+        );
+        // With a zero draw the wait fits.
+        let decision = decide(
+            &policy,
+            &s,
+            status(503, &NO_HEADERS),
+            now,
+            wall(),
+            &mut ConstRng(0),
+        );
+        assert!(matches!(decision, Decision::Retry { .. }));
+    }
+
+    #[test]
+    fn keyless_non_idempotent_requests_are_resent_only_when_never_sent() {
+        let policy = RetryPolicy::default();
+        let post = state(1, false, false);
+        for code in [429, 503] {
+            assert_eq!(
+                run(&policy, &post, status(code, &NO_HEADERS)),
+                Decision::Return
+            );
+        }
+        assert_eq!(
+            run(
+                &policy,
+                &post,
+                Observed::Failure(FailureKind::ConnectionReset)
+            ),
+            Decision::Stop {
+                kind: Some(FailureKind::ConnectionReset),
+                stop: Stop::NotRetrySafe
+            }
+        );
+        assert_eq!(
+            run(&policy, &post, Observed::Failure(FailureKind::Timeout)),
+            Decision::Stop {
+                kind: Some(FailureKind::Timeout),
+                stop: Stop::NotRetrySafe
+            }
+        );
+        for kind in [FailureKind::Connect, FailureKind::Dns] {
+            assert!(matches!(
+                run(&policy, &post, Observed::Failure(kind)),
+                Decision::Retry { .. }
+            ));
+        }
+        // The server may say a retry is safe.
+        let h = headers(&[("x-should-retry", "true")]);
+        assert!(matches!(
+            run(&policy, &post, status(503, &h)),
+            Decision::Retry { .. }
+        ));
+        // Idempotent methods retry without a key.
+        let get = state(1, false, true);
+        assert!(matches!(
+            run(
+                &policy,
+                &get,
+                Observed::Failure(FailureKind::ConnectionReset)
+            ),
+            Decision::Retry { .. }
+        ));
+    }
+
+    #[test]
+    fn conflict_is_retried_only_with_a_key() {
+        let policy = RetryPolicy::default();
+        assert!(matches!(
+            run(&policy, &state(1, true, false), status(409, &NO_HEADERS)),
+            Decision::Retry {
+                kind: FailureKind::InProgress,
+                ..
+            }
+        ));
+        assert_eq!(
+            run(&policy, &state(1, false, true), status(409, &NO_HEADERS)),
+            Decision::Return
+        );
+    }
+
+    #[test]
+    fn unreplayable_bodies_and_fatal_errors_stop() {
+        let policy = RetryPolicy::default();
+        let mut s = state(1, true, false);
+        s.replayable = false;
+        assert_eq!(
+            run(&policy, &s, status(503, &NO_HEADERS)),
+            Decision::Stop {
+                kind: Some(FailureKind::ServerError),
+                stop: Stop::NotReplayable
+            }
+        );
+        assert_eq!(run(&policy, &s, status(200, &NO_HEADERS)), Decision::Return);
+        assert_eq!(
+            run(
+                &policy,
+                &state(1, true, false),
+                Observed::Failure(FailureKind::Fatal)
+            ),
+            Decision::Stop {
+                kind: Some(FailureKind::Fatal),
+                stop: Stop::Fatal
+            }
+        );
+    }
+
+    #[test]
+    fn validation_names_the_setting() {
+        let cases = [
+            (RetryPolicy::default().max_attempts(0), "max_attempts"),
+            (
+                RetryPolicy::default()
+                    .base_delay(Duration::from_secs(10))
+                    .max_delay(Duration::from_secs(1)),
+                "base_delay",
+            ),
+            (
+                RetryPolicy::default().reconcile_window(Duration::ZERO),
+                "reconcile_window",
+            ),
+            (
+                RetryPolicy::default().attempt_timeout(Duration::ZERO),
+                "attempt_timeout",
+            ),
+        ];
+        for (policy, name) in cases {
+            let err = policy.validate().expect_err(name);
+            assert_eq!(err.kind(), crate::ErrorKind::Builder);
+            assert!(err.to_string().contains(name), "{err}");
+        }
+        let extreme = RetryPolicy::default()
+            .max_attempts(u32::MAX)
+            .max_delay(Duration::MAX)
+            .reconcile_window(Duration::MAX)
+            .attempt_timeout(Duration::MAX)
+            .max_retry_after(Duration::MAX);
+        assert!(extreme.validate().is_ok());
+    }
+
+    #[test]
+    fn attempt_budget_is_clipped_to_the_window() {
+        let start = t0();
+        let window = Duration::from_secs(10);
+        let timeout = Duration::from_secs(30);
+        assert_eq!(attempt_budget(window, timeout, start, start), Some(window));
+        assert_eq!(
+            attempt_budget(window, Duration::from_secs(1), start, start),
+            Some(Duration::from_secs(1))
+        );
+        assert_eq!(attempt_budget(window, timeout, start, start + window), None);
+    }
+
+    fn outcome() -> impl Strategy<Value = (Option<u16>, Option<FailureKind>, Option<u64>)> {
+        let kinds = prop::sample::select(vec![
+            FailureKind::Dns,
+            FailureKind::Connect,
+            FailureKind::Timeout,
+            FailureKind::ConnectionReset,
+            FailureKind::ConnectionClosed,
+        ]);
+        prop_oneof![
+            (
+                prop::sample::select(vec![200u16, 400, 408, 409, 422, 429, 500, 502, 503, 504]),
+                prop::option::of(0u64..200_000)
+            )
+                .prop_map(|(code, ms)| (Some(code), None, ms)),
+            kinds.prop_map(|k| (None, Some(k), None)),
+        ]
+    }
+
+    proptest! {
+        /// Simulates whole operations on a virtual clock: whatever the server does, the engine
+        /// never exceeds max_attempts, never waits past the window, and never waits longer
+        /// than the cap unless the server asked for it within the limit.
+        #[test]
+        fn operations_respect_every_limit(
+            outcomes in prop::collection::vec(outcome(), 1..40),
+            max_attempts in 1u32..12,
+            base_ms in 0u64..2_000,
+            cap_ms in 0u64..60_000,
+            window_ms in 1u64..300_000,
+            seed in any::<u64>(),
+            keyed in any::<bool>(),
+            idempotent in any::<bool>(),
+            attempt_ms in 1u64..5_000,
+        ) {
+            let base = Duration::from_millis(base_ms.min(cap_ms));
+            let policy = RetryPolicy::default()
+                .max_attempts(max_attempts)
+                .base_delay(base)
+                .max_delay(Duration::from_millis(cap_ms))
+                .reconcile_window(Duration::from_millis(window_ms));
+            let mut rng = StdRng::seed_from_u64(seed);
+            let started = t0();
+            let mut now = started;
+            let mut st = OperationState { started, attempts: 0, keyed, idempotent_method: idempotent, replayable: true };
+            for (code, failure, retry_after_ms) in outcomes {
+                // An attempt may only start inside the window.
+                prop_assert!(now < started + policy.get_reconcile_window());
+                st.attempts += 1;
+                prop_assert!(st.attempts <= max_attempts);
+                now += Duration::from_millis(attempt_ms).min(
+                    (started + policy.get_reconcile_window()).saturating_duration_since(now));
+                let mut h = HeaderMap::new();
+                if let Some(ms) = retry_after_ms {
+                    h.insert("retry-after-ms", HeaderValue::from(ms));
+                }
+                let observed = match (code, failure) {
+                    (Some(code), _) => status(code, &h),
+                    (None, Some(kind)) => Observed::Failure(kind),
+                    (None, None) => unreachable!(),
+                };
+                match decide(&policy, &st, observed, now, wall(), &mut rng) {
+                    Decision::Retry { delay, reason, .. } => {
+                        match reason {
+                            WaitReason::Backoff { ceiling } => {
+                                prop_assert!(delay <= ceiling);
+                                prop_assert!(delay <= policy.get_max_delay());
+                            }
+                            WaitReason::RetryAfter { asked } => {
+                                prop_assert_eq!(delay, asked);
+                                prop_assert!(asked <= policy.get_max_retry_after());
+                            }
+                        }
+                        now += delay;
+                        prop_assert!(now < started + policy.get_reconcile_window());
+                        // A retry never goes out unsafely.
+                        prop_assert!(keyed || idempotent || failure.is_some_and(FailureKind::never_sent));
+                    }
+                    Decision::Return | Decision::Stop { .. } => break,
+                }
+            }
+        }
+    }
 }
