@@ -34,6 +34,14 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
 #[non_exhaustive]
 pub struct TokioClock;
 
+impl TokioClock {
+    /// The tokio clock.
+    #[must_use]
+    pub const fn new() -> Self {
+        TokioClock
+    }
+}
+
 impl Clock for TokioClock {
     #[allow(clippy::disallowed_methods)] // the one place the real clock is read
     fn now(&self) -> Instant {
@@ -58,6 +66,14 @@ pub trait Sleeper: Send + Sync + fmt::Debug + 'static {
 #[derive(Debug, Clone, Copy, Default)]
 #[non_exhaustive]
 pub struct TokioSleeper;
+
+impl TokioSleeper {
+    /// The tokio sleeper.
+    #[must_use]
+    pub const fn new() -> Self {
+        TokioSleeper
+    }
+}
 
 impl Sleeper for TokioSleeper {
     fn sleep(&self, duration: Duration) -> Sleep {

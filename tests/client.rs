@@ -1,0 +1,909 @@
+//! The client's behaviour against real loopback servers: what reached the server, with which
+//! key, how many side effects happened, what the caller was told.
+//!
+//! Sockets run on the real clock with millisecond delays. Where a test needs to know exactly how
+//! long the client chose to wait (Retry-After, windows), the waits run on [`VirtualTime`]
+//! instead, so nothing here depends on the machine's speed.
+
+mod support;
+
+use std::error::Error as _;
+use std::time::Duration;
+
+use idempotent_retry::{
+    Client, ErrorKind, FailureKind, IdempotencyKey, RetryPolicy, RetryReport, WaitReason,
+};
+use support::*;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Millisecond backoff so real-clock tests are quick.
+fn fast() -> RetryPolicy {
+    RetryPolicy::default()
+        .base_delay(ms(1))
+        .max_delay(ms(5))
+        .attempt_timeout(Duration::from_secs(5))
+}
+
+fn client(policy: RetryPolicy) -> Client {
+    Client::builder()
+        .policy(policy)
+        .build()
+        .expect("valid policy")
+}
+
+/// A client whose waits run on virtual time.
+fn virtual_client(policy: RetryPolicy) -> (Client, VirtualTime) {
+    let time = VirtualTime::new();
+    let client = Client::builder()
+        .policy(policy)
+        .clock(time.clone())
+        .sleeper(time.clone())
+        .rng_seed(42)
+        .build()
+        .expect("valid policy");
+    (client, time)
+}
+
+fn report(response: &reqwest::Response) -> RetryReport {
+    response
+        .extensions()
+        .get::<RetryReport>()
+        .cloned()
+        .expect("every response carries a report")
+}
+
+/// Every request carried the same, present key; returns it.
+fn one_key(server: &TestServer) -> String {
+    let keys = server.keys();
+    assert!(!keys.is_empty(), "no request reached the server");
+    let first = keys[0].clone().expect("the first attempt carried a key");
+    assert!(
+        keys.iter().all(|k| k.as_deref() == Some(first.as_str())),
+        "keys differ between attempts: {keys:?}"
+    );
+    first
+}
+
+// 1. One key per logical operation, on every attempt.
+
+#[tokio::test]
+async fn post_gets_one_random_key_reused_on_every_attempt() {
+    let server = TestServer::start_idempotent(
+        vec![Action::status(503), Action::status(502)],
+        Action::ok("sent"),
+    )
+    .await;
+    let response = client(fast())
+        .post(server.url("/emails"))
+        .json(&serde_json::json!({"to": "a@example.com"}))
+        .send()
+        .await
+        .expect("third attempt succeeds");
+    assert_eq!(response.status(), 200);
+    assert_eq!(server.hits(), 3);
+    let key = one_key(&server);
+    assert!(IdempotencyKey::new(key.clone()).is_ok());
+    assert_eq!(key.len(), 36, "a UUID v4: {key}");
+    let report = report(&response);
+    assert_eq!(report.attempts(), 3);
+    assert_eq!(
+        report.idempotency_key().map(IdempotencyKey::as_str),
+        Some(key.as_str())
+    );
+    assert_eq!(report.delays().len(), 2);
+    assert_eq!(server.effects(), 1);
+    assert_eq!(response.text().await.expect("body"), "sent");
+}
+
+#[tokio::test]
+async fn each_send_is_a_new_operation_with_a_new_key() {
+    let server = TestServer::start(vec![], Action::ok("ok")).await;
+    let client = client(fast());
+    for _ in 0..2 {
+        client.post(server.url("/")).send().await.expect("ok");
+    }
+    let keys = server.keys();
+    assert_eq!(keys.len(), 2);
+    assert!(keys[0].is_some() && keys[1].is_some());
+    assert_ne!(keys[0], keys[1]);
+}
+
+#[tokio::test]
+async fn a_given_key_is_sent_verbatim_on_every_attempt() {
+    let server = TestServer::start(vec![Action::Reset, Action::status(500)], Action::ok("")).await;
+    let key = IdempotencyKey::derive("agent.send_email", &["conv_42", "7"]);
+    client(fast())
+        .post(server.url("/"))
+        .idempotency_key(key.clone())
+        .send()
+        .await
+        .expect("ok");
+    assert_eq!(server.hits(), 3);
+    assert_eq!(one_key(&server), key.as_str());
+}
+
+#[tokio::test]
+async fn a_key_header_set_by_the_caller_is_kept_verbatim() {
+    let server = TestServer::start(vec![Action::status(503)], Action::ok("")).await;
+    let response = client(fast())
+        .post(server.url("/"))
+        .header("Idempotency-Key", "evt_1NG8Du2eZvKYlo2C")
+        .send()
+        .await
+        .expect("ok");
+    assert_eq!(server.hits(), 2);
+    assert_eq!(one_key(&server), "evt_1NG8Du2eZvKYlo2C");
+    assert_eq!(
+        report(&response)
+            .idempotency_key()
+            .map(IdempotencyKey::as_str),
+        Some("evt_1NG8Du2eZvKYlo2C")
+    );
+}
+
+#[tokio::test]
+async fn idempotent_methods_get_no_key_unless_given_one() {
+    let server = TestServer::start(vec![], Action::ok("")).await;
+    let client = client(fast());
+    client.get(server.url("/")).send().await.expect("get");
+    client
+        .put(server.url("/"))
+        .body("x")
+        .send()
+        .await
+        .expect("put");
+    client.delete(server.url("/")).send().await.expect("delete");
+    client.head(server.url("/")).send().await.expect("head");
+    client
+        .request(reqwest::Method::OPTIONS, server.url("/"))
+        .send()
+        .await
+        .expect("options");
+    assert_eq!(server.keys(), vec![None; 5]);
+    let key = IdempotencyKey::new("get-with-key").expect("valid");
+    client
+        .get(server.url("/"))
+        .idempotency_key(key)
+        .send()
+        .await
+        .expect("get");
+    client.patch(server.url("/")).send().await.expect("patch");
+    let keys = server.keys();
+    assert_eq!(keys[5].as_deref(), Some("get-with-key"));
+    assert!(keys[6].is_some(), "PATCH gets a key like POST");
+}
+
+#[tokio::test]
+async fn the_key_header_name_is_configurable() {
+    let server = TestServer::start(vec![Action::status(503)], Action::ok("")).await;
+    let client = Client::builder()
+        .policy(fast())
+        .key_header(reqwest::header::HeaderName::from_static(
+            "paypal-request-id",
+        ))
+        .build()
+        .expect("valid");
+    client.post(server.url("/")).send().await.expect("ok");
+    assert_eq!(server.hits(), 2);
+    assert_eq!(server.keys(), vec![None, None], "no Idempotency-Key header");
+    let ids = server.keys_in("PayPal-Request-Id");
+    assert!(ids[0].is_some());
+    assert_eq!(ids[0], ids[1]);
+}
+
+#[tokio::test]
+async fn conflicting_or_invalid_keys_are_refused_before_sending() {
+    let server = TestServer::start(vec![], Action::ok("")).await;
+    let client = client(fast());
+    let err = client
+        .post(server.url("/"))
+        .header("Idempotency-Key", "one")
+        .idempotency_key(IdempotencyKey::new("two").expect("valid"))
+        .send()
+        .await
+        .expect_err("two keys");
+    assert_eq!(err.kind(), ErrorKind::Builder);
+    assert_eq!(err.attempts(), 0);
+    assert!(!err.is_outcome_unknown());
+
+    let err = client
+        .post(server.url("/"))
+        .header("Idempotency-Key", "has space")
+        .send()
+        .await
+        .expect_err("invalid header key");
+    assert_eq!(err.kind(), ErrorKind::InvalidKey);
+    assert!(err.source().is_some(), "the reason is the source");
+
+    let err = client
+        .post(server.url("/"))
+        .header("Idempotency-Key", "a")
+        .header("Idempotency-Key", "b")
+        .send()
+        .await
+        .expect_err("two key headers");
+    assert_eq!(err.kind(), ErrorKind::Builder);
+
+    // The same key given twice is fine.
+    client
+        .post(server.url("/"))
+        .header("Idempotency-Key", "same")
+        .idempotency_key(IdempotencyKey::new("same").expect("valid"))
+        .send()
+        .await
+        .expect("one key, given twice");
+    assert_eq!(server.hits(), 1);
+}
+
+#[tokio::test]
+async fn without_keys_a_post_is_resent_only_when_it_never_left() {
+    // Reset after the request was read: it may have run, so it is not sent again.
+    let server = TestServer::start(vec![Action::ResetAfterCommit], Action::ok("")).await;
+    let client = Client::builder()
+        .policy(fast())
+        .auto_keys(false)
+        .build()
+        .expect("valid");
+    let err = client
+        .post(server.url("/"))
+        .send()
+        .await
+        .expect_err("not retried");
+    assert_eq!(err.kind(), ErrorKind::Transport);
+    assert!(err.is_outcome_unknown());
+    assert_eq!(err.failure(), Some(FailureKind::ConnectionReset));
+    assert_eq!(server.hits(), 1);
+    assert_eq!(server.keys(), vec![None]);
+
+    // A 503 is handed back as it is.
+    let server = TestServer::start(vec![Action::status(503)], Action::ok("")).await;
+    let response = client
+        .post(server.url("/"))
+        .send()
+        .await
+        .expect("a response");
+    assert_eq!(response.status(), 503);
+    assert_eq!(server.hits(), 1);
+
+    // Connection refused: nothing was sent, so every attempt is made.
+    let url = format!("http://{}/", refused_addr());
+    let err = client.post(url).send().await.expect_err("refused");
+    assert_eq!(err.kind(), ErrorKind::AttemptsExhausted);
+    assert_eq!(err.attempts(), 5);
+    assert!(!err.is_outcome_unknown());
+
+    // The same per request, on a client with automatic keys.
+    let server = TestServer::start(vec![Action::Reset], Action::ok("")).await;
+    let err = self::client(fast())
+        .post(server.url("/"))
+        .without_idempotency_key()
+        .send()
+        .await
+        .expect_err("not retried");
+    assert_eq!(err.kind(), ErrorKind::Transport);
+    assert_eq!(server.hits(), 1);
+}
+
+// 2. What is retried, and what is final.
+
+#[tokio::test]
+async fn transient_failures_are_retried_with_exactly_one_side_effect() {
+    let cases: Vec<(&str, Action)> = vec![
+        ("reset before commit", Action::Reset),
+        ("reset after commit", Action::ResetAfterCommit),
+        ("close without reply", Action::Close),
+        ("500", Action::status(500)),
+        ("502", Action::status(502)),
+        ("503", Action::status(503)),
+        ("504", Action::status(504)),
+        ("599", Action::status(599)),
+        ("408", Action::status(408)),
+        ("429", Action::status(429)),
+        ("409 in progress", Action::status(409)),
+        ("cut body", Action::partial_body("partial")),
+    ];
+    for (name, fault) in cases {
+        let server = TestServer::start_idempotent(vec![fault], Action::ok("done")).await;
+        let result = client(fast()).post(server.url("/charges")).send().await;
+        if name == "cut body" {
+            // The status arrived, so the attempt succeeded; the body error comes later, when
+            // the caller reads it.
+            let response = result.expect("status 200 arrived");
+            assert!(response.text().await.is_err(), "{name}");
+            assert_eq!(server.hits(), 1, "{name}");
+            continue;
+        }
+        let response = result.unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(response.status(), 200, "{name}");
+        assert_eq!(server.hits(), 2, "{name}");
+        one_key(&server);
+        assert_eq!(server.effects(), 1, "{name}: exactly one side effect");
+        assert_eq!(report(&response).attempts(), 2, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn final_statuses_are_returned_after_one_attempt() {
+    for code in [200, 201, 204, 400, 401, 403, 404, 410, 422, 501, 505] {
+        let server = TestServer::start(vec![], Action::status(code)).await;
+        let response = client(fast())
+            .post(server.url("/"))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{code}: {e}"));
+        assert_eq!(response.status(), code);
+        assert_eq!(server.hits(), 1, "{code}");
+        assert_eq!(report(&response).attempts(), 1);
+    }
+}
+
+#[tokio::test]
+async fn conflict_without_a_key_is_final() {
+    let server = TestServer::start(vec![], Action::status(409)).await;
+    let response = client(fast())
+        .get(server.url("/"))
+        .send()
+        .await
+        .expect("ok");
+    assert_eq!(response.status(), 409);
+    assert_eq!(server.hits(), 1);
+}
+
+#[tokio::test]
+async fn server_hints_override_the_status_rules() {
+    let server = TestServer::start(
+        vec![],
+        Action::status_with(503, &[("Stripe-Should-Retry", "false")]),
+    )
+    .await;
+    let response = client(fast())
+        .post(server.url("/"))
+        .send()
+        .await
+        .expect("ok");
+    assert_eq!(response.status(), 503);
+    assert_eq!(server.hits(), 1);
+
+    let server = TestServer::start(
+        vec![Action::status_with(400, &[("x-should-retry", "true")])],
+        Action::ok(""),
+    )
+    .await;
+    let response = client(fast())
+        .post(server.url("/"))
+        .send()
+        .await
+        .expect("ok");
+    assert_eq!(response.status(), 200);
+    assert_eq!(server.hits(), 2);
+    one_key(&server);
+}
+
+#[tokio::test]
+async fn a_stalled_attempt_times_out_and_the_retry_meets_the_saved_result() {
+    // The first attempt commits, then stalls past the client's timeout; the retry carries
+    // the same key and gets the saved response instead of a second side effect.
+    let server = TestServer::start_idempotent(
+        vec![Action::commit_then_stall(
+            Duration::from_secs(5),
+            Action::ok("first"),
+        )],
+        Action::ok("second"),
+    )
+    .await;
+    let response = client(fast().attempt_timeout(ms(400)))
+        .post(server.url("/charges"))
+        .send()
+        .await
+        .expect("the retry succeeds");
+    assert_eq!(server.hits(), 2);
+    one_key(&server);
+    assert_eq!(server.effects(), 1);
+    let report = report(&response);
+    assert_eq!(report.history()[0].failure, Some(FailureKind::Timeout));
+    assert_eq!(
+        response.text().await.expect("body"),
+        "first",
+        "the saved response"
+    );
+}
+
+#[tokio::test]
+async fn connect_errors_are_retried_and_mean_not_executed() {
+    let url = format!("http://{}/", refused_addr());
+    let err = client(fast().max_attempts(3))
+        .post(url)
+        .send()
+        .await
+        .expect_err("nothing listens");
+    assert_eq!(err.kind(), ErrorKind::AttemptsExhausted);
+    assert_eq!(err.attempts(), 3);
+    assert_eq!(err.failure(), Some(FailureKind::Connect));
+    assert!(!err.is_outcome_unknown(), "nothing was sent");
+    assert!(err.idempotency_key().is_some());
+    let source = err.source().expect("the reqwest error is kept");
+    assert!(
+        source
+            .downcast_ref::<reqwest::Error>()
+            .is_some_and(reqwest::Error::is_connect)
+    );
+}
+
+/// A resolver that fails every lookup, to exercise the DNS path without a network.
+struct NoDns;
+
+impl reqwest::dns::Resolve for NoDns {
+    fn resolve(&self, _name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        Box::pin(async {
+            Err(Box::new(std::io::Error::other("no such host"))
+                as Box<dyn std::error::Error + Send + Sync>)
+        })
+    }
+}
+
+#[tokio::test]
+async fn dns_failures_are_retried_and_mean_not_executed() {
+    let http = reqwest::Client::builder()
+        .dns_resolver(std::sync::Arc::new(NoDns))
+        .build()
+        .expect("client");
+    let client = Client::builder()
+        .http(http)
+        .policy(fast().max_attempts(2))
+        .build()
+        .expect("valid");
+    let err = client
+        .post("http://api.example.test/charges")
+        .send()
+        .await
+        .expect_err("no dns");
+    assert_eq!(err.kind(), ErrorKind::AttemptsExhausted);
+    assert_eq!(err.attempts(), 2);
+    assert!(matches!(
+        err.failure(),
+        Some(FailureKind::Dns | FailureKind::Connect)
+    ));
+    assert!(!err.is_outcome_unknown());
+}
+
+// 3. Waiting: full jitter inside the cap; Retry-After as a floor; too long means stop.
+
+#[tokio::test]
+async fn backoff_delays_stay_under_the_doubling_ceiling() {
+    let server = TestServer::start(vec![], Action::status(503)).await;
+    let policy = RetryPolicy::default()
+        .max_attempts(8)
+        .base_delay(Duration::from_secs(1))
+        .max_delay(Duration::from_secs(10));
+    let (client, time) = virtual_client(policy);
+    let err = client
+        .post(server.url("/"))
+        .send()
+        .await
+        .expect_err("always 503");
+    assert_eq!(err.kind(), ErrorKind::AttemptsExhausted);
+    assert_eq!(server.hits(), 8);
+    let slept = time.slept();
+    assert_eq!(slept.len(), 7);
+    for (retry, (delay, record)) in slept.iter().zip(err.report().history()).enumerate() {
+        let ceiling = Duration::from_secs(1 << retry).min(Duration::from_secs(10));
+        assert!(*delay <= ceiling, "retry {retry}: {delay:?} > {ceiling:?}");
+        let wait = record.wait.expect("a wait after each retried attempt");
+        assert_eq!(wait.delay, *delay);
+        assert_eq!(wait.reason, WaitReason::Backoff { ceiling });
+    }
+    assert_eq!(err.report().delays(), slept);
+
+    // The same seed gives the same delays.
+    let server = TestServer::start(vec![], Action::status(503)).await;
+    let (client, again) = virtual_client(policy);
+    let _ = client.post(server.url("/")).send().await;
+    assert_eq!(again.slept(), slept);
+}
+
+#[tokio::test]
+async fn retry_after_seconds_and_dates_are_waited_at_least() {
+    let time = VirtualTime::new();
+    // Sent after the first 7 s wait: a date 37 s after the start asks for 30 s.
+    let in_30s = httpdate::fmt_http_date(time.wall_now() + Duration::from_secs(37));
+    let server = TestServer::start(
+        vec![
+            Action::status_with(429, &[("Retry-After", "7")]),
+            Action::status_with(503, &[("Retry-After", in_30s.as_str())]),
+            Action::status_with(429, &[("retry-after-ms", "1500"), ("Retry-After", "9")]),
+            Action::status_with(503, &[("Retry-After", "garbage")]),
+        ],
+        Action::ok("ok"),
+    )
+    .await;
+    let client = Client::builder()
+        .policy(RetryPolicy::default().max_delay(ms(500)))
+        .clock(time.clone())
+        .sleeper(time.clone())
+        .build()
+        .expect("valid");
+    let response = client.post(server.url("/")).send().await.expect("ok");
+    assert_eq!(server.hits(), 5);
+    let slept = time.slept();
+    assert_eq!(
+        &slept[..3],
+        &[
+            Duration::from_secs(7),
+            Duration::from_secs(30),
+            Duration::from_millis(1500),
+        ]
+    );
+    assert!(slept[3] <= ms(500), "garbage is absent: plain backoff");
+    let history = report(&response).history().to_vec();
+    assert_eq!(
+        history[0].wait.map(|w| w.reason),
+        Some(WaitReason::RetryAfter {
+            asked: Duration::from_secs(7)
+        })
+    );
+    assert!(matches!(
+        history[3].wait.map(|w| w.reason),
+        Some(WaitReason::Backoff { .. })
+    ));
+}
+
+#[tokio::test]
+async fn retry_after_is_honoured_on_the_real_clock() {
+    let server = TestServer::start(
+        vec![Action::status_with(429, &[("retry-after-ms", "150")])],
+        Action::ok(""),
+    )
+    .await;
+    client(fast())
+        .post(server.url("/"))
+        .send()
+        .await
+        .expect("ok");
+    let gaps = gaps(&server.requests());
+    assert_eq!(gaps.len(), 1);
+    assert!(gaps[0] >= ms(150), "waited {:?}", gaps[0]);
+}
+
+#[tokio::test]
+async fn a_retry_after_beyond_the_limit_stops_at_once() {
+    let server = TestServer::start(
+        vec![],
+        Action::respond(429, &[("Retry-After", "120")], "slow down"),
+    )
+    .await;
+    let (client, time) = virtual_client(RetryPolicy::default());
+    let mut err = client
+        .post(server.url("/"))
+        .send()
+        .await
+        .expect_err("too long");
+    assert_eq!(err.kind(), ErrorKind::RetryAfterTooLong);
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(120)));
+    assert_eq!(err.status(), Some(reqwest::StatusCode::TOO_MANY_REQUESTS));
+    assert_eq!(server.hits(), 1);
+    assert!(time.slept().is_empty(), "never slept");
+    assert!(!err.is_outcome_unknown(), "a 429 was refused, not executed");
+    let response = err.take_response().expect("the last response is kept");
+    assert_eq!(response.text().await.expect("body"), "slow down");
+    assert!(err.take_response().is_none());
+}
+
+// 4. Stopping: attempts and the reconcile window.
+
+#[tokio::test]
+async fn exhausted_attempts_keep_the_last_response_and_the_key() {
+    let server = TestServer::start(vec![], Action::respond(503, &[], "down")).await;
+    let mut err = client(fast().max_attempts(3))
+        .post(server.url("/"))
+        .send()
+        .await
+        .expect_err("always 503");
+    assert_eq!(err.kind(), ErrorKind::AttemptsExhausted);
+    assert_eq!(err.attempts(), 3);
+    assert_eq!(server.hits(), 3);
+    assert_eq!(err.status(), Some(reqwest::StatusCode::SERVICE_UNAVAILABLE));
+    assert!(err.is_outcome_unknown(), "a 5xx may have executed");
+    let key = one_key(&server);
+    assert_eq!(
+        err.idempotency_key().map(IdempotencyKey::as_str),
+        Some(key.as_str())
+    );
+    assert!(
+        err.to_string().contains(&key),
+        "the message names the key: {err}"
+    );
+    let response = err.take_response().expect("kept");
+    assert_eq!(response.text().await.expect("body"), "down");
+}
+
+#[tokio::test]
+async fn the_reconcile_window_ends_the_operation_before_a_wait_would_cross_it() {
+    let server = TestServer::start(vec![], Action::status(503)).await;
+    let window = Duration::from_secs(60);
+    let policy = RetryPolicy::default()
+        .max_attempts(1000)
+        .base_delay(Duration::from_secs(8))
+        .max_delay(Duration::from_secs(8))
+        .reconcile_window(window);
+    let (client, time) = virtual_client(policy);
+    let err = client
+        .post(server.url("/"))
+        .send()
+        .await
+        .expect_err("window ends");
+    assert_eq!(err.kind(), ErrorKind::ReconcileWindow);
+    assert!(err.is_outcome_unknown());
+    assert!(err.idempotency_key().is_some());
+    assert!(err.to_string().contains("reconcile"), "{err}");
+    assert!(time.elapsed() < window, "slept {:?}", time.elapsed());
+    assert_eq!(server.hits() as u32, err.attempts());
+    assert_eq!(time.slept().len() + 1, server.hits());
+    assert!(
+        server.hits() > 7,
+        "at most 8 s per wait, so at least 8 attempts"
+    );
+}
+
+#[tokio::test]
+async fn a_retry_after_past_the_window_end_stops_at_once() {
+    let server =
+        TestServer::start(vec![], Action::status_with(503, &[("Retry-After", "50")])).await;
+    let (client, time) =
+        virtual_client(RetryPolicy::default().reconcile_window(Duration::from_secs(40)));
+    let err = client
+        .post(server.url("/"))
+        .send()
+        .await
+        .expect_err("past the window");
+    assert_eq!(err.kind(), ErrorKind::RetryAfterTooLong);
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(50)));
+    assert!(time.slept().is_empty());
+    assert_eq!(server.hits(), 1);
+}
+
+// 5. The truth about the outcome.
+
+#[tokio::test]
+async fn outcome_is_unknown_once_any_attempt_may_have_run() {
+    // Only 503s: each may have run.
+    let server = TestServer::start(vec![], Action::status(503)).await;
+    let err = client(fast().max_attempts(2))
+        .post(server.url("/"))
+        .send()
+        .await
+        .expect_err("503");
+    assert!(err.is_outcome_unknown());
+
+    // Only 429s: refused outright, never run.
+    let server = TestServer::start(vec![], Action::status(429)).await;
+    let err = client(fast().max_attempts(3))
+        .post(server.url("/"))
+        .send()
+        .await
+        .expect_err("429");
+    assert_eq!(err.kind(), ErrorKind::AttemptsExhausted);
+    assert!(!err.is_outcome_unknown());
+
+    // 429 then a reset: the reset may have run.
+    let server = TestServer::start(vec![Action::status(429)], Action::Reset).await;
+    let err = client(fast().max_attempts(2))
+        .post(server.url("/"))
+        .send()
+        .await
+        .expect_err("reset");
+    assert!(err.is_outcome_unknown());
+    assert_eq!(err.failure(), Some(FailureKind::ConnectionReset));
+}
+
+#[tokio::test]
+async fn timeouts_are_reported_as_such() {
+    let server = TestServer::start(vec![], Action::hang()).await;
+    let err = client(fast().max_attempts(2).attempt_timeout(ms(300)))
+        .post(server.url("/"))
+        .send()
+        .await
+        .expect_err("hangs");
+    assert!(err.is_timeout());
+    assert!(err.is_outcome_unknown());
+    assert_eq!(server.hits(), 2);
+    one_key(&server);
+}
+
+// 6. Bodies.
+
+#[tokio::test]
+async fn replayable_bodies_are_sent_identically_on_every_attempt() {
+    let server = TestServer::start(vec![Action::status(503), Action::Reset], Action::ok("")).await;
+    let payload = serde_json::json!({"amount": 1999, "currency": "eur"});
+    client(fast())
+        .post(server.url("/"))
+        .json(&payload)
+        .send()
+        .await
+        .expect("ok");
+    let bodies: Vec<Vec<u8>> = server.requests().into_iter().map(|r| r.body).collect();
+    assert_eq!(bodies.len(), 3);
+    assert!(
+        bodies
+            .iter()
+            .all(|b| serde_json::from_slice::<serde_json::Value>(b).ok() == Some(payload.clone()))
+    );
+}
+
+fn stream_body() -> reqwest::Body {
+    let chunks = vec![
+        Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"hello ")),
+        Ok(bytes::Bytes::from_static(b"stream")),
+    ];
+    reqwest::Body::wrap_stream(futures_util::stream::iter(chunks))
+}
+
+#[tokio::test]
+async fn a_streamed_body_gets_one_attempt_and_a_clear_error() {
+    let server = TestServer::start(vec![], Action::status(503)).await;
+    let mut err = client(fast())
+        .post(server.url("/"))
+        .body(stream_body())
+        .send()
+        .await
+        .expect_err("cannot retry a stream");
+    assert_eq!(err.kind(), ErrorKind::BodyNotReplayable);
+    assert_eq!(server.hits(), 1);
+    assert_eq!(server.requests()[0].body, b"hello stream");
+    assert!(err.is_outcome_unknown());
+    assert!(err.take_response().is_some(), "the 503 is kept");
+
+    let server = TestServer::start(vec![], Action::Reset).await;
+    let err = client(fast())
+        .post(server.url("/"))
+        .body(stream_body())
+        .send()
+        .await
+        .expect_err("cannot retry a stream");
+    assert_eq!(err.kind(), ErrorKind::BodyNotReplayable);
+    let source = err.source().expect("the cause is kept");
+    assert!(source.downcast_ref::<reqwest::Error>().is_some());
+
+    // On success a stream is fine.
+    let server = TestServer::start(vec![], Action::ok("ok")).await;
+    let response = client(fast())
+        .post(server.url("/"))
+        .body(stream_body())
+        .send()
+        .await
+        .expect("ok");
+    assert_eq!(response.status(), 200);
+}
+
+// Configuration errors.
+
+#[tokio::test]
+async fn invalid_policies_and_urls_are_builder_errors() {
+    let server = TestServer::start(vec![], Action::ok("")).await;
+    let client = client(fast());
+    let err = client
+        .post(server.url("/"))
+        .policy(RetryPolicy::default().max_attempts(0))
+        .send()
+        .await
+        .expect_err("invalid policy");
+    assert_eq!(err.kind(), ErrorKind::Builder);
+    let err = client.post("not a url").send().await.expect_err("bad url");
+    assert_eq!(err.kind(), ErrorKind::Builder);
+    assert_eq!(server.hits(), 0);
+}
+
+#[tokio::test]
+async fn a_per_request_policy_overrides_the_client_policy() {
+    let server = TestServer::start(vec![], Action::status(503)).await;
+    let err = client(fast().max_attempts(5))
+        .post(server.url("/"))
+        .policy(fast().max_attempts(2))
+        .send()
+        .await
+        .expect_err("503");
+    assert_eq!(err.attempts(), 2);
+    assert_eq!(server.hits(), 2);
+}
+
+#[test]
+fn client_is_send_sync_clone() {
+    fn check<T: Send + Sync + Clone + 'static>() {}
+    check::<Client>();
+    fn send<T: Send>(_: T) {}
+    // The future of send() can move across threads.
+    let client = Client::new(reqwest::Client::new());
+    send(client.post("http://127.0.0.1:9/").send());
+}
+
+// 7. Observability: a span per operation, an event per attempt.
+
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("not poisoned").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn each_attempt_emits_an_event_inside_the_operation_span() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let server = TestServer::start(vec![Action::status(503), Action::Reset], Action::ok("")).await;
+    let key = IdempotencyKey::new("evt_trace_1").expect("valid");
+    client(fast())
+        .post(server.url("/"))
+        .idempotency_key(key)
+        .send()
+        .await
+        .expect("ok");
+    let log = String::from_utf8(captured.0.lock().expect("not poisoned").clone()).expect("utf-8");
+    let retries: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("retrying with the same key"))
+        .collect();
+    assert_eq!(retries.len(), 2, "{log}");
+    assert!(
+        retries[0].contains("attempt=1") && retries[0].contains("server_error"),
+        "{log}"
+    );
+    assert!(
+        retries[1].contains("attempt=2") && retries[1].contains("connection_reset"),
+        "{log}"
+    );
+    for line in &retries {
+        assert!(
+            line.contains("idempotent_request"),
+            "inside the span: {line}"
+        );
+        assert!(
+            line.contains("evt_trace_1"),
+            "the span names the key: {line}"
+        );
+        assert!(line.contains("delay_ms="), "the delay is logged: {line}");
+        assert!(line.contains("why="), "the reason is logged: {line}");
+    }
+    assert!(
+        log.contains("final response") && log.contains("attempt=3"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_422_on_a_keyed_request_is_logged_as_an_error() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let server = TestServer::start(vec![], Action::status(422)).await;
+    let response = client(fast())
+        .post(server.url("/"))
+        .send()
+        .await
+        .expect("final");
+    assert_eq!(response.status(), 422);
+    let log = String::from_utf8(captured.0.lock().expect("not poisoned").clone()).expect("utf-8");
+    assert!(
+        log.contains("ERROR") && log.contains("reused with a different payload"),
+        "{log}"
+    );
+}

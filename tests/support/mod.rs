@@ -1,0 +1,14 @@
+//! Shared support for the integration tests.
+//!
+//! Use it from a test binary with `mod support; use support::*;`. Each test binary uses a subset of
+//! the helpers, hence the module-level `dead_code` and `unused_imports` allowances.
+#![allow(dead_code, unused_imports)]
+// The test server records real arrival times; only the crate itself must read time through `Clock`.
+#![allow(clippy::disallowed_methods)]
+
+pub mod server;
+
+pub use server::*;
+pub mod time;
+
+pub use time::*;
