@@ -1,4 +1,170 @@
-//! Retrying HTTP client that keeps one idempotency key per logical operation.
+//! A retrying HTTP client that keeps **one idempotency key per logical operation**.
+//!
+//! Services that call Stripe-style APIs, and agent runtimes making side-effecting HTTP calls
+//! (send an email, charge a card, open a ticket), retry. A retry that goes out with a fresh key,
+//! or with none, repeats the side effect. This crate wraps [`reqwest`] so that:
+//!
+//! - a key is derived from stable inputs ([`IdempotencyKey::derive`],
+//!   [`IdempotencyKey::for_tool_call`]) or given, **once**, and sent on every attempt in the
+//!   `Idempotency-Key` header (the name is configurable);
+//! - only transient failures are retried, with capped exponential backoff and full jitter,
+//!   honouring `Retry-After`;
+//! - retrying stops after [`RetryPolicy::max_attempts`] or before the
+//!   [`reconcile window`](RetryPolicy::reconcile_window) ends, and the error then says whether
+//!   the outcome is unknown and carries the key to reconcile with.
+//!
+//! # Quick start
+//!
+//! ```no_run
+//! use idempotent_retry::{Client, ErrorKind, IdempotencyKey};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = Client::new(reqwest::Client::new());
+//!
+//! // One key per logical operation, derived from inputs that survive a restart.
+//! let key = IdempotencyKey::derive("agent.send_email", &["conv_8f2c", "step-3"]);
+//!
+//! match client
+//!     .post("https://api.example.com/v1/emails")
+//!     .idempotency_key(key)
+//!     .json(&serde_json::json!({"to": "ada@example.com", "subject": "Your invoice"}))
+//!     .send()
+//!     .await
+//! {
+//!     // Done (or a final answer such as 400 or 422: check the status).
+//!     Ok(response) => println!("{}", response.status()),
+//!     // The server may have run it: look it up by key, or retry later with the same key.
+//!     Err(err) if err.is_outcome_unknown() => {
+//!         eprintln!("reconcile {:?}: {err}", err.idempotency_key());
+//!     }
+//!     // Definitely not executed: safe to try again later.
+//!     Err(err) => eprintln!("not sent ({}): {err}", err.kind()),
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Keys from stable inputs are deterministic across processes, machines and versions:
+//!
+//! ```
+//! use idempotent_retry::IdempotencyKey;
+//! use serde_json::json;
+//!
+//! let a = IdempotencyKey::for_tool_call("send_email", &json!({"to": "ada@example.com", "n": 1}));
+//! let b = IdempotencyKey::for_tool_call("send_email", &json!({"n": 1.0, "to": "ada@example.com"}));
+//! assert_eq!(a, b); // member order and number spelling do not matter
+//! assert_ne!(
+//!     IdempotencyKey::derive("scope", &["ab", "c"]),
+//!     IdempotencyKey::derive("scope", &["a", "bc"]),
+//! );
+//! ```
+//!
+//! # Retry semantics
+//!
+//! Each attempt is classified on its status and headers (never its body) or on the transport
+//! error's type and `source()` chain:
+//!
+//! | outcome of an attempt | retried? | may the server have run it? |
+//! |---|---|---|
+//! | DNS failure, connect error, connect timeout | yes, even without a key | no |
+//! | timeout after connecting | yes | **unknown** |
+//! | connection reset / aborted / closed before a full response | yes | **unknown** |
+//! | 500, 502, 503, 504 and every other 5xx but 501 and 505 | yes | **unknown** |
+//! | 409 Conflict, on a request with a key (first attempt still running) | yes | **unknown** |
+//! | 429 Too Many Requests, honouring `Retry-After` | yes | no |
+//! | 408 Request Timeout | yes | no |
+//! | 501, 505, every other 4xx, 1xx-3xx | no: returned as `Ok(response)` | (final) |
+//! | `Stripe-Should-Retry` / `x-should-retry` `true` or `false` | the hint wins over the status | |
+//!
+//! A 422 on a keyed request (the key was reused with a different payload) is final and is also
+//! logged at error level.
+//!
+//! **Methods.** `GET`, `HEAD`, `OPTIONS`, `PUT`, `DELETE` and `TRACE` are idempotent by
+//! definition (RFC 9110 §9.2.2): they are retried without a key and get one only if given.
+//! Every other method (`POST`, `PATCH`, ...) gets a random UUID v4 key, minted once before the
+//! first attempt, unless one is given ([`RequestBuilder::idempotency_key`] or the key header).
+//! With automatic keys off ([`ClientBuilder::auto_keys`],
+//! [`RequestBuilder::without_idempotency_key`]), such a request is retried only when it
+//! provably never left (DNS and connect failures); any other failure is returned as
+//! [`ErrorKind::Transport`].
+//!
+//! **Waiting.** Before retry `n` (0 for the first), the client waits
+//! `U(0, min(max_delay, base_delay * 2^n))`: full jitter, drawn inside the cap. A server's
+//! `Retry-After` (delay-seconds or any of the three HTTP-date forms) or `retry-after-ms` is a
+//! floor: the wait is the longer of it and the jittered backoff. An unparsable value counts
+//! as absent. A request to wait longer than [`RetryPolicy::max_retry_after`], or longer than
+//! the window has left, ends the operation at once with [`ErrorKind::RetryAfterTooLong`]: the
+//! client never sleeps it.
+//!
+//! **Stopping.** After `max_attempts` attempts the error is [`ErrorKind::AttemptsExhausted`],
+//! keeping the last response ([`Error::take_response`]) or transport error
+//! ([`std::error::Error::source`]). No wait ends past the reconcile window and no attempt
+//! starts after it; when the next wait would cross it the error is
+//! [`ErrorKind::ReconcileWindow`]: stop retrying and reconcile, because the receiver may soon
+//! forget the key and a later "retry" would be a new request.
+//!
+//! **The truth about the outcome.** [`Error::is_outcome_unknown`] is `true` as soon as any
+//! attempt may have been executed by the server (sent, then timed out, reset, closed, 5xx or
+//! 409), and `false` when every attempt failed to connect or resolve, or was refused outright
+//! (429, 408). An agent runtime uses it to choose between "look the operation up by its key"
+//! and "simply try again later". Every response carries a [`RetryReport`] in
+//! `response.extensions()` (attempts, key, elapsed, every wait and why).
+//!
+//! **Bodies.** Every attempt sends a clone of the same request, built once. Bodies from bytes,
+//! strings, `json`, `form` are cloned cheaply. A streamed body (`reqwest::Body::wrap_stream`)
+//! cannot be sent twice: it gets one attempt, and if that attempt fails transiently the error
+//! is [`ErrorKind::BodyNotReplayable`] with the cause as its source, never a silent single
+//! attempt and never an empty body. Buffer a payload into `bytes::Bytes` to make it
+//! replayable.
+//!
+//! **Timeouts.** Each attempt runs under [`RetryPolicy::attempt_timeout`] (or
+//! [`RequestBuilder::timeout`]), which reqwest applies from connecting until the response body
+//! has been read, and which is shortened so no attempt outlives the reconcile window.
+//!
+//! # Defaults
+//!
+//! | setting | default |
+//! |---|---|
+//! | attempts | 5 (the first and four retries) |
+//! | backoff | full jitter, 500 ms doubling, capped at 30 s |
+//! | reconcile window | 24 h from the first attempt (Stripe v1 may prune keys after 24 h) |
+//! | per-attempt timeout | 30 s |
+//! | longest honoured `Retry-After` | 60 s |
+//! | key header | `Idempotency-Key` |
+//! | automatic keys for non-idempotent methods | on |
+//!
+//! Match the window to the receiver: shorter than the time it keeps keys (PayPal's
+//! `PayPal-Request-Id`: 6 h, so `reconcile_window(Duration::from_secs(5 * 3600))` and
+//! `key_header(HeaderName::from_static("paypal-request-id"))`).
+//!
+//! # With reqwest's own retries
+//!
+//! reqwest 0.13 retries on its own only what is provably safe (HTTP/2 protocol refusals such
+//! as `REFUSED_STREAM`), inside one of our attempts; that composes without stacking. Do not
+//! give the inner `reqwest::Client` a broader policy with `ClientBuilder::retry`: retries
+//! would multiply (ours times its). `reqwest::retry::never()` turns its retries off entirely.
+//!
+//! # Observability
+//!
+//! Each operation runs in a `tracing` span `idempotent_request` with the method, host and key;
+//! each retried attempt emits an `info` event (attempt number, outcome class, status, chosen
+//! delay and why), the end of a failed operation a `warn` event, and a 422 on a keyed request
+//! an `error` event. Bodies and headers other than the key are never logged.
+//!
+//! # Testing with time
+//!
+//! The retry loop reads time only through a [`Clock`] and waits only through a [`Sleeper`]
+//! ([`ClientBuilder::clock`], [`ClientBuilder::sleeper`]), and draws jitter from an RNG that
+//! [`ClientBuilder::rng_seed`] makes reproducible, so tests can assert exact delays without
+//! waiting for them.
+//!
+//! # Features
+//!
+//! - `rustls` (default): TLS through rustls, reqwest's default TLS back end. Without it the
+//!   client speaks plain HTTP only, unless the `reqwest::Client` you pass enables TLS itself.
+//!
+//! # Minimum supported Rust version
+//!
+//! 1.88 (edition 2024; `sha2` 0.11 needs 1.88).
 #![forbid(unsafe_code)]
 #![warn(
     missing_docs,
