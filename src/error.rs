@@ -265,10 +265,7 @@ impl Error {
                 if let Some(asked) = inner.retry_after {
                     write!(f, " {asked:?}")?;
                 }
-                write!(
-                    f,
-                    ", longer than allowed, after {attempts} attempt{plural}"
-                )?;
+                write!(f, ", longer than allowed, after {attempts} attempt{plural}")?;
             }
             ErrorKind::BodyNotReplayable => {
                 f.write_str("request failed and its streamed body cannot be sent again")?;
@@ -361,6 +358,9 @@ mod tests {
         );
         assert!(!text.ends_with('.'));
         let text = Error::builder("max_attempts must be at least 1").to_string();
-        assert_eq!(text, "invalid configuration: max_attempts must be at least 1");
+        assert_eq!(
+            text,
+            "invalid configuration: max_attempts must be at least 1"
+        );
     }
 }

@@ -3,8 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::Serialize;
 use tracing::Instrument;
 
@@ -206,9 +206,9 @@ fn attach_key(
             )));
         }
         (Some(value), None) => {
-            let text = value.to_str().map_err(|_| {
-                Error::builder(format!("the {header} header is not visible ASCII"))
-            })?;
+            let text = value
+                .to_str()
+                .map_err(|_| Error::builder(format!("the {header} header is not visible ASCII")))?;
             Some(
                 IdempotencyKey::new(text)
                     .map_err(|reason| Error::invalid_key(reason, "set in a header"))?,
@@ -256,12 +256,9 @@ async fn run(
 
     loop {
         let now = client.clock.now();
-        let Some(budget) = attempt_budget(
-            policy.get_reconcile_window(),
-            attempt_timeout,
-            started,
-            now,
-        ) else {
+        let Some(budget) =
+            attempt_budget(policy.get_reconcile_window(), attempt_timeout, started, now)
+        else {
             report.elapsed = now.saturating_duration_since(started);
             return Err(
                 Error::operation(ErrorKind::ReconcileWindow, report, may_have_executed)
@@ -340,8 +337,9 @@ async fn run(
                         Ok(response)
                     }
                     // `decide` returns `Return` only for responses.
-                    Err(err) => Err(Error::operation(ErrorKind::Transport, report, true)
-                        .with_source(err)),
+                    Err(err) => {
+                        Err(Error::operation(ErrorKind::Transport, report, true).with_source(err))
+                    }
                 };
             }
             Decision::Retry {
@@ -403,9 +401,7 @@ fn stop_error(stop: Stop, report: RetryReport, unknown: bool, policy: &RetryPoli
             Error::operation(ErrorKind::RetryAfterTooLong, report, unknown).with_retry_after(asked)
         }
         Stop::NotReplayable => Error::operation(ErrorKind::BodyNotReplayable, report, unknown),
-        Stop::NotRetrySafe | Stop::Fatal => {
-            Error::operation(ErrorKind::Transport, report, unknown)
-        }
+        Stop::NotRetrySafe | Stop::Fatal => Error::operation(ErrorKind::Transport, report, unknown),
     }
 }
 
@@ -418,6 +414,10 @@ fn log_final(response: &reqwest::Response, keyed: bool, attempts: u32) {
             "422 on a keyed request: the key was reused with a different payload"
         );
     } else {
-        tracing::debug!(attempt = attempts, status = status.as_u16(), "final response");
+        tracing::debug!(
+            attempt = attempts,
+            status = status.as_u16(),
+            "final response"
+        );
     }
 }
