@@ -907,3 +907,85 @@ async fn a_422_on_a_keyed_request_is_logged_as_an_error() {
         "{log}"
     );
 }
+
+// Classification of each transport failure shape, one attempt each.
+
+#[tokio::test]
+async fn each_transport_failure_shape_is_classified() {
+    let one = fast().max_attempts(1).attempt_timeout(ms(300));
+    let cases = [
+        (Action::Reset, FailureKind::ConnectionReset, true),
+        (Action::Close, FailureKind::ConnectionClosed, true),
+        (Action::hang(), FailureKind::Timeout, true),
+    ];
+    for (action, expected, unknown) in cases {
+        let server = TestServer::start(vec![], action.clone()).await;
+        let err = client(one)
+            .post(server.url("/"))
+            .send()
+            .await
+            .expect_err("fails");
+        assert_eq!(err.failure(), Some(expected), "{action:?}");
+        assert_eq!(err.is_outcome_unknown(), unknown, "{action:?}");
+        assert_eq!(err.kind(), ErrorKind::AttemptsExhausted, "{action:?}");
+    }
+    let err = client(one)
+        .post(format!("http://{}/", refused_addr()))
+        .send()
+        .await
+        .expect_err("refused");
+    assert_eq!(err.failure(), Some(FailureKind::Connect));
+    let http = reqwest::Client::builder()
+        .dns_resolver(std::sync::Arc::new(NoDns))
+        .build()
+        .expect("client");
+    let err = Client::builder()
+        .http(http)
+        .policy(one)
+        .build()
+        .expect("valid")
+        .post("http://api.example.test/")
+        .send()
+        .await
+        .expect_err("no dns");
+    assert_eq!(err.failure(), Some(FailureKind::Dns));
+    assert!(!err.is_outcome_unknown());
+}
+
+#[tokio::test]
+async fn request_options_reach_the_server_on_every_attempt() {
+    let server = TestServer::start(vec![Action::status(503)], Action::ok("")).await;
+    client(fast())
+        .post(server.url("/v1/refunds"))
+        .query(&[("expand", "charge")])
+        .bearer_auth("sk_test_123")
+        .header("x-request-source", "agent")
+        .form(&[("amount", "500"), ("charge", "ch_1")])
+        .send()
+        .await
+        .expect("ok");
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2);
+    for r in &requests {
+        assert_eq!(r.path, "/v1/refunds?expand=charge");
+        assert_eq!(r.header("authorization"), Some("Bearer sk_test_123"));
+        assert_eq!(r.header("x-request-source"), Some("agent"));
+        assert_eq!(r.body_str(), "amount=500&charge=ch_1");
+    }
+}
+
+#[tokio::test]
+async fn a_per_request_timeout_overrides_the_policy() {
+    let server = TestServer::start(vec![], Action::hang()).await;
+    let err = client(
+        fast()
+            .max_attempts(1)
+            .attempt_timeout(Duration::from_secs(60)),
+    )
+    .get(server.url("/"))
+    .timeout(ms(300))
+    .send()
+    .await
+    .expect_err("times out long before 60 s");
+    assert!(err.is_timeout());
+}
