@@ -1,0 +1,168 @@
+//! Observability: a `tracing` span per operation (method, host, key) and an event per
+//! attempt (number, outcome class, delay and why).
+//!
+//! A separate test binary with one global subscriber: tracing caches per-callsite interest
+//! process-wide, so a thread-local subscriber in a binary whose other tests run concurrently
+//! would miss events now and then. Each test finds its own lines by its unique key.
+
+mod support;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use idempotent_retry::{Client, IdempotencyKey, RetryPolicy};
+use support::*;
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("not poisoned").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Installs the global subscriber once; returns the shared log buffer.
+fn log() -> &'static Captured {
+    static LOG: OnceLock<Captured> = OnceLock::new();
+    LOG.get_or_init(|| {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .init();
+        captured
+    })
+}
+
+/// The log lines that mention `needle`.
+fn lines_with(needle: &str) -> Vec<String> {
+    let bytes = log().0.lock().expect("not poisoned").clone();
+    String::from_utf8(bytes)
+        .expect("utf-8")
+        .lines()
+        .filter(|l| l.contains(needle))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn client() -> Client {
+    Client::builder()
+        .policy(
+            RetryPolicy::default()
+                .base_delay(Duration::from_millis(1))
+                .max_delay(Duration::from_millis(5)),
+        )
+        .build()
+        .expect("valid")
+}
+
+#[tokio::test]
+async fn each_attempt_emits_an_event_inside_the_operation_span() {
+    log();
+    let server = TestServer::start(vec![Action::status(503), Action::Reset], Action::ok("")).await;
+    let key = IdempotencyKey::new("evt_trace_1").expect("valid");
+    client()
+        .post(server.url("/"))
+        .idempotency_key(key)
+        .send()
+        .await
+        .expect("ok");
+    let lines = lines_with("evt_trace_1");
+    let retries: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("retrying with the same key"))
+        .collect();
+    assert_eq!(retries.len(), 2, "{lines:#?}");
+    assert!(retries[0].contains("attempt=1") && retries[0].contains("server_error"));
+    assert!(retries[1].contains("attempt=2") && retries[1].contains("connection_reset"));
+    for line in &retries {
+        assert!(
+            line.contains("idempotent_request"),
+            "inside the span: {line}"
+        );
+        assert!(
+            line.contains("method=POST"),
+            "the span names the method: {line}"
+        );
+        assert!(
+            line.contains("host=\"127.0.0.1\""),
+            "the span names the host: {line}"
+        );
+        assert!(line.contains("delay_ms="), "the delay is logged: {line}");
+        assert!(line.contains("why="), "the reason is logged: {line}");
+    }
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("final response") && l.contains("attempt=3")),
+        "{lines:#?}"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_operation_ends_with_a_warning() {
+    log();
+    let server = TestServer::start(vec![], Action::status(503)).await;
+    let key = IdempotencyKey::new("evt_trace_2").expect("valid");
+    client()
+        .post(server.url("/"))
+        .idempotency_key(key)
+        .policy(RetryPolicy::default().max_attempts(1))
+        .send()
+        .await
+        .expect_err("503");
+    let lines = lines_with("evt_trace_2");
+    assert!(
+        lines.iter().any(|l| l.contains("WARN")
+            && l.contains("operation stopped")
+            && l.contains("outcome_unknown=true")),
+        "{lines:#?}"
+    );
+}
+
+#[tokio::test]
+async fn a_422_on_a_keyed_request_is_logged_as_an_error() {
+    log();
+    let server = TestServer::start(vec![], Action::status(422)).await;
+    let key = IdempotencyKey::new("evt_trace_3").expect("valid");
+    let response = client()
+        .post(server.url("/"))
+        .idempotency_key(key)
+        .send()
+        .await
+        .expect("final");
+    assert_eq!(response.status(), 422);
+    let lines = lines_with("evt_trace_3");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("ERROR") && l.contains("reused with a different payload")),
+        "{lines:#?}"
+    );
+}
+
+#[tokio::test]
+async fn bodies_and_auth_headers_are_never_logged() {
+    log();
+    let server = TestServer::start(vec![Action::status(503)], Action::ok("")).await;
+    let key = IdempotencyKey::new("evt_trace_4").expect("valid");
+    client()
+        .post(server.url("/"))
+        .idempotency_key(key)
+        .bearer_auth("sk_live_secret_token")
+        .json(&serde_json::json!({"card": "4242424242424242"}))
+        .send()
+        .await
+        .expect("ok");
+    assert!(!lines_with("evt_trace_4").is_empty());
+    assert!(lines_with("sk_live_secret_token").is_empty());
+    assert!(lines_with("4242424242424242").is_empty());
+}
