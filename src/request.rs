@@ -284,7 +284,12 @@ async fn run(
         state.attempts += 1;
         let number = state.attempts;
 
-        let result = client.http.execute(attempt).await;
+        let result = match client.http.execute(attempt).await {
+            // reqwest refused the request before sending anything (an unsupported scheme,
+            // say): a configuration error, not an attempt.
+            Err(err) if err.is_builder() => return Err(Error::builder_from(err)),
+            other => other,
+        };
 
         let observed = match &result {
             Ok(response) => Observed::Response {

@@ -900,3 +900,14 @@ async fn a_per_request_timeout_overrides_the_policy() {
     .expect_err("times out long before 60 s");
     assert!(err.is_timeout());
 }
+
+#[tokio::test]
+async fn an_unsupported_scheme_is_a_builder_error_with_nothing_sent() {
+    let err = client(fast())
+        .post("ftp://127.0.0.1/upload")
+        .send()
+        .await
+        .expect_err("not http");
+    assert_eq!(err.kind(), ErrorKind::Builder, "{err:?}");
+    assert!(!err.is_outcome_unknown());
+}
