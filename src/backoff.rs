@@ -157,39 +157,13 @@ fn duration_from_nanos(nanos: u128) -> Option<Duration> {
 
 #[cfg(test)]
 mod tests {
-    use std::convert::Infallible;
-
     use proptest::prelude::*;
     use rand::SeedableRng;
-    use rand::TryRng;
     use rand::rngs::StdRng;
 
     use super::*;
 
-    /// A generator that returns the same word forever.
-    #[derive(Debug)]
-    struct ConstRng(u64);
-
-    impl TryRng for ConstRng {
-        type Error = Infallible;
-
-        fn try_next_u32(&mut self) -> Result<u32, Infallible> {
-            // Truncation keeps all-ones as all-ones and zero as zero.
-            Ok(self.0 as u32)
-        }
-
-        fn try_next_u64(&mut self) -> Result<u64, Infallible> {
-            Ok(self.0)
-        }
-
-        fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Infallible> {
-            for chunk in dst.chunks_mut(8) {
-                let bytes = self.0.to_le_bytes();
-                chunk.copy_from_slice(&bytes[..chunk.len()]);
-            }
-            Ok(())
-        }
-    }
+    use crate::test_rng::ConstRng;
 
     const MS: fn(u64) -> Duration = Duration::from_millis;
     const S: fn(u64) -> Duration = Duration::from_secs;

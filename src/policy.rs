@@ -371,32 +371,14 @@ pub(crate) fn is_idempotent_method(method: &http::Method) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::convert::Infallible;
-
     use http::HeaderValue;
     use proptest::prelude::*;
     use rand::SeedableRng;
-    use rand::TryRng;
     use rand::rngs::StdRng;
 
     use super::*;
 
-    /// An RNG that always returns the same word: all ones draws the top of every range.
-    struct ConstRng(u64);
-
-    impl TryRng for ConstRng {
-        type Error = Infallible;
-        fn try_next_u32(&mut self) -> Result<u32, Infallible> {
-            Ok(self.0 as u32)
-        }
-        fn try_next_u64(&mut self) -> Result<u64, Infallible> {
-            Ok(self.0)
-        }
-        fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Infallible> {
-            dst.fill(self.0 as u8);
-            Ok(())
-        }
-    }
+    use crate::test_rng::ConstRng;
 
     const MAX: u64 = u64::MAX;
     static NO_HEADERS: std::sync::LazyLock<HeaderMap> = std::sync::LazyLock::new(HeaderMap::new);
