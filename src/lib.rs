@@ -87,6 +87,12 @@
 //! provably never left (DNS and connect failures); any other failure is returned as
 //! [`ErrorKind::Transport`].
 //!
+//! **Keys that outlive the process.** A random key protects the attempts inside one `send`
+//! and dies with the process. When the operation must survive a crash, a redelivered job or a
+//! rolling deploy, derive the key from stable inputs ([`IdempotencyKey::derive`],
+//! [`IdempotencyKey::for_tool_call`]) or mint one and store it before the first attempt, then
+//! send every later try with [`RequestBuilder::idempotency_key`].
+//!
 //! **Waiting.** Before retry `n` (0 for the first), the client waits
 //! `U(0, min(max_delay, base_delay * 2^n))`: full jitter, drawn inside the cap. A server's
 //! `Retry-After` (delay-seconds or any of the three HTTP-date forms) or `retry-after-ms` is a

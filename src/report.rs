@@ -20,7 +20,7 @@ use crate::key::IdempotencyKey;
 ///
 /// let client = Client::new(reqwest::Client::new());
 /// let response = client.post("https://api.example.com/v1/charges").send().await?;
-/// if let Some(report) = response.extensions().get::<RetryReport>() {
+/// if let Some(report) = RetryReport::of(&response) {
 ///     println!("{} attempts, key {:?}", report.attempts(), report.idempotency_key());
 /// }
 /// # Ok(()) }
@@ -34,6 +34,15 @@ pub struct RetryReport {
 }
 
 impl RetryReport {
+    /// The report attached to a response returned by
+    /// [`RequestBuilder::send`](crate::RequestBuilder::send).
+    ///
+    /// `None` only if something removed it from the response's extensions.
+    #[must_use]
+    pub fn of(response: &reqwest::Response) -> Option<&RetryReport> {
+        response.extensions().get::<RetryReport>()
+    }
+
     pub(crate) fn new(key: Option<IdempotencyKey>) -> Self {
         RetryReport {
             key,
@@ -92,6 +101,8 @@ impl RetryReport {
 pub struct AttemptRecord {
     /// 1 for the first attempt.
     pub number: u32,
+    /// When the attempt started, measured from the start of the first attempt.
+    pub started: Duration,
     /// The response status, when a response arrived.
     pub status: Option<StatusCode>,
     /// Why the attempt was not final, when it was not.
@@ -108,6 +119,12 @@ pub struct Wait {
     pub delay: Duration,
     /// Why.
     pub reason: WaitReason,
+}
+
+impl std::fmt::Display for Wait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "waited {:?} ({})", self.delay, self.reason)
+    }
 }
 
 /// Why a wait was as long as it was.

@@ -283,6 +283,7 @@ async fn run(
         *attempt.timeout_mut() = Some(budget);
         state.attempts += 1;
         let number = state.attempts;
+        let attempt_started = now.saturating_duration_since(started);
 
         let result = match client.http.execute(attempt).await {
             // reqwest refused the request before sending anything (an unsupported scheme,
@@ -331,13 +332,14 @@ async fn run(
             Decision::Return => {
                 report.history.push(AttemptRecord {
                     number,
+                    started: attempt_started,
                     status,
                     failure: None,
                     wait: None,
                 });
                 return match result {
                     Ok(mut response) => {
-                        log_final(&response, state.keyed, number);
+                        log_final(&response, report.idempotency_key(), number);
                         response.extensions_mut().insert(report);
                         Ok(response)
                     }
@@ -355,6 +357,7 @@ async fn run(
                 may_have_executed |= kind.may_have_executed();
                 report.history.push(AttemptRecord {
                     number,
+                    started: attempt_started,
                     status,
                     failure: Some(kind),
                     wait: Some(Wait { delay, reason }),
@@ -375,6 +378,7 @@ async fn run(
                 may_have_executed |= kind.is_some_and(FailureKind::may_have_executed);
                 report.history.push(AttemptRecord {
                     number,
+                    started: attempt_started,
                     status,
                     failure: kind,
                     wait: None,
@@ -385,6 +389,7 @@ async fn run(
                     Err(source) => err.with_source(source),
                 };
                 tracing::warn!(
+                    key = err.idempotency_key().map_or("", IdempotencyKey::as_str),
                     attempt = number,
                     outcome = kind.map_or("final", FailureKind::as_str),
                     outcome_unknown = err.is_outcome_unknown(),
@@ -410,10 +415,15 @@ fn stop_error(stop: Stop, report: RetryReport, unknown: bool, policy: &RetryPoli
     }
 }
 
-fn log_final(response: &reqwest::Response, keyed: bool, attempts: u32) {
+/// Logs the final response; a 422 on a keyed request (the key reused with another payload, a
+/// client bug) at error level, with the key on the event itself so warn/error filters keep it.
+fn log_final(response: &reqwest::Response, key: Option<&IdempotencyKey>, attempts: u32) {
     let status = response.status();
-    if keyed && status == StatusCode::UNPROCESSABLE_ENTITY {
+    if let Some(key) = key
+        && status == StatusCode::UNPROCESSABLE_ENTITY
+    {
         tracing::error!(
+            key = key.as_str(),
             attempt = attempts,
             status = status.as_u16(),
             "422 on a keyed request: the key was reused with a different payload"

@@ -48,9 +48,7 @@ fn virtual_client(policy: RetryPolicy) -> (Client, VirtualTime) {
 }
 
 fn report(response: &reqwest::Response) -> RetryReport {
-    response
-        .extensions()
-        .get::<RetryReport>()
+    RetryReport::of(response)
         .cloned()
         .expect("every response carries a report")
 }
@@ -496,6 +494,20 @@ async fn backoff_delays_stay_under_the_doubling_ceiling() {
         assert_eq!(wait.reason, WaitReason::Backoff { ceiling });
     }
     assert_eq!(err.report().delays(), slept);
+    // Each attempt starts after the previous one's wait (virtual time: exactly after).
+    let history = err.report().history();
+    assert_eq!(history[0].started, Duration::ZERO);
+    for pair in history.windows(2) {
+        let wait = pair[0].wait.expect("a wait between attempts");
+        assert!(pair[1].started >= pair[0].started + wait.delay);
+    }
+    assert!(
+        history[0]
+            .wait
+            .expect("a wait")
+            .to_string()
+            .starts_with("waited ")
+    );
 
     // The same seed gives the same delays.
     let server = TestServer::start(vec![], Action::status(503)).await;
