@@ -293,6 +293,19 @@ mod tests {
     }
 
     #[test]
+    fn debug_output_names_the_settings_and_the_pending_key() {
+        let client = Client::new(reqwest::Client::new());
+        assert!(format!("{client:?}").contains("idempotency-key"));
+        let key = crate::IdempotencyKey::new("k_debug").expect("valid");
+        let builder = client.post("http://127.0.0.1:9/").idempotency_key(key);
+        let text = format!("{builder:?}");
+        assert!(
+            text.starts_with("RequestBuilder") && text.contains("k_debug"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn build_refuses_an_invalid_policy() {
         let err = Client::builder()
             .policy(RetryPolicy::default().max_attempts(0))

@@ -739,6 +739,33 @@ mod tests {
     }
 
     #[test]
+    fn getters_return_what_the_setters_set() {
+        let policy = RetryPolicy::new()
+            .max_attempts(7)
+            .base_delay(Duration::from_millis(3))
+            .max_delay(Duration::from_secs(4))
+            .reconcile_window(Duration::from_secs(5))
+            .attempt_timeout(Duration::from_secs(6))
+            .max_retry_after(Duration::from_secs(8));
+        assert_eq!(policy.get_max_attempts(), 7);
+        assert_eq!(policy.get_base_delay(), Duration::from_millis(3));
+        assert_eq!(policy.get_max_delay(), Duration::from_secs(4));
+        assert_eq!(policy.get_reconcile_window(), Duration::from_secs(5));
+        assert_eq!(policy.get_attempt_timeout(), Duration::from_secs(6));
+        assert_eq!(policy.get_max_retry_after(), Duration::from_secs(8));
+        let defaults = RetryPolicy::default();
+        assert_eq!(defaults.get_max_attempts(), 5);
+        assert_eq!(defaults.get_base_delay(), Duration::from_millis(500));
+        assert_eq!(defaults.get_max_delay(), Duration::from_secs(30));
+        assert_eq!(
+            defaults.get_reconcile_window(),
+            Duration::from_secs(24 * 3600)
+        );
+        assert_eq!(defaults.get_attempt_timeout(), Duration::from_secs(30));
+        assert_eq!(defaults.get_max_retry_after(), Duration::from_secs(60));
+    }
+
+    #[test]
     fn attempt_budget_is_clipped_to_the_window() {
         let start = t0();
         let window = Duration::from_secs(10);

@@ -699,6 +699,16 @@ async fn outcome_is_unknown_once_any_attempt_may_have_run() {
     assert_eq!(err.kind(), ErrorKind::AttemptsExhausted);
     assert!(!err.is_outcome_unknown());
 
+    // A 503, then only 429s: the 503 may have run, and that is not forgotten.
+    let server = TestServer::start(vec![Action::status(503)], Action::status(429)).await;
+    let err = client(fast().max_attempts(3))
+        .post(server.url("/"))
+        .send()
+        .await
+        .expect_err("429");
+    assert_eq!(err.failure(), Some(FailureKind::Throttled));
+    assert!(err.is_outcome_unknown());
+
     // 429 then a reset: the reset may have run.
     let server = TestServer::start(vec![Action::status(429)], Action::Reset).await;
     let err = client(fast().max_attempts(2))
@@ -922,4 +932,43 @@ async fn an_unsupported_scheme_is_a_builder_error_with_nothing_sent() {
         .expect_err("not http");
     assert_eq!(err.kind(), ErrorKind::Builder, "{err:?}");
     assert!(!err.is_outcome_unknown());
+}
+
+#[tokio::test]
+async fn a_redirect_loop_is_final_and_not_retried() {
+    let server =
+        TestServer::start(vec![], Action::status_with(307, &[("Location", "/again")])).await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::limited(2))
+        .build()
+        .expect("client");
+    let err = Client::builder()
+        .http(http)
+        .policy(fast())
+        .build()
+        .expect("valid")
+        .post(server.url("/"))
+        .send()
+        .await
+        .expect_err("too many redirects");
+    assert_eq!(err.kind(), ErrorKind::Transport);
+    assert_eq!(err.failure(), Some(FailureKind::Fatal));
+    assert_eq!(err.attempts(), 1);
+    assert_eq!(
+        server.hits(),
+        3,
+        "the first request and two redirects, once"
+    );
+}
+
+#[tokio::test]
+async fn a_retry_after_exactly_at_the_limit_is_honoured() {
+    let server = TestServer::start(
+        vec![Action::status_with(429, &[("Retry-After", "60")])],
+        Action::ok(""),
+    )
+    .await;
+    let (client, time) = virtual_client(RetryPolicy::default());
+    client.post(server.url("/")).send().await.expect("ok");
+    assert_eq!(time.slept(), vec![Duration::from_secs(60)]);
 }
