@@ -296,6 +296,10 @@ mod tests {
     fn debug_output_names_the_settings_and_the_pending_key() {
         let client = Client::new(reqwest::Client::new());
         assert!(format!("{client:?}").contains("idempotency-key"));
+        assert_eq!(client.policy(), &RetryPolicy::default());
+        assert_eq!(client.key_header(), &IDEMPOTENCY_KEY);
+        let builder = Client::builder().rng_seed(9);
+        assert!(format!("{builder:?}").contains("rng_seed: Some(9)"));
         let key = crate::IdempotencyKey::new("k_debug").expect("valid");
         let builder = client.post("http://127.0.0.1:9/").idempotency_key(key);
         let text = format!("{builder:?}");

@@ -345,6 +345,28 @@ mod tests {
     }
 
     #[test]
+    fn kinds_have_lowercase_names() {
+        let kinds = [
+            (ErrorKind::AttemptsExhausted, "attempts exhausted"),
+            (ErrorKind::ReconcileWindow, "reconcile window ended"),
+            (
+                ErrorKind::RetryAfterTooLong,
+                "server asked to wait too long",
+            ),
+            (
+                ErrorKind::BodyNotReplayable,
+                "request body cannot be replayed",
+            ),
+            (ErrorKind::InvalidKey, "invalid idempotency key"),
+            (ErrorKind::Transport, "transport error"),
+            (ErrorKind::Builder, "invalid configuration"),
+        ];
+        for (kind, name) in kinds {
+            assert_eq!(kind.to_string(), name);
+        }
+    }
+
+    #[test]
     fn messages_are_lowercase_without_period() {
         let key = IdempotencyKey::new("k_123").expect("valid key");
         let mut report = RetryReport::new(Some(key));

@@ -253,6 +253,11 @@ async fn without_keys_a_post_is_resent_only_when_it_never_left() {
     assert_eq!(err.kind(), ErrorKind::Transport);
     assert!(err.is_outcome_unknown());
     assert_eq!(err.failure(), Some(FailureKind::ConnectionReset));
+    assert!(
+        err.to_string()
+            .contains("not retried: it has no idempotency key"),
+        "{err}"
+    );
     assert_eq!(server.hits(), 1);
     assert_eq!(server.keys(), vec![None]);
 
@@ -494,6 +499,11 @@ async fn backoff_delays_stay_under_the_doubling_ceiling() {
         assert_eq!(wait.reason, WaitReason::Backoff { ceiling });
     }
     assert_eq!(err.report().delays(), slept);
+    // Virtual time moves only while sleeping: the operation took exactly its waits.
+    assert_eq!(err.elapsed(), time.elapsed());
+    assert_eq!(err.report().elapsed(), err.report().total_wait());
+    assert!(!err.is_timeout(), "a 503 is not a timeout");
+    assert!(format!("{err:?}").contains("AttemptsExhausted"));
     // Each attempt starts after the previous one's wait (virtual time: exactly after).
     let history = err.report().history();
     assert_eq!(history[0].started, Duration::ZERO);
@@ -501,12 +511,10 @@ async fn backoff_delays_stay_under_the_doubling_ceiling() {
         let wait = pair[0].wait.expect("a wait between attempts");
         assert!(pair[1].started >= pair[0].started + wait.delay);
     }
+    let shown = history[0].wait.expect("a wait").to_string();
     assert!(
-        history[0]
-            .wait
-            .expect("a wait")
-            .to_string()
-            .starts_with("waited ")
+        shown.starts_with("waited ") && shown.ends_with("(full-jitter backoff below 1s)"),
+        "{shown}"
     );
 
     // The same seed gives the same delays.
@@ -954,6 +962,7 @@ async fn a_redirect_loop_is_final_and_not_retried() {
     assert_eq!(err.kind(), ErrorKind::Transport);
     assert_eq!(err.failure(), Some(FailureKind::Fatal));
     assert_eq!(err.attempts(), 1);
+    assert!(!err.to_string().contains("no idempotency key"), "{err}");
     assert_eq!(
         server.hits(),
         3,
