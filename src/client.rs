@@ -79,7 +79,7 @@ impl fmt::Debug for ClientRef {
 impl Client {
     /// Wraps a `reqwest::Client` with the default policy and the `Idempotency-Key` header.
     pub fn new(http: reqwest::Client) -> Client {
-        Client::from_builder(ClientBuilder::new().http(http))
+        Client::from_builder(ClientBuilder::new(), http)
     }
 
     /// A builder to configure the policy, key header and time sources.
@@ -87,10 +87,10 @@ impl Client {
         ClientBuilder::new()
     }
 
-    fn from_builder(builder: ClientBuilder) -> Client {
+    fn from_builder(builder: ClientBuilder, http: reqwest::Client) -> Client {
         Client {
             inner: Arc::new(ClientRef {
-                http: builder.http.unwrap_or_default(),
+                http,
                 policy: builder.policy,
                 key_header: builder.key_header,
                 auto_keys: builder.auto_keys,
@@ -160,7 +160,7 @@ impl Client {
 ///
 /// | setting | default |
 /// |---|---|
-/// | [`http`](Self::http) | `reqwest::Client::new()` |
+/// | [`http`](Self::http) | reqwest's defaults, built by [`build`](Self::build) |
 /// | [`policy`](Self::policy) | [`RetryPolicy::default()`] |
 /// | [`key_header`](Self::key_header) | `Idempotency-Key` |
 /// | [`auto_keys`](Self::auto_keys) | `true` |
@@ -212,7 +212,7 @@ impl ClientBuilder {
     /// leave its own retries at reqwest's default (HTTP/2 refusals only) or turn them off with
     /// `reqwest::retry::never()`, so retries are not stacked.
     ///
-    /// Default: `reqwest::Client::new()`.
+    /// Default: a client with reqwest's defaults, built by [`build`](Self::build).
     pub fn http(mut self, http: reqwest::Client) -> Self {
         self.http = Some(http);
         self
@@ -274,10 +274,18 @@ impl ClientBuilder {
     /// # Errors
     ///
     /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) when the policy is invalid (see
-    /// [`RetryPolicy::validate`]).
-    pub fn build(self) -> Result<Client, Error> {
+    /// [`RetryPolicy::validate`]), or when no `reqwest::Client` was given and the default one
+    /// cannot be built (its TLS back end or resolver configuration failed to load).
+    pub fn build(mut self) -> Result<Client, Error> {
         self.policy.validate()?;
-        Ok(Client::from_builder(self))
+        let http = match self.http.take() {
+            Some(http) => http,
+            // `reqwest::Client::new()` would panic here; the builder reports the error instead.
+            None => reqwest::Client::builder()
+                .build()
+                .map_err(Error::builder_from)?,
+        };
+        Ok(Client::from_builder(self, http))
     }
 }
 

@@ -149,6 +149,15 @@
 //! give the inner `reqwest::Client` a broader policy with `ClientBuilder::retry`: retries
 //! would multiply (ours times its). `reqwest::retry::never()` turns its retries off entirely.
 //!
+//! # Known limits
+//!
+//! - Redirects are followed by the inner `reqwest::Client`, and the key header goes along on
+//!   each hop (reqwest strips only credentials when a redirect leaves the origin). For APIs
+//!   that do not redirect, build the inner client with `redirect(Policy::none())`.
+//! - The key lives in memory for the length of one `send`. A window that must span restarts,
+//!   and "has this already completed?", need a durable record of the operation kept by the
+//!   caller.
+//!
 //! # Observability
 //!
 //! Each operation runs in a `tracing` span `idempotent_request` with the method, host and key;
