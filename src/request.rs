@@ -248,7 +248,8 @@ async fn run(
         attempts: 0,
         keyed: key.is_some(),
         idempotent_method: is_idempotent_method(request.method()),
-        replayable: request.try_clone().is_some(),
+        // Until a clone fails: then the request goes out once, as it is.
+        replayable: true,
     };
     let mut report = RetryReport::new(key);
     let mut may_have_executed = false;
@@ -265,10 +266,12 @@ async fn run(
                     .with_window(policy.get_reconcile_window()),
             );
         };
-        let next = if state.replayable {
-            original.as_ref().and_then(reqwest::Request::try_clone)
-        } else {
-            original.take()
+        let next = match original.as_ref().and_then(reqwest::Request::try_clone) {
+            Some(copy) => Some(copy),
+            None => {
+                state.replayable = false;
+                original.take()
+            }
         };
         let Some(mut attempt) = next else {
             // Unreachable by construction (the engine stops before a second attempt of a
