@@ -151,10 +151,5 @@ fn new_client() -> Result<Client, Box<dyn StdError>> {
         .base_delay(Duration::from_millis(100))
         .max_delay(Duration::from_secs(1))
         .attempt_timeout(Duration::from_secs(2));
-    let client = Client::builder()
-        // The server is on loopback: never send it through a proxy from the environment.
-        .http(reqwest::Client::builder().no_proxy().build()?)
-        .policy(policy)
-        .build()?;
-    Ok(client)
+    common::loopback_client(policy)
 }

@@ -41,11 +41,7 @@ async fn main() -> Result<ExitCode, Box<dyn StdError>> {
         .base_delay(Duration::from_millis(100))
         .max_delay(Duration::from_secs(1))
         .attempt_timeout(Duration::from_millis(300));
-    let client = Client::builder()
-        // The server is on loopback: never send it through a proxy from the environment.
-        .http(reqwest::Client::builder().no_proxy().build()?)
-        .policy(policy)
-        .build()?;
+    let client = common::loopback_client(policy)?;
 
     println!("idempotent-retry demo: an agent's send_email tool call against a flaky receiver");
     println!("policy: up to 6 attempts, 300ms each, full-jitter backoff from 100ms, capped at 1s");

@@ -43,17 +43,13 @@ async fn main() -> Result<(), Box<dyn StdError>> {
     let server = Server::start().await?;
     let relay = Relay {
         url: server.url("/v1/receipts"),
-        client: Client::builder()
-            // The server is on loopback: never send it through a proxy from the environment.
-            .http(reqwest::Client::builder().no_proxy().build()?)
-            .policy(
-                RetryPolicy::default()
-                    .max_attempts(3)
-                    .base_delay(Duration::from_millis(50))
-                    .max_delay(Duration::from_millis(500))
-                    .attempt_timeout(Duration::from_secs(2)),
-            )
-            .build()?,
+        client: common::loopback_client(
+            RetryPolicy::default()
+                .max_attempts(3)
+                .base_delay(Duration::from_millis(50))
+                .max_delay(Duration::from_millis(500))
+                .attempt_timeout(Duration::from_secs(2)),
+        )?,
     };
 
     // 1. The key. Event ids are unique only within one provider: `evt_123` from Stripe and

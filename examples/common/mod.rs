@@ -30,6 +30,7 @@
 #![allow(dead_code)]
 
 use std::collections::HashMap;
+use std::error::Error as StdError;
 use std::fmt::{self, Write as _};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::net::SocketAddr;
@@ -41,6 +42,15 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{Instant, sleep, timeout};
+
+use idempotent_retry::{Client, RetryPolicy};
+
+/// A client for the demo server with this policy. The server is on loopback: the inner reqwest
+/// client never goes through a proxy from the environment.
+pub fn loopback_client(policy: RetryPolicy) -> Result<Client, Box<dyn StdError>> {
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    Ok(Client::builder().http(http).policy(policy).build()?)
+}
 
 /// Limits that keep a misbehaving client from costing more than a little memory and time.
 const MAX_HEAD: u64 = 16 * 1024;
