@@ -8,6 +8,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use reqwest::IntoUrl;
 
+use crate::engine::Settings;
 use crate::error::Error;
 use crate::policy::RetryPolicy;
 use crate::request::RequestBuilder;
@@ -43,12 +44,7 @@ pub struct Client {
 
 pub(crate) struct ClientRef {
     pub(crate) http: reqwest::Client,
-    pub(crate) policy: RetryPolicy,
-    pub(crate) key_header: HeaderName,
-    pub(crate) auto_keys: bool,
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) sleeper: Arc<dyn Sleeper>,
-    pub(crate) rng: Jitter,
+    pub(crate) settings: Arc<Settings>,
 }
 
 /// Where jitter comes from: the thread-local RNG, or one seeded RNG shared by all clones.
@@ -59,20 +55,7 @@ pub(crate) enum Jitter {
 
 impl fmt::Debug for ClientRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Client")
-            .field("policy", &self.policy)
-            .field("key_header", &self.key_header)
-            .field("auto_keys", &self.auto_keys)
-            .field("clock", &self.clock)
-            .field("sleeper", &self.sleeper)
-            .field(
-                "rng",
-                &match self.rng {
-                    Jitter::Thread => "thread",
-                    Jitter::Seeded(_) => "seeded",
-                },
-            )
-            .finish_non_exhaustive()
+        self.settings.debug_as("Client", f)
     }
 }
 
@@ -91,27 +74,19 @@ impl Client {
         Client {
             inner: Arc::new(ClientRef {
                 http,
-                policy: builder.policy,
-                key_header: builder.key_header,
-                auto_keys: builder.auto_keys,
-                clock: builder.clock,
-                sleeper: builder.sleeper,
-                rng: match builder.rng_seed {
-                    Some(seed) => Jitter::Seeded(Box::new(Mutex::new(StdRng::seed_from_u64(seed)))),
-                    None => Jitter::Thread,
-                },
+                settings: Arc::new(builder.into_settings()),
             }),
         }
     }
 
     /// The client-wide policy.
     pub fn policy(&self) -> &RetryPolicy {
-        &self.inner.policy
+        &self.inner.settings.policy
     }
 
     /// The header the key travels in.
     pub fn key_header(&self) -> &HeaderName {
-        &self.inner.key_header
+        &self.inner.settings.key_header
     }
 
     /// Starts a `GET` request. Retried without a key; a key is sent only if given.
@@ -267,6 +242,21 @@ impl ClientBuilder {
     pub fn rng_seed(mut self, seed: u64) -> Self {
         self.rng_seed = Some(seed);
         self
+    }
+
+    /// The engine's settings: everything but the reqwest client.
+    pub(crate) fn into_settings(self) -> Settings {
+        Settings {
+            policy: self.policy,
+            key_header: self.key_header,
+            auto_keys: self.auto_keys,
+            clock: self.clock,
+            sleeper: self.sleeper,
+            rng: match self.rng_seed {
+                Some(seed) => Jitter::Seeded(Box::new(Mutex::new(StdRng::seed_from_u64(seed)))),
+                None => Jitter::Thread,
+            },
+        }
     }
 
     /// Builds the client.

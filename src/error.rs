@@ -4,6 +4,7 @@
 //! server may have executed it ([`Error::is_outcome_unknown`]), the idempotency key to
 //! reconcile with, how many attempts were made, and the last response when there was one.
 
+use std::any::Any;
 use std::error::Error as StdError;
 use std::fmt;
 use std::sync::Mutex;
@@ -74,9 +75,11 @@ struct Inner {
     retry_after: Option<Duration>,
     window: Option<Duration>,
     message: Option<String>,
-    // A Mutex so that `Error` is `Sync` whatever `reqwest::Response` is; it is only ever
-    // locked through `&mut self`, so it never blocks.
-    response: Mutex<Option<reqwest::Response>>,
+    // The last response, of whatever type the front end's transport returns (a
+    // `reqwest::Response`, an `http::Response<B>`): one error type for every front end. A
+    // Mutex so that `Error` is `Sync` whatever the response is; it is only ever locked through
+    // `&mut self`, so it never blocks.
+    response: Mutex<Option<Box<dyn Any + Send>>>,
     source: Option<BoxError>,
 }
 
@@ -134,9 +137,13 @@ impl Error {
         self
     }
 
-    pub(crate) fn with_response(mut self, response: reqwest::Response) -> Self {
-        self.inner.status = Some(response.status());
-        self.inner.response = Mutex::new(Some(response));
+    pub(crate) fn with_response<R: Send + 'static>(
+        mut self,
+        status: StatusCode,
+        response: R,
+    ) -> Self {
+        self.inner.status = Some(status);
+        self.inner.response = Mutex::new(Some(Box::new(response)));
         self
     }
 
@@ -222,9 +229,26 @@ impl Error {
     /// Takes the last response out of the error, when the last attempt got one. Its body has
     /// not been read. Returns `None` on the second call.
     pub fn take_response(&mut self) -> Option<reqwest::Response> {
-        match self.inner.response.get_mut() {
-            Ok(slot) => slot.take(),
-            Err(poisoned) => poisoned.into_inner().take(),
+        self.take_response_as::<reqwest::Response>()
+    }
+
+    /// Takes the last response out of the error as the type the front end returns: an
+    /// `http::Response<B>` from a tower service over `http::Request`s, a `reqwest::Response`
+    /// from the client, the middleware or a tower service over `reqwest::Client`.
+    ///
+    /// Returns `None` when there is no response, when it was taken already, or when `R` is not
+    /// its type (the response then stays in the error).
+    pub fn take_response_as<R: Send + 'static>(&mut self) -> Option<R> {
+        let slot = match self.inner.response.get_mut() {
+            Ok(slot) => slot,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        match slot.take()?.downcast::<R>() {
+            Ok(response) => Some(*response),
+            Err(other) => {
+                *slot = Some(other);
+                None
+            }
         }
     }
 

@@ -1,0 +1,507 @@
+//! The retry engine every front end drives: settle the key, then send, classify, decide, wait.
+//!
+//! The reqwest [`Client`](crate::Client) is one front end; others (a tower service, a
+//! `reqwest-middleware` middleware) differ only in how an attempt is sent. They implement
+//! [`Transport`] for that one step, and the request and response types implement
+//! [`RetryRequest`] and [`RetryResponse`]; everything else (keys, classification, backoff,
+//! windows, reports, logging) happens here, once, by calling the pure pieces in `policy.rs`,
+//! `classify.rs` and `backoff.rs`.
+//!
+//! The loop has one named step per point where an outside concern plugs in:
+//!
+//! - [`Operation::begin`]: the key is settled and written into the request; the operation has
+//!   not sent anything yet (a durable ledger would claim the key here);
+//! - [`Operation::attempt_ended`]: one attempt's outcome and the decision about it are known (a
+//!   ledger records the attempt, observers are told);
+//! - [`Operation::retry_decided`]: a retry is about to wait (a retry budget is consulted here and
+//!   may turn the retry into a stop);
+//! - [`Operation::finish`]: the operation's result is final (a ledger records it, a budget is
+//!   refunded on success, observers are told).
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use http::header::{HeaderMap, HeaderName};
+use http::{Method, StatusCode};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::classify::FailureKind;
+use crate::client::Jitter;
+use crate::error::{Error, ErrorKind};
+use crate::key::IdempotencyKey;
+use crate::policy::{
+    Decision, Observed, OperationState, RetryPolicy, Stop, attempt_budget, decide,
+    is_idempotent_method,
+};
+use crate::report::{AttemptRecord, RetryReport, Wait};
+use crate::time::{Clock, Sleeper};
+
+pub(crate) type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// A request the engine can send once per attempt.
+pub(crate) trait RetryRequest: Sized + Send + 'static {
+    /// The request method (decides whether a key is minted and whether a keyless retry is safe).
+    fn method(&self) -> &Method;
+
+    /// The target host, for the span and per-host policies.
+    fn host(&self) -> Option<&str>;
+
+    /// The request headers, where the key travels.
+    fn headers_mut(&mut self) -> &mut HeaderMap;
+
+    /// A copy for one attempt, or `None` when the body cannot be sent twice.
+    fn try_clone(&self) -> Option<Self>;
+
+    /// Asks the transport to enforce `timeout` on this attempt. Returns `false` when it cannot,
+    /// and the engine then bounds the attempt itself.
+    fn set_timeout(&mut self, timeout: Duration) -> bool;
+}
+
+/// A response the engine can classify and annotate.
+pub(crate) trait RetryResponse: Send + 'static {
+    /// The status.
+    fn status(&self) -> StatusCode;
+
+    /// The headers (for `Retry-After` and server retry hints).
+    fn headers(&self) -> &HeaderMap;
+
+    /// Where the [`RetryReport`] goes.
+    fn extensions_mut(&mut self) -> &mut http::Extensions;
+}
+
+/// How one attempt failed, as a transport reports it.
+pub(crate) enum SendError {
+    /// Nothing was sent: the request is malformed (a configuration error, not an attempt).
+    Refused(Error),
+    /// The attempt failed on the way; `kind` says how.
+    Failed { kind: FailureKind, source: BoxError },
+}
+
+/// Sends one attempt. The only thing a front end implements.
+pub(crate) trait Transport<Q: RetryRequest> {
+    /// What a successful send produces.
+    type Response: RetryResponse;
+
+    /// Sends one attempt of the request.
+    fn send(
+        &mut self,
+        request: Q,
+    ) -> impl Future<Output = Result<Self::Response, SendError>> + Send;
+}
+
+/// Everything the engine needs that is shared by all operations of one front end.
+pub(crate) struct Settings {
+    pub(crate) policy: RetryPolicy,
+    pub(crate) key_header: HeaderName,
+    pub(crate) auto_keys: bool,
+    pub(crate) clock: std::sync::Arc<dyn Clock>,
+    pub(crate) sleeper: std::sync::Arc<dyn Sleeper>,
+    pub(crate) rng: Jitter,
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.debug_as("Settings", f)
+    }
+}
+
+impl Settings {
+    /// Formats the settings as the front end named `name`.
+    pub(crate) fn debug_as(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(name)
+            .field("policy", &self.policy)
+            .field("key_header", &self.key_header)
+            .field("auto_keys", &self.auto_keys)
+            .field("clock", &self.clock)
+            .field("sleeper", &self.sleeper)
+            .field(
+                "rng",
+                &match self.rng {
+                    Jitter::Thread => "thread",
+                    Jitter::Seeded(_) => "seeded",
+                },
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one request asks for beyond the front end's settings.
+#[derive(Debug, Default)]
+pub(crate) struct Overrides {
+    /// A key given by the caller.
+    pub(crate) key: Option<IdempotencyKey>,
+    /// `Some(false)` turns off the random key for this request.
+    pub(crate) auto_key: Option<bool>,
+    /// A policy for this request only.
+    pub(crate) policy: Option<RetryPolicy>,
+    /// A per-attempt timeout for this request only.
+    pub(crate) timeout: Option<Duration>,
+}
+
+/// Runs one logical operation: settles the key, then retries `request` through `transport`.
+pub(crate) async fn execute<Q, T>(
+    settings: &Settings,
+    mut request: Q,
+    overrides: Overrides,
+    transport: T,
+) -> Result<T::Response, Error>
+where
+    Q: RetryRequest,
+    T: Transport<Q>,
+{
+    let policy = overrides.policy.unwrap_or(settings.policy);
+    policy.validate()?;
+    let method = request.method().clone();
+    let key = attach_key(
+        request.headers_mut(),
+        &method,
+        &settings.key_header,
+        overrides.key,
+        overrides.auto_key.unwrap_or(settings.auto_keys),
+    )?;
+    let span = tracing::info_span!(
+        "idempotent_request",
+        method = %method,
+        host = request.host().unwrap_or(""),
+        key = key.as_ref().map_or("", IdempotencyKey::as_str),
+    );
+    let operation = Operation::begin(settings, &method, key, policy, overrides.timeout);
+    operation.run(request, transport).instrument(span).await
+}
+
+/// Settles the operation's key and puts it in the request's headers, once, before the first
+/// attempt: every attempt is a clone of this request.
+pub(crate) fn attach_key(
+    headers: &mut HeaderMap,
+    method: &Method,
+    header: &HeaderName,
+    explicit: Option<IdempotencyKey>,
+    auto_key: bool,
+) -> Result<Option<IdempotencyKey>, Error> {
+    let mut values = headers.get_all(header).iter();
+    let from_header = match (values.next(), values.next()) {
+        (None, _) => None,
+        (Some(_), Some(_)) => {
+            return Err(Error::builder(format!(
+                "the {header} header is set more than once"
+            )));
+        }
+        (Some(value), None) => {
+            let text = value
+                .to_str()
+                .map_err(|_| Error::builder(format!("the {header} header is not visible ASCII")))?;
+            Some(
+                IdempotencyKey::new(text)
+                    .map_err(|reason| Error::invalid_key(reason, "set in a header"))?,
+            )
+        }
+    };
+    let key = match (explicit, from_header) {
+        (Some(explicit), Some(header_key)) if explicit != header_key => {
+            return Err(Error::builder(format!(
+                "two different idempotency keys: one given, another in the {header} header"
+            )));
+        }
+        (Some(key), _) | (None, Some(key)) => key,
+        (None, None) if auto_key && !is_idempotent_method(method) => IdempotencyKey::random(),
+        (None, None) => return Ok(None),
+    };
+    headers.insert(header.clone(), key.to_header_value());
+    Ok(Some(key))
+}
+
+/// One logical operation in flight: its policy, state and report.
+struct Operation<'s> {
+    settings: &'s Settings,
+    policy: RetryPolicy,
+    attempt_timeout: Duration,
+    state: OperationState,
+    report: RetryReport,
+    may_have_executed: bool,
+}
+
+/// What the engine keeps of one attempt's result until it has decided.
+struct Outcome<R> {
+    result: Result<R, (FailureKind, BoxError)>,
+    status: Option<StatusCode>,
+}
+
+impl<'s> Operation<'s> {
+    /// Hook point: the key is settled and in the request; nothing has been sent.
+    fn begin(
+        settings: &'s Settings,
+        method: &Method,
+        key: Option<IdempotencyKey>,
+        policy: RetryPolicy,
+        timeout: Option<Duration>,
+    ) -> Self {
+        let started = settings.clock.now();
+        Operation {
+            settings,
+            policy,
+            attempt_timeout: timeout.unwrap_or(policy.get_attempt_timeout()),
+            state: OperationState {
+                started,
+                attempts: 0,
+                keyed: key.is_some(),
+                idempotent_method: is_idempotent_method(method),
+                // Until a clone fails: then the request goes out once, as it is.
+                replayable: true,
+            },
+            report: RetryReport::new(key),
+            may_have_executed: false,
+        }
+    }
+
+    /// The loop: send, classify, decide, wait; the same key on every attempt.
+    async fn run<Q, T>(mut self, request: Q, mut transport: T) -> Result<T::Response, Error>
+    where
+        Q: RetryRequest,
+        T: Transport<Q>,
+    {
+        let mut original = Some(request);
+        loop {
+            let now = self.settings.clock.now();
+            let Some(budget) = attempt_budget(
+                self.policy.get_reconcile_window(),
+                self.attempt_timeout,
+                self.state.started,
+                now,
+            ) else {
+                self.report.elapsed = now.saturating_duration_since(self.state.started);
+                let err = Error::operation(
+                    ErrorKind::ReconcileWindow,
+                    self.report,
+                    self.may_have_executed,
+                )
+                .with_window(self.policy.get_reconcile_window());
+                return Err(err);
+            };
+            let next = match original.as_ref().and_then(RetryRequest::try_clone) {
+                Some(copy) => Some(copy),
+                None => {
+                    self.state.replayable = false;
+                    original.take()
+                }
+            };
+            let Some(mut attempt) = next else {
+                // Unreachable by construction (the engine stops before a second attempt of a
+                // request that cannot be cloned), but never panic over it.
+                self.report.elapsed = now.saturating_duration_since(self.state.started);
+                return Err(Error::operation(
+                    ErrorKind::BodyNotReplayable,
+                    self.report,
+                    self.may_have_executed,
+                ));
+            };
+            let enforced = attempt.set_timeout(budget);
+            self.state.attempts += 1;
+            let number = self.state.attempts;
+            let attempt_started = now.saturating_duration_since(self.state.started);
+
+            let sent = if enforced {
+                transport.send(attempt).await
+            } else {
+                match tokio::time::timeout(budget, transport.send(attempt)).await {
+                    Ok(sent) => sent,
+                    Err(elapsed) => Err(SendError::Failed {
+                        kind: FailureKind::Timeout,
+                        source: Box::new(elapsed),
+                    }),
+                }
+            };
+            let result = match sent {
+                Ok(response) => Ok(response),
+                Err(SendError::Failed { kind, source }) => Err((kind, source)),
+                Err(SendError::Refused(err)) => return Err(err),
+            };
+            let outcome = Outcome {
+                status: result.as_ref().ok().map(RetryResponse::status),
+                result,
+            };
+            let decided_at = self.settings.clock.now();
+            let decision = self.decide(&outcome, decided_at);
+            self.report.attempts = number;
+            self.report.elapsed = decided_at.saturating_duration_since(self.state.started);
+
+            match decision {
+                Decision::Return => {
+                    self.attempt_ended(number, attempt_started, outcome.status, None, None);
+                    return match outcome.result {
+                        Ok(response) => Ok(self.finish_with_response(response, number)),
+                        // `decide` returns `Return` only for responses.
+                        Err((_, source)) => {
+                            Err(Error::operation(ErrorKind::Transport, self.report, true)
+                                .with_source(source))
+                        }
+                    };
+                }
+                Decision::Retry {
+                    kind,
+                    delay,
+                    reason,
+                } => {
+                    self.may_have_executed |= kind.may_have_executed();
+                    let wait = Wait { delay, reason };
+                    self.attempt_ended(
+                        number,
+                        attempt_started,
+                        outcome.status,
+                        Some(kind),
+                        Some(wait),
+                    );
+                    self.retry_decided(number, kind, outcome.status, wait);
+                    // Release the connection before sleeping.
+                    drop(outcome);
+                    self.settings.sleeper.sleep(delay).await;
+                }
+                Decision::Stop { kind, stop } => {
+                    self.may_have_executed |= kind.is_some_and(FailureKind::may_have_executed);
+                    self.attempt_ended(number, attempt_started, outcome.status, kind, None);
+                    return Err(self.finish_with_stop(stop, kind, outcome, number));
+                }
+            }
+        }
+    }
+
+    /// Feeds the attempt's outcome to the pure decision engine.
+    fn decide<R: RetryResponse>(&self, outcome: &Outcome<R>, decided_at: Instant) -> Decision {
+        let observed = match &outcome.result {
+            Ok(response) => Observed::Response {
+                status: response.status(),
+                headers: response.headers(),
+            },
+            Err((kind, _)) => Observed::Failure(*kind),
+        };
+        let settings = self.settings;
+        match &settings.rng {
+            Jitter::Thread => decide(
+                &self.policy,
+                &self.state,
+                observed,
+                decided_at,
+                settings.clock.wall(),
+                &mut rand::rng(),
+            ),
+            Jitter::Seeded(rng) => {
+                let mut rng = match rng.lock() {
+                    Ok(guard) => guard,
+                    Err(poisoned) => poisoned.into_inner(),
+                };
+                decide(
+                    &self.policy,
+                    &self.state,
+                    observed,
+                    decided_at,
+                    settings.clock.wall(),
+                    &mut *rng,
+                )
+            }
+        }
+    }
+
+    /// Hook point: one attempt has ended and the decision about it is made.
+    fn attempt_ended(
+        &mut self,
+        number: u32,
+        started: Duration,
+        status: Option<StatusCode>,
+        failure: Option<FailureKind>,
+        wait: Option<Wait>,
+    ) {
+        self.report.history.push(AttemptRecord {
+            number,
+            started,
+            status,
+            failure,
+            wait,
+        });
+    }
+
+    /// Hook point: a retry is decided and about to wait.
+    fn retry_decided(
+        &mut self,
+        number: u32,
+        kind: FailureKind,
+        status: Option<StatusCode>,
+        wait: Wait,
+    ) {
+        tracing::info!(
+            attempt = number,
+            outcome = kind.as_str(),
+            status = status.map(|s| s.as_u16()),
+            delay_ms = u64::try_from(wait.delay.as_millis()).unwrap_or(u64::MAX),
+            why = %wait.reason,
+            "attempt failed, retrying with the same key"
+        );
+    }
+
+    /// Hook point (success): the response is the answer.
+    fn finish_with_response<R: RetryResponse>(self, mut response: R, attempts: u32) -> R {
+        log_final(response.status(), self.report.idempotency_key(), attempts);
+        response.extensions_mut().insert(self.report);
+        response
+    }
+
+    /// Hook point (failure): the operation ends without a final answer.
+    fn finish_with_stop<R: RetryResponse>(
+        self,
+        stop: Stop,
+        kind: Option<FailureKind>,
+        outcome: Outcome<R>,
+        number: u32,
+    ) -> Error {
+        let err =
+            stop_error(stop, self.report, self.may_have_executed, &self.policy).with_failure(kind);
+        let err = match outcome.result {
+            Ok(response) => err.with_response(response.status(), response),
+            Err((_, source)) => err.with_source(source),
+        };
+        tracing::warn!(
+            key = err.idempotency_key().map_or("", IdempotencyKey::as_str),
+            attempt = number,
+            outcome = kind.map_or("final", FailureKind::as_str),
+            outcome_unknown = err.is_outcome_unknown(),
+            error = %err,
+            "operation stopped"
+        );
+        err
+    }
+}
+
+fn stop_error(stop: Stop, report: RetryReport, unknown: bool, policy: &RetryPolicy) -> Error {
+    match stop {
+        Stop::Exhausted => Error::operation(ErrorKind::AttemptsExhausted, report, unknown),
+        Stop::Window => Error::operation(ErrorKind::ReconcileWindow, report, unknown)
+            .with_window(policy.get_reconcile_window()),
+        Stop::RetryAfterTooLong { asked } => {
+            Error::operation(ErrorKind::RetryAfterTooLong, report, unknown).with_retry_after(asked)
+        }
+        Stop::NotReplayable => Error::operation(ErrorKind::BodyNotReplayable, report, unknown),
+        Stop::NotRetrySafe | Stop::Fatal => Error::operation(ErrorKind::Transport, report, unknown),
+    }
+}
+
+/// Logs the final response; a 422 on a keyed request (the key reused with another payload, a
+/// client bug) at error level, with the key on the event itself so warn/error filters keep it.
+fn log_final(status: StatusCode, key: Option<&IdempotencyKey>, attempts: u32) {
+    if let Some(key) = key
+        && status == StatusCode::UNPROCESSABLE_ENTITY
+    {
+        tracing::error!(
+            key = key.as_str(),
+            attempt = attempts,
+            status = status.as_u16(),
+            "422 on a keyed request: the key was reused with a different payload"
+        );
+    } else {
+        tracing::debug!(
+            attempt = attempts,
+            status = status.as_u16(),
+            "final response"
+        );
+    }
+}
