@@ -1,5 +1,6 @@
 //! The client: a `reqwest::Client` plus a retry policy, a key header and the time sources.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
@@ -10,6 +11,7 @@ use reqwest::IntoUrl;
 
 use crate::engine::Settings;
 use crate::error::Error;
+use crate::observe::Observer;
 use crate::policy::RetryPolicy;
 use crate::request::RequestBuilder;
 use crate::time::{Clock, Sleeper, TokioClock, TokioSleeper};
@@ -62,7 +64,8 @@ impl fmt::Debug for ClientRef {
 impl Client {
     /// Wraps a `reqwest::Client` with the default policy and the `Idempotency-Key` header.
     pub fn new(http: reqwest::Client) -> Client {
-        Client::from_builder(ClientBuilder::new(), http)
+        // The defaults are valid: nothing to check.
+        Client::from_settings(ClientBuilder::new().settings_unchecked(), http)
     }
 
     /// A builder to configure the policy, key header and time sources.
@@ -70,11 +73,11 @@ impl Client {
         ClientBuilder::new()
     }
 
-    fn from_builder(builder: ClientBuilder, http: reqwest::Client) -> Client {
+    fn from_settings(settings: Settings, http: reqwest::Client) -> Client {
         Client {
             inner: Arc::new(ClientRef {
                 http,
-                settings: Arc::new(builder.into_settings()),
+                settings: Arc::new(settings),
             }),
         }
     }
@@ -150,6 +153,9 @@ pub struct ClientBuilder {
     clock: Arc<dyn Clock>,
     sleeper: Arc<dyn Sleeper>,
     rng_seed: Option<u64>,
+    host_policies: HashMap<String, RetryPolicy>,
+    observer: Option<Arc<dyn Observer>>,
+    attempt_header: Option<HeaderName>,
 }
 
 impl fmt::Debug for ClientBuilder {
@@ -159,6 +165,9 @@ impl fmt::Debug for ClientBuilder {
             .field("key_header", &self.key_header)
             .field("auto_keys", &self.auto_keys)
             .field("rng_seed", &self.rng_seed)
+            .field("host_policies", &self.host_policies)
+            .field("observer", &self.observer)
+            .field("attempt_header", &self.attempt_header)
             .finish_non_exhaustive()
     }
 }
@@ -180,6 +189,9 @@ impl ClientBuilder {
             clock: Arc::new(TokioClock),
             sleeper: Arc::new(TokioSleeper),
             rng_seed: None,
+            host_policies: HashMap::new(),
+            observer: None,
+            attempt_header: None,
         }
     }
 
@@ -244,10 +256,86 @@ impl ClientBuilder {
         self
     }
 
+    /// The policy for requests to `host` (matched case-insensitively against the URL's host,
+    /// without the port), unless a request sets its own. Precedence: the request's policy,
+    /// then its host's, then the client's [`policy`](Self::policy). Use it to match each
+    /// provider's key retention: a short window for one that keeps keys 24 h, a long one for
+    /// one that keeps them 30 days.
+    ///
+    /// Default: none.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotent_retry::{Client, RetryPolicy};
+    ///
+    /// let client = Client::builder()
+    ///     .policy_for_host("api.stripe.com", RetryPolicy::default()) // 24 h window
+    ///     .policy_for_host(
+    ///         "api.example-bank.com",
+    ///         RetryPolicy::default().reconcile_window(Duration::from_secs(29 * 24 * 3600)),
+    ///     )
+    ///     .build()?;
+    /// # Ok::<(), idempotent_retry::Error>(())
+    /// ```
+    pub fn policy_for_host(mut self, host: impl Into<String>, policy: RetryPolicy) -> Self {
+        self.host_policies
+            .insert(host.into().to_ascii_lowercase(), policy);
+        self
+    }
+
+    /// Receives an event per attempt and per operation, for metrics.
+    ///
+    /// Default: none.
+    pub fn observer(mut self, observer: impl Observer) -> Self {
+        self.observer = Some(Arc::new(observer));
+        self
+    }
+
+    /// Sends the attempt number (1, 2, ...) in this header on every attempt, so the receiver
+    /// can tell a retry from a first try. The key header is unaffected: it is the same on every
+    /// attempt.
+    ///
+    /// Default: none (no header).
+    pub fn attempt_header(mut self, header: HeaderName) -> Self {
+        self.attempt_header = Some(header);
+        self
+    }
+
+    /// Checks every policy.
+    fn validate(&self) -> Result<(), Error> {
+        self.policy.validate()?;
+        for (host, policy) in &self.host_policies {
+            policy
+                .validate()
+                .map_err(|err| Error::builder(format!("policy for host {host}: {err}")))?;
+        }
+        if self.attempt_header.as_ref() == Some(&self.key_header) {
+            return Err(Error::builder(
+                "the attempt header and the key header must differ",
+            ));
+        }
+        Ok(())
+    }
+
     /// The engine's settings: everything but the reqwest client.
-    pub(crate) fn into_settings(self) -> Settings {
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](Self::build), for an invalid policy.
+    #[cfg(any(feature = "tower", feature = "middleware"))]
+    pub(crate) fn into_settings(self) -> Result<Settings, Error> {
+        self.validate()?;
+        Ok(self.settings_unchecked())
+    }
+
+    pub(crate) fn settings_unchecked(self) -> Settings {
         Settings {
             policy: self.policy,
+            host_policies: self.host_policies,
+            observer: self.observer,
+            attempt_header: self.attempt_header,
             key_header: self.key_header,
             auto_keys: self.auto_keys,
             clock: self.clock,
@@ -263,11 +351,12 @@ impl ClientBuilder {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) when the policy is invalid (see
-    /// [`RetryPolicy::validate`]), or when no `reqwest::Client` was given and the default one
-    /// cannot be built (its TLS back end or resolver configuration failed to load).
+    /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) when a policy is invalid (see
+    /// [`RetryPolicy::validate`]), when the attempt header is the key header, or when no
+    /// `reqwest::Client` was given and the default one cannot be built (its TLS back end or
+    /// resolver configuration failed to load).
     pub fn build(mut self) -> Result<Client, Error> {
-        self.policy.validate()?;
+        self.validate()?;
         let http = match self.http.take() {
             Some(http) => http,
             // `reqwest::Client::new()` would panic here; the builder reports the error instead.
@@ -275,7 +364,7 @@ impl ClientBuilder {
                 .build()
                 .map_err(Error::builder_from)?,
         };
-        Ok(Client::from_builder(self, http))
+        Ok(Client::from_settings(self.settings_unchecked(), http))
     }
 }
 

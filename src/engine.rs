@@ -18,12 +18,14 @@
 //! - [`Operation::finish`]: the operation's result is final (a ledger records it, a budget is
 //!   refunded on success, observers are told).
 
+use std::collections::HashMap;
 use std::error::Error as StdError;
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::{HeaderMap, HeaderName};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode};
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -32,6 +34,7 @@ use crate::classify::FailureKind;
 use crate::client::Jitter;
 use crate::error::{Error, ErrorKind};
 use crate::key::IdempotencyKey;
+use crate::observe::{AttemptEvent, Observer, OperationEvent};
 use crate::policy::{
     Decision, Observed, OperationState, RetryPolicy, Stop, attempt_budget, decide,
     is_idempotent_method,
@@ -41,34 +44,49 @@ use crate::time::{Clock, Sleeper};
 
 pub(crate) type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
-/// A request the engine can send once per attempt.
-pub(crate) trait RetryRequest: Sized + Send + 'static {
-    /// The request method (decides whether a key is minted and whether a keyless retry is safe).
+/// A request type the retry engine can send once per attempt.
+///
+/// Implemented for `reqwest::Request` and for `http::Request<B>` with a cloneable body
+/// (`String`, `Bytes`, `http_body_util::Full<Bytes>`, ...). The tower front end accepts any
+/// request type that implements it.
+pub trait RetryRequest: Sized + Send + 'static {
+    /// The request method: it decides whether a key is minted and whether a keyless retry is
+    /// safe.
     fn method(&self) -> &Method;
 
-    /// The target host, for the span and per-host policies.
+    /// The target host, for the span and [per-host policies](crate::ClientBuilder::policy_for_host).
     fn host(&self) -> Option<&str>;
 
-    /// The request headers, where the key travels.
+    /// The request headers, where the key (and the optional attempt number) travel.
     fn headers_mut(&mut self) -> &mut HeaderMap;
 
-    /// A copy for one attempt, or `None` when the body cannot be sent twice.
+    /// A copy to send as one attempt, or `None` when the body cannot be sent twice (the
+    /// request then gets one attempt, and a transient failure becomes
+    /// [`ErrorKind::BodyNotReplayable`]).
     fn try_clone(&self) -> Option<Self>;
 
-    /// Asks the transport to enforce `timeout` on this attempt. Returns `false` when it cannot,
-    /// and the engine then bounds the attempt itself.
+    /// Asks the request to carry its own timeout for this attempt. Returns `false` when it
+    /// cannot; the engine then bounds the attempt itself, up to the response head.
     fn set_timeout(&mut self, timeout: Duration) -> bool;
+
+    /// Extensions where a caller may put an [`IdempotencyKey`] or a [`RetryPolicy`] for this
+    /// request only. `None` when the type has none the engine can read.
+    fn extensions(&self) -> Option<&http::Extensions> {
+        None
+    }
 }
 
-/// A response the engine can classify and annotate.
-pub(crate) trait RetryResponse: Send + 'static {
+/// A response type the retry engine can classify and annotate.
+///
+/// Implemented for `reqwest::Response` and `http::Response<B>`.
+pub trait RetryResponse: Send + 'static {
     /// The status.
     fn status(&self) -> StatusCode;
 
     /// The headers (for `Retry-After` and server retry hints).
     fn headers(&self) -> &HeaderMap;
 
-    /// Where the [`RetryReport`] goes.
+    /// Where the final [`RetryReport`] goes.
     fn extensions_mut(&mut self) -> &mut http::Extensions;
 }
 
@@ -95,11 +113,16 @@ pub(crate) trait Transport<Q: RetryRequest> {
 /// Everything the engine needs that is shared by all operations of one front end.
 pub(crate) struct Settings {
     pub(crate) policy: RetryPolicy,
+    /// Policies by lowercase host name, between the request's own and `policy`.
+    pub(crate) host_policies: HashMap<String, RetryPolicy>,
     pub(crate) key_header: HeaderName,
     pub(crate) auto_keys: bool,
-    pub(crate) clock: std::sync::Arc<dyn Clock>,
-    pub(crate) sleeper: std::sync::Arc<dyn Sleeper>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) sleeper: Arc<dyn Sleeper>,
     pub(crate) rng: Jitter,
+    pub(crate) observer: Option<Arc<dyn Observer>>,
+    /// Carries the attempt number on each attempt when set.
+    pub(crate) attempt_header: Option<HeaderName>,
 }
 
 impl fmt::Debug for Settings {
@@ -109,10 +132,20 @@ impl fmt::Debug for Settings {
 }
 
 impl Settings {
+    /// The policy for a request: its own, else its host's, else the default.
+    pub(crate) fn policy_for(&self, own: Option<RetryPolicy>, host: Option<&str>) -> RetryPolicy {
+        own.or_else(|| {
+            let host = host?.to_ascii_lowercase();
+            self.host_policies.get(&host).copied()
+        })
+        .unwrap_or(self.policy)
+    }
+
     /// Formats the settings as the front end named `name`.
     pub(crate) fn debug_as(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct(name)
             .field("policy", &self.policy)
+            .field("host_policies", &self.host_policies)
             .field("key_header", &self.key_header)
             .field("auto_keys", &self.auto_keys)
             .field("clock", &self.clock)
@@ -124,6 +157,8 @@ impl Settings {
                     Jitter::Seeded(_) => "seeded",
                 },
             )
+            .field("observer", &self.observer)
+            .field("attempt_header", &self.attempt_header)
             .finish_non_exhaustive()
     }
 }
@@ -152,14 +187,21 @@ where
     Q: RetryRequest,
     T: Transport<Q>,
 {
-    let policy = overrides.policy.unwrap_or(settings.policy);
+    let (given_key, given_policy) = match request.extensions() {
+        Some(ext) => (
+            ext.get::<IdempotencyKey>().cloned(),
+            ext.get::<RetryPolicy>().copied(),
+        ),
+        None => (None, None),
+    };
+    let policy = settings.policy_for(overrides.policy.or(given_policy), request.host());
     policy.validate()?;
     let method = request.method().clone();
     let key = attach_key(
         request.headers_mut(),
         &method,
         &settings.key_header,
-        overrides.key,
+        overrides.key.or(given_key),
         overrides.auto_key.unwrap_or(settings.auto_keys),
     )?;
     let span = tracing::info_span!(
@@ -168,7 +210,15 @@ where
         host = request.host().unwrap_or(""),
         key = key.as_ref().map_or("", IdempotencyKey::as_str),
     );
-    let operation = Operation::begin(settings, &method, key, policy, overrides.timeout);
+    let host = request.host().map(str::to_owned);
+    let operation = Operation::begin(
+        settings,
+        &method,
+        host.as_deref(),
+        key,
+        policy,
+        overrides.timeout,
+    );
     operation.run(request, transport).instrument(span).await
 }
 
@@ -216,6 +266,8 @@ pub(crate) fn attach_key(
 /// One logical operation in flight: its policy, state and report.
 struct Operation<'s> {
     settings: &'s Settings,
+    method: &'s Method,
+    host: Option<&'s str>,
     policy: RetryPolicy,
     attempt_timeout: Duration,
     state: OperationState,
@@ -233,7 +285,8 @@ impl<'s> Operation<'s> {
     /// Hook point: the key is settled and in the request; nothing has been sent.
     fn begin(
         settings: &'s Settings,
-        method: &Method,
+        method: &'s Method,
+        host: Option<&'s str>,
         key: Option<IdempotencyKey>,
         policy: RetryPolicy,
         timeout: Option<Duration>,
@@ -241,6 +294,8 @@ impl<'s> Operation<'s> {
         let started = settings.clock.now();
         Operation {
             settings,
+            method,
+            host,
             policy,
             attempt_timeout: timeout.unwrap_or(policy.get_attempt_timeout()),
             state: OperationState {
@@ -274,11 +329,11 @@ impl<'s> Operation<'s> {
                 self.report.elapsed = now.saturating_duration_since(self.state.started);
                 let err = Error::operation(
                     ErrorKind::ReconcileWindow,
-                    self.report,
+                    self.report.clone(),
                     self.may_have_executed,
                 )
                 .with_window(self.policy.get_reconcile_window());
-                return Err(err);
+                return Err(self.finish_with_error(err));
             };
             let next = match original.as_ref().and_then(RetryRequest::try_clone) {
                 Some(copy) => Some(copy),
@@ -291,15 +346,21 @@ impl<'s> Operation<'s> {
                 // Unreachable by construction (the engine stops before a second attempt of a
                 // request that cannot be cloned), but never panic over it.
                 self.report.elapsed = now.saturating_duration_since(self.state.started);
-                return Err(Error::operation(
+                let err = Error::operation(
                     ErrorKind::BodyNotReplayable,
-                    self.report,
+                    self.report.clone(),
                     self.may_have_executed,
-                ));
+                );
+                return Err(self.finish_with_error(err));
             };
             let enforced = attempt.set_timeout(budget);
             self.state.attempts += 1;
             let number = self.state.attempts;
+            if let Some(name) = &self.settings.attempt_header {
+                attempt
+                    .headers_mut()
+                    .insert(name.clone(), HeaderValue::from(number));
+            }
             let attempt_started = now.saturating_duration_since(self.state.started);
 
             let sent = if enforced {
@@ -316,7 +377,7 @@ impl<'s> Operation<'s> {
             let result = match sent {
                 Ok(response) => Ok(response),
                 Err(SendError::Failed { kind, source }) => Err((kind, source)),
-                Err(SendError::Refused(err)) => return Err(err),
+                Err(SendError::Refused(err)) => return Err(self.finish_with_error(err)),
             };
             let outcome = Outcome {
                 status: result.as_ref().ok().map(RetryResponse::status),
@@ -334,8 +395,10 @@ impl<'s> Operation<'s> {
                         Ok(response) => Ok(self.finish_with_response(response, number)),
                         // `decide` returns `Return` only for responses.
                         Err((_, source)) => {
-                            Err(Error::operation(ErrorKind::Transport, self.report, true)
-                                .with_source(source))
+                            let err =
+                                Error::operation(ErrorKind::Transport, self.report.clone(), true)
+                                    .with_source(source);
+                            Err(self.finish_with_error(err))
                         }
                     };
                 }
@@ -412,6 +475,18 @@ impl<'s> Operation<'s> {
         failure: Option<FailureKind>,
         wait: Option<Wait>,
     ) {
+        if let Some(observer) = &self.settings.observer {
+            observer.on_attempt(&AttemptEvent {
+                key: self.report.idempotency_key(),
+                method: self.method,
+                host: self.host,
+                attempt: number,
+                status,
+                failure,
+                delay: wait.map(|w| w.delay),
+                elapsed: self.report.elapsed,
+            });
+        }
         self.report.history.push(AttemptRecord {
             number,
             started,
@@ -442,6 +517,18 @@ impl<'s> Operation<'s> {
     /// Hook point (success): the response is the answer.
     fn finish_with_response<R: RetryResponse>(self, mut response: R, attempts: u32) -> R {
         log_final(response.status(), self.report.idempotency_key(), attempts);
+        if let Some(observer) = &self.settings.observer {
+            observer.on_operation(&OperationEvent {
+                key: self.report.idempotency_key(),
+                method: self.method,
+                host: self.host,
+                attempts,
+                status: Some(response.status()),
+                error: None,
+                outcome_unknown: false,
+                elapsed: self.report.elapsed,
+            });
+        }
         response.extensions_mut().insert(self.report);
         response
     }
@@ -454,8 +541,13 @@ impl<'s> Operation<'s> {
         outcome: Outcome<R>,
         number: u32,
     ) -> Error {
-        let err =
-            stop_error(stop, self.report, self.may_have_executed, &self.policy).with_failure(kind);
+        let err = stop_error(
+            stop,
+            self.report.clone(),
+            self.may_have_executed,
+            &self.policy,
+        )
+        .with_failure(kind);
         let err = match outcome.result {
             Ok(response) => err.with_response(response.status(), response),
             Err((_, source)) => err.with_source(source),
@@ -468,6 +560,23 @@ impl<'s> Operation<'s> {
             error = %err,
             "operation stopped"
         );
+        self.finish_with_error(err)
+    }
+
+    /// Hook point (every error after the key was settled): tells the observer.
+    fn finish_with_error(&self, err: Error) -> Error {
+        if let Some(observer) = &self.settings.observer {
+            observer.on_operation(&OperationEvent {
+                key: err.idempotency_key(),
+                method: self.method,
+                host: self.host,
+                attempts: err.attempts(),
+                status: err.status(),
+                error: Some(err.kind()),
+                outcome_unknown: err.is_outcome_unknown(),
+                elapsed: err.elapsed(),
+            });
+        }
         err
     }
 }

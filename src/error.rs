@@ -111,6 +111,22 @@ impl Error {
         Error::new(ErrorKind::Builder).with_source(source)
     }
 
+    /// A builder error whose source is already boxed.
+    #[cfg(any(feature = "tower", feature = "middleware"))]
+    pub(crate) fn builder_from_boxed(source: BoxError) -> Self {
+        let mut err = Error::new(ErrorKind::Builder);
+        err.inner.source = Some(source);
+        err
+    }
+
+    /// The wrapped service could not take a request: nothing was sent.
+    #[cfg(feature = "tower")]
+    pub(crate) fn not_ready(source: BoxError) -> Self {
+        Error::new(ErrorKind::Transport)
+            .with_failure(Some(FailureKind::Fatal))
+            .with_source(source)
+    }
+
     pub(crate) fn invalid_key(reason: InvalidKey, context: &str) -> Self {
         let mut err = Error::new(ErrorKind::InvalidKey).with_source(reason);
         err.inner.message = Some(context.to_owned());

@@ -196,6 +196,11 @@ mod engine;
 mod error;
 mod exchange;
 mod key;
+#[cfg(feature = "tower")]
+mod service;
+#[cfg(feature = "middleware")]
+mod middleware;
+mod observe;
 mod policy;
 mod report;
 mod request;
@@ -206,8 +211,14 @@ pub use backoff::{backoff_ceiling, full_jitter};
 pub use canonical::canonical_json;
 pub use classify::FailureKind;
 pub use client::{Client, ClientBuilder, IDEMPOTENCY_KEY};
+pub use engine::{RetryRequest, RetryResponse};
 pub use error::{Error, ErrorKind};
 pub use key::{IdempotencyKey, InvalidKey, InvalidKeyReason};
+#[cfg(feature = "tower")]
+pub use service::{IdempotentRetry, IdempotentRetryLayer, ResponseFuture};
+#[cfg(feature = "middleware")]
+pub use middleware::IdempotentRetryMiddleware;
+pub use observe::{AttemptEvent, Observer, OperationEvent};
 pub use policy::RetryPolicy;
 pub use report::{AttemptRecord, RetryReport, Wait, WaitReason};
 pub use request::RequestBuilder;

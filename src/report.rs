@@ -43,6 +43,20 @@ impl RetryReport {
         response.extensions().get::<RetryReport>()
     }
 
+    /// The report in a response's extensions, for front ends whose response is not a
+    /// `reqwest::Response` (an `http::Response<B>` from the tower service).
+    ///
+    /// ```
+    /// use idempotent_retry::RetryReport;
+    ///
+    /// let response = http::Response::new(());
+    /// assert!(RetryReport::from_extensions(response.extensions()).is_none());
+    /// ```
+    #[must_use]
+    pub fn from_extensions(extensions: &http::Extensions) -> Option<&RetryReport> {
+        extensions.get::<RetryReport>()
+    }
+
     pub(crate) fn new(key: Option<IdempotencyKey>) -> Self {
         RetryReport {
             key,

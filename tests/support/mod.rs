@@ -6,6 +6,8 @@
 // The test server records real arrival times; only the crate itself must read time through `Clock`.
 #![allow(clippy::disallowed_methods)]
 
+#[cfg(all(feature = "tower", feature = "middleware"))]
+pub mod front;
 pub mod server;
 
 pub use server::*;

@@ -1,0 +1,152 @@
+//! The `reqwest-middleware` front end: a `Middleware` that runs the rest of the chain once per
+//! attempt.
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::Extensions;
+use reqwest_middleware::Next;
+
+use crate::client::{Client, ClientBuilder};
+use crate::engine::{self, Overrides, SendError, Settings, Transport};
+use crate::error::Error;
+use crate::exchange::{reqwest_send_error, send_error};
+use crate::key::IdempotencyKey;
+use crate::policy::RetryPolicy;
+
+/// A `reqwest-middleware` [`Middleware`](reqwest_middleware::Middleware) that sends each request
+/// as one logical operation: one key, settled before the first attempt; the middleware below
+/// it and the client run once per attempt.
+///
+/// **Position.** Add it before (outside) `reqwest-tracing`'s `TracingMiddleware`, so each
+/// attempt gets its own client span, as OpenTelemetry's HTTP conventions ask for resends, all
+/// inside this crate's `idempotent_request` span; add it after middleware that should run once
+/// per logical request (authentication that mints a token, request signing that must not be
+/// redone, ...). Do not combine it with `reqwest-retry`: retries would multiply.
+///
+/// **Per request**: `.with_extension(key)` (an [`IdempotencyKey`]) or
+/// `.with_extension(policy)` (a [`RetryPolicy`]) on the `ClientWithMiddleware`'s request
+/// builder, or the key header.
+///
+/// **Errors** come back as `reqwest_middleware::Error::Middleware` wrapping this crate's
+/// [`Error`]; get it back with [`Error::from_middleware`] or [`Error::from_middleware_mut`].
+///
+/// # Examples
+///
+/// ```
+/// use idempotent_retry::IdempotentRetryMiddleware;
+///
+/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+///     .with(IdempotentRetryMiddleware::new())
+///     .build();
+/// ```
+#[derive(Clone)]
+pub struct IdempotentRetryMiddleware {
+    settings: Arc<Settings>,
+}
+
+impl fmt::Debug for IdempotentRetryMiddleware {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.settings.debug_as("IdempotentRetryMiddleware", f)
+    }
+}
+
+impl Default for IdempotentRetryMiddleware {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl IdempotentRetryMiddleware {
+    /// A middleware with every default (see [`ClientBuilder`]'s `# Default` table).
+    #[must_use]
+    pub fn new() -> Self {
+        IdempotentRetryMiddleware {
+            settings: Arc::new(ClientBuilder::new().settings_unchecked()),
+        }
+    }
+}
+
+impl ClientBuilder {
+    /// Builds a `reqwest-middleware` middleware with these settings instead of a client. The
+    /// [`http`](Self::http) client, if any, is not used.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) when a policy is invalid or the
+    /// attempt header is the key header.
+    pub fn build_middleware(self) -> Result<IdempotentRetryMiddleware, Error> {
+        Ok(IdempotentRetryMiddleware {
+            settings: Arc::new(self.into_settings()?),
+        })
+    }
+}
+
+impl Client {
+    /// A `reqwest-middleware` middleware sharing this client's settings.
+    #[must_use]
+    pub fn middleware(&self) -> IdempotentRetryMiddleware {
+        IdempotentRetryMiddleware {
+            settings: Arc::clone(&self.inner.settings),
+        }
+    }
+}
+
+impl Error {
+    /// This crate's error inside a `reqwest-middleware` error, when the middleware returned it.
+    #[must_use]
+    pub fn from_middleware(err: &reqwest_middleware::Error) -> Option<&Error> {
+        match err {
+            reqwest_middleware::Error::Middleware(inner) => inner.downcast_ref::<Error>(),
+            reqwest_middleware::Error::Reqwest(_) => None,
+        }
+    }
+
+    /// As [`from_middleware`](Self::from_middleware), mutably (to
+    /// [`take_response`](Self::take_response)).
+    #[must_use]
+    pub fn from_middleware_mut(err: &mut reqwest_middleware::Error) -> Option<&mut Error> {
+        match err {
+            reqwest_middleware::Error::Middleware(inner) => inner.downcast_mut::<Error>(),
+            reqwest_middleware::Error::Reqwest(_) => None,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for IdempotentRetryMiddleware {
+    async fn handle(
+        &self,
+        request: reqwest::Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        let overrides = Overrides {
+            key: extensions.get::<IdempotencyKey>().cloned(),
+            policy: extensions.get::<RetryPolicy>().copied(),
+            ..Overrides::default()
+        };
+        let transport = NextTransport { next, extensions };
+        engine::execute(&self.settings, request, overrides, transport)
+            .await
+            .map_err(reqwest_middleware::Error::middleware)
+    }
+}
+
+/// Sends each attempt down the rest of the middleware chain.
+struct NextTransport<'a, 'e> {
+    next: Next<'a>,
+    extensions: &'e mut Extensions,
+}
+
+impl Transport<reqwest::Request> for NextTransport<'_, '_> {
+    type Response = reqwest::Response;
+
+    async fn send(&mut self, request: reqwest::Request) -> Result<reqwest::Response, SendError> {
+        match self.next.clone().run(request, self.extensions).await {
+            Ok(response) => Ok(response),
+            Err(reqwest_middleware::Error::Reqwest(err)) => Err(reqwest_send_error(err)),
+            Err(reqwest_middleware::Error::Middleware(err)) => Err(send_error(err.into())),
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! The tower front end: a `Service` that runs each request as one logical operation.
+//!
+//! Tower's layout: the layer in `layer.rs`, the service here, its future in `future.rs`. The
+//! service only sends attempts; keys, classification, backoff and windows are the engine's.
+
+mod future;
+mod layer;
+
+use std::fmt;
+use std::future::poll_fn;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use crate::engine::{self, BoxError, Overrides, RetryRequest, RetryResponse, SendError, Settings};
+use crate::error::Error;
+use crate::exchange::send_error;
+
+pub use future::ResponseFuture;
+pub use layer::IdempotentRetryLayer;
+
+/// A tower `Service` that sends each request as one logical operation: one idempotency key,
+/// settled before the first attempt, on every attempt; retries by the crate's rules.
+///
+/// It wraps any `Service<R>` whose request type implements [`RetryRequest`]
+/// (`http::Request<B>` with a cloneable body, `reqwest::Request`) and whose response implements
+/// [`RetryResponse`] (`http::Response<B>`, `reqwest::Response`); `reqwest::Client` is one.
+/// The inner service must be `Clone`: the response future owns a clone and calls it once per
+/// attempt, waiting for readiness before each.
+///
+/// **Per request**: put an [`IdempotencyKey`](crate::IdempotencyKey) or a
+/// [`RetryPolicy`](crate::RetryPolicy) in an `http::Request`'s extensions, or set the key
+/// header yourself. (`reqwest::Request` has no public extensions: use the key header and
+/// [per-host policies](crate::ClientBuilder::policy_for_host).)
+///
+/// **Errors**: the service's error is the crate's [`Error`], with the inner service's error as
+/// its source; [`Error::take_response_as`] returns the last response in the inner service's
+/// response type.
+///
+/// **Timeouts**: each attempt is bounded by the policy's attempt timeout, clipped to the
+/// reconcile window. A `reqwest::Request` carries it (reqwest applies it until the body has
+/// been read); for an `http::Request` the service bounds the attempt up to the response head.
+#[derive(Clone)]
+pub struct IdempotentRetry<S> {
+    inner: S,
+    settings: Arc<Settings>,
+}
+
+impl<S: fmt::Debug> fmt::Debug for IdempotentRetry<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotentRetry")
+            .field("inner", &self.inner)
+            .field("settings", &self.settings)
+            .finish()
+    }
+}
+
+impl<S> IdempotentRetry<S> {
+    /// Wraps `inner` with the default settings. Use [`IdempotentRetryLayer`] for others.
+    pub fn new(inner: S) -> Self {
+        tower::Layer::layer(&IdempotentRetryLayer::new(), inner)
+    }
+
+    pub(crate) fn from_parts(inner: S, settings: Arc<Settings>) -> Self {
+        IdempotentRetry { inner, settings }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, R> tower::Service<R> for IdempotentRetry<S>
+where
+    R: RetryRequest,
+    S: tower::Service<R> + Clone + Send + 'static,
+    S::Response: RetryResponse,
+    S::Error: Into<BoxError>,
+    S::Future: Send,
+{
+    type Response = S::Response;
+    type Error = Error;
+    type Future = ResponseFuture<S::Response>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        self.inner
+            .poll_ready(cx)
+            .map_err(|err| Error::not_ready(err.into()))
+    }
+
+    fn call(&mut self, request: R) -> Self::Future {
+        // The ready service goes with the future (tower's contract: `call` follows a ready
+        // `poll_ready`); a fresh clone stays behind for the next call.
+        let clone = self.inner.clone();
+        let service = std::mem::replace(&mut self.inner, clone);
+        let settings = Arc::clone(&self.settings);
+        ResponseFuture::new(async move {
+            let transport = ServiceTransport {
+                service,
+                ready: true,
+            };
+            engine::execute(&settings, request, Overrides::default(), transport).await
+        })
+    }
+}
+
+/// Sends each attempt through the inner service.
+struct ServiceTransport<S> {
+    service: S,
+    /// Whether `poll_ready` has returned ready since the last call.
+    ready: bool,
+}
+
+impl<S, R> engine::Transport<R> for ServiceTransport<S>
+where
+    R: RetryRequest,
+    S: tower::Service<R> + Send,
+    S::Response: RetryResponse,
+    S::Error: Into<BoxError>,
+    S::Future: Send,
+{
+    type Response = S::Response;
+
+    async fn send(&mut self, request: R) -> Result<S::Response, SendError> {
+        if !self.ready {
+            poll_fn(|cx| self.service.poll_ready(cx))
+                .await
+                .map_err(|err| send_error(err.into()))?;
+        }
+        self.ready = false;
+        self.service
+            .call(request)
+            .await
+            .map_err(|err| send_error(err.into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use super::*;
+    use crate::classify::FailureKind;
+    use crate::exchange::classify_boxed;
+
+    #[test]
+    fn unknown_errors_are_fatal_and_known_shapes_are_found_anywhere() {
+        let plain: BoxError = "something odd".into();
+        assert_eq!(classify_boxed(&*plain), FailureKind::Fatal);
+        let reset: BoxError = Box::new(io::Error::from(io::ErrorKind::ConnectionReset));
+        assert_eq!(classify_boxed(&*reset), FailureKind::ConnectionReset);
+        let elapsed: BoxError = Box::new(tower::timeout::error::Elapsed::new());
+        assert_eq!(classify_boxed(&*elapsed), FailureKind::Timeout);
+    }
+
+    #[test]
+    fn service_and_layer_are_clone_send_sync() {
+        fn check<T: Clone + Send + Sync + fmt::Debug + 'static>() {}
+        check::<IdempotentRetryLayer>();
+        check::<IdempotentRetry<reqwest::Client>>();
+    }
+}

@@ -1,0 +1,323 @@
+//! The crate's front ends behind one small trait, so each behavioural case is written once and
+//! run against every one of them: the `Client`, the tower service over `reqwest::Client`, the
+//! tower service over a hyper client (`http::Request`), and the `reqwest-middleware` middleware.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use bytes::Bytes;
+use http::Method;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use idempotent_retry::{
+    Client, ClientBuilder, Error, IdempotencyKey, IdempotentRetry, RetryPolicy, RetryReport,
+};
+use tower::{Service, ServiceBuilder, ServiceExt};
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// One logical request, in terms every front end can express.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub method: Method,
+    pub url: String,
+    pub body: String,
+    pub key: Option<IdempotencyKey>,
+    pub policy: Option<RetryPolicy>,
+}
+
+impl Call {
+    pub fn new(method: Method, url: impl Into<String>) -> Call {
+        Call {
+            method,
+            url: url.into(),
+            body: String::new(),
+            key: None,
+            policy: None,
+        }
+    }
+
+    pub fn post(url: impl Into<String>) -> Call {
+        Call::new(Method::POST, url)
+    }
+
+    pub fn get(url: impl Into<String>) -> Call {
+        Call::new(Method::GET, url)
+    }
+
+    pub fn body(mut self, body: impl Into<String>) -> Call {
+        self.body = body.into();
+        self
+    }
+
+    pub fn key(mut self, key: IdempotencyKey) -> Call {
+        self.key = Some(key);
+        self
+    }
+
+    pub fn policy(mut self, policy: RetryPolicy) -> Call {
+        self.policy = Some(policy);
+        self
+    }
+}
+
+/// A final response, read completely.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    pub body: String,
+    pub report: RetryReport,
+}
+
+/// A front end under test.
+pub trait FrontEnd: Send + Sync {
+    fn name(&self) -> &'static str;
+
+    /// Whether a policy can be given for one request (not through `reqwest::Request`, which
+    /// has no public extensions).
+    fn takes_request_policy(&self) -> bool {
+        true
+    }
+
+    fn send(&self, call: Call) -> BoxFuture<'_, Result<Reply, Error>>;
+
+    /// Takes the last response out of an error, as this front end's response type, and returns
+    /// its status.
+    fn take_last_status(&self, err: &mut Error) -> Option<u16>;
+}
+
+/// Every front end, each built from a fresh builder made by `settings`.
+pub fn front_ends(settings: impl Fn() -> ClientBuilder) -> Vec<Box<dyn FrontEnd>> {
+    vec![
+        Box::new(ClientFront(settings().build().expect("valid settings"))),
+        Box::new(TowerReqwest::new(settings())),
+        Box::new(TowerHyper::new(settings())),
+        Box::new(Middleware::new(settings())),
+    ]
+}
+
+/// Same as [`front_ends`] with a custom reqwest client for the reqwest-based front ends (the
+/// hyper one is left out: it has its own connector).
+pub fn reqwest_front_ends(
+    settings: impl Fn() -> ClientBuilder,
+    http: reqwest::Client,
+) -> Vec<Box<dyn FrontEnd>> {
+    vec![
+        Box::new(ClientFront(
+            settings().http(http.clone()).build().expect("valid"),
+        )),
+        Box::new(TowerReqwest::with_http(settings(), http.clone())),
+        Box::new(Middleware::with_http(settings(), http)),
+    ]
+}
+
+async fn read_reqwest(response: reqwest::Response) -> Reply {
+    let report = RetryReport::of(&response)
+        .cloned()
+        .expect("every response carries a report");
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = response.text().await.expect("body");
+    Reply {
+        status,
+        headers,
+        body,
+        report,
+    }
+}
+
+fn reqwest_request(call: &Call) -> reqwest::Request {
+    let mut request = reqwest::Request::new(
+        call.method.clone(),
+        call.url.parse().expect("valid url in test"),
+    );
+    *request.body_mut() = Some(reqwest::Body::from(call.body.clone()));
+    request
+}
+
+// The reqwest front end.
+
+struct ClientFront(Client);
+
+impl FrontEnd for ClientFront {
+    fn name(&self) -> &'static str {
+        "client"
+    }
+
+    fn send(&self, call: Call) -> BoxFuture<'_, Result<Reply, Error>> {
+        Box::pin(async move {
+            let mut builder = self.0.request(call.method, call.url).body(call.body);
+            if let Some(key) = call.key {
+                builder = builder.idempotency_key(key);
+            }
+            if let Some(policy) = call.policy {
+                builder = builder.policy(policy);
+            }
+            Ok(read_reqwest(builder.send().await?).await)
+        })
+    }
+
+    fn take_last_status(&self, err: &mut Error) -> Option<u16> {
+        err.take_response().map(|r| r.status().as_u16())
+    }
+}
+
+// The tower service over `reqwest::Client`.
+
+struct TowerReqwest(IdempotentRetry<reqwest::Client>);
+
+impl TowerReqwest {
+    fn new(settings: ClientBuilder) -> Self {
+        Self::with_http(settings, reqwest::Client::new())
+    }
+
+    fn with_http(settings: ClientBuilder, http: reqwest::Client) -> Self {
+        let layer = settings.build_layer().expect("valid settings");
+        TowerReqwest(ServiceBuilder::new().layer(layer).service(http))
+    }
+}
+
+impl FrontEnd for TowerReqwest {
+    fn name(&self) -> &'static str {
+        "tower over reqwest"
+    }
+
+    fn takes_request_policy(&self) -> bool {
+        false
+    }
+
+    fn send(&self, call: Call) -> BoxFuture<'_, Result<Reply, Error>> {
+        let mut service = self.0.clone();
+        Box::pin(async move {
+            assert!(call.policy.is_none(), "no per-request policy here");
+            let mut request = reqwest_request(&call);
+            if let Some(key) = &call.key {
+                request
+                    .headers_mut()
+                    .insert(idempotent_retry::IDEMPOTENCY_KEY, key.to_header_value());
+            }
+            let response = service.ready().await?.call(request).await?;
+            Ok(read_reqwest(response).await)
+        })
+    }
+
+    fn take_last_status(&self, err: &mut Error) -> Option<u16> {
+        err.take_response_as::<reqwest::Response>()
+            .map(|r| r.status().as_u16())
+    }
+}
+
+// The tower service over a hyper client: `http::Request<Full<Bytes>>` in,
+// `http::Response<Incoming>` out.
+
+type Hyper = HyperClient<HttpConnector, Full<Bytes>>;
+type HyperResponse = http::Response<hyper::body::Incoming>;
+
+struct TowerHyper(IdempotentRetry<Hyper>);
+
+impl TowerHyper {
+    fn new(settings: ClientBuilder) -> Self {
+        let hyper = HyperClient::builder(TokioExecutor::new()).build_http();
+        let layer = settings.build_layer().expect("valid settings");
+        TowerHyper(ServiceBuilder::new().layer(layer).service(hyper))
+    }
+}
+
+impl FrontEnd for TowerHyper {
+    fn name(&self) -> &'static str {
+        "tower over hyper"
+    }
+
+    fn send(&self, call: Call) -> BoxFuture<'_, Result<Reply, Error>> {
+        let mut service = self.0.clone();
+        Box::pin(async move {
+            let mut request = http::Request::builder()
+                .method(call.method)
+                .uri(call.url)
+                .body(Full::new(Bytes::from(call.body)))
+                .expect("valid request in test");
+            if let Some(key) = call.key {
+                request.extensions_mut().insert(key);
+            }
+            if let Some(policy) = call.policy {
+                request.extensions_mut().insert(policy);
+            }
+            let response = service.ready().await?.call(request).await?;
+            let report = RetryReport::from_extensions(response.extensions())
+                .cloned()
+                .expect("every response carries a report");
+            let status = response.status().as_u16();
+            let headers = response.headers().clone();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .expect("body")
+                .to_bytes();
+            Ok(Reply {
+                status,
+                headers,
+                body: String::from_utf8(body.to_vec()).expect("utf-8 body"),
+                report,
+            })
+        })
+    }
+
+    fn take_last_status(&self, err: &mut Error) -> Option<u16> {
+        // Asking for the wrong type leaves the response in place.
+        assert!(err.take_response().is_none());
+        err.take_response_as::<HyperResponse>()
+            .map(|r| r.status().as_u16())
+    }
+}
+
+// The `reqwest-middleware` middleware.
+
+struct Middleware(reqwest_middleware::ClientWithMiddleware);
+
+impl Middleware {
+    fn new(settings: ClientBuilder) -> Self {
+        Self::with_http(settings, reqwest::Client::new())
+    }
+
+    fn with_http(settings: ClientBuilder, http: reqwest::Client) -> Self {
+        let middleware = settings.build_middleware().expect("valid settings");
+        Middleware(
+            reqwest_middleware::ClientBuilder::new(http)
+                .with(middleware)
+                .build(),
+        )
+    }
+}
+
+impl FrontEnd for Middleware {
+    fn name(&self) -> &'static str {
+        "middleware"
+    }
+
+    fn send(&self, call: Call) -> BoxFuture<'_, Result<Reply, Error>> {
+        Box::pin(async move {
+            let mut builder = self.0.request(call.method, call.url).body(call.body);
+            if let Some(key) = call.key {
+                builder = builder.with_extension(key);
+            }
+            if let Some(policy) = call.policy {
+                builder = builder.with_extension(policy);
+            }
+            match builder.send().await {
+                Ok(response) => Ok(read_reqwest(response).await),
+                Err(reqwest_middleware::Error::Middleware(err)) => {
+                    Err(err.downcast::<Error>().expect("the crate's error"))
+                }
+                Err(other) => panic!("the middleware returns the crate's error, not {other:?}"),
+            }
+        })
+    }
+
+    fn take_last_status(&self, err: &mut Error) -> Option<u16> {
+        err.take_response().map(|r| r.status().as_u16())
+    }
+}

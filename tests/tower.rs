@@ -1,0 +1,299 @@
+//! The tower front end on its own: exact attempt sequences against `tower-test` mocks, and the
+//! layer inside `ServiceBuilder` stacks (timeout, concurrency limit, `BoxCloneService`,
+//! `tower-http`). The fault cases shared with the other front ends are in `front_ends.rs`.
+
+mod support;
+
+use std::error::Error as _;
+use std::io;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response};
+use http_body_util::Full;
+use idempotent_retry::{
+    Client, ErrorKind, FailureKind, IdempotencyKey, IdempotentRetryLayer, RetryPolicy, RetryReport,
+};
+use support::*;
+use tower::util::BoxCloneService;
+use tower::{BoxError, Layer, Service, ServiceBuilder, ServiceExt};
+use tower_test::mock;
+
+type MockService = mock::Mock<Request<String>, Response<String>>;
+type MockHandle = mock::Handle<Request<String>, Response<String>>;
+
+/// A layer whose waits run on virtual time.
+fn virtual_layer(policy: RetryPolicy) -> (IdempotentRetryLayer, VirtualTime) {
+    let time = VirtualTime::new();
+    let layer = Client::builder()
+        .policy(policy)
+        .clock(time.clone())
+        .sleeper(time.clone())
+        .rng_seed(3)
+        .build_layer()
+        .expect("valid");
+    (layer, time)
+}
+
+fn post(body: &str) -> Request<String> {
+    Request::post("http://api.example.test/v1/charges")
+        .body(body.to_owned())
+        .expect("valid request")
+}
+
+fn status(code: u16) -> Response<String> {
+    Response::builder()
+        .status(code)
+        .body(String::new())
+        .expect("valid response")
+}
+
+fn key_of(request: &Request<String>) -> String {
+    request
+        .headers()
+        .get("idempotency-key")
+        .expect("every attempt carries the key")
+        .to_str()
+        .expect("ascii")
+        .to_owned()
+}
+
+/// Spawns one call through the layer over a mock; returns its join handle and the mock handle.
+fn spawn_call(
+    layer: &IdempotentRetryLayer,
+    request: Request<String>,
+) -> (
+    tokio::task::JoinHandle<Result<Response<String>, idempotent_retry::Error>>,
+    MockHandle,
+) {
+    let (mock, handle): (MockService, MockHandle) = mock::pair();
+    let mut service = layer.layer(mock);
+    let call = tokio::spawn(async move { service.ready().await?.call(request).await });
+    (call, handle)
+}
+
+#[tokio::test]
+async fn one_key_for_the_whole_sequence_503_reset_200() {
+    let (layer, time) = virtual_layer(RetryPolicy::default());
+    let (call, mut handle) = spawn_call(&layer, post("amount=500"));
+
+    let (first, reply) = handle.next_request().await.expect("attempt 1");
+    let key = key_of(&first);
+    assert_eq!(first.body(), "amount=500");
+    reply.send_response(status(503));
+
+    let (second, reply) = handle.next_request().await.expect("attempt 2");
+    assert_eq!(key_of(&second), key);
+    assert_eq!(second.body(), "amount=500");
+    reply.send_error(io::Error::from(io::ErrorKind::ConnectionReset));
+
+    let (third, reply) = handle.next_request().await.expect("attempt 3");
+    assert_eq!(key_of(&third), key);
+    reply.send_response(status(201));
+
+    let response = call.await.expect("task").expect("201");
+    assert_eq!(response.status(), 201);
+    let report = RetryReport::from_extensions(response.extensions()).expect("report");
+    assert_eq!(report.attempts(), 3);
+    assert_eq!(
+        report.idempotency_key().map(IdempotencyKey::as_str),
+        Some(key.as_str())
+    );
+    let failures: Vec<_> = report.history().iter().map(|a| a.failure).collect();
+    assert_eq!(
+        failures,
+        [
+            Some(FailureKind::ServerError),
+            Some(FailureKind::ConnectionReset),
+            None
+        ]
+    );
+    assert_eq!(time.slept().len(), 2);
+}
+
+#[tokio::test]
+async fn an_unknown_service_error_is_final_and_kept_as_the_source() {
+    let (layer, time) = virtual_layer(RetryPolicy::default());
+    let (call, mut handle) = spawn_call(&layer, post(""));
+    let (_, reply) = handle.next_request().await.expect("attempt 1");
+    reply.send_error("the upstream pool is closed");
+    let err = call.await.expect("task").expect_err("not retried");
+    assert_eq!(err.kind(), ErrorKind::Transport);
+    assert_eq!(err.failure(), Some(FailureKind::Fatal));
+    assert_eq!(err.attempts(), 1);
+    assert!(
+        err.source()
+            .is_some_and(|s| s.to_string() == "the upstream pool is closed"),
+        "{err:?}"
+    );
+    assert!(time.slept().is_empty());
+}
+
+#[tokio::test]
+async fn exhausted_attempts_keep_the_last_http_response() {
+    let (layer, _time) = virtual_layer(RetryPolicy::default().max_attempts(2));
+    let (call, mut handle) = spawn_call(&layer, post(""));
+    for code in [502, 504] {
+        let (_, reply) = handle.next_request().await.expect("attempt");
+        reply.send_response(status(code));
+    }
+    let mut err = call.await.expect("task").expect_err("two 5xx");
+    assert_eq!(err.kind(), ErrorKind::AttemptsExhausted);
+    assert!(err.is_outcome_unknown());
+    assert!(err.take_response().is_none(), "not a reqwest::Response");
+    let last = err
+        .take_response_as::<Response<String>>()
+        .expect("the last response, as the service's type");
+    assert_eq!(last.status(), 504);
+}
+
+#[tokio::test]
+async fn a_key_and_policy_in_the_extensions_are_used() {
+    let (layer, _time) = virtual_layer(RetryPolicy::default());
+    let key = IdempotencyKey::new("order_1234_capture").expect("valid");
+    let mut request = post("");
+    request.extensions_mut().insert(key.clone());
+    request
+        .extensions_mut()
+        .insert(RetryPolicy::default().max_attempts(1));
+    let (call, mut handle) = spawn_call(&layer, request);
+    let (first, reply) = handle.next_request().await.expect("attempt 1");
+    assert_eq!(key_of(&first), key.as_str());
+    reply.send_response(status(503));
+    let err = call.await.expect("task").expect_err("one attempt allowed");
+    assert_eq!(err.attempts(), 1);
+    assert_eq!(err.idempotency_key(), Some(&key));
+}
+
+#[tokio::test]
+async fn a_key_header_set_by_the_caller_is_kept_and_an_invalid_one_refused() {
+    let (layer, _time) = virtual_layer(RetryPolicy::default());
+    let mut request = post("");
+    request
+        .headers_mut()
+        .insert("idempotency-key", HeaderValue::from_static("caller-key-1"));
+    let (call, mut handle) = spawn_call(&layer, request);
+    let (first, reply) = handle.next_request().await.expect("attempt 1");
+    assert_eq!(key_of(&first), "caller-key-1");
+    reply.send_response(status(200));
+    call.await.expect("task").expect("200");
+
+    let mut request = post("");
+    request
+        .headers_mut()
+        .insert("idempotency-key", HeaderValue::from_static(""));
+    let (call, _handle) = spawn_call(&layer, request);
+    let err = call.await.expect("task").expect_err("empty key");
+    assert_eq!(err.kind(), ErrorKind::InvalidKey);
+    assert_eq!(err.attempts(), 0);
+}
+
+#[tokio::test]
+async fn a_timeout_layer_inside_bounds_each_attempt_and_the_retry_succeeds() {
+    let (mock, mut handle): (MockService, MockHandle) = mock::pair();
+    let (layer, _time) = virtual_layer(RetryPolicy::default());
+    let mut service = ServiceBuilder::new()
+        .layer(layer)
+        .timeout(Duration::from_millis(300))
+        .service(mock);
+    let call = tokio::spawn(async move { service.ready().await?.call(post("")).await });
+    // The first attempt is never answered: the inner timeout fires.
+    let (first, hung) = handle.next_request().await.expect("attempt 1");
+    let (second, reply) = handle.next_request().await.expect("attempt 2");
+    assert_eq!(key_of(&first), key_of(&second));
+    reply.send_response(status(200));
+    let response = call.await.expect("task").expect("200");
+    let report = RetryReport::from_extensions(response.extensions()).expect("report");
+    assert_eq!(report.history()[0].failure, Some(FailureKind::Timeout));
+    drop(hung);
+}
+
+type Body = Full<Bytes>;
+type HyperResponse = Response<hyper::body::Incoming>;
+
+/// The stack the docs recommend, boxed: compiles only if the layer, the service and its future
+/// meet `ServiceBuilder`'s, `Timeout`'s, `ConcurrencyLimit`'s and `BoxCloneService`'s bounds.
+fn boxed_stack(
+    layer: IdempotentRetryLayer,
+) -> BoxCloneService<Request<Body>, HyperResponse, BoxError> {
+    let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Body>();
+    ServiceBuilder::new()
+        .layer(BoxCloneService::layer())
+        .map_err(BoxError::from)
+        // Outside the retry layer: an overall deadline for the whole operation.
+        .timeout(Duration::from_secs(30))
+        .layer(layer)
+        // Inside: at most 8 attempts in flight; no permit is held while waiting to retry.
+        .concurrency_limit(8)
+        .layer(tower_http::set_header::SetRequestHeaderLayer::overriding(
+            http::header::USER_AGENT,
+            HeaderValue::from_static("stack-test"),
+        ))
+        .timeout(Duration::from_secs(5))
+        .service(hyper)
+}
+
+#[tokio::test]
+async fn the_layer_works_in_a_boxed_service_builder_stack() {
+    let server =
+        TestServer::start(vec![Action::status(503), Action::Reset], Action::ok("ok")).await;
+    let layer = Client::builder()
+        .policy(
+            RetryPolicy::default()
+                .base_delay(Duration::from_millis(1))
+                .max_delay(Duration::from_millis(5)),
+        )
+        .build_layer()
+        .expect("valid");
+    let service = boxed_stack(layer);
+    let request = Request::post(server.url("/"))
+        .body(Full::new(Bytes::from_static(b"x=1")))
+        .expect("valid");
+    let response = service
+        .clone()
+        .oneshot(request)
+        .await
+        .expect("third attempt");
+    assert_eq!(response.status(), 200);
+    assert_eq!(server.hits(), 3);
+    let keys = server.keys();
+    assert!(
+        keys[0].is_some() && keys.iter().all(|k| *k == keys[0]),
+        "{keys:?}"
+    );
+    assert!(
+        server
+            .requests()
+            .iter()
+            .all(|r| r.header("user-agent") == Some("stack-test"))
+    );
+    // The boxed error downcasts to the crate's error.
+    let err = service
+        .oneshot(
+            Request::post(format!("http://{}/", refused_addr()))
+                .body(Full::new(Bytes::new()))
+                .expect("valid"),
+        )
+        .await
+        .expect_err("refused");
+    let err = err
+        .downcast::<idempotent_retry::Error>()
+        .expect("the crate's error");
+    assert_eq!(err.failure(), Some(FailureKind::Connect));
+    assert!(!err.is_outcome_unknown());
+}
+
+#[test]
+fn layer_and_service_are_clone_send_sync() {
+    fn check<T: Clone + Send + Sync + 'static>() {}
+    check::<IdempotentRetryLayer>();
+    check::<idempotent_retry::IdempotentRetry<reqwest::Client>>();
+    fn send<T: Send>(_: &T) {}
+    let mut service = IdempotentRetryLayer::new().layer(reqwest::Client::new());
+    let future = service.call(reqwest::Request::new(
+        http::Method::GET,
+        "http://127.0.0.1:9/".parse().expect("url"),
+    ));
+    send(&future);
+}
