@@ -158,12 +158,96 @@
 //!   and "has this already completed?", need a durable record of the operation kept by the
 //!   caller.
 //!
+//! # Policies per request and per host
+//!
+//! One client often talks to several providers that keep keys for different lengths of time.
+//! [`ClientBuilder::policy_for_host`] sets a policy per host; a request's own policy
+//! ([`RequestBuilder::policy`], or a [`RetryPolicy`] in an `http::Request`'s extensions or a
+//! `reqwest-middleware` extension) wins over its host's, which wins over the client's
+//! [`ClientBuilder::policy`].
+//!
+//! # Using with tower
+//!
+//! With the `tower` feature, [`IdempotentRetryLayer`] wraps any tower `Service` over
+//! `http::Request<B>` with a cloneable body (a hyper client with `Full<Bytes>` bodies, say)
+//! or over `reqwest::Request` (`reqwest::Client` is one). The service is
+//! [`IdempotentRetry`], its future [`ResponseFuture`]; its error is this crate's [`Error`],
+//! with the last response available through [`Error::take_response_as`] in the inner
+//! service's response type, and the [`RetryReport`] in the response's extensions
+//! ([`RetryReport::from_extensions`]).
+//!
+//! The layer settles the key **before** the first attempt and clones the keyed request for
+//! each attempt, so nothing below it can mint a key per attempt. Where it goes in a
+//! `ServiceBuilder` (first listed = outermost):
+//!
+//! | layer | outside ours (listed before it) | inside ours (listed after it) |
+//! |---|---|---|
+//! | `tower::timeout` | a deadline for the whole operation, waits included; when it fires the caller gets no report and must treat the outcome as unknown: prefer [`RetryPolicy::reconcile_window`] | a per-attempt limit: `Elapsed` is classified as a timeout and retried (the policy's [`attempt_timeout`](RetryPolicy::attempt_timeout) applies anyway) |
+//! | `ConcurrencyLimit` | limits logical operations; a permit is held through retries and waits | limits attempts in flight; readiness is awaited before every attempt and no permit is held while waiting (recommended) |
+//! | `tower_http` header layers | once per operation: put a layer that sets the key header here | on every attempt (`User-Agent`, auth headers) |
+//! | `tower_http` `TraceLayer` | one span per operation | one span per attempt |
+//! | tower's own `Retry` | never: retries would multiply | never |
+//!
+//! ```
+//! # #[cfg(feature = "tower")]
+//! # fn main() -> Result<(), idempotent_retry::Error> {
+//! use std::time::Duration;
+//! use bytes::Bytes;
+//! use http_body_util::Full;
+//! use idempotent_retry::{Client, IdempotencyKey, RetryPolicy};
+//! use tower::{BoxError, ServiceBuilder, util::BoxCloneService};
+//!
+//! let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+//!     .build_http::<Full<Bytes>>();
+//! let layer = Client::builder()
+//!     .policy(RetryPolicy::default().max_attempts(4))
+//!     .build_layer()?;
+//! let service: BoxCloneService<_, _, BoxError> = ServiceBuilder::new()
+//!     .layer(BoxCloneService::layer())
+//!     .map_err(BoxError::from)
+//!     .layer(layer)
+//!     .concurrency_limit(16)
+//!     .timeout(Duration::from_secs(10))
+//!     .service(hyper);
+//!
+//! // A key for one request rides in its extensions (or in the key header).
+//! let mut request = http::Request::post("https://api.example.com/v1/emails")
+//!     .body(Full::new(Bytes::from_static(b"{}")))
+//!     .expect("valid request");
+//! request
+//!     .extensions_mut()
+//!     .insert(IdempotencyKey::derive("send_email", &["conv_8f2c", "3"]));
+//! // service.oneshot(request).await ...
+//! # drop((service, request));
+//! # Ok(()) }
+//! # #[cfg(not(feature = "tower"))]
+//! # fn main() {}
+//! ```
+//!
+//! `examples/tower_stack.rs` runs a full stack against a local receiver.
+//!
+//! # Using with reqwest-middleware
+//!
+//! With the `middleware` feature, add [`IdempotentRetryMiddleware`] to a
+//! `reqwest_middleware::ClientBuilder`. Place it before (outside) `reqwest-tracing`'s
+//! `TracingMiddleware`, so each attempt gets its own client span inside this crate's
+//! operation span, and after anything that must run once per logical request. Per-request keys
+//! and policies go in with `.with_extension(..)`; errors come back as
+//! `reqwest_middleware::Error::Middleware`, unwrapped with [`Error::from_middleware`]. See
+//! `examples/middleware.rs`.
+//!
 //! # Observability
 //!
 //! Each operation runs in a `tracing` span `idempotent_request` with the method, host and key;
 //! each retried attempt emits an `info` event (attempt number, outcome class, status, chosen
 //! delay and why), the end of a failed operation a `warn` event, and a 422 on a keyed request
-//! an `error` event. Bodies and headers other than the key are never logged.
+//! an `error` event. Bodies and headers other than the key are never logged. Every front end
+//! emits the same.
+//!
+//! For metrics, an [`Observer`] ([`ClientBuilder::observer`]) is called after every attempt
+//! ([`AttemptEvent`]: key, attempt number, status, failure kind, delay, elapsed) and at the end
+//! of every operation ([`OperationEvent`]). [`ClientBuilder::attempt_header`] sends the
+//! attempt number in a header of your choosing (off by default).
 //!
 //! # Testing with time
 //!
@@ -176,11 +260,18 @@
 //!
 //! - `rustls` (default): TLS through rustls, reqwest's default TLS back end. Without it the
 //!   client speaks plain HTTP only, unless the `reqwest::Client` you pass enables TLS itself.
+//! - `tower`: [`IdempotentRetryLayer`], [`IdempotentRetry`], [`ResponseFuture`].
+//! - `middleware`: [`IdempotentRetryMiddleware`] for `reqwest-middleware` 0.5.
 //!
 //! # Minimum supported Rust version
 //!
 //! 1.88 (edition 2024; `sha2` 0.11 needs 1.88).
 #![forbid(unsafe_code)]
+// The docs name the optional front ends; built without their features, those links dangle.
+#![cfg_attr(
+    not(all(feature = "tower", feature = "middleware")),
+    allow(rustdoc::broken_intra_doc_links)
+)]
 #![warn(
     missing_docs,
     missing_debug_implementations,
@@ -196,8 +287,6 @@ mod engine;
 mod error;
 mod exchange;
 mod key;
-#[cfg(feature = "tower")]
-mod service;
 #[cfg(feature = "middleware")]
 mod middleware;
 mod observe;
@@ -205,6 +294,8 @@ mod policy;
 mod report;
 mod request;
 mod retry_after;
+#[cfg(feature = "tower")]
+mod service;
 mod time;
 
 pub use backoff::{backoff_ceiling, full_jitter};
@@ -214,8 +305,6 @@ pub use client::{Client, ClientBuilder, IDEMPOTENCY_KEY};
 pub use engine::{RetryRequest, RetryResponse};
 pub use error::{Error, ErrorKind};
 pub use key::{IdempotencyKey, InvalidKey, InvalidKeyReason};
-#[cfg(feature = "tower")]
-pub use service::{IdempotentRetry, IdempotentRetryLayer, ResponseFuture};
 #[cfg(feature = "middleware")]
 pub use middleware::IdempotentRetryMiddleware;
 pub use observe::{AttemptEvent, Observer, OperationEvent};
@@ -223,6 +312,8 @@ pub use policy::RetryPolicy;
 pub use report::{AttemptRecord, RetryReport, Wait, WaitReason};
 pub use request::RequestBuilder;
 pub use retry_after::{parse_retry_after, parse_retry_after_ms, requested_delay};
+#[cfg(feature = "tower")]
+pub use service::{IdempotentRetry, IdempotentRetryLayer, ResponseFuture};
 pub use time::{Clock, Sleep, Sleeper, TokioClock, TokioSleeper};
 
 /// Deterministic generators for the unit tests.
