@@ -297,3 +297,65 @@ fn layer_and_service_are_clone_send_sync() {
     ));
     send(&future);
 }
+
+#[tokio::test]
+async fn every_retry_waits_for_the_inner_service_to_be_ready() {
+    let (layer, _time) = virtual_layer(RetryPolicy::default());
+    let (mock, mut handle): (MockService, MockHandle) = mock::pair();
+    handle.allow(1);
+    let mut service = layer.layer(mock);
+    let call = tokio::spawn(async move { service.ready().await?.call(post("")).await });
+    let (first, reply) = handle.next_request().await.expect("attempt 1");
+    reply.send_response(status(503));
+    // The retry is due at once (virtual time), but the inner service allows no second call:
+    // however long the task runs, nothing is sent.
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        futures_util::FutureExt::now_or_never(handle.next_request()).is_none(),
+        "a retry was sent to a service that was not ready"
+    );
+    handle.allow(1);
+    let (second, reply) = handle.next_request().await.expect("attempt 2, once ready");
+    assert_eq!(key_of(&first), key_of(&second));
+    reply.send_response(status(200));
+    call.await.expect("task").expect("200");
+}
+
+#[tokio::test]
+async fn an_inner_service_that_fails_readiness_is_an_error_with_nothing_sent() {
+    let (mock, mut handle): (MockService, MockHandle) = mock::pair();
+    handle.send_error("worker gone");
+    let mut service = IdempotentRetryLayer::new().layer(mock);
+    let err = service.ready().await.expect_err("not ready");
+    assert_eq!(err.kind(), ErrorKind::Transport);
+    assert_eq!(err.attempts(), 0);
+    assert!(!err.is_outcome_unknown());
+    assert!(err.source().is_some_and(|s| s.to_string() == "worker gone"));
+}
+
+#[tokio::test]
+async fn a_streamed_reqwest_body_gets_one_attempt_and_a_clear_error() {
+    let server = TestServer::start(vec![], Action::Reset).await;
+    let layer = Client::builder()
+        .policy(
+            RetryPolicy::default()
+                .base_delay(Duration::from_millis(1))
+                .max_delay(Duration::from_millis(5)),
+        )
+        .build_layer()
+        .expect("valid");
+    let service = layer.layer(reqwest::Client::new());
+    let mut request =
+        reqwest::Request::new(http::Method::POST, server.url("/").parse().expect("url"));
+    let chunks = vec![Ok::<_, io::Error>(Bytes::from_static(b"streamed"))];
+    *request.body_mut() = Some(reqwest::Body::wrap_stream(futures_util::stream::iter(
+        chunks,
+    )));
+    let err = service.oneshot(request).await.expect_err("cannot resend");
+    assert_eq!(err.kind(), ErrorKind::BodyNotReplayable);
+    assert!(err.is_outcome_unknown());
+    assert_eq!(server.hits(), 1);
+    assert!(err.idempotency_key().is_some());
+}
