@@ -166,3 +166,37 @@ async fn bodies_and_auth_headers_are_never_logged() {
     assert!(lines_with("sk_live_secret_token").is_empty());
     assert!(lines_with("4242424242424242").is_empty());
 }
+
+/// The tower front end runs the same engine: the same span and events.
+#[cfg(feature = "tower")]
+#[tokio::test]
+async fn the_tower_service_emits_the_same_span_and_events() {
+    use tower::ServiceExt;
+
+    log();
+    let server = TestServer::start(vec![Action::status(503)], Action::ok("")).await;
+    let layer = Client::builder()
+        .policy(
+            RetryPolicy::default()
+                .base_delay(Duration::from_millis(1))
+                .max_delay(Duration::from_millis(5)),
+        )
+        .build_layer()
+        .expect("valid");
+    let service = tower::Layer::layer(&layer, reqwest::Client::new());
+    let mut request =
+        reqwest::Request::new(http::Method::POST, server.url("/").parse().expect("url"));
+    request.headers_mut().insert(
+        idempotent_retry::IDEMPOTENCY_KEY,
+        http::HeaderValue::from_static("evt_trace_tower"),
+    );
+    service.oneshot(request).await.expect("ok");
+    let lines = lines_with("evt_trace_tower");
+    assert!(
+        lines.iter().any(|l| l.contains("idempotent_request")
+            && l.contains("attempt=1")
+            && l.contains("server_error")
+            && l.contains("retrying with the same key")),
+        "{lines:#?}"
+    );
+}
