@@ -103,6 +103,14 @@ pub(crate) trait Transport<Q: RetryRequest> {
     /// What a successful send produces.
     type Response: RetryResponse;
 
+    /// Waits until the transport can take the next attempt, sending nothing (a tower service's
+    /// `poll_ready`). The engine awaits it before it starts the attempt's clock, so a wait for
+    /// capacity is never mistaken for a slow attempt. An error means the transport will never
+    /// be ready: the operation ends without another attempt.
+    fn ready(&mut self) -> impl Future<Output = Result<(), BoxError>> + Send {
+        std::future::ready(Ok(()))
+    }
+
     /// Sends one attempt of the request.
     fn send(
         &mut self,
@@ -319,6 +327,9 @@ impl<'s> Operation<'s> {
     {
         let mut original = Some(request);
         loop {
+            if let Err(source) = transport.ready().await {
+                return Err(self.finish_not_ready(source));
+            }
             let now = self.settings.clock.now();
             let Some(budget) = attempt_budget(
                 self.policy.get_reconcile_window(),
@@ -559,6 +570,31 @@ impl<'s> Operation<'s> {
             outcome_unknown = err.is_outcome_unknown(),
             error = %err,
             "operation stopped"
+        );
+        self.finish_with_error(err)
+    }
+
+    /// The transport failed its readiness check before the next attempt: nothing more was
+    /// sent, so the outcome is unknown only if an earlier attempt may have run.
+    fn finish_not_ready(&mut self, source: BoxError) -> Error {
+        self.report.elapsed = self
+            .settings
+            .clock
+            .now()
+            .saturating_duration_since(self.state.started);
+        let err = Error::operation(
+            ErrorKind::Transport,
+            self.report.clone(),
+            self.may_have_executed,
+        )
+        .with_failure(Some(FailureKind::Fatal))
+        .with_source(source);
+        tracing::warn!(
+            key = err.idempotency_key().map_or("", IdempotencyKey::as_str),
+            attempt = self.state.attempts,
+            outcome_unknown = err.is_outcome_unknown(),
+            error = %err,
+            "the inner service cannot take another attempt; operation stopped"
         );
         self.finish_with_error(err)
     }

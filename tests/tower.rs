@@ -359,3 +359,49 @@ async fn a_streamed_reqwest_body_gets_one_attempt_and_a_clear_error() {
     assert_eq!(server.hits(), 1);
     assert!(err.idempotency_key().is_some());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_for_readiness_is_not_counted_against_the_attempt_timeout() {
+    // Paused tokio time with a mock (no sockets): the 300 ms attempt timeout would fire at
+    // once if the wait for readiness ran under it.
+    let (layer, _time) =
+        virtual_layer(RetryPolicy::default().attempt_timeout(Duration::from_millis(300)));
+    let (mock, mut handle): (MockService, MockHandle) = mock::pair();
+    handle.allow(1);
+    let mut service = layer.layer(mock);
+    let call = tokio::spawn(async move { service.ready().await?.call(post("")).await });
+    let (first, reply) = handle.next_request().await.expect("attempt 1");
+    reply.send_response(status(503));
+    // The inner service stays busy far longer than one attempt may take.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    handle.allow(1);
+    let (second, reply) = handle.next_request().await.expect("attempt 2, once ready");
+    assert_eq!(key_of(&first), key_of(&second));
+    reply.send_response(status(200));
+    let response = call.await.expect("task").expect("200");
+    let report = RetryReport::from_extensions(response.extensions()).expect("report");
+    let failures: Vec<_> = report.history().iter().map(|a| a.failure).collect();
+    assert_eq!(failures, [Some(FailureKind::ServerError), None]);
+}
+
+#[tokio::test]
+async fn a_readiness_failure_before_a_retry_is_not_an_attempt() {
+    let (layer, _time) = virtual_layer(RetryPolicy::default());
+    let (mock, mut handle): (MockService, MockHandle) = mock::pair();
+    handle.allow(1);
+    let mut service = layer.layer(mock);
+    let call = tokio::spawn(async move { service.ready().await?.call(post("")).await });
+    let (_, reply) = handle.next_request().await.expect("attempt 1");
+    // 429: refused, so not executed.
+    reply.send_response(status(429));
+    handle.send_error("worker gone");
+    let err = call.await.expect("task").expect_err("no second attempt");
+    assert_eq!(err.kind(), ErrorKind::Transport);
+    assert_eq!(err.attempts(), 1, "the failed readiness check sent nothing");
+    assert!(
+        !err.is_outcome_unknown(),
+        "only a refused attempt was sent: {err}"
+    );
+    assert!(err.idempotency_key().is_some());
+    assert!(err.source().is_some_and(|s| s.to_string() == "worker gone"));
+}

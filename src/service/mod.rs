@@ -131,7 +131,18 @@ where
 {
     type Response = S::Response;
 
+    async fn ready(&mut self) -> Result<(), BoxError> {
+        if !self.ready {
+            poll_fn(|cx| self.service.poll_ready(cx))
+                .await
+                .map_err(Into::into)?;
+            self.ready = true;
+        }
+        Ok(())
+    }
+
     async fn send(&mut self, request: R) -> Result<S::Response, SendError> {
+        // The engine awaited `ready` just before; this only guards the contract.
         if !self.ready {
             poll_fn(|cx| self.service.poll_ready(cx))
                 .await
