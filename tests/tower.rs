@@ -6,13 +6,16 @@ mod support;
 
 use std::error::Error as _;
 use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 use http_body_util::Full;
 use idempotent_retry::{
-    Client, ErrorKind, FailureKind, IdempotencyKey, IdempotentRetryLayer, RetryPolicy, RetryReport,
+    Client, ErrorKind, FailureKind, IDEMPOTENCY_KEY, IdempotencyKey, IdempotentRetryLayer,
+    RetryPolicy, RetryReport, Sleep, Sleeper,
 };
 use support::*;
 use tower::util::BoxCloneService;
@@ -404,4 +407,139 @@ async fn a_readiness_failure_before_a_retry_is_not_an_attempt() {
     );
     assert!(err.idempotency_key().is_some());
     assert!(err.source().is_some_and(|s| s.to_string() == "worker gone"));
+}
+
+/// A header maker that mints a new key every time it is asked, as a careless layer would.
+fn minting_key_maker() -> impl FnMut(&Request<String>) -> Option<HeaderValue> + Clone + Send + Sync
+{
+    let minted = Arc::new(AtomicU32::new(0));
+    move |_: &Request<String>| {
+        let n = minted.fetch_add(1, Ordering::Relaxed) + 1;
+        Some(HeaderValue::from_str(&format!("minted-{n}")).expect("ascii"))
+    }
+}
+
+/// Answers 503, 503, 200 and returns the key of each attempt.
+async fn keys_of_three_attempts(
+    call: tokio::task::JoinHandle<Result<Response<String>, idempotent_retry::Error>>,
+    handle: &mut MockHandle,
+) -> Vec<String> {
+    let mut keys = Vec::new();
+    for code in [503, 503, 200] {
+        let (request, reply) = handle.next_request().await.expect("attempt");
+        keys.push(key_of(&request));
+        reply.send_response(status(code));
+    }
+    call.await.expect("task").expect("200");
+    keys
+}
+
+#[tokio::test]
+async fn no_layer_order_mints_a_key_per_attempt() {
+    use tower_http::set_header::SetRequestHeaderLayer;
+
+    // Below ours, a layer that would set the key on each request finds it already set.
+    let (layer, _time) = virtual_layer(RetryPolicy::default());
+    let (mock, mut handle): (MockService, MockHandle) = mock::pair();
+    let mut service = ServiceBuilder::new()
+        .layer(layer.clone())
+        .layer(SetRequestHeaderLayer::if_not_present(
+            IDEMPOTENCY_KEY,
+            minting_key_maker(),
+        ))
+        .service(mock);
+    let call = tokio::spawn(async move { service.ready().await?.call(post("")).await });
+    let keys = keys_of_three_attempts(call, &mut handle).await;
+    assert!(keys.iter().all(|k| *k == keys[0]), "{keys:?}");
+    assert!(!keys[0].starts_with("minted-"), "{keys:?}");
+
+    // Above ours, it runs once per operation: its key goes out on every attempt.
+    let (mock, mut handle): (MockService, MockHandle) = mock::pair();
+    let mut service = ServiceBuilder::new()
+        .layer(SetRequestHeaderLayer::overriding(
+            IDEMPOTENCY_KEY,
+            minting_key_maker(),
+        ))
+        .layer(layer)
+        .service(mock);
+    let call = tokio::spawn(async move { service.ready().await?.call(post("")).await });
+    let keys = keys_of_three_attempts(call, &mut handle).await;
+    assert_eq!(keys, ["minted-1", "minted-1", "minted-1"]);
+}
+
+/// A sleeper whose waits never end; it says when one starts and keeps a token while it lasts.
+#[derive(Debug, Clone, Default)]
+struct EndlessSleeper {
+    started: Arc<tokio::sync::Notify>,
+    waiting: Arc<()>,
+}
+
+impl Sleeper for EndlessSleeper {
+    fn sleep(&self, _duration: Duration) -> Sleep {
+        let waiting = Arc::clone(&self.waiting);
+        self.started.notify_one();
+        Box::pin(async move {
+            let _waiting = waiting;
+            std::future::pending::<()>().await;
+        })
+    }
+}
+
+#[tokio::test]
+async fn dropping_the_future_mid_wait_releases_the_wait_the_service_and_the_permit() {
+    let sleeper = EndlessSleeper::default();
+    let layer = Client::builder()
+        .sleeper(sleeper.clone())
+        .build_layer()
+        .expect("valid");
+    let (mock, mut handle): (MockService, MockHandle) = mock::pair();
+    // Counts the clones of the inner stack that are alive.
+    let token = Arc::new(());
+    let held = Arc::clone(&token);
+    let service = ServiceBuilder::new()
+        .layer(layer)
+        .concurrency_limit(1)
+        .map_request(move |request: Request<String>| {
+            let _ = &held;
+            request
+        })
+        .service(mock);
+    let baseline = Arc::strong_count(&token);
+    let not_waiting = Arc::strong_count(&sleeper.waiting);
+
+    let mut first = service.clone();
+    let call = tokio::spawn(async move { first.ready().await?.call(post("")).await });
+    let (_, reply) = handle.next_request().await.expect("attempt 1");
+    reply.send_response(status(503));
+    sleeper.started.notified().await;
+    assert_eq!(Arc::strong_count(&sleeper.waiting), not_waiting + 1);
+
+    // While it waits to retry, the operation holds no permit: another request gets it at once.
+    let mut other = service.clone();
+    let ready = futures_util::FutureExt::now_or_never(other.ready()).map(|r| r.is_ok());
+    assert_eq!(
+        ready,
+        Some(true),
+        "the waiting operation holds the only permit"
+    );
+    drop(other);
+
+    call.abort();
+    assert!(call.await.expect_err("aborted").is_cancelled());
+    assert_eq!(
+        Arc::strong_count(&sleeper.waiting),
+        not_waiting,
+        "the wait was dropped"
+    );
+    assert_eq!(
+        Arc::strong_count(&token),
+        baseline,
+        "the operation's copy of the service was dropped"
+    );
+
+    // The permit is free and the stack still works.
+    let next = tokio::spawn(service.oneshot(post("")));
+    let (_, reply) = handle.next_request().await.expect("next operation");
+    reply.send_response(status(200));
+    next.await.expect("task").expect("200");
 }
