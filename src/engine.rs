@@ -69,8 +69,9 @@ pub trait RetryRequest: Sized + Send + 'static {
     /// cannot; the engine then bounds the attempt itself, up to the response head.
     fn set_timeout(&mut self, timeout: Duration) -> bool;
 
-    /// Extensions where a caller may put an [`IdempotencyKey`] or a [`RetryPolicy`] for this
-    /// request only. `None` when the type has none the engine can read.
+    /// Extensions where a caller may put an [`IdempotencyKey`], a [`RetryPolicy`] or
+    /// [`WithoutIdempotencyKey`](crate::WithoutIdempotencyKey) for this request only. `None`
+    /// when the type has none the engine can read.
     fn extensions(&self) -> Option<&http::Extensions> {
         None
     }
@@ -195,21 +196,18 @@ where
     Q: RetryRequest,
     T: Transport<Q>,
 {
-    let (given_key, given_policy) = match request.extensions() {
-        Some(ext) => (
-            ext.get::<IdempotencyKey>().cloned(),
-            ext.get::<RetryPolicy>().copied(),
-        ),
-        None => (None, None),
+    let overrides = match request.extensions() {
+        Some(ext) => overrides.or(Overrides::from_extensions(ext)),
+        None => overrides,
     };
-    let policy = settings.policy_for(overrides.policy.or(given_policy), request.host());
+    let policy = settings.policy_for(overrides.policy, request.host());
     policy.validate()?;
     let method = request.method().clone();
     let key = attach_key(
         request.headers_mut(),
         &method,
         &settings.key_header,
-        overrides.key.or(given_key),
+        overrides.key,
         overrides.auto_key.unwrap_or(settings.auto_keys),
     )?;
     let span = tracing::info_span!(

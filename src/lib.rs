@@ -286,6 +286,7 @@ mod client;
 mod engine;
 mod error;
 mod exchange;
+mod extension;
 mod key;
 #[cfg(feature = "middleware")]
 mod middleware;
@@ -304,6 +305,7 @@ pub use classify::FailureKind;
 pub use client::{Client, ClientBuilder, IDEMPOTENCY_KEY};
 pub use engine::{RetryRequest, RetryResponse};
 pub use error::{Error, ErrorKind};
+pub use extension::WithoutIdempotencyKey;
 pub use key::{IdempotencyKey, InvalidKey, InvalidKeyReason};
 #[cfg(feature = "middleware")]
 pub use middleware::IdempotentRetryMiddleware;

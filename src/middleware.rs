@@ -11,8 +11,6 @@ use crate::client::{Client, ClientBuilder};
 use crate::engine::{self, Overrides, SendError, Settings, Transport};
 use crate::error::Error;
 use crate::exchange::{reqwest_send_error, send_error};
-use crate::key::IdempotencyKey;
-use crate::policy::RetryPolicy;
 
 /// A `reqwest-middleware` [`Middleware`](reqwest_middleware::Middleware) that sends each request
 /// as one logical operation: one key, settled before the first attempt; the middleware below
@@ -24,9 +22,12 @@ use crate::policy::RetryPolicy;
 /// per logical request (authentication that mints a token, request signing that must not be
 /// redone, ...). Do not combine it with `reqwest-retry`: retries would multiply.
 ///
-/// **Per request**: `.with_extension(key)` (an [`IdempotencyKey`]) or
-/// `.with_extension(policy)` (a [`RetryPolicy`]) on the `ClientWithMiddleware`'s request
-/// builder, or the key header.
+/// **Per request**: `.with_extension(key)` (an [`IdempotencyKey`](crate::IdempotencyKey)),
+/// `.with_extension(policy)` (a [`RetryPolicy`](crate::RetryPolicy)) or
+/// `.with_extension(WithoutIdempotencyKey)` (no automatic key, as
+/// [`without_idempotency_key`](crate::RequestBuilder::without_idempotency_key) on the client;
+/// see [`WithoutIdempotencyKey`](crate::WithoutIdempotencyKey)) on the `ClientWithMiddleware`'s
+/// request builder, or the key header.
 ///
 /// **Errors** come back as `reqwest_middleware::Error::Middleware` wrapping this crate's
 /// [`Error`]; get it back with [`Error::from_middleware`] or [`Error::from_middleware_mut`].
@@ -121,11 +122,7 @@ impl reqwest_middleware::Middleware for IdempotentRetryMiddleware {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<reqwest::Response> {
-        let overrides = Overrides {
-            key: extensions.get::<IdempotencyKey>().cloned(),
-            policy: extensions.get::<RetryPolicy>().copied(),
-            ..Overrides::default()
-        };
+        let overrides = Overrides::from_extensions(extensions);
         let transport = NextTransport { next, extensions };
         engine::execute(&self.settings, request, overrides, transport)
             .await

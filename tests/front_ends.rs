@@ -223,6 +223,46 @@ async fn without_automatic_keys_a_post_is_resent_only_when_it_never_left() {
 }
 
 #[tokio::test]
+async fn one_request_can_opt_out_of_the_automatic_key() {
+    let mut ran = 0;
+    for front in front_ends(with_policy(fast())) {
+        if !front.takes_request_options() {
+            continue;
+        }
+        ran += 1;
+        let name = front.name();
+        // No key: a POST that may have reached the server is not sent again.
+        let server = TestServer::start(vec![Action::ResetAfterCommit], Action::ok("")).await;
+        let err = front
+            .send(Call::post(server.url("/")).without_key())
+            .await
+            .expect_err("not retried");
+        assert_eq!(err.kind(), ErrorKind::Transport, "{name}: {err}");
+        assert_eq!(err.failure(), Some(FailureKind::ConnectionReset), "{name}");
+        assert!(err.is_outcome_unknown(), "{name}");
+        assert!(err.idempotency_key().is_none(), "{name}");
+        assert_eq!(server.keys(), vec![None], "{name}");
+        // A key given with it is still sent, on every attempt.
+        let server = TestServer::start(vec![Action::status(503)], Action::ok("")).await;
+        let key = IdempotencyKey::derive("opt-out", &[name]);
+        front
+            .send(Call::post(server.url("/")).key(key.clone()).without_key())
+            .await
+            .unwrap_or_else(|err| panic!("{name}: {err}"));
+        assert_eq!(server.hits(), 2, "{name}");
+        assert_eq!(one_key(&server, name), key.as_str(), "{name}");
+        // The next request on the same front end gets its automatic key again.
+        let server = TestServer::start(vec![Action::status(503)], Action::ok("")).await;
+        front
+            .send(Call::post(server.url("/")))
+            .await
+            .unwrap_or_else(|err| panic!("{name}: {err}"));
+        assert_eq!(one_key(&server, name).len(), 36, "{name}");
+    }
+    assert_eq!(ran, 3, "the client, tower over hyper and the middleware");
+}
+
+#[tokio::test]
 async fn a_given_key_is_sent_verbatim_on_every_attempt() {
     for front in front_ends(with_policy(fast())) {
         let name = front.name();
@@ -325,7 +365,7 @@ async fn policies_apply_request_first_then_host_then_default() {
         let err = front.send(Call::post(refused)).await.expect_err("refused");
         assert_eq!(err.attempts(), 5, "{name}: no host policy, the default");
         // The request's own policy beats the host's.
-        if front.takes_request_policy() {
+        if front.takes_request_options() {
             let err = front
                 .send(Call::post(server.url("/")).policy(fast().max_attempts(3)))
                 .await
@@ -334,7 +374,7 @@ async fn policies_apply_request_first_then_host_then_default() {
         }
         assert_eq!(
             server.hits(),
-            2 + 4 + if front.takes_request_policy() { 3 } else { 0 }
+            2 + 4 + if front.takes_request_options() { 3 } else { 0 }
         );
     }
 }
@@ -490,7 +530,7 @@ async fn the_observer_hears_every_attempt_and_every_operation() {
 #[tokio::test]
 async fn an_invalid_request_policy_is_refused_with_nothing_sent() {
     for front in front_ends(with_policy(fast())) {
-        if !front.takes_request_policy() {
+        if !front.takes_request_options() {
             continue;
         }
         let name = front.name();

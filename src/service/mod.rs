@@ -27,10 +27,12 @@ pub use layer::IdempotentRetryLayer;
 /// The inner service must be `Clone`: the response future owns a clone and calls it once per
 /// attempt, waiting for readiness before each.
 ///
-/// **Per request**: put an [`IdempotencyKey`](crate::IdempotencyKey) or a
-/// [`RetryPolicy`](crate::RetryPolicy) in an `http::Request`'s extensions, or set the key
-/// header yourself. (`reqwest::Request` has no public extensions: use the key header and
-/// [per-host policies](crate::ClientBuilder::policy_for_host).)
+/// **Per request**: put an [`IdempotencyKey`](crate::IdempotencyKey), a
+/// [`RetryPolicy`](crate::RetryPolicy) or [`WithoutIdempotencyKey`](crate::WithoutIdempotencyKey)
+/// (no automatic key) in an `http::Request`'s extensions, or set the key header yourself.
+/// (`reqwest::Request` has no public extensions: use the key header,
+/// [per-host policies](crate::ClientBuilder::policy_for_host) and
+/// [`auto_keys`](crate::ClientBuilder::auto_keys) on the layer's builder.)
 ///
 /// **Errors**: the service's error is the crate's [`Error`], with the inner service's error as
 /// its source; [`Error::take_response_as`] returns the last response in the inner service's

@@ -13,6 +13,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idempotent_retry::{
     Client, ClientBuilder, Error, IdempotencyKey, IdempotentRetry, RetryPolicy, RetryReport,
+    WithoutIdempotencyKey,
 };
 use tower::{Service, ServiceBuilder, ServiceExt};
 
@@ -26,6 +27,8 @@ pub struct Call {
     pub body: String,
     pub key: Option<IdempotencyKey>,
     pub policy: Option<RetryPolicy>,
+    /// `false`: no automatic key for this request.
+    pub auto_key: bool,
 }
 
 impl Call {
@@ -36,6 +39,7 @@ impl Call {
             body: String::new(),
             key: None,
             policy: None,
+            auto_key: true,
         }
     }
 
@@ -61,6 +65,11 @@ impl Call {
         self.policy = Some(policy);
         self
     }
+
+    pub fn without_key(mut self) -> Call {
+        self.auto_key = false;
+        self
+    }
 }
 
 /// A final response, read completely.
@@ -76,9 +85,9 @@ pub struct Reply {
 pub trait FrontEnd: Send + Sync {
     fn name(&self) -> &'static str;
 
-    /// Whether a policy can be given for one request (not through `reqwest::Request`, which
-    /// has no public extensions).
-    fn takes_request_policy(&self) -> bool {
+    /// Whether options can be given for one request: a policy, no automatic key (not through
+    /// `reqwest::Request`, which has no public extensions).
+    fn takes_request_options(&self) -> bool {
         true
     }
 
@@ -156,6 +165,9 @@ impl FrontEnd for ClientFront {
             if let Some(policy) = call.policy {
                 builder = builder.policy(policy);
             }
+            if !call.auto_key {
+                builder = builder.without_idempotency_key();
+            }
             Ok(read_reqwest(builder.send().await?).await)
         })
     }
@@ -185,14 +197,17 @@ impl FrontEnd for TowerReqwest {
         "tower over reqwest"
     }
 
-    fn takes_request_policy(&self) -> bool {
+    fn takes_request_options(&self) -> bool {
         false
     }
 
     fn send(&self, call: Call) -> BoxFuture<'_, Result<Reply, Error>> {
         let mut service = self.0.clone();
         Box::pin(async move {
-            assert!(call.policy.is_none(), "no per-request policy here");
+            assert!(
+                call.policy.is_none() && call.auto_key,
+                "no per-request options here"
+            );
             let mut request = reqwest_request(&call);
             if let Some(key) = &call.key {
                 request
@@ -244,6 +259,9 @@ impl FrontEnd for TowerHyper {
             }
             if let Some(policy) = call.policy {
                 request.extensions_mut().insert(policy);
+            }
+            if !call.auto_key {
+                request.extensions_mut().insert(WithoutIdempotencyKey);
             }
             let response = service.ready().await?.call(request).await?;
             let report = RetryReport::from_extensions(response.extensions())
@@ -306,6 +324,9 @@ impl FrontEnd for Middleware {
             }
             if let Some(policy) = call.policy {
                 builder = builder.with_extension(policy);
+            }
+            if !call.auto_key {
+                builder = builder.with_extension(WithoutIdempotencyKey);
             }
             match builder.send().await {
                 Ok(response) => Ok(read_reqwest(response).await),

@@ -1,0 +1,96 @@
+//! Options for one request that ride in its extensions: how the tower and middleware front
+//! ends are told what [`RequestBuilder`](crate::RequestBuilder)'s methods tell the client.
+//!
+//! | extension | `RequestBuilder` equivalent |
+//! |---|---|
+//! | [`IdempotencyKey`] | [`idempotency_key`](crate::RequestBuilder::idempotency_key) |
+//! | [`RetryPolicy`] | [`policy`](crate::RequestBuilder::policy) |
+//! | [`WithoutIdempotencyKey`] | [`without_idempotency_key`](crate::RequestBuilder::without_idempotency_key) |
+
+use http::Extensions;
+
+use crate::engine::Overrides;
+use crate::key::IdempotencyKey;
+use crate::policy::RetryPolicy;
+
+/// Marks one request as taking no automatic key: the extension form of
+/// [`RequestBuilder::without_idempotency_key`](crate::RequestBuilder::without_idempotency_key),
+/// for the tower service (an `http::Request`'s extensions) and the `reqwest-middleware`
+/// middleware (`.with_extension(WithoutIdempotencyKey)`).
+///
+/// A non-idempotent request (`POST`, `PATCH`, ...) carrying it gets no random key, and is then
+/// resent only when no attempt can have reached the server (DNS and connect failures). A key
+/// given as an [`IdempotencyKey`] extension or in the key header is still sent on every
+/// attempt. It does nothing to idempotent methods, which get no automatic key anyway.
+///
+/// `reqwest::Request` has no public extensions, so the tower service over `reqwest::Client`
+/// cannot take it: turn automatic keys off for that service with
+/// [`ClientBuilder::auto_keys`](crate::ClientBuilder::auto_keys).
+///
+/// # Examples
+///
+/// ```
+/// use idempotent_retry::WithoutIdempotencyKey;
+///
+/// let mut request = http::Request::post("https://api.example.com/v1/ping")
+///     .body(String::new())
+///     .expect("valid request");
+/// request.extensions_mut().insert(WithoutIdempotencyKey);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct WithoutIdempotencyKey;
+
+impl Overrides {
+    /// The options a request carries in `extensions`.
+    pub(crate) fn from_extensions(extensions: &Extensions) -> Self {
+        Overrides {
+            key: extensions.get::<IdempotencyKey>().cloned(),
+            auto_key: extensions
+                .get::<WithoutIdempotencyKey>()
+                .map(|WithoutIdempotencyKey| false),
+            policy: extensions.get::<RetryPolicy>().copied(),
+            timeout: None,
+        }
+    }
+
+    /// Each option from `self`, else from `fallback`.
+    pub(crate) fn or(self, fallback: Overrides) -> Self {
+        Overrides {
+            key: self.key.or(fallback.key),
+            auto_key: self.auto_key.or(fallback.auto_key),
+            policy: self.policy.or(fallback.policy),
+            timeout: self.timeout.or(fallback.timeout),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extensions_become_overrides_and_explicit_ones_win() {
+        let empty = Overrides::from_extensions(&Extensions::new());
+        assert!(empty.key.is_none() && empty.auto_key.is_none() && empty.policy.is_none());
+
+        let key = IdempotencyKey::new("ext-key").expect("valid");
+        let mut ext = Extensions::new();
+        ext.insert(key.clone());
+        ext.insert(WithoutIdempotencyKey);
+        ext.insert(RetryPolicy::default().max_attempts(2));
+        let given = Overrides::from_extensions(&ext);
+        assert_eq!(given.key.as_ref(), Some(&key));
+        assert_eq!(given.auto_key, Some(false));
+        assert_eq!(given.policy, Some(RetryPolicy::default().max_attempts(2)));
+
+        let explicit = Overrides {
+            auto_key: Some(true),
+            policy: Some(RetryPolicy::default().max_attempts(3)),
+            ..Overrides::default()
+        };
+        let merged = explicit.or(given);
+        assert_eq!(merged.key, Some(key));
+        assert_eq!(merged.auto_key, Some(true));
+        assert_eq!(merged.policy, Some(RetryPolicy::default().max_attempts(3)));
+    }
+}
