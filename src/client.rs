@@ -285,11 +285,20 @@ impl ClientBuilder {
         self
     }
 
-    /// Receives an event per attempt and per operation, for metrics.
+    /// Receives an event per attempt and per operation, for metrics. For a single callback,
+    /// [`on_attempt`](Self::on_attempt) and [`on_operation`](Self::on_operation) take a
+    /// closure.
+    ///
+    /// Observers add up: every one given (with this method or the closure forms) is called,
+    /// in the order they were given.
     ///
     /// Default: none.
     pub fn observer(mut self, observer: impl Observer) -> Self {
-        self.observer = Some(Arc::new(observer));
+        let added: Arc<dyn Observer> = Arc::new(observer);
+        self.observer = Some(match self.observer.take() {
+            Some(earlier) => Arc::new(crate::observe::Chain(earlier, added)),
+            None => added,
+        });
         self
     }
 

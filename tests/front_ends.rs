@@ -544,3 +544,70 @@ async fn an_invalid_request_policy_is_refused_with_nothing_sent() {
         assert_eq!(server.hits(), 0, "{name}");
     }
 }
+
+/// An observer that writes what it hears into a shared log.
+#[derive(Debug, Clone)]
+struct Logger(Arc<Mutex<Vec<String>>>);
+
+impl Observer for Logger {
+    fn on_attempt(&self, event: &AttemptEvent<'_>) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("observer: attempt {}", event.attempt));
+    }
+
+    fn on_operation(&self, event: &OperationEvent<'_>) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("observer: operation {}", event.attempts));
+    }
+}
+
+#[tokio::test]
+async fn closure_observers_and_observers_add_up_in_the_order_given() {
+    let log: Arc<Mutex<Vec<String>>> = Arc::default();
+    let settings = || {
+        let (a, o) = (Arc::clone(&log), Arc::clone(&log));
+        Client::builder()
+            .policy(fast())
+            .on_attempt(move |event| {
+                let key = event.key.map_or("none", IdempotencyKey::as_str);
+                a.lock().unwrap().push(format!(
+                    "closure: attempt {} {:?} {key}",
+                    event.attempt, event.failure
+                ));
+            })
+            .observer(Logger(Arc::clone(&log)))
+            .on_operation(move |event| {
+                let key = event.key.map_or("none", IdempotencyKey::as_str);
+                o.lock().unwrap().push(format!(
+                    "closure: operation {} {:?} {key}",
+                    event.attempts, event.error
+                ));
+            })
+    };
+    for front in front_ends(settings) {
+        let name = front.name();
+        log.lock().unwrap().clear();
+        let server = TestServer::start(vec![Action::status(503)], Action::ok("")).await;
+        front
+            .send(Call::post(server.url("/")))
+            .await
+            .unwrap_or_else(|err| panic!("{name}: {err}"));
+        let key = one_key(&server, name);
+        assert_eq!(
+            *log.lock().unwrap(),
+            [
+                format!("closure: attempt 1 Some(ServerError) {key}"),
+                "observer: attempt 1".to_owned(),
+                format!("closure: attempt 2 None {key}"),
+                "observer: attempt 2".to_owned(),
+                "observer: operation 2".to_owned(),
+                format!("closure: operation 2 None {key}"),
+            ],
+            "{name}"
+        );
+    }
+}
