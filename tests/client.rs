@@ -763,50 +763,7 @@ async fn replayable_bodies_are_sent_identically_on_every_attempt() {
     );
 }
 
-fn stream_body() -> reqwest::Body {
-    let chunks = vec![
-        Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"hello ")),
-        Ok(bytes::Bytes::from_static(b"stream")),
-    ];
-    reqwest::Body::wrap_stream(futures_util::stream::iter(chunks))
-}
-
-#[tokio::test]
-async fn a_streamed_body_gets_one_attempt_and_a_clear_error() {
-    let server = TestServer::start(vec![], Action::status(503)).await;
-    let mut err = client(fast())
-        .post(server.url("/"))
-        .body(stream_body())
-        .send()
-        .await
-        .expect_err("cannot retry a stream");
-    assert_eq!(err.kind(), ErrorKind::BodyNotReplayable);
-    assert_eq!(server.hits(), 1);
-    assert_eq!(server.requests()[0].body, b"hello stream");
-    assert!(err.is_outcome_unknown());
-    assert!(err.take_response().is_some(), "the 503 is kept");
-
-    let server = TestServer::start(vec![], Action::Reset).await;
-    let err = client(fast())
-        .post(server.url("/"))
-        .body(stream_body())
-        .send()
-        .await
-        .expect_err("cannot retry a stream");
-    assert_eq!(err.kind(), ErrorKind::BodyNotReplayable);
-    let source = err.source().expect("the cause is kept");
-    assert!(source.downcast_ref::<reqwest::Error>().is_some());
-
-    // On success a stream is fine.
-    let server = TestServer::start(vec![], Action::ok("ok")).await;
-    let response = client(fast())
-        .post(server.url("/"))
-        .body(stream_body())
-        .send()
-        .await
-        .expect("ok");
-    assert_eq!(response.status(), 200);
-}
+// The streamed-body case runs for every front end in `front_ends.rs`.
 
 // Configuration errors.
 

@@ -5,6 +5,7 @@
 
 mod support;
 
+use std::error::Error as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -260,6 +261,43 @@ async fn one_request_can_opt_out_of_the_automatic_key() {
         assert_eq!(one_key(&server, name).len(), 36, "{name}");
     }
     assert_eq!(ran, 3, "the client, tower over hyper and the middleware");
+}
+
+#[tokio::test]
+async fn a_streamed_body_gets_one_attempt_and_a_clear_error() {
+    let mut ran = 0;
+    for front in front_ends(with_policy(fast())) {
+        if !front.takes_streamed_body() {
+            continue;
+        }
+        ran += 1;
+        let name = front.name();
+        let call =
+            |server: &TestServer| Call::post(server.url("/")).body("hello stream").streamed();
+        // A 503: no second attempt, and the one response is kept.
+        let server = TestServer::start(vec![], Action::status(503)).await;
+        let mut err = front.send(call(&server)).await.expect_err("cannot resend");
+        assert_eq!(err.kind(), ErrorKind::BodyNotReplayable, "{name}: {err}");
+        assert_eq!(server.hits(), 1, "{name}");
+        assert_eq!(server.requests()[0].body, b"hello stream", "{name}");
+        assert!(err.is_outcome_unknown(), "{name}");
+        assert_eq!(one_key(&server, name).len(), 36, "{name}");
+        assert_eq!(front.take_last_status(&mut err), Some(503), "{name}");
+        // A reset: the transport error is the source.
+        let server = TestServer::start(vec![], Action::Reset).await;
+        let err = front.send(call(&server)).await.expect_err("cannot resend");
+        assert_eq!(err.kind(), ErrorKind::BodyNotReplayable, "{name}");
+        assert_eq!(err.failure(), Some(FailureKind::ConnectionReset), "{name}");
+        let source = err.source().expect("the cause is kept");
+        assert!(source.downcast_ref::<reqwest::Error>().is_some(), "{name}");
+        assert_eq!(server.hits(), 1, "{name}");
+        // On success a stream is fine.
+        let server = TestServer::start(vec![], Action::ok("ok")).await;
+        let reply = front.send(call(&server)).await.expect("ok");
+        assert_eq!(reply.status, 200, "{name}");
+        assert_eq!(reply.report.attempts(), 1, "{name}");
+    }
+    assert_eq!(ran, 3, "the client, tower over reqwest and the middleware");
 }
 
 #[tokio::test]

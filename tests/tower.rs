@@ -338,31 +338,6 @@ async fn an_inner_service_that_fails_readiness_is_an_error_with_nothing_sent() {
     assert!(err.source().is_some_and(|s| s.to_string() == "worker gone"));
 }
 
-#[tokio::test]
-async fn a_streamed_reqwest_body_gets_one_attempt_and_a_clear_error() {
-    let server = TestServer::start(vec![], Action::Reset).await;
-    let layer = Client::builder()
-        .policy(
-            RetryPolicy::default()
-                .base_delay(Duration::from_millis(1))
-                .max_delay(Duration::from_millis(5)),
-        )
-        .build_layer()
-        .expect("valid");
-    let service = layer.layer(reqwest::Client::new());
-    let mut request =
-        reqwest::Request::new(http::Method::POST, server.url("/").parse().expect("url"));
-    let chunks = vec![Ok::<_, io::Error>(Bytes::from_static(b"streamed"))];
-    *request.body_mut() = Some(reqwest::Body::wrap_stream(futures_util::stream::iter(
-        chunks,
-    )));
-    let err = service.oneshot(request).await.expect_err("cannot resend");
-    assert_eq!(err.kind(), ErrorKind::BodyNotReplayable);
-    assert!(err.is_outcome_unknown());
-    assert_eq!(server.hits(), 1);
-    assert!(err.idempotency_key().is_some());
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_wait_for_readiness_is_not_counted_against_the_attempt_timeout() {
     // Paused tokio time with a mock (no sockets): the 300 ms attempt timeout would fire at

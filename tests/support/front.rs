@@ -29,6 +29,8 @@ pub struct Call {
     pub policy: Option<RetryPolicy>,
     /// `false`: no automatic key for this request.
     pub auto_key: bool,
+    /// Send the body as a stream of chunks (not replayable).
+    pub streamed: bool,
 }
 
 impl Call {
@@ -40,6 +42,7 @@ impl Call {
             key: None,
             policy: None,
             auto_key: true,
+            streamed: false,
         }
     }
 
@@ -70,6 +73,11 @@ impl Call {
         self.auto_key = false;
         self
     }
+
+    pub fn streamed(mut self) -> Call {
+        self.streamed = true;
+        self
+    }
 }
 
 /// A final response, read completely.
@@ -88,6 +96,11 @@ pub trait FrontEnd: Send + Sync {
     /// Whether options can be given for one request: a policy, no automatic key (not through
     /// `reqwest::Request`, which has no public extensions).
     fn takes_request_options(&self) -> bool {
+        true
+    }
+
+    /// Whether the body can be a stream (not with a body type that is always replayable).
+    fn takes_streamed_body(&self) -> bool {
         true
     }
 
@@ -138,12 +151,26 @@ async fn read_reqwest(response: reqwest::Response) -> Reply {
     }
 }
 
+/// The call's body: bytes, or the same bytes as a stream of two chunks.
+fn reqwest_body(call: &Call) -> reqwest::Body {
+    if call.streamed {
+        let (head, tail) = call.body.split_at(call.body.len() / 2);
+        let chunks = vec![
+            Ok::<_, std::io::Error>(Bytes::from(head.to_owned())),
+            Ok(Bytes::from(tail.to_owned())),
+        ];
+        reqwest::Body::wrap_stream(futures_util::stream::iter(chunks))
+    } else {
+        reqwest::Body::from(call.body.clone())
+    }
+}
+
 fn reqwest_request(call: &Call) -> reqwest::Request {
     let mut request = reqwest::Request::new(
         call.method.clone(),
         call.url.parse().expect("valid url in test"),
     );
-    *request.body_mut() = Some(reqwest::Body::from(call.body.clone()));
+    *request.body_mut() = Some(reqwest_body(call));
     request
 }
 
@@ -158,7 +185,8 @@ impl FrontEnd for ClientFront {
 
     fn send(&self, call: Call) -> BoxFuture<'_, Result<Reply, Error>> {
         Box::pin(async move {
-            let mut builder = self.0.request(call.method, call.url).body(call.body);
+            let body = reqwest_body(&call);
+            let mut builder = self.0.request(call.method, call.url).body(body);
             if let Some(key) = call.key {
                 builder = builder.idempotency_key(key);
             }
@@ -246,9 +274,16 @@ impl FrontEnd for TowerHyper {
         "tower over hyper"
     }
 
+    /// `Full<Bytes>` is always replayable; a body type that is not `Clone` cannot reach the
+    /// layer at all (`RetryRequest` needs it), so this front end has no streamed case.
+    fn takes_streamed_body(&self) -> bool {
+        false
+    }
+
     fn send(&self, call: Call) -> BoxFuture<'_, Result<Reply, Error>> {
         let mut service = self.0.clone();
         Box::pin(async move {
+            assert!(!call.streamed, "a Full<Bytes> body cannot be streamed");
             let mut request = http::Request::builder()
                 .method(call.method)
                 .uri(call.url)
@@ -318,7 +353,8 @@ impl FrontEnd for Middleware {
 
     fn send(&self, call: Call) -> BoxFuture<'_, Result<Reply, Error>> {
         Box::pin(async move {
-            let mut builder = self.0.request(call.method, call.url).body(call.body);
+            let body = reqwest_body(&call);
+            let mut builder = self.0.request(call.method, call.url).body(body);
             if let Some(key) = call.key {
                 builder = builder.with_extension(key);
             }
