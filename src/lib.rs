@@ -83,7 +83,8 @@
 //! Every other method (`POST`, `PATCH`, ...) gets a random UUID v4 key, minted once before the
 //! first attempt, unless one is given ([`RequestBuilder::idempotency_key`] or the key header).
 //! With automatic keys off ([`ClientBuilder::auto_keys`],
-//! [`RequestBuilder::without_idempotency_key`]), such a request is retried only when it
+//! [`RequestBuilder::without_idempotency_key`], or the [`WithoutIdempotencyKey`] extension on
+//! one request through the tower service or the middleware), such a request is retried only when it
 //! provably never left (DNS and connect failures); any other failure is returned as
 //! [`ErrorKind::Transport`].
 //!
@@ -224,6 +225,27 @@
 //! # fn main() {}
 //! ```
 //!
+//! **Per request**, an `http::Request`'s extensions may carry an [`IdempotencyKey`], a
+//! [`RetryPolicy`] and [`WithoutIdempotencyKey`] (no automatic key), the counterparts of
+//! [`RequestBuilder`]'s `idempotency_key`, `policy` and `without_idempotency_key`.
+//! `reqwest::Request` has no public extensions: through the service over `reqwest::Client`,
+//! use the key header, [`ClientBuilder::policy_for_host`] and [`ClientBuilder::auto_keys`].
+//!
+//! **Timeouts and readiness.** Before each retry the service waits for the inner service's
+//! `poll_ready`; that wait is not part of the attempt, so a full `ConcurrencyLimit` never
+//! turns into a timed-out attempt (whose outcome would be unknown), and a `poll_ready` error
+//! ends the operation without counting an attempt. The crate does not bound the wait: a
+//! timeout outside the layer does. The attempt itself runs under the policy's
+//! [`attempt_timeout`](RetryPolicy::attempt_timeout), clipped to the window, and what that
+//! covers depends on the request type:
+//!
+//! - `reqwest::Request`: the request carries the limit and reqwest applies it from connecting
+//!   until the response body has been read, as with [`Client`]. A service of your own over
+//!   `reqwest::Request` must honour `Request::timeout()` for the limit to hold.
+//! - `http::Request`: the service bounds each attempt **up to the response head**. The body
+//!   is streamed after the operation has returned and no limit of this crate applies to it:
+//!   bound the read yourself (for example `tokio::time::timeout` around collecting it).
+//!
 //! `examples/tower_stack.rs` runs a full stack against a local receiver.
 //!
 //! # Using with reqwest-middleware
@@ -231,8 +253,9 @@
 //! With the `middleware` feature, add [`IdempotentRetryMiddleware`] to a
 //! `reqwest_middleware::ClientBuilder`. Place it before (outside) `reqwest-tracing`'s
 //! `TracingMiddleware`, so each attempt gets its own client span inside this crate's
-//! operation span, and after anything that must run once per logical request. Per-request keys
-//! and policies go in with `.with_extension(..)`; errors come back as
+//! operation span, and after anything that must run once per logical request. Per-request keys,
+//! policies and [`WithoutIdempotencyKey`] go in with `.with_extension(..)`; a streamed body
+//! gets one attempt, as with [`Client`]. Errors come back as
 //! `reqwest_middleware::Error::Middleware`, unwrapped with [`Error::from_middleware`]. See
 //! `examples/middleware.rs`.
 //!
@@ -246,7 +269,9 @@
 //!
 //! For metrics, an [`Observer`] ([`ClientBuilder::observer`]) is called after every attempt
 //! ([`AttemptEvent`]: key, attempt number, status, failure kind, delay, elapsed) and at the end
-//! of every operation ([`OperationEvent`]). [`ClientBuilder::attempt_header`] sends the
+//! of every operation ([`OperationEvent`]); a closure will do for one callback
+//! ([`ClientBuilder::on_attempt`], [`ClientBuilder::on_operation`]), and every observer and
+//! closure given is called, in the order given. [`ClientBuilder::attempt_header`] sends the
 //! attempt number in a header of your choosing (off by default).
 //!
 //! # Testing with time

@@ -38,9 +38,23 @@ pub use layer::IdempotentRetryLayer;
 /// its source; [`Error::take_response_as`] returns the last response in the inner service's
 /// response type.
 ///
+/// **Readiness**: before each retry the future waits for the inner service's `poll_ready`.
+/// The wait is not part of the attempt (it never times an attempt out) and is not bounded by
+/// this crate: put a timeout outside the layer for that. A `poll_ready` error ends the
+/// operation with [`ErrorKind::Transport`](crate::ErrorKind::Transport) and no further
+/// attempt; its outcome is unknown only if an earlier attempt may have run.
+///
 /// **Timeouts**: each attempt is bounded by the policy's attempt timeout, clipped to the
-/// reconcile window. A `reqwest::Request` carries it (reqwest applies it until the body has
-/// been read); for an `http::Request` the service bounds the attempt up to the response head.
+/// reconcile window. A `reqwest::Request` carries it, and reqwest applies it until the body
+/// has been read (a service of your own over `reqwest::Request` must honour
+/// `Request::timeout()`). For an `http::Request` the service bounds the attempt **up to the
+/// response head** only: the body is read after the operation has returned, under no limit
+/// of this crate, so bound that read yourself.
+///
+/// **Cancellation**: dropping the [`ResponseFuture`] (a timeout outside the layer, a
+/// `select!`) drops the attempt in flight or the wait, and the future's copy of the inner
+/// service with any readiness it reserved (a `ConcurrencyLimit` permit); nothing is spawned.
+/// The caller then has no report: treat the outcome as unknown and reconcile by key.
 #[derive(Clone)]
 pub struct IdempotentRetry<S> {
     inner: S,
