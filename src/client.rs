@@ -9,6 +9,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use reqwest::IntoUrl;
 
+use crate::budget::RetryBudget;
 use crate::engine::Settings;
 use crate::error::Error;
 use crate::observe::Observer;
@@ -21,7 +22,8 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 
 /// A retrying HTTP client that sends one idempotency key per logical operation.
 ///
-/// Cloning is cheap and clones share the connection pool, the policy and the RNG.
+/// Cloning is cheap and clones share the connection pool, the policy, the RNG and the retry
+/// budget.
 ///
 /// # Examples
 ///
@@ -92,6 +94,13 @@ impl Client {
         &self.inner.settings.key_header
     }
 
+    /// The retry budget shared by this client's clones, unless it was turned off. Read its
+    /// [`available`](RetryBudget::available) tokens to watch how close the client is to
+    /// refusing retries.
+    pub fn retry_budget(&self) -> Option<&RetryBudget> {
+        self.inner.settings.budget.as_ref()
+    }
+
     /// Starts a `GET` request. Retried without a key; a key is sent only if given.
     pub fn get<U: IntoUrl>(&self, url: U) -> RequestBuilder {
         self.request(Method::GET, url)
@@ -144,6 +153,7 @@ impl Client {
 /// | [`auto_keys`](Self::auto_keys) | `true` |
 /// | [`clock`](Self::clock) / [`sleeper`](Self::sleeper) | tokio's |
 /// | [`rng_seed`](Self::rng_seed) | none: the thread-local RNG |
+/// | [`retry_budget`](Self::retry_budget) | a new [`RetryBudget::new()`] per built client |
 #[must_use]
 pub struct ClientBuilder {
     http: Option<reqwest::Client>,
@@ -156,6 +166,7 @@ pub struct ClientBuilder {
     host_policies: HashMap<String, RetryPolicy>,
     observer: Option<Arc<dyn Observer>>,
     attempt_header: Option<HeaderName>,
+    budget: Option<RetryBudget>,
 }
 
 impl fmt::Debug for ClientBuilder {
@@ -168,6 +179,7 @@ impl fmt::Debug for ClientBuilder {
             .field("host_policies", &self.host_policies)
             .field("observer", &self.observer)
             .field("attempt_header", &self.attempt_header)
+            .field("budget", &self.budget)
             .finish_non_exhaustive()
     }
 }
@@ -192,6 +204,7 @@ impl ClientBuilder {
             host_policies: HashMap::new(),
             observer: None,
             attempt_header: None,
+            budget: Some(RetryBudget::new()),
         }
     }
 
@@ -345,6 +358,7 @@ impl ClientBuilder {
             host_policies: self.host_policies,
             observer: self.observer,
             attempt_header: self.attempt_header,
+            budget: self.budget,
             key_header: self.key_header,
             auto_keys: self.auto_keys,
             clock: self.clock,
@@ -354,6 +368,43 @@ impl ClientBuilder {
                 None => Jitter::Thread,
             },
         }
+    }
+
+    /// The retry budget: a token bucket that every retry of every clone of the client must
+    /// pay for, so retries cannot multiply the load on a failing service. A retry it refuses
+    /// ends the operation with [`ErrorKind::BudgetExhausted`](crate::ErrorKind::BudgetExhausted).
+    /// Pass clones of one [`RetryBudget`] to several builders to share it between clients.
+    /// A tower layer or middleware built from this builder gets the budget too, shared by its
+    /// clones.
+    ///
+    /// Default: a new [`RetryBudget::new()`] (500 tokens, 5 per retry, 10 after a timeout,
+    /// refunded on success) for each client built.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idempotent_retry::{Client, RetryBudget, RetryBudgetConfig};
+    ///
+    /// let budget = RetryBudget::with_config(RetryBudgetConfig::new().capacity(100))?;
+    /// let payments = Client::builder().retry_budget(budget.clone()).build()?;
+    /// let refunds = Client::builder().retry_budget(budget).build()?;
+    /// // One bucket for both clients.
+    /// assert_eq!(payments.retry_budget().map(|b| b.available()), Some(100));
+    /// assert!(Client::builder().without_retry_budget().build()?.retry_budget().is_none());
+    /// # Ok::<(), idempotent_retry::Error>(())
+    /// ```
+    pub fn retry_budget(mut self, budget: RetryBudget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// Turns the retry budget off: every retry the policy allows is sent, however many
+    /// operations are failing at once. Only for clients whose callers already bound retries.
+    ///
+    /// Default: the budget is on.
+    pub fn without_retry_budget(mut self) -> Self {
+        self.budget = None;
+        self
     }
 
     /// Builds the client.

@@ -13,9 +13,10 @@
 //!   not sent anything yet (a durable ledger would claim the key here);
 //! - [`Operation::attempt_ended`]: one attempt's outcome and the decision about it are known (a
 //!   ledger records the attempt, observers are told);
-//! - [`Operation::retry_decided`]: a retry is about to wait (a retry budget is consulted here and
-//!   may turn the retry into a stop);
-//! - [`Operation::finish`]: the operation's result is final (a ledger records it, a budget is
+//! - right after `decide`: the [retry budget](crate::RetryBudget) pays for a retry or turns it
+//!   into a stop (`BudgetTab::admit`), so the attempt is recorded with what really happens;
+//! - [`Operation::retry_decided`]: a retry is about to wait;
+//! - [`Operation::finish`]: the operation's result is final (a ledger records it, the budget is
 //!   refunded on success, observers are told).
 
 use std::collections::HashMap;
@@ -30,6 +31,7 @@ use http::{Method, StatusCode};
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::budget::{BudgetTab, RetryBudget};
 use crate::classify::FailureKind;
 use crate::client::Jitter;
 use crate::error::{Error, ErrorKind};
@@ -132,6 +134,8 @@ pub(crate) struct Settings {
     pub(crate) observer: Option<Arc<dyn Observer>>,
     /// Carries the attempt number on each attempt when set.
     pub(crate) attempt_header: Option<HeaderName>,
+    /// Pays for every retry, shared by all clones of the front end; `None` when turned off.
+    pub(crate) budget: Option<RetryBudget>,
 }
 
 impl fmt::Debug for Settings {
@@ -168,6 +172,7 @@ impl Settings {
             )
             .field("observer", &self.observer)
             .field("attempt_header", &self.attempt_header)
+            .field("budget", &self.budget)
             .finish_non_exhaustive()
     }
 }
@@ -279,6 +284,7 @@ struct Operation<'s> {
     state: OperationState,
     report: RetryReport,
     may_have_executed: bool,
+    budget_tab: BudgetTab,
 }
 
 /// What the engine keeps of one attempt's result until it has decided.
@@ -314,6 +320,7 @@ impl<'s> Operation<'s> {
             },
             report: RetryReport::new(key),
             may_have_executed: false,
+            budget_tab: BudgetTab::default(),
         }
     }
 
@@ -394,6 +401,9 @@ impl<'s> Operation<'s> {
             };
             let decided_at = self.settings.clock.now();
             let decision = self.decide(&outcome, decided_at);
+            let decision = self
+                .budget_tab
+                .admit(self.settings.budget.as_ref(), decision);
             self.report.attempts = number;
             self.report.elapsed = decided_at.saturating_duration_since(self.state.started);
 
@@ -525,6 +535,8 @@ impl<'s> Operation<'s> {
 
     /// Hook point (success): the response is the answer.
     fn finish_with_response<R: RetryResponse>(self, mut response: R, attempts: u32) -> R {
+        self.budget_tab
+            .settle_success(self.settings.budget.as_ref());
         log_final(response.status(), self.report.idempotency_key(), attempts);
         if let Some(observer) = &self.settings.observer {
             observer.on_operation(&OperationEvent {
@@ -625,6 +637,7 @@ fn stop_error(stop: Stop, report: RetryReport, unknown: bool, policy: &RetryPoli
         }
         Stop::NotReplayable => Error::operation(ErrorKind::BodyNotReplayable, report, unknown),
         Stop::NotRetrySafe | Stop::Fatal => Error::operation(ErrorKind::Transport, report, unknown),
+        Stop::BudgetExhausted => Error::operation(ErrorKind::BudgetExhausted, report, unknown),
     }
 }
 

@@ -42,6 +42,12 @@ pub enum ErrorKind {
     Transport,
     /// Invalid configuration or request: a bad policy, URL, or header, or conflicting keys.
     Builder,
+    /// A retry was due, but the client's [`RetryBudget`](crate::RetryBudget) could not pay for
+    /// it: too many retries lately across the client, so the service is probably struggling.
+    /// The operation was not retried. Check
+    /// [`is_outcome_unknown`](Error::is_outcome_unknown), then reconcile or retry later with
+    /// the same key.
+    BudgetExhausted,
 }
 
 impl fmt::Display for ErrorKind {
@@ -54,6 +60,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::InvalidKey => "invalid idempotency key",
             ErrorKind::Transport => "transport error",
             ErrorKind::Builder => "invalid configuration",
+            ErrorKind::BudgetExhausted => "retry budget exhausted",
         })
     }
 }
@@ -310,6 +317,12 @@ impl Error {
             ErrorKind::BodyNotReplayable => {
                 f.write_str("request failed and its streamed body cannot be sent again")?;
             }
+            ErrorKind::BudgetExhausted => {
+                write!(
+                    f,
+                    "retry budget exhausted, not retried after {attempts} attempt{plural}"
+                )?;
+            }
             ErrorKind::Transport => {
                 f.write_str("request failed")?;
                 if self.inner.outcome_unknown && inner.report.idempotency_key().is_none() {
@@ -400,6 +413,7 @@ mod tests {
             (ErrorKind::InvalidKey, "invalid idempotency key"),
             (ErrorKind::Transport, "transport error"),
             (ErrorKind::Builder, "invalid configuration"),
+            (ErrorKind::BudgetExhausted, "retry budget exhausted"),
         ];
         for (kind, name) in kinds {
             assert_eq!(kind.to_string(), name);

@@ -305,6 +305,7 @@
 )]
 
 mod backoff;
+mod budget;
 mod canonical;
 mod classify;
 mod client;
@@ -325,6 +326,7 @@ mod service;
 mod time;
 
 pub use backoff::{backoff_ceiling, full_jitter};
+pub use budget::{RetryBudget, RetryBudgetConfig};
 pub use canonical::canonical_json;
 pub use classify::FailureKind;
 pub use client::{Client, ClientBuilder, IDEMPOTENCY_KEY};

@@ -259,6 +259,8 @@ pub(crate) enum Stop {
     NotRetrySafe,
     /// A transport failure that retrying cannot fix.
     Fatal,
+    /// A retry was due but the client's retry budget could not pay for it.
+    BudgetExhausted,
 }
 
 /// Decides what follows an attempt. Pure: same inputs, same decision.

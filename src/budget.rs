@@ -1,0 +1,584 @@
+//! The retry budget: a token bucket shared by every clone of a client.
+//!
+//! Retries multiply load exactly when a service is failing: five attempts per operation is five
+//! times the traffic during an outage. A budget bounds the *extra* traffic retries add, across
+//! all operations of a client, whatever each operation's policy allows.
+//!
+//! The numbers, and why this design over tower's ratio budget or gRPC's throttling, are in
+//! [`RetryBudget`]'s docs.
+//!
+//! # Sharing
+//!
+//! [`RetryBudget`] is a handle: clones share one bucket. A [`Client`](crate::Client) gets one
+//! of its own by default, shared by all its clones; pass the same handle to several clients
+//! (or to another front end) to make them share it.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::classify::FailureKind;
+use crate::error::Error;
+
+/// The numbers a [`RetryBudget`] runs on. `Copy`; validated by [`RetryBudget::with_config`].
+///
+/// # Default
+///
+/// | setting | default |
+/// |---|---|
+/// | [`capacity`](Self::capacity) | 500 tokens (the bucket starts full) |
+/// | [`retry_cost`](Self::retry_cost) | 5 tokens |
+/// | [`timeout_cost`](Self::timeout_cost) | 10 tokens |
+/// | [`success_reward`](Self::success_reward) | 1 token |
+///
+/// # Examples
+///
+/// ```
+/// use idempotent_retry::{RetryBudget, RetryBudgetConfig};
+///
+/// // A smaller burst: 20 retries from full, refilled by 5 first-attempt successes each.
+/// let budget = RetryBudget::with_config(RetryBudgetConfig::new().capacity(100))?;
+/// assert_eq!(budget.available(), 100);
+///
+/// let too_small = RetryBudgetConfig::new().capacity(4); // cannot pay for one retry
+/// assert!(RetryBudget::with_config(too_small).is_err());
+/// # Ok::<(), idempotent_retry::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[must_use]
+pub struct RetryBudgetConfig {
+    capacity: u32,
+    retry_cost: u32,
+    timeout_cost: u32,
+    success_reward: u32,
+}
+
+impl Default for RetryBudgetConfig {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RetryBudgetConfig {
+    /// The default numbers (see the table above).
+    pub const fn new() -> Self {
+        RetryBudgetConfig {
+            capacity: 500,
+            retry_cost: 5,
+            timeout_cost: 10,
+            success_reward: 1,
+        }
+    }
+
+    /// The most tokens the bucket holds, and the level it starts at. Must be at least the
+    /// larger of the two costs.
+    ///
+    /// Default: 500.
+    pub const fn capacity(mut self, tokens: u32) -> Self {
+        self.capacity = tokens;
+        self
+    }
+
+    /// What a retry costs, unless the attempt before it timed out. Must be at least 1.
+    ///
+    /// Default: 5.
+    pub const fn retry_cost(mut self, tokens: u32) -> Self {
+        self.retry_cost = tokens;
+        self
+    }
+
+    /// What a retry after a timed-out attempt costs. Must be at least 1.
+    ///
+    /// Default: 10.
+    pub const fn timeout_cost(mut self, tokens: u32) -> Self {
+        self.timeout_cost = tokens;
+        self
+    }
+
+    /// What an operation that succeeds on its first attempt deposits. Must be at least 1, or
+    /// a drained bucket would never refill.
+    ///
+    /// Default: 1.
+    pub const fn success_reward(mut self, tokens: u32) -> Self {
+        self.success_reward = tokens;
+        self
+    }
+
+    /// The configured capacity.
+    #[must_use]
+    pub const fn get_capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// The configured cost of a retry.
+    #[must_use]
+    pub const fn get_retry_cost(&self) -> u32 {
+        self.retry_cost
+    }
+
+    /// The configured cost of a retry after a timeout.
+    #[must_use]
+    pub const fn get_timeout_cost(&self) -> u32 {
+        self.timeout_cost
+    }
+
+    /// The configured deposit for a first-attempt success.
+    #[must_use]
+    pub const fn get_success_reward(&self) -> u32 {
+        self.success_reward
+    }
+
+    /// What a retry after a failure of this kind costs.
+    #[must_use]
+    pub const fn cost_of(&self, failure: FailureKind) -> u32 {
+        match failure {
+            FailureKind::Timeout => self.timeout_cost,
+            _ => self.retry_cost,
+        }
+    }
+
+    /// Checks that the numbers make a working budget.
+    ///
+    /// # Errors
+    ///
+    /// An [`ErrorKind::Builder`](crate::ErrorKind::Builder) error naming the setting when a
+    /// cost or the reward is 0, or the capacity cannot pay for a single retry of either kind.
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.retry_cost == 0 || self.timeout_cost == 0 {
+            return Err(Error::builder(
+                "retry budget costs must be at least 1 token (turn the budget off instead)",
+            ));
+        }
+        if self.success_reward == 0 {
+            return Err(Error::builder(
+                "retry budget success_reward must be at least 1 token, or the bucket never refills",
+            ));
+        }
+        let dearest = self.retry_cost.max(self.timeout_cost);
+        if self.capacity < dearest {
+            return Err(Error::builder(format!(
+                "retry budget capacity ({}) cannot pay for one retry ({dearest} tokens)",
+                self.capacity
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A token bucket that limits retries across every operation that shares it.
+///
+/// A handle: clones share one bucket. Every [`Client`](crate::Client) has one by default
+/// ([`ClientBuilder::retry_budget`](crate::ClientBuilder::retry_budget) replaces or shares it,
+/// [`ClientBuilder::without_retry_budget`](crate::ClientBuilder::without_retry_budget) turns it
+/// off). The numbers are set with [`RetryBudgetConfig`].
+///
+/// The two operations below are what the client's retry loop calls; they are public for
+/// other front ends and simulations. The bucket is a single atomic counter, so it is cheap to
+/// share across threads and never blocks.
+///
+/// # Why this design
+///
+/// This is the token bucket of the AWS SDKs' "standard" retry mode, with its numbers:
+///
+/// | event | tokens |
+/// |---|---|
+/// | capacity (and the starting level) | 500 |
+/// | a retry after a timeout | -10 |
+/// | any other retry | -5 |
+/// | an operation succeeds after a retry | + the cost of that last retry (refund) |
+/// | an operation succeeds on its first attempt | +1, up to the capacity |
+///
+/// A retry the bucket cannot pay for is not sent; the operation ends with
+/// [`ErrorKind::BudgetExhausted`](crate::ErrorKind::BudgetExhausted).
+///
+/// We chose it over the alternatives because of what it guarantees:
+///
+/// - **A hard bound, independent of time and speed.** A full bucket pays for
+///   `500 / 5 = 100` retries. During a total outage, `n` operations send at most `n + 100`
+///   requests, however long the outage lasts, and no clock is read to enforce it (so it is
+///   as deterministic as the rest of the loop). tower's ratio budget (retries up to 20% of
+///   requests plus 10 per second, over a 10 s window) lets `1.2 n` requests and more through
+///   and depends on the clock; gRPC's throttling (10 tokens, -1 per failure, +0.1 per
+///   success, no retries at or below half) bounds an outage to 5 retries, which is so tight
+///   that one unlucky burst of failures turns retries off for the next 50 successes.
+/// - **Untouched in normal operation.** Under 10% random transient failures, each operation
+///   deposits about `0.9 * 1` tokens and a retry that then succeeds is refunded, so the
+///   bucket stays full and every retry the policy allows is sent.
+/// - **It refills on its own once the service recovers.** Every first-attempt success adds a
+///   token; five of them pay for one retry again. No timer is needed.
+/// - **Timeouts cost double.** A timed-out attempt held a connection and server resources for
+///   the whole timeout; retrying those is the first thing to cut.
+///
+/// Google's SRE book suggests retries stay under 10% of requests per client; with the default
+/// numbers the bucket sustains one retry per five first-attempt successes (20%) and a burst
+/// of 100, and the cap (not the ratio) is what bounds an outage.
+///
+/// Counting "success": any response the client returns as `Ok` (a 2xx, or a final 4xx such as
+/// 404 or 422) means the server is answering, so it deposits. Operations that end with an
+/// error deposit nothing.
+///
+///
+/// Measurements are in the crate's `docs/performance.md`.
+///
+/// # Examples
+///
+/// ```
+/// use idempotent_retry::{FailureKind, RetryBudget};
+///
+/// let budget = RetryBudget::new();
+/// let shared = budget.clone(); // same bucket
+///
+/// // An attempt answered 503: may we retry?
+/// let cost = budget.try_withdraw(FailureKind::ServerError).expect("a full bucket pays");
+/// assert_eq!(cost, 5);
+/// assert_eq!(shared.available(), 495);
+///
+/// // The retry succeeded: refund it.
+/// shared.record_success(Some(cost));
+/// assert_eq!(budget.available(), 500);
+/// ```
+#[derive(Clone)]
+pub struct RetryBudget {
+    inner: Arc<Bucket>,
+}
+
+struct Bucket {
+    config: RetryBudgetConfig,
+    tokens: AtomicU32,
+}
+
+impl fmt::Debug for RetryBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryBudget")
+            .field("available", &self.available())
+            .field("config", &self.inner.config)
+            .finish()
+    }
+}
+
+impl Default for RetryBudget {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RetryBudget {
+    /// A full bucket with the default numbers (500 tokens, 5 per retry, 10 per retry after a
+    /// timeout, 1 per first-attempt success).
+    #[must_use]
+    pub fn new() -> Self {
+        Self::unchecked(RetryBudgetConfig::new())
+    }
+
+    /// A full bucket with these numbers.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) when the numbers do not make a
+    /// working budget (see [`RetryBudgetConfig::validate`]).
+    pub fn with_config(config: RetryBudgetConfig) -> Result<Self, Error> {
+        config.validate()?;
+        Ok(Self::unchecked(config))
+    }
+
+    fn unchecked(config: RetryBudgetConfig) -> Self {
+        RetryBudget {
+            inner: Arc::new(Bucket {
+                config,
+                tokens: AtomicU32::new(config.capacity),
+            }),
+        }
+    }
+
+    /// The numbers this bucket runs on.
+    pub fn config(&self) -> RetryBudgetConfig {
+        self.inner.config
+    }
+
+    /// Tokens in the bucket now.
+    #[must_use]
+    pub fn available(&self) -> u32 {
+        self.inner.tokens.load(Ordering::Acquire)
+    }
+
+    /// Pays for one retry after a failure of this kind, if the bucket can: returns the cost
+    /// withdrawn, to be refunded with [`record_success`](Self::record_success) if the retry
+    /// succeeds. `None` means the retry must not be sent; nothing was withdrawn.
+    #[must_use = "a withdrawal that is not used wastes tokens; `None` means do not retry"]
+    pub fn try_withdraw(&self, failure: FailureKind) -> Option<u32> {
+        let cost = self.inner.config.cost_of(failure);
+        self.inner
+            .tokens
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tokens| {
+                tokens.checked_sub(cost)
+            })
+            .ok()
+            .map(|_| cost)
+    }
+
+    /// Records that an operation ended with a final answer. `last_cost` is what the retry
+    /// that produced it cost (refunded), or `None` when the first attempt succeeded (the
+    /// success reward is deposited). The bucket never rises above its capacity.
+    pub fn record_success(&self, last_cost: Option<u32>) {
+        let config = self.inner.config;
+        let deposit = last_cost.unwrap_or(config.success_reward);
+        // `fetch_update` with a closure that always returns `Some` cannot fail.
+        let _ = self
+            .inner
+            .tokens
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tokens| {
+                Some(tokens.saturating_add(deposit).min(config.capacity))
+            });
+    }
+}
+
+/// One operation's dealings with the budget, kept by the retry loop: the cost of its last
+/// retry, so a success refunds exactly that.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct BudgetTab {
+    last_cost: Option<u32>,
+}
+
+impl BudgetTab {
+    /// Asks the budget to pay for the retry `decide` chose; a refusal turns the decision into
+    /// a stop. Without a budget every retry goes ahead.
+    pub(crate) fn admit(
+        &mut self,
+        budget: Option<&RetryBudget>,
+        decision: crate::policy::Decision,
+    ) -> crate::policy::Decision {
+        use crate::policy::{Decision, Stop};
+        match (budget, decision) {
+            (Some(budget), Decision::Retry { kind, .. }) => match budget.try_withdraw(kind) {
+                Some(cost) => {
+                    self.last_cost = Some(cost);
+                    decision
+                }
+                None => Decision::Stop {
+                    kind: Some(kind),
+                    stop: Stop::BudgetExhausted,
+                },
+            },
+            _ => decision,
+        }
+    }
+
+    /// The operation ends with a final answer: refund its last retry or reward the success.
+    pub(crate) fn settle_success(self, budget: Option<&RetryBudget>) {
+        if let Some(budget) = budget {
+            budget.record_success(self.last_cost);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::policy::{Decision, Stop};
+    use crate::report::WaitReason;
+
+    fn retry(kind: FailureKind) -> Decision {
+        Decision::Retry {
+            kind,
+            delay: Duration::from_millis(1),
+            reason: WaitReason::Backoff {
+                ceiling: Duration::from_millis(1),
+            },
+        }
+    }
+
+    #[test]
+    fn default_numbers_are_the_aws_standard_ones() {
+        let config = RetryBudgetConfig::default();
+        assert_eq!(config.get_capacity(), 500);
+        assert_eq!(config.get_retry_cost(), 5);
+        assert_eq!(config.get_timeout_cost(), 10);
+        assert_eq!(config.get_success_reward(), 1);
+        assert_eq!(RetryBudget::default().available(), 500);
+        assert!(config.validate().is_ok());
+    }
+
+    #[test]
+    fn a_full_bucket_pays_for_exactly_one_hundred_retries() {
+        let budget = RetryBudget::new();
+        let paid = std::iter::from_fn(|| budget.try_withdraw(FailureKind::ServerError)).count();
+        assert_eq!(paid, 100);
+        assert_eq!(budget.available(), 0);
+        assert_eq!(budget.try_withdraw(FailureKind::Connect), None);
+    }
+
+    #[test]
+    fn timeouts_cost_double() {
+        let budget = RetryBudget::new();
+        assert_eq!(budget.try_withdraw(FailureKind::Timeout), Some(10));
+        assert_eq!(budget.try_withdraw(FailureKind::ConnectionReset), Some(5));
+        assert_eq!(budget.available(), 485);
+    }
+
+    #[test]
+    fn a_refusal_withdraws_nothing() {
+        let config = RetryBudgetConfig::new().capacity(12);
+        let budget = RetryBudget::with_config(config).expect("valid");
+        assert_eq!(budget.try_withdraw(FailureKind::Timeout), Some(10));
+        assert_eq!(budget.try_withdraw(FailureKind::Timeout), None);
+        assert_eq!(budget.available(), 2);
+    }
+
+    #[test]
+    fn successes_refund_and_reward_up_to_capacity() {
+        let budget = RetryBudget::new();
+        budget.record_success(None);
+        assert_eq!(budget.available(), 500, "never above capacity");
+        let cost = budget.try_withdraw(FailureKind::Timeout);
+        assert_eq!(budget.available(), 490);
+        budget.record_success(cost);
+        assert_eq!(budget.available(), 500);
+        while budget.try_withdraw(FailureKind::ServerError).is_some() {}
+        for _ in 0..4 {
+            budget.record_success(None);
+        }
+        assert_eq!(budget.try_withdraw(FailureKind::ServerError), None);
+        budget.record_success(None);
+        assert_eq!(budget.try_withdraw(FailureKind::ServerError), Some(5));
+    }
+
+    #[test]
+    fn clones_share_one_bucket() {
+        let a = RetryBudget::new();
+        let b = a.clone();
+        let _ = a.try_withdraw(FailureKind::ServerError);
+        assert_eq!(b.available(), 495);
+        assert!(format!("{b:?}").contains("available: 495"));
+    }
+
+    #[test]
+    fn bad_numbers_are_typed_errors() {
+        let cases = [
+            (RetryBudgetConfig::new().retry_cost(0), "costs"),
+            (RetryBudgetConfig::new().timeout_cost(0), "costs"),
+            (RetryBudgetConfig::new().success_reward(0), "refills"),
+            (RetryBudgetConfig::new().capacity(9), "capacity (9)"),
+            (RetryBudgetConfig::new().capacity(0), "capacity (0)"),
+        ];
+        for (config, words) in cases {
+            let err = RetryBudget::with_config(config).expect_err("invalid");
+            assert_eq!(err.kind(), crate::ErrorKind::Builder);
+            assert!(err.to_string().contains(words), "{err}");
+        }
+        let ok = RetryBudgetConfig::new()
+            .capacity(10)
+            .retry_cost(10)
+            .timeout_cost(10);
+        assert!(RetryBudget::with_config(ok).is_ok());
+    }
+
+    #[test]
+    fn tab_turns_a_refused_retry_into_a_stop_and_refunds_the_last_cost() {
+        let config = RetryBudgetConfig::new().capacity(15);
+        let budget = RetryBudget::with_config(config).expect("valid");
+        let mut tab = BudgetTab::default();
+        let decision = retry(FailureKind::Timeout);
+        assert_eq!(tab.admit(Some(&budget), decision), decision);
+        let decision = retry(FailureKind::ServerError);
+        assert_eq!(tab.admit(Some(&budget), decision), decision);
+        assert_eq!(budget.available(), 0);
+        assert_eq!(
+            tab.admit(Some(&budget), retry(FailureKind::Throttled)),
+            Decision::Stop {
+                kind: Some(FailureKind::Throttled),
+                stop: Stop::BudgetExhausted
+            }
+        );
+        tab.settle_success(Some(&budget));
+        assert_eq!(budget.available(), 5, "the last retry's cost comes back");
+
+        let untouched = Decision::Return;
+        assert_eq!(tab.admit(Some(&budget), untouched), untouched);
+        assert_eq!(
+            tab.admit(None, retry(FailureKind::Timeout)),
+            retry(FailureKind::Timeout)
+        );
+        assert_eq!(budget.available(), 5);
+        BudgetTab::default().settle_success(Some(&budget));
+        assert_eq!(
+            budget.available(),
+            6,
+            "a first-attempt success deposits the reward"
+        );
+    }
+
+    #[test]
+    fn concurrent_withdrawals_never_overdraw() {
+        let budget = RetryBudget::new();
+        let paid: usize = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| {
+                    let budget = budget.clone();
+                    scope.spawn(move || {
+                        std::iter::from_fn(|| budget.try_withdraw(FailureKind::ServerError)).count()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("no panic"))
+                .sum()
+        });
+        assert_eq!(paid, 100);
+        assert_eq!(budget.available(), 0);
+    }
+
+    fn any_kind() -> impl Strategy<Value = FailureKind> {
+        prop_oneof![
+            Just(FailureKind::Timeout),
+            Just(FailureKind::ServerError),
+            Just(FailureKind::Throttled),
+            Just(FailureKind::ConnectionReset),
+        ]
+    }
+
+    proptest! {
+        /// Whatever happens, the level stays within [0, capacity], and the retries paid for
+        /// never exceed what the capacity plus the deposits can cover.
+        #[test]
+        fn prop_level_stays_in_bounds(
+            capacity in 10u32..2_000,
+            events in proptest::collection::vec(
+                prop_oneof![
+                    any_kind().prop_map(Some),
+                    Just(None),
+                ],
+                0..500,
+            ),
+        ) {
+            let config = RetryBudgetConfig::new().capacity(capacity);
+            let budget = RetryBudget::with_config(config).expect("valid");
+            let (mut spent, mut deposited) = (0u64, 0u64);
+            for event in events {
+                let before = budget.available();
+                match event {
+                    Some(kind) => {
+                        if let Some(cost) = budget.try_withdraw(kind) {
+                            spent += u64::from(cost);
+                        } else {
+                            prop_assert!(before < config.cost_of(kind));
+                        }
+                    }
+                    None => {
+                        budget.record_success(None);
+                        deposited += u64::from(budget.available() - before);
+                    }
+                }
+                prop_assert!(budget.available() <= capacity);
+            }
+            prop_assert_eq!(
+                u64::from(budget.available()) + spent,
+                u64::from(capacity) + deposited
+            );
+        }
+    }
+}

@@ -1,0 +1,276 @@
+//! The retry budget under load, counted at a loopback server: what an outage costs the
+//! server, what random failures cost the callers, and that retries come back after recovery.
+//!
+//! Real sockets, the real clock and millisecond backoff; many operations run concurrently
+//! through clones of one client (one shared budget). Random failures are drawn from a seeded
+//! RNG into the server's script, so every run serves the same sequence of answers. Nothing here
+//! asserts a duration.
+
+mod support;
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use idempotent_retry::{
+    Client, Error, ErrorKind, FailureKind, RetryBudget, RetryBudgetConfig, RetryPolicy, RetryReport,
+};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use support::*;
+
+/// How many operations are in flight at once.
+const CONCURRENCY: usize = 32;
+
+/// The default policy (5 attempts) with millisecond backoff and a generous attempt timeout,
+/// so no attempt times out on a busy machine (a timeout would cost 10 tokens, not 5).
+fn fast() -> RetryPolicy {
+    RetryPolicy::default()
+        .base_delay(Duration::from_millis(1))
+        .max_delay(Duration::from_millis(5))
+        .attempt_timeout(Duration::from_secs(10))
+}
+
+fn client_with(builder: idempotent_retry::ClientBuilder) -> Client {
+    builder.policy(fast()).build().expect("valid client")
+}
+
+/// Sends `n` POSTs to `url` through clones of `client`, `CONCURRENCY` at a time.
+async fn post_many(client: &Client, url: &str, n: usize) -> Vec<Result<reqwest::Response, Error>> {
+    futures_util::stream::iter(0..n)
+        .map(|i| {
+            let client = client.clone();
+            let url = url.to_owned();
+            async move { client.post(url).body(format!("op {i}")).send().await }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect()
+        .await
+}
+
+fn count_kind(results: &[Result<reqwest::Response, Error>], kind: ErrorKind) -> usize {
+    results
+        .iter()
+        .filter(|r| r.as_ref().is_err_and(|e| e.kind() == kind))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn total_outage_of_1000_operations_sends_at_most_1_1x_plus_20_requests() {
+    let server = TestServer::start(vec![], Action::status(503)).await;
+    let client = client_with(Client::builder());
+    let ops = 1000;
+
+    let results = post_many(&client, &server.url("/charge"), ops).await;
+
+    let requests = server.hits();
+    let limit = ops + ops / 10 + 20;
+    assert!(
+        requests <= limit,
+        "{requests} requests for {ops} operations (limit {limit})"
+    );
+    // A full bucket pays for exactly 500 / 5 = 100 retries, and nothing refills it.
+    assert_eq!(requests, ops + 100);
+    assert!(client.retry_budget().expect("on by default").available() < 5);
+
+    let refused = count_kind(&results, ErrorKind::BudgetExhausted);
+    let exhausted = count_kind(&results, ErrorKind::AttemptsExhausted);
+    assert_eq!(
+        refused + exhausted,
+        ops,
+        "every operation failed, none silently"
+    );
+    assert!(refused >= ops - 100, "{refused} refused by the budget");
+
+    // A refused operation says what a caller needs to reconcile.
+    let mut err = results
+        .into_iter()
+        .find_map(|r| r.err().filter(|e| e.kind() == ErrorKind::BudgetExhausted))
+        .expect("at least one refusal");
+    let key = err
+        .idempotency_key()
+        .expect("POSTs carry a key")
+        .to_string();
+    assert!(err.is_outcome_unknown(), "a 503 may have run");
+    assert_eq!(err.failure(), Some(FailureKind::ServerError));
+    assert_eq!(err.status().map(|s| s.as_u16()), Some(503));
+    assert!(err.to_string().contains("retry budget exhausted"), "{err}");
+    assert!(err.to_string().contains(&key), "{err}");
+    let sent_with_key = server
+        .keys()
+        .iter()
+        .filter(|k| k.as_deref() == Some(key.as_str()))
+        .count();
+    assert_eq!(sent_with_key as u32, err.attempts());
+    assert_eq!(err.report().history().len() as u32, err.attempts());
+    let last = err.take_response().expect("the last 503 is kept");
+    assert_eq!(last.status().as_u16(), 503);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_budget_an_outage_gets_every_attempt_the_policy_allows() {
+    let server = TestServer::start(vec![], Action::status(503)).await;
+    let client = client_with(Client::builder().without_retry_budget());
+    assert!(client.retry_budget().is_none());
+    let ops = 100;
+
+    let results = post_many(&client, &server.url("/charge"), ops).await;
+
+    assert_eq!(
+        server.hits(),
+        ops * 5,
+        "the budget is what bounded the outage"
+    );
+    assert_eq!(count_kind(&results, ErrorKind::AttemptsExhausted), ops);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_percent_random_503s_leave_at_least_99_9_percent_of_operations_succeeding() {
+    let ops = 2000;
+    // Seeded: the server answers the same sequence every run. 10% 503, the rest 200.
+    let mut rng = StdRng::seed_from_u64(0x5EED_0503);
+    let script: Vec<Action> = (0..ops * 2)
+        .map(|_| {
+            if rng.random_bool(0.10) {
+                Action::status(503)
+            } else {
+                Action::ok("done")
+            }
+        })
+        .collect();
+    let served_503 = |hits: usize| {
+        script[..hits]
+            .iter()
+            .filter(|a| **a == Action::status(503))
+            .count()
+    };
+    let server = TestServer::start(script.clone(), Action::ok("done")).await;
+    // The default policy and budget; waits are recorded instead of slept, since the server's
+    // answers do not depend on time.
+    let client = Client::builder()
+        .sleeper(VirtualTime::new())
+        .build()
+        .expect("default client");
+
+    let results = post_many(&client, &server.url("/charge"), ops).await;
+
+    let succeeded = results
+        .iter()
+        .filter(|r| r.as_ref().is_ok_and(|resp| resp.status() == 200))
+        .count();
+    assert!(
+        succeeded * 1000 >= ops * 999,
+        "{succeeded} of {ops} operations succeeded"
+    );
+    let hits = server.hits();
+    let failures = served_503(hits);
+    assert!(
+        (hits - ops) * 100 >= ops * 8,
+        "the seeded script serves about 10% 503s"
+    );
+    // Every 503 was retried: one extra request per 503, and none refused by the budget.
+    assert_eq!(hits, ops + failures);
+    assert_eq!(count_kind(&results, ErrorKind::BudgetExhausted), 0);
+    let retried = results
+        .iter()
+        .filter_map(|r| r.as_ref().ok())
+        .filter(|resp| RetryReport::of(resp).is_some_and(|rep| rep.attempts() > 1))
+        .count();
+    assert!(retried > 0);
+    assert_eq!(
+        client.retry_budget().expect("on").available(),
+        500,
+        "refunds and rewards keep the bucket full"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_outage_the_budget_refills_and_retries_resume() {
+    let client = client_with(Client::builder());
+    let budget = client.retry_budget().expect("on by default").clone();
+
+    // The outage drains the bucket.
+    let outage = TestServer::start(vec![], Action::status(503)).await;
+    let results = post_many(&client, &outage.url("/charge"), 150).await;
+    assert!(results.iter().all(Result::is_err));
+    let drained = budget.available();
+    assert!(drained < 5, "{drained} tokens left");
+
+    // Still failing: a new operation gets one attempt and a typed refusal.
+    let still_down = TestServer::start(vec![], Action::status(503)).await;
+    let err = client
+        .post(still_down.url("/charge"))
+        .send()
+        .await
+        .expect_err("503 and an empty budget");
+    assert_eq!(err.kind(), ErrorKind::BudgetExhausted);
+    assert_eq!(still_down.hits(), 1);
+    assert!(err.idempotency_key().is_some());
+
+    // Recovery: every first-attempt success deposits one token.
+    let healthy = TestServer::start(vec![], Action::ok("done")).await;
+    let results = post_many(&client, &healthy.url("/charge"), 50).await;
+    assert!(results.iter().all(Result::is_ok));
+    assert_eq!(budget.available(), drained + 50);
+
+    // A blip after recovery is retried again, and the retry's cost is refunded.
+    let blip = TestServer::start(vec![Action::status(503)], Action::ok("done")).await;
+    let response = client
+        .post(blip.url("/charge"))
+        .send()
+        .await
+        .expect("retried past the 503");
+    assert_eq!(response.status(), 200);
+    assert_eq!(blip.hits(), 2);
+    let keys = blip.keys();
+    assert_eq!(keys[0], keys[1], "the retry carried the same key");
+    assert_eq!(budget.available(), drained + 50);
+}
+
+#[tokio::test]
+async fn clients_given_one_budget_share_it() {
+    let budget =
+        RetryBudget::with_config(RetryBudgetConfig::new().capacity(10)).expect("valid budget");
+    let first = client_with(Client::builder().retry_budget(budget.clone()));
+    let second = client_with(Client::builder().retry_budget(budget.clone()));
+    let server = TestServer::start(vec![], Action::status(503)).await;
+
+    // Two retries (5 tokens each) empty the shared bucket through the first client...
+    let err = first
+        .post(server.url("/a"))
+        .policy(fast().max_attempts(3))
+        .send()
+        .await
+        .expect_err("503 throughout");
+    assert_eq!(err.kind(), ErrorKind::AttemptsExhausted);
+    assert_eq!(server.hits(), 3);
+    assert_eq!(budget.available(), 0);
+
+    // ...so the second client may not retry.
+    let err = second
+        .post(server.url("/b"))
+        .send()
+        .await
+        .expect_err("503 and an empty shared budget");
+    assert_eq!(err.kind(), ErrorKind::BudgetExhausted);
+    assert_eq!(server.hits(), 4);
+}
+
+#[tokio::test]
+async fn a_refused_throttled_retry_reports_the_outcome_as_not_executed() {
+    let budget =
+        RetryBudget::with_config(RetryBudgetConfig::new().capacity(10)).expect("valid budget");
+    while budget.try_withdraw(FailureKind::ServerError).is_some() {}
+    let client = client_with(Client::builder().retry_budget(budget));
+    let server = TestServer::start(vec![], Action::status(429)).await;
+
+    let err = client
+        .post(server.url("/charge"))
+        .send()
+        .await
+        .expect_err("429 and an empty budget");
+
+    assert_eq!(err.kind(), ErrorKind::BudgetExhausted);
+    assert!(!err.is_outcome_unknown(), "a 429 was refused, not executed");
+    assert_eq!(err.failure(), Some(FailureKind::Throttled));
+    assert_eq!(server.hits(), 1);
+}
