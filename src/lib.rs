@@ -305,6 +305,7 @@
 )]
 
 mod backoff;
+mod bench_support;
 mod budget;
 mod canonical;
 mod classify;
@@ -326,6 +327,8 @@ mod service;
 mod time;
 
 pub use backoff::{backoff_ceiling, full_jitter};
+#[doc(hidden)]
+pub use bench_support::decide_once;
 pub use budget::{RetryBudget, RetryBudgetConfig};
 pub use canonical::canonical_json;
 pub use classify::FailureKind;
