@@ -109,6 +109,14 @@
 //! [`ErrorKind::ReconcileWindow`]: stop retrying and reconcile, because the receiver may soon
 //! forget the key and a later "retry" would be a new request.
 //!
+//! **The retry budget.** Every retry must also be paid for from a token bucket shared by all
+//! clones of the client ([`RetryBudget`]: 500 tokens, 5 per retry, 10 after a timeout,
+//! refunded when the retry succeeds, 1 back per first-attempt success). During an outage it
+//! bounds the extra load retries add to about 100 requests, however many operations fail; a
+//! retry it refuses ends the operation with [`ErrorKind::BudgetExhausted`]. Configure or share
+//! it with [`ClientBuilder::retry_budget`], turn it off with
+//! [`ClientBuilder::without_retry_budget`].
+//!
 //! **The truth about the outcome.** [`Error::is_outcome_unknown`] is `true` as soon as any
 //! attempt may have been executed by the server (sent, then timed out, reset, closed, 5xx or
 //! 409), and `false` when every attempt failed to connect or resolve, or was refused outright
@@ -138,6 +146,7 @@
 //! | longest honoured `Retry-After` | 60 s |
 //! | key header | `Idempotency-Key` |
 //! | automatic keys for non-idempotent methods | on |
+//! | retry budget | on, one per client: 500 tokens, 5 per retry, 10 after a timeout |
 //!
 //! Match the window to the receiver: shorter than the time it keeps keys (PayPal's
 //! `PayPal-Request-Id`: 6 h, so `reconcile_window(Duration::from_secs(5 * 3600))` and
