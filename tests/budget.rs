@@ -274,3 +274,39 @@ async fn a_refused_throttled_retry_reports_the_outcome_as_not_executed() {
     assert_eq!(err.failure(), Some(FailureKind::Throttled));
     assert_eq!(server.hits(), 1);
 }
+
+#[cfg(feature = "tower")]
+#[tokio::test]
+async fn clones_of_a_tower_layer_share_its_budget() {
+    use tower::{Layer, ServiceExt};
+
+    let budget =
+        RetryBudget::with_config(RetryBudgetConfig::new().capacity(10)).expect("valid budget");
+    let layer = Client::builder()
+        .policy(fast().max_attempts(3))
+        .retry_budget(budget.clone())
+        .build_layer()
+        .expect("valid layer");
+    let server = TestServer::start(vec![], Action::status(503)).await;
+    let request = |path: &str| {
+        reqwest::Request::new(http::Method::POST, server.url(path).parse().expect("url"))
+    };
+
+    let first = layer.clone().layer(reqwest::Client::new());
+    let err = first
+        .oneshot(request("/a"))
+        .await
+        .expect_err("503 throughout");
+    assert_eq!(err.kind(), ErrorKind::AttemptsExhausted);
+    assert_eq!(server.hits(), 3);
+    assert_eq!(budget.available(), 0);
+
+    let second = layer.layer(reqwest::Client::new());
+    let err = second
+        .oneshot(request("/b"))
+        .await
+        .expect_err("503 and an empty shared budget");
+    assert_eq!(err.kind(), ErrorKind::BudgetExhausted);
+    assert!(err.idempotency_key().is_some(), "the layer minted a key");
+    assert_eq!(server.hits(), 4);
+}
