@@ -296,6 +296,8 @@
 //!   client speaks plain HTTP only, unless the `reqwest::Client` you pass enables TLS itself.
 //! - `tower`: [`IdempotentRetryLayer`], [`IdempotentRetry`], [`ResponseFuture`].
 //! - `middleware`: [`IdempotentRetryMiddleware`] for `reqwest-middleware` 0.5.
+//! - `testkit`: [`testkit`], an idempotent loopback receiver with fault scripting and a
+//!   side-effect recorder, and deterministic helpers, for testing senders and handlers.
 //!
 //! # Minimum supported Rust version
 //!
@@ -333,6 +335,9 @@ mod request;
 mod retry_after;
 #[cfg(feature = "tower")]
 mod service;
+#[cfg(feature = "testkit")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
+pub mod testkit;
 mod time;
 
 pub use backoff::{backoff_ceiling, full_jitter};

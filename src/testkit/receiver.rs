@@ -1,0 +1,1068 @@
+//! The idempotent loopback receiver: claims, saved responses, fault scripts, effect counts.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU32;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio::io::BufReader;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
+
+use super::fault::{Fault, When};
+use super::handler::{BoxHandler, Delivery, HandlerFuture, Reply};
+use super::wire::{self, Incoming, find_header};
+use crate::time::{Clock, TokioClock};
+
+/// Header added to an answer replayed from a completed key (Stripe's name for it).
+pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
+
+/// A key's status, as a Stripe-style receiver keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyStatus {
+    /// Claimed; the handler is running. Duplicates get 409.
+    InProgress,
+    /// The handler finished; duplicates get the saved response.
+    Completed,
+    /// The handler failed without an effect; the next delivery runs it again.
+    Failed,
+}
+
+/// A saved response, replayed to duplicates of a completed key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SavedResponse {
+    /// The status the first run answered.
+    pub status: u16,
+    /// Its headers.
+    pub headers: Vec<(String, String)>,
+    /// Its body.
+    pub body: Vec<u8>,
+}
+
+/// What the receiver keeps for one key (or, in batch mode, one event id).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyRecord {
+    /// The receiver's scope ([`ReceiverBuilder::scope`]).
+    pub scope: String,
+    /// Hex SHA-256 of the method, the target and the body (JSON in RFC 8785 canonical form)
+    /// of the delivery that claimed the key.
+    pub fingerprint: String,
+    /// Where the key stands.
+    pub status: KeyStatus,
+    /// The saved response, once completed.
+    pub response: Option<SavedResponse>,
+    /// Side effects recorded under the key.
+    pub effects: u64,
+}
+
+/// What the receiver did with one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// Still being handled.
+    Pending,
+    /// A scripted fault ended it before the handler ([`Fault::ResetBeforeHandler`],
+    /// [`Fault::CloseWithoutReply`], [`Fault::Respond`]).
+    Faulted,
+    /// The handler ran and answered `status`, recording `effects` side effects.
+    Ran {
+        /// The handler's status.
+        status: u16,
+        /// Effects recorded by this run.
+        effects: u64,
+    },
+    /// A duplicate of a completed key: the saved response was replayed.
+    Replayed {
+        /// The saved status.
+        status: u16,
+    },
+    /// A duplicate while the key was in progress: 409.
+    InProgress,
+    /// The key was reused with a different request: 422.
+    Mismatch,
+    /// A batch: `processed` events ran the handler, `duplicates` had been seen before.
+    Batch {
+        /// Events that ran the handler.
+        processed: usize,
+        /// Events skipped as already seen.
+        duplicates: usize,
+    },
+    /// A batch that was not a JSON array of objects with an id: 400.
+    BadRequest,
+}
+
+/// One request as the receiver saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Arrival {
+    /// 1 for the first request to arrive.
+    pub number: u64,
+    /// When it had been read completely, since the receiver started.
+    pub at: Duration,
+    /// The method.
+    pub method: String,
+    /// The request target.
+    pub path: String,
+    /// The key header's value, if any.
+    pub key: Option<String>,
+    /// The how-manieth request with this key (0 without a key).
+    pub key_attempt: u32,
+    /// The scripted fault it met.
+    pub fault: Option<Fault>,
+    /// What the receiver did.
+    pub outcome: Outcome,
+    /// What the answer did: `None` when it went out normally, else what happened to it.
+    pub answer_fault: Option<String>,
+}
+
+impl fmt::Display for Arrival {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.fault, &self.outcome) {
+            (Some(fault), Outcome::Faulted) => write!(f, "{fault}; handler not run")?,
+            (_, Outcome::Pending) => f.write_str("in progress")?,
+            (_, Outcome::Ran { status, effects }) => {
+                let keyed = if self.key.is_some() {
+                    "key claimed"
+                } else {
+                    "no key"
+                };
+                write!(f, "{keyed}, handler ran: {effects} effect(s), {status}")?;
+            }
+            (_, Outcome::Replayed { status }) => {
+                write!(f, "key completed: saved {status} replayed, no new effect")?;
+            }
+            (_, Outcome::InProgress) => f.write_str("key in progress: 409")?,
+            (_, Outcome::Mismatch) => f.write_str("key reused with a different body: 422")?,
+            (
+                _,
+                Outcome::Batch {
+                    processed,
+                    duplicates,
+                },
+            ) => write!(f, "batch: {processed} new, {duplicates} duplicate(s)")?,
+            (_, Outcome::BadRequest) => f.write_str("not a batch: 400")?,
+            (None, Outcome::Faulted) => f.write_str("faulted")?,
+        }
+        if let Some(what) = &self.answer_fault {
+            write!(f, "; {what}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A record that makes forgetting a committed key safe: the effect was undone (a refund, a
+/// retraction) or is otherwise accounted for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Compensation {
+    reason: String,
+}
+
+impl Compensation {
+    /// A compensation, with what was done to undo or account for the effect.
+    #[must_use]
+    pub fn new(reason: impl Into<String>) -> Compensation {
+        Compensation {
+            reason: reason.into(),
+        }
+    }
+
+    /// What was done.
+    #[must_use]
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+}
+
+/// A forgotten key whose effects were compensated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Compensated {
+    /// The key.
+    pub key: String,
+    /// Effects it had recorded.
+    pub effects: u64,
+    /// The compensating record.
+    pub compensation: Compensation,
+}
+
+/// Why [`Receiver::forget`] refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ForgetError {
+    /// The key is unknown (never claimed, or already forgotten).
+    #[error("idempotency key {key} is unknown")]
+    UnknownKey {
+        /// The key.
+        key: String,
+    },
+    /// The key's handler is still running.
+    #[error("idempotency key {key} is in progress")]
+    InProgress {
+        /// The key.
+        key: String,
+    },
+    /// The key's side effect committed and no compensating record was given: forgetting it
+    /// would let the next delivery run the effect again.
+    #[error(
+        "idempotency key {key} has {effects} committed effect(s): forgetting it without a compensating record would allow a duplicate"
+    )]
+    EffectCommitted {
+        /// The key.
+        key: String,
+        /// Effects recorded under it.
+        effects: u64,
+    },
+}
+
+/// A misuse the receiver caught and refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Violation {
+    /// A handler asked to release (forget) a key whose effect had committed
+    /// ([`Reply::release_key`]); the key was kept.
+    ReleasedCommittedKey {
+        /// The key.
+        key: String,
+        /// The request that asked.
+        request: u64,
+        /// Effects recorded under the key.
+        effects: u64,
+    },
+}
+
+/// An in-process HTTP/1.1 server on `127.0.0.1` that behaves like a Stripe-style idempotent
+/// receiver, counts side effects, and fails on script.
+///
+/// Per key (the `Idempotency-Key` header unless [`ReceiverBuilder::key_header`] says
+/// otherwise) it keeps a [`KeyRecord`]: scope, a SHA-256 fingerprint of the request, a status
+/// and the saved response. The claim is atomic (the lookup and the insert happen under one
+/// lock, as a unique constraint does it), so two concurrent deliveries never both run the
+/// handler. It answers:
+///
+/// | delivery | answer |
+/// |---|---|
+/// | new key, or a `failed` one | the handler runs; its reply is saved (see [`Reply`]) |
+/// | duplicate of a `completed` key, same request | the saved response, `Idempotent-Replayed: true` |
+/// | duplicate while `in_progress` | 409 |
+/// | same key, different method, target or body | 422 |
+/// | no key | the handler runs, every time |
+///
+/// Faults are scripted with [`inject`](Self::inject) per request number or per key attempt.
+/// One request per connection; every answer closes it. Dropping the receiver stops it and every
+/// connection it is serving (a handler already running finishes on its own).
+///
+/// # Examples
+///
+/// ```
+/// use idempotent_retry::testkit::{Fault, Receiver, When};
+/// use idempotent_retry::{Client, IdempotencyKey, RetryPolicy};
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let receiver = Receiver::start().await?; // the built-in counter as the handler
+/// let key = IdempotencyKey::derive("example.charge", &["order_17"]);
+/// // The first delivery commits its effect, then the connection is reset.
+/// receiver.inject(When::key_attempt(&key, 1), Fault::ResetAfterCommit);
+///
+/// let client = Client::builder()
+///     .http(reqwest::Client::builder().no_proxy().build()?)
+///     .policy(RetryPolicy::default().base_delay(Duration::from_millis(5)))
+///     .build()?;
+/// let response = client
+///     .post(receiver.url("/v1/charges"))
+///     .idempotency_key(key.clone())
+///     .json(&serde_json::json!({"amount": 500}))
+///     .send()
+///     .await?;
+/// assert_eq!(response.status(), 200); // the saved response, replayed
+/// assert_eq!(receiver.effects_for(key.as_str()), 1);
+/// # Ok(()) }
+/// ```
+pub struct Receiver {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: JoinHandle<()>,
+}
+
+impl fmt::Debug for Receiver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Receiver")
+            .field("addr", &self.addr)
+            .field("scope", &self.shared.scope)
+            .field("key_header", &self.shared.key_header)
+            .field("batch_id", &self.shared.batch_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        // The accept loop owns every connection task (a JoinSet): aborting it aborts them all.
+        self.task.abort();
+    }
+}
+
+/// Configures a [`Receiver`].
+///
+/// # Default
+///
+/// | setting | default |
+/// |---|---|
+/// | handler | the built-in counter: records one effect, answers 200 `{"effect": n}` |
+/// | key header | `Idempotency-Key` |
+/// | scope | `default` |
+/// | batch mode | off |
+#[must_use = "a ReceiverBuilder does nothing until you `start` it"]
+pub struct ReceiverBuilder {
+    key_header: String,
+    scope: String,
+    handler: Option<BoxHandler>,
+    batch_id: Option<String>,
+}
+
+impl fmt::Debug for ReceiverBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReceiverBuilder")
+            .field("key_header", &self.key_header)
+            .field("scope", &self.scope)
+            .field("custom_handler", &self.handler.is_some())
+            .field("batch_id", &self.batch_id)
+            .finish()
+    }
+}
+
+impl ReceiverBuilder {
+    /// The header that carries the key, matched case-insensitively.
+    ///
+    /// Default: `Idempotency-Key`.
+    pub fn key_header(mut self, name: impl Into<String>) -> Self {
+        self.key_header = name.into();
+        self
+    }
+
+    /// The scope stored with every key (`agent.send_email`, `stripe.charge`).
+    ///
+    /// Default: `default`.
+    pub fn scope(mut self, scope: impl Into<String>) -> Self {
+        self.scope = scope.into();
+        self
+    }
+
+    /// The handler: user code that performs the side effect, calls
+    /// [`Delivery::record_effect`] for it, and returns a [`Reply`].
+    ///
+    /// Default: the built-in counter.
+    pub fn handler<F, Fut>(mut self, handler: F) -> Self
+    where
+        F: Fn(Delivery) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Reply> + Send + 'static,
+    {
+        self.handler = Some(Arc::new(move |delivery| -> HandlerFuture {
+            Box::pin(handler(delivery))
+        }));
+        self
+    }
+
+    /// Batch mode: every POST carries a JSON array of events, each an object with its own id
+    /// in member `id_field` (a string or a number), as SendGrid sends them. Each event is
+    /// deduplicated on its id and runs the handler once; the request's key header is ignored.
+    /// The answer is 200 `{"processed": n, "duplicates": m}`, or 500 when an event's handler
+    /// failed (the batch can be sent again: events already done are skipped), or 400 when the
+    /// body is not such an array.
+    ///
+    /// Default: off.
+    pub fn batch(mut self, id_field: impl Into<String>) -> Self {
+        self.batch_id = Some(id_field.into());
+        self
+    }
+
+    /// Binds `127.0.0.1:0` and starts serving on the current tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// The listener cannot be bound.
+    pub async fn start(self) -> io::Result<Receiver> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let handler = self.handler.unwrap_or_else(|| {
+            Arc::new(|delivery: Delivery| -> HandlerFuture {
+                Box::pin(async move {
+                    let n = delivery.record_effect();
+                    Reply::json(200, &serde_json::json!({ "effect": n }))
+                })
+            })
+        });
+        let shared = Arc::new(Shared {
+            started: TokioClock.now(),
+            key_header: self.key_header,
+            scope: self.scope,
+            batch_id: self.batch_id,
+            handler,
+            arrived: Notify::new(),
+            state: Mutex::default(),
+        });
+        let task = tokio::spawn(accept_loop(listener, shared.clone()));
+        Ok(Receiver { addr, shared, task })
+    }
+}
+
+impl Receiver {
+    /// A receiver with the built-in counter as its handler.
+    ///
+    /// # Errors
+    ///
+    /// The listener cannot be bound.
+    pub async fn start() -> io::Result<Receiver> {
+        Receiver::builder().start().await
+    }
+
+    /// Configure a receiver.
+    pub fn builder() -> ReceiverBuilder {
+        ReceiverBuilder {
+            key_header: crate::IDEMPOTENCY_KEY.as_str().to_owned(),
+            scope: "default".to_owned(),
+            handler: None,
+            batch_id: None,
+        }
+    }
+
+    /// `http://127.0.0.1:PORT` followed by `path` (a missing leading `/` is added).
+    #[must_use]
+    pub fn url(&self, path: &str) -> String {
+        let slash = if path.starts_with('/') { "" } else { "/" };
+        format!("http://{}{slash}{path}", self.addr)
+    }
+
+    /// The address it listens on.
+    #[must_use]
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Scripts `fault` for the delivery `when` picks. A later script for the same delivery
+    /// replaces an earlier one.
+    pub fn inject(&self, when: When, fault: Fault) {
+        let mut st = self.shared.lock();
+        match when {
+            When::Request(n) => {
+                st.by_request.insert(n, fault);
+            }
+            When::KeyAttempt { key, attempt } => {
+                st.by_key.insert((key, attempt), fault);
+            }
+        }
+    }
+
+    /// Side effects recorded in total, keyed or not.
+    #[must_use]
+    pub fn effects(&self) -> u64 {
+        self.shared.lock().effects
+    }
+
+    /// Side effects recorded under `key` (in batch mode: an event id).
+    #[must_use]
+    pub fn effects_for(&self, key: &str) -> u64 {
+        self.shared
+            .lock()
+            .effects_by_key
+            .get(key)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Side effects recorded by keyless requests.
+    #[must_use]
+    pub fn keyless_effects(&self) -> u64 {
+        self.shared.lock().keyless_effects
+    }
+
+    /// Requests read completely so far.
+    #[must_use]
+    pub fn arrivals(&self) -> u64 {
+        self.shared.lock().arrivals.len() as u64
+    }
+
+    /// Every request read completely, in arrival order.
+    #[must_use]
+    pub fn log(&self) -> Vec<Arrival> {
+        self.shared.lock().arrivals.clone()
+    }
+
+    /// The key header's value of each request, in arrival order.
+    #[must_use]
+    pub fn keys(&self) -> Vec<Option<String>> {
+        self.shared
+            .lock()
+            .arrivals
+            .iter()
+            .map(|a| a.key.clone())
+            .collect()
+    }
+
+    /// What the receiver keeps for `key`, if anything.
+    #[must_use]
+    pub fn record(&self, key: &str) -> Option<KeyRecord> {
+        let st = self.shared.lock();
+        let row = st.rows.get(key)?;
+        Some(KeyRecord {
+            scope: self.shared.scope.clone(),
+            fingerprint: hex(&row.fingerprint),
+            status: row.status,
+            response: row.saved.clone(),
+            effects: st.effects_by_key.get(key).copied().unwrap_or(0),
+        })
+    }
+
+    /// Misuses caught so far.
+    #[must_use]
+    pub fn violations(&self) -> Vec<Violation> {
+        self.shared.lock().violations.clone()
+    }
+
+    /// Keys forgotten with a compensating record.
+    #[must_use]
+    pub fn compensations(&self) -> Vec<Compensated> {
+        self.shared.lock().compensated.clone()
+    }
+
+    /// Forgets `key`, so the next delivery with it runs the handler as new.
+    ///
+    /// A key whose side effect committed is forgotten only with a `compensation` (the effect
+    /// was refunded, retracted or otherwise accounted for), which is kept
+    /// ([`compensations`](Self::compensations)); effects already recorded stay counted.
+    ///
+    /// # Errors
+    ///
+    /// - [`ForgetError::EffectCommitted`]: the key has committed effects and no compensation
+    ///   was given. The key is kept.
+    /// - [`ForgetError::InProgress`]: its handler is running.
+    /// - [`ForgetError::UnknownKey`]: no such key.
+    pub fn forget(&self, key: &str, compensation: Option<Compensation>) -> Result<(), ForgetError> {
+        let mut st = self.shared.lock();
+        let effects = st.effects_by_key.get(key).copied().unwrap_or(0);
+        match st.rows.get(key).map(|row| row.status) {
+            None => Err(ForgetError::UnknownKey {
+                key: key.to_owned(),
+            }),
+            Some(KeyStatus::InProgress) => Err(ForgetError::InProgress {
+                key: key.to_owned(),
+            }),
+            Some(_) if effects > 0 => match compensation {
+                None => Err(ForgetError::EffectCommitted {
+                    key: key.to_owned(),
+                    effects,
+                }),
+                Some(compensation) => {
+                    st.rows.remove(key);
+                    st.compensated.push(Compensated {
+                        key: key.to_owned(),
+                        effects,
+                        compensation,
+                    });
+                    Ok(())
+                }
+            },
+            Some(_) => {
+                st.rows.remove(key);
+                Ok(())
+            }
+        }
+    }
+
+    /// Waits until at least `n` requests have arrived, or `within` has passed; returns how many
+    /// have arrived.
+    pub async fn wait_for_arrivals(&self, n: u64, within: Duration) -> u64 {
+        let wait = async {
+            loop {
+                // Register before checking, so an arrival in between is not missed.
+                let notified = self.shared.arrived.notified();
+                if self.arrivals() >= n {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        let _ = tokio::time::timeout(within, wait).await;
+        self.arrivals()
+    }
+}
+
+pub(crate) struct Shared {
+    started: Instant,
+    key_header: String,
+    scope: String,
+    batch_id: Option<String>,
+    handler: BoxHandler,
+    arrived: Notify,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    arrivals: Vec<Arrival>,
+    by_request: HashMap<u64, Fault>,
+    by_key: HashMap<(String, u32), Fault>,
+    key_attempts: HashMap<String, u32>,
+    rows: HashMap<String, Row>,
+    effects: u64,
+    effects_by_key: HashMap<String, u64>,
+    keyless_effects: u64,
+    violations: Vec<Violation>,
+    compensated: Vec<Compensated>,
+}
+
+struct Row {
+    fingerprint: [u8; 32],
+    status: KeyStatus,
+    saved: Option<SavedResponse>,
+}
+
+/// What the idempotency check says about one delivery.
+enum Admission {
+    Run,
+    InProgress,
+    Mismatch,
+    Replay(SavedResponse),
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panicking test thread must not turn every later call into a panic.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn record_effect(&self, key: Option<&str>) -> u64 {
+        let mut st = self.lock();
+        st.effects += 1;
+        match key {
+            Some(key) => *st.effects_by_key.entry(key.to_owned()).or_default() += 1,
+            None => st.keyless_effects += 1,
+        }
+        st.effects
+    }
+
+    /// Logs the arrival and takes its scripted fault.
+    fn arrive(&self, req: &Incoming, key: Option<&str>) -> (u64, Option<Fault>) {
+        let at = TokioClock.now().saturating_duration_since(self.started);
+        let mut st = self.lock();
+        let number = st.arrivals.len() as u64 + 1;
+        let key_attempt = match key {
+            Some(key) => {
+                let count = st.key_attempts.entry(key.to_owned()).or_default();
+                *count += 1;
+                *count
+            }
+            None => 0,
+        };
+        let fault = st
+            .by_request
+            .remove(&number)
+            .or_else(|| key.and_then(|key| st.by_key.remove(&(key.to_owned(), key_attempt))));
+        st.arrivals.push(Arrival {
+            number,
+            at,
+            method: req.method.clone(),
+            path: req.path.clone(),
+            key: key.map(str::to_owned),
+            key_attempt,
+            fault: fault.clone(),
+            outcome: Outcome::Pending,
+            answer_fault: None,
+        });
+        drop(st);
+        self.arrived.notify_waiters();
+        (number, fault)
+    }
+
+    fn update(&self, number: u64, change: impl FnOnce(&mut Arrival)) {
+        let mut st = self.lock();
+        let index = number.checked_sub(1).and_then(|i| usize::try_from(i).ok());
+        if let Some(arrival) = index.and_then(|i| st.arrivals.get_mut(i)) {
+            change(arrival);
+        }
+    }
+
+    fn set_outcome(&self, number: u64, outcome: Outcome) {
+        self.update(number, |arrival| arrival.outcome = outcome);
+    }
+
+    fn set_answer_fault(&self, number: u64, what: String) {
+        self.update(number, |arrival| arrival.answer_fault = Some(what));
+    }
+
+    /// The idempotency check: lookup and claim under one lock.
+    fn admit(&self, key: &str, fingerprint: [u8; 32]) -> Admission {
+        let mut st = self.lock();
+        match st.rows.get_mut(key) {
+            Some(row) if row.fingerprint != fingerprint => Admission::Mismatch,
+            Some(row) => match row.status {
+                KeyStatus::InProgress => Admission::InProgress,
+                KeyStatus::Completed => match &row.saved {
+                    Some(saved) => Admission::Replay(saved.clone()),
+                    // Completed rows always carry their response; be safe anyway.
+                    None => Admission::InProgress,
+                },
+                KeyStatus::Failed => {
+                    row.status = KeyStatus::InProgress;
+                    Admission::Run
+                }
+            },
+            None => {
+                st.rows.insert(
+                    key.to_owned(),
+                    Row {
+                        fingerprint,
+                        status: KeyStatus::InProgress,
+                        saved: None,
+                    },
+                );
+                Admission::Run
+            }
+        }
+    }
+
+    /// Settles a claimed key after its handler returned.
+    fn finish(&self, key: &str, request: u64, reply: &Reply, effects: u64) {
+        let mut st = self.lock();
+        let committed = st.effects_by_key.get(key).copied().unwrap_or(0);
+        if reply.release_key {
+            if committed == 0 {
+                st.rows.remove(key);
+                return;
+            }
+            st.violations.push(Violation::ReleasedCommittedKey {
+                key: key.to_owned(),
+                request,
+                effects: committed,
+            });
+        }
+        let Some(row) = st.rows.get_mut(key) else {
+            return;
+        };
+        if effects == 0 && reply.status >= 500 {
+            row.status = KeyStatus::Failed;
+        } else {
+            row.status = KeyStatus::Completed;
+            row.saved = Some(SavedResponse {
+                status: reply.status,
+                headers: reply.headers.clone(),
+                body: reply.body.clone(),
+            });
+        }
+    }
+
+    /// Runs the handler for one delivery; a panicking handler answers 500 and records what it
+    /// recorded before panicking.
+    async fn run_handler(
+        self: &Arc<Self>,
+        number: u64,
+        key: Option<String>,
+        req: &Incoming,
+        body: Vec<u8>,
+    ) -> (Reply, u64) {
+        let run = Arc::new(AtomicU32::new(0));
+        let delivery = Delivery {
+            number,
+            key,
+            method: req.method.clone(),
+            path: req.path.clone(),
+            headers: req.headers.clone(),
+            body,
+            recorder: self.clone(),
+            run: run.clone(),
+        };
+        let reply = match tokio::spawn((self.handler)(delivery)).await {
+            Ok(reply) => reply,
+            Err(_) => Reply::json(500, &serde_json::json!({"error": "the handler panicked"})),
+        };
+        (
+            reply,
+            u64::from(run.load(std::sync::atomic::Ordering::SeqCst)),
+        )
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use fmt::Write as _;
+    bytes.iter().fold(String::new(), |mut out, b| {
+        let _ = write!(out, "{b:02x}");
+        out
+    })
+}
+
+/// SHA-256 of the method, the target and the body, length-prefixed; a JSON body in its RFC 8785
+/// canonical form, so member order and number spelling do not make two requests differ.
+fn fingerprint(method: &str, path: &str, body: &[u8]) -> [u8; 32] {
+    let canonical = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .map(|json| crate::canonical_json(&json));
+    let body = canonical.as_ref().map_or(body, |c| c.as_bytes());
+    let mut hasher = Sha256::new();
+    for part in [method.as_bytes(), path.as_bytes(), body] {
+        hasher.update((part.len() as u64).to_be_bytes());
+        hasher.update(part);
+    }
+    hasher.finalize().into()
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    connections.spawn(serve(shared.clone(), stream));
+                }
+                // For example out of file descriptors: pause and keep serving.
+                Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+/// The answer to send, once the receiver knows it.
+struct Answer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    fn json(status: u16, value: &serde_json::Value) -> Answer {
+        Answer {
+            status,
+            headers: vec![("Content-Type".to_owned(), "application/json".to_owned())],
+            body: value.to_string().into_bytes(),
+        }
+    }
+}
+
+async fn serve(shared: Arc<Shared>, stream: TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let mut reader = BufReader::new(stream);
+    // A client that hangs up mid-request or sends garbage: dropped, not logged.
+    let Ok(req) = wire::read_request(&mut reader).await else {
+        return;
+    };
+    let mut stream = reader.into_inner();
+    let key = match &shared.batch_id {
+        Some(_) => None,
+        None => find_header(&req.headers, &shared.key_header).map(str::to_owned),
+    };
+    let (number, fault) = shared.arrive(&req, key.as_deref());
+    let head_only = req.method.eq_ignore_ascii_case("HEAD");
+
+    match &fault {
+        Some(Fault::ResetBeforeHandler) => {
+            shared.set_outcome(number, Outcome::Faulted);
+            return wire::reset(stream);
+        }
+        Some(Fault::CloseWithoutReply) => {
+            shared.set_outcome(number, Outcome::Faulted);
+            return wire::close(stream).await;
+        }
+        Some(Fault::Respond(canned)) => {
+            shared.set_outcome(number, Outcome::Faulted);
+            let headers = canned.headers_at(TokioClock.wall());
+            return wire::answer(stream, canned.status, &headers, b"", None, head_only).await;
+        }
+        _ => {}
+    }
+    if let Some(Fault::SlowHandler(delay)) = &fault {
+        // Before the claim for a batch (it has no single key); after it otherwise (below).
+        if shared.batch_id.is_some() {
+            tokio::time::sleep(*delay).await;
+        }
+    }
+
+    let (outcome, answer) = match &shared.batch_id {
+        Some(field) => handle_batch(&shared, number, &req, field).await,
+        None => handle_one(&shared, number, key, &req, fault.as_ref()).await,
+    };
+    shared.set_outcome(number, outcome);
+
+    match fault {
+        Some(Fault::ResetAfterCommit) => {
+            shared.set_answer_fault(number, "then connection reset: answer lost".to_owned());
+            wire::reset(stream);
+        }
+        Some(Fault::StallAfterCommit(delay)) => {
+            if wire::stall(&mut stream, delay).await {
+                shared.set_answer_fault(
+                    number,
+                    format!("answer held {}ms, then sent", delay.as_millis()),
+                );
+                let Answer {
+                    status,
+                    headers,
+                    body,
+                } = answer;
+                wire::answer(stream, status, &headers, &body, None, head_only).await;
+            } else {
+                shared.set_answer_fault(
+                    number,
+                    format!(
+                        "answer held {}ms; the client hung up first: answer lost",
+                        delay.as_millis()
+                    ),
+                );
+            }
+        }
+        _ => {
+            wire::answer(
+                stream,
+                answer.status,
+                &answer.headers,
+                &answer.body,
+                None,
+                head_only,
+            )
+            .await;
+        }
+    }
+}
+
+async fn handle_one(
+    shared: &Arc<Shared>,
+    number: u64,
+    key: Option<String>,
+    req: &Incoming,
+    fault: Option<&Fault>,
+) -> (Outcome, Answer) {
+    let slow = match fault {
+        Some(Fault::SlowHandler(delay)) => Some(*delay),
+        _ => None,
+    };
+    let Some(key) = key else {
+        if let Some(delay) = slow {
+            tokio::time::sleep(delay).await;
+        }
+        let (reply, effects) = shared
+            .run_handler(number, None, req, req.body.clone())
+            .await;
+        return ran(reply, effects);
+    };
+    match shared.admit(&key, fingerprint(&req.method, &req.path, &req.body)) {
+        Admission::Run => {
+            if let Some(delay) = slow {
+                tokio::time::sleep(delay).await;
+            }
+            let (reply, effects) = shared
+                .run_handler(number, Some(key.clone()), req, req.body.clone())
+                .await;
+            shared.finish(&key, number, &reply, effects);
+            ran(reply, effects)
+        }
+        Admission::Replay(saved) => {
+            let mut headers = saved.headers;
+            headers.push((REPLAYED_HEADER.to_owned(), "true".to_owned()));
+            let outcome = Outcome::Replayed {
+                status: saved.status,
+            };
+            let answer = Answer {
+                status: saved.status,
+                headers,
+                body: saved.body,
+            };
+            (outcome, answer)
+        }
+        Admission::InProgress => (
+            Outcome::InProgress,
+            Answer::json(
+                409,
+                &serde_json::json!({"error": "a request with this idempotency key is in progress"}),
+            ),
+        ),
+        Admission::Mismatch => (
+            Outcome::Mismatch,
+            Answer::json(
+                422,
+                &serde_json::json!({"error": "idempotency key reused with a different request"}),
+            ),
+        ),
+    }
+}
+
+fn ran(reply: Reply, effects: u64) -> (Outcome, Answer) {
+    let outcome = Outcome::Ran {
+        status: reply.status,
+        effects,
+    };
+    let answer = Answer {
+        status: reply.status,
+        headers: reply.headers,
+        body: reply.body,
+    };
+    (outcome, answer)
+}
+
+async fn handle_batch(
+    shared: &Arc<Shared>,
+    number: u64,
+    req: &Incoming,
+    field: &str,
+) -> (Outcome, Answer) {
+    let events = serde_json::from_slice::<serde_json::Value>(&req.body)
+        .ok()
+        .and_then(|json| match json {
+            serde_json::Value::Array(events) => Some(events),
+            _ => None,
+        })
+        .and_then(|events| {
+            events
+                .into_iter()
+                .map(|event| {
+                    let id = match event.get(field)? {
+                        serde_json::Value::String(s) => s.clone(),
+                        serde_json::Value::Number(n) => n.to_string(),
+                        _ => return None,
+                    };
+                    Some((id, event))
+                })
+                .collect::<Option<Vec<_>>>()
+        });
+    let Some(events) = events else {
+        let error = format!("expected a JSON array of objects, each with an {field:?} id");
+        return (
+            Outcome::BadRequest,
+            Answer::json(400, &serde_json::json!({ "error": error })),
+        );
+    };
+
+    let (mut processed, mut duplicates, mut failed) = (0, 0, false);
+    for (id, event) in events {
+        let body = event.to_string().into_bytes();
+        match shared.admit(&id, fingerprint("EVENT", field, &body)) {
+            Admission::Run => {
+                let (reply, effects) = shared
+                    .run_handler(number, Some(id.clone()), req, body)
+                    .await;
+                failed |= effects == 0 && reply.status >= 500;
+                shared.finish(&id, number, &reply, effects);
+                processed += 1;
+            }
+            Admission::Replay(_) | Admission::InProgress | Admission::Mismatch => duplicates += 1,
+        }
+    }
+    let summary = serde_json::json!({ "processed": processed, "duplicates": duplicates });
+    let status = if failed { 500 } else { 200 };
+    (
+        Outcome::Batch {
+            processed,
+            duplicates,
+        },
+        Answer::json(status, &summary),
+    )
+}
