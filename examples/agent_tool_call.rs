@@ -11,14 +11,12 @@
 //!    conversation log and re-sends the call; the receiver replays its saved response, and the
 //!    email is still sent only once.
 //!
-//! Everything runs against a small receiver on 127.0.0.1 (`examples/common/mod.rs`).
-
-mod common;
+//! Everything runs against a small receiver on 127.0.0.1 (the crate's `testkit::Receiver`).
 
 use std::error::Error as StdError;
 use std::time::Duration;
 
-use common::{Fault, Server};
+use idempotent_retry::testkit::{self, Fault, Receiver, When};
 use idempotent_retry::{Client, IdempotencyKey, RetryPolicy, RetryReport, canonical_json};
 use serde_json::{Value, json};
 
@@ -61,8 +59,8 @@ async fn main() -> Result<(), Box<dyn StdError>> {
     println!("same key for both spellings; another recipient gives another key\n");
 
     // 2. Send the logged tool call through a receiver that fails once with a 503.
-    let server = Server::start().await?;
-    server.inject(1, Fault::Status(503, &[]));
+    let server = Receiver::start().await?;
+    server.inject(When::request(1), Fault::status(503));
     let url = server.url("/v1/emails");
 
     let (key, args) = key_from_log(LOGGED_CALL)?;
@@ -102,11 +100,11 @@ async fn main() -> Result<(), Box<dyn StdError>> {
         }
     }
     for line in server.log() {
-        println!("  server: {line}");
+        println!("  server #{}: {line}", line.number);
     }
     assert_eq!(report.attempts(), 2);
     assert_eq!(reported_key, Some(key.as_str()));
-    assert_eq!(server.sent(key.as_str()), 1);
+    assert_eq!(server.effects_for(key.as_str()), 1);
 
     // 3. The runtime crashes before it records that the step is done. Nothing in memory
     // survives: not the client, not the key. After the restart it replays the conversation log,
@@ -126,11 +124,11 @@ async fn main() -> Result<(), Box<dyn StdError>> {
         "re-sent: {} (Idempotent-Replayed: {replayed}), key {key}",
         response.status()
     );
-    for line in &server.log()[before..] {
-        println!("  server: {line}");
+    for line in server.log().iter().skip(usize::try_from(before)?) {
+        println!("  server #{}: {line}", line.number);
     }
     println!("  body: {}", response.text().await?);
-    let sent = server.sent(key.as_str());
+    let sent = server.effects_for(key.as_str());
     println!("emails sent for this tool call: {sent}");
     assert!(replayed, "the receiver answered from its saved response");
     assert_eq!(sent, 1, "one email, although the call was sent three times");
@@ -151,5 +149,13 @@ fn new_client() -> Result<Client, Box<dyn StdError>> {
         .base_delay(Duration::from_millis(100))
         .max_delay(Duration::from_secs(1))
         .attempt_timeout(Duration::from_secs(2));
-    common::loopback_client(policy)
+    loopback_client(policy)
+}
+
+/// A client for the loopback receiver (proxy settings from the environment ignored).
+fn loopback_client(policy: RetryPolicy) -> Result<Client, Box<dyn StdError>> {
+    Ok(Client::builder()
+        .http(testkit::loopback_http()?)
+        .policy(policy)
+        .build()?)
 }

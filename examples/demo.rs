@@ -1,7 +1,7 @@
 //! An agent runtime's `send_email` tool call, through every fault a retry has to survive.
 //!
-//! Run it with `cargo run --example demo`. It starts a small idempotent receiver on 127.0.0.1
-//! (`examples/common/mod.rs`) and sends two tool calls, each keyed by
+//! Run it with `cargo run --example demo`. It starts the crate's idempotent test receiver
+//! (`testkit::Receiver`) on 127.0.0.1 and sends two tool calls, each keyed by
 //! `IdempotencyKey::derive("agent.send_email", &[conversation_id, step_index])`:
 //!
 //! 1. Step 7. The handler takes 900 ms, longer than the 300 ms attempt timeout, so attempt 1
@@ -11,20 +11,21 @@
 //! 2. Step 8. The email is sent but the connection is reset before the response arrives. The
 //!    retry gets the saved 200.
 //!
-//! Each prints a timeline (what the server did with each attempt, how the client classified it,
-//! how long it waited and why), and the demo checks that each key sent exactly one email and that
-//! every attempt of an operation carried the same key; otherwise it exits with status 1.
+//! This is the worked example of a receiver whose handler outlives the sender's timeout: the key
+//! is claimed first, so the slow run is never run twice; the sender meets 409 and later gets the
+//! saved 200. Each operation prints a timeline (what the receiver did with each attempt, how the
+//! client classified it, how long it waited and why), and the demo checks that each key sent
+//! exactly one email and that every attempt of an operation carried the same key; otherwise it
+//! exits with status 1.
 //!
 //! Last, the contrast: the same lost response on a POST sent without a key. The client cannot
 //! retry it safely, so it does not, and reports the outcome as unknown.
-
-mod common;
 
 use std::error::Error as StdError;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use common::{Fault, LogLine, Server};
+use idempotent_retry::testkit::{self, Arrival, Fault, Receiver, When};
 use idempotent_retry::{Client, IdempotencyKey, RetryPolicy, RetryReport};
 use serde_json::json;
 
@@ -32,7 +33,10 @@ const CONVERSATION: &str = "conv_42";
 
 #[tokio::main]
 async fn main() -> Result<ExitCode, Box<dyn StdError>> {
-    let server = Server::start().await?;
+    let server = Receiver::builder()
+        .scope("agent.send_email")
+        .start()
+        .await?;
     let url = server.url("/v1/emails");
     // A short policy so the demo takes seconds: backoff ceilings 100 ms, 200 ms, 400 ms, ... up
     // to 1 s; each attempt may take 300 ms.
@@ -41,25 +45,32 @@ async fn main() -> Result<ExitCode, Box<dyn StdError>> {
         .base_delay(Duration::from_millis(100))
         .max_delay(Duration::from_secs(1))
         .attempt_timeout(Duration::from_millis(300));
-    let client = common::loopback_client(policy)?;
+    let client = Client::builder()
+        .http(testkit::loopback_http()?)
+        .policy(policy)
+        .build()?;
 
     println!("idempotent-retry demo: an agent's send_email tool call against a flaky receiver");
     println!("policy: up to 6 attempts, 300ms each, full-jitter backoff from 100ms, capped at 1s");
     let mut problems = Vec::new();
 
-    // Step 7: slow handler (timeout), then 409, 503, 429; the replay ends it.
-    let first = server.arrivals() + 1;
-    server.inject(first, Fault::SlowHandler(Duration::from_millis(900)));
-    // Request first + 1 needs no script: the slow handler still holds the key, so it gets 409.
-    server.inject(first + 2, Fault::Status(503, &[]));
-    server.inject(first + 3, Fault::Status(429, &[("Retry-After", "1")]));
+    // Step 7: slow handler (timeout), then 409, 503, 429; the replay ends it. Faults are
+    // scripted per attempt of the step's key.
+    let key = step_key(7);
+    server.inject(
+        When::key_attempt(&key, 1),
+        Fault::SlowHandler(Duration::from_millis(900)),
+    );
+    // Attempt 2 needs no script: the slow handler still holds the key, so it gets 409.
+    server.inject(When::key_attempt(&key, 3), Fault::status(503));
+    server.inject(When::key_attempt(&key, 4), Fault::retry_after_secs(429, 1));
     send_email(&server, &client, &url, 7, &mut problems).await;
 
     // Step 8: the email is sent, then the connection is reset; the retry gets the saved 200.
-    server.inject(server.arrivals() + 1, Fault::ResetAfterCommit);
+    server.inject(When::key_attempt(step_key(8), 1), Fault::ResetAfterCommit);
     send_email(&server, &client, &url, 8, &mut problems).await;
 
-    let total = server.total_sent();
+    let total = server.effects();
     println!("\nsummary: 2 operations, {total} emails sent in total");
     if total != 2 {
         problems.push(format!("{total} emails sent for 2 operations"));
@@ -67,15 +78,15 @@ async fn main() -> Result<ExitCode, Box<dyn StdError>> {
 
     // The contrast: the same fault on a POST without a key.
     println!("\ncontrast: the same lost response, on a POST sent .without_idempotency_key()");
-    server.inject(server.arrivals() + 1, Fault::ResetAfterCommit);
     let before = server.arrivals();
+    server.inject(When::request(before + 1), Fault::ResetAfterCommit);
     let result = client
         .post(&url)
         .without_idempotency_key()
         .json(&json!({ "to": "ada@example.com", "subject": "Your invoice" }))
         .send()
         .await;
-    print_server_lines(&server.log()[before..]);
+    print_server_lines(&server.log(), before);
     match result {
         Err(err) if err.is_outcome_unknown() && err.attempts() == 1 => {
             println!("  client: {err}");
@@ -100,7 +111,7 @@ async fn main() -> Result<ExitCode, Box<dyn StdError>> {
 /// Sends step `step`'s email as one logical operation, prints its timeline and records anything
 /// that breaks the promise (one key for every attempt, one email per key).
 async fn send_email(
-    server: &Server,
+    server: &Receiver,
     client: &Client,
     url: &str,
     step: u32,
@@ -108,8 +119,7 @@ async fn send_email(
 ) {
     // The key comes from what identifies the tool call, not from the attempt: a retry, a second
     // replica or a restarted runtime derives the same one.
-    let step_index = step.to_string();
-    let key = IdempotencyKey::derive("agent.send_email", &[CONVERSATION, &step_index]);
+    let key = step_key(step);
     println!("\nsend_email, {CONVERSATION} step {step}");
     println!("  key derive(\"agent.send_email\", [\"{CONVERSATION}\", \"{step}\"])");
     println!("      = {key}");
@@ -121,7 +131,11 @@ async fn send_email(
         .json(&json!({ "to": "ada@example.com", "subject": "Your invoice", "step": step }))
         .send()
         .await;
-    let log = server.log().split_off(before);
+    let log: Vec<Arrival> = server
+        .log()
+        .into_iter()
+        .skip(usize::try_from(before).unwrap_or(usize::MAX))
+        .collect();
 
     // The outcome, and the report the crate keeps of every attempt.
     let (report, outcome) = match result {
@@ -149,7 +163,7 @@ async fn send_email(
     for (i, attempt) in report.history().iter().enumerate() {
         let server_side = log.get(i).map_or_else(
             || "no request reached the server".to_owned(),
-            |line| format!("server +{}ms: {}", line.at_ms, line.did),
+            |line| format!("server +{}ms: {line}", line.at.as_millis()),
         );
         println!("  attempt {}  {server_side}", attempt.number);
         let client_side = match (attempt.failure, attempt.status) {
@@ -167,7 +181,7 @@ async fn send_email(
             None => println!("             client: {client_side}"),
         }
     }
-    let sent = server.sent(key.as_str());
+    let sent = server.effects_for(key.as_str());
     println!(
         "  outcome: {outcome}\n  {} attempts in {}ms; emails sent for this key: {sent}",
         report.attempts(),
@@ -195,8 +209,20 @@ async fn send_email(
     }
 }
 
-fn print_server_lines(lines: &[LogLine]) {
-    for line in lines {
-        println!("  server: {line}");
+/// The key of step `step` of the conversation: derived from what identifies the tool call, so
+/// a retry, a second replica or a restarted runtime derives the same one.
+fn step_key(step: u32) -> IdempotencyKey {
+    IdempotencyKey::derive("agent.send_email", &[CONVERSATION, &step.to_string()])
+}
+
+/// The receiver's lines from arrival `after + 1` on.
+fn print_server_lines(log: &[Arrival], after: u64) {
+    for line in log.iter().filter(|line| line.number > after) {
+        let key = line.key.as_deref().unwrap_or("none");
+        println!(
+            "  server #{} +{}ms key={key}: {line}",
+            line.number,
+            line.at.as_millis()
+        );
     }
 }

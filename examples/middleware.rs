@@ -7,18 +7,16 @@
 //!    the retry middleware, so it sees (and would trace) every attempt;
 //! 3. the reqwest client.
 //!
-//! The receiver (`examples/common/mod.rs`, on 127.0.0.1) answers 429 with `Retry-After: 1`
+//! The receiver (the crate's `testkit::Receiver`, on 127.0.0.1) answers 429 with `Retry-After: 1`
 //! once, then takes the request: two attempts, one email.
-
-mod common;
 
 use std::error::Error as StdError;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use common::{Fault, Server};
 use http::Extensions;
+use idempotent_retry::testkit::{Fault, Receiver, When};
 use idempotent_retry::{Client, Error, IdempotencyKey, RetryPolicy, RetryReport};
 use reqwest_middleware::{ClientBuilder, Middleware, Next};
 
@@ -57,7 +55,7 @@ fn closed_port_url() -> std::io::Result<String> {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn StdError>> {
-    let server = Server::start().await?;
+    let server = Receiver::start().await?;
     let retry = Client::builder()
         .policy(
             RetryPolicy::default()
@@ -72,7 +70,7 @@ async fn main() -> Result<(), Box<dyn StdError>> {
         .with(AttemptLogger(attempts.clone()))
         .build();
 
-    server.inject(1, Fault::Status(429, &[("Retry-After", "1")]));
+    server.inject(When::request(1), Fault::retry_after_secs(429, 1));
     let key = IdempotencyKey::derive("example.send_email", &["ticket-77"]);
     println!("POST /v1/emails through the middleware:");
     let response = client
@@ -91,7 +89,7 @@ async fn main() -> Result<(), Box<dyn StdError>> {
         report.total_wait()
     );
     assert_eq!(attempts.load(Ordering::Relaxed), 2);
-    assert_eq!(server.sent(key.as_str()), 1, "exactly one email");
+    assert_eq!(server.effects_for(key.as_str()), 1, "exactly one email");
 
     // An error comes back wrapped by reqwest-middleware; the crate's error is inside.
     let err = client

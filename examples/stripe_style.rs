@@ -3,7 +3,7 @@
 //! Run it with `cargo run --example stripe_style` (add `RUST_LOG=idempotent_retry=info` to see
 //! the crate's log line for every retry). The relay receives `charge.refunded` events from a
 //! payment provider and, for each, asks a downstream API (a small receiver on 127.0.0.1,
-//! `examples/common/mod.rs`) to send the customer a refund receipt. It shows:
+//! the crate's `testkit::Receiver`) to send the customer a refund receipt. It shows:
 //!
 //! 1. the key: `IdempotencyKey::derive("stripe.refund", &[event_id])`, scoped per provider;
 //! 2. a delivery that meets a 500 once, then succeeds: two attempts, one receipt;
@@ -14,13 +14,11 @@
 //! 5. what the relay does with an `Err`: retry later with the same key, or reconcile, decided
 //!    from `err.kind()`, `is_outcome_unknown()` and `idempotency_key()`.
 
-mod common;
-
 use std::error::Error as StdError;
 use std::fmt;
 use std::time::Duration;
 
-use common::{Fault, Server};
+use idempotent_retry::testkit::{self, Fault, Receiver, When};
 use idempotent_retry::{Client, Error, ErrorKind, IdempotencyKey, RetryPolicy, RetryReport};
 use serde_json::{Value, json};
 use tracing_subscriber::EnvFilter;
@@ -40,10 +38,10 @@ async fn main() -> Result<(), Box<dyn StdError>> {
         .without_time()
         .init();
 
-    let server = Server::start().await?;
+    let server = Receiver::start().await?;
     let relay = Relay {
         url: server.url("/v1/receipts"),
-        client: common::loopback_client(
+        client: loopback_client(
             RetryPolicy::default()
                 .max_attempts(3)
                 .base_delay(Duration::from_millis(50))
@@ -68,12 +66,12 @@ async fn main() -> Result<(), Box<dyn StdError>> {
 
     // 2. First delivery: the receiver fails once with a 500, then sends the receipt.
     println!("\n2. deliver {event_id}; the receiver answers 500 once");
-    server.inject(server.arrivals() + 1, Fault::Status(500, &[]));
+    server.inject(When::request(server.arrivals() + 1), Fault::status(500));
     let (status, report) = relay.deliver(&event).await?;
     println!(
         "   -> {status} after {} attempts, receipts sent for this event: {}",
         report.attempts(),
-        server.sent(key.as_str())
+        server.effects_for(key.as_str())
     );
     assert_eq!((status.as_u16(), report.attempts()), (200, 2));
 
@@ -82,9 +80,9 @@ async fn main() -> Result<(), Box<dyn StdError>> {
     let (status, _) = relay.deliver(&event).await?;
     println!(
         "   -> {status}, receipts sent for this event: {}",
-        server.sent(key.as_str())
+        server.effects_for(key.as_str())
     );
-    assert_eq!(server.sent(key.as_str()), 1);
+    assert_eq!(server.effects_for(key.as_str()), 1);
 
     // 4. A relay bug: the same event, re-read after the amount was edited, sent under the same
     // key. The receiver refuses with 422; the crate returns it at once (it is final) and logs it
@@ -96,14 +94,14 @@ async fn main() -> Result<(), Box<dyn StdError>> {
         report.attempts()
     );
     assert_eq!((status.as_u16(), report.attempts()), (422, 1));
-    assert_eq!(server.sent(key.as_str()), 1);
+    assert_eq!(server.effects_for(key.as_str()), 1);
 
     // 5. Deliveries that end in an `Err`, and what the relay does next.
     println!("5. deliveries that fail, and the relay's next step");
     let throttled = refund_event("evt_3PqRsT2eZvKYlo2C5e6f7g8h", 700);
     server.inject(
-        server.arrivals() + 1,
-        Fault::Status(429, &[("Retry-After", "120")]),
+        When::request(server.arrivals() + 1),
+        Fault::retry_after_secs(429, 120),
     );
     let err = relay
         .deliver(&throttled)
@@ -114,9 +112,9 @@ async fn main() -> Result<(), Box<dyn StdError>> {
 
     let lost = refund_event("evt_3PqRsT2eZvKYlo2C9i0j1k2l", 4200);
     let next = server.arrivals() + 1;
-    server.inject(next, Fault::ResetAfterCommit);
-    server.inject(next + 1, Fault::Status(503, &[]));
-    server.inject(next + 2, Fault::Status(503, &[]));
+    server.inject(When::request(next), Fault::ResetAfterCommit);
+    server.inject(When::request(next + 1), Fault::status(503));
+    server.inject(When::request(next + 2), Fault::status(503));
     let err = relay
         .deliver(&lost)
         .await
@@ -134,10 +132,10 @@ async fn main() -> Result<(), Box<dyn StdError>> {
     println!(
         "   requeued {} delivered: {status}; receipts sent for it: {}",
         lost["id"].as_str().unwrap_or_default(),
-        server.sent(requeued.as_str())
+        server.effects_for(requeued.as_str())
     );
-    assert_eq!(server.sent(requeued.as_str()), 1);
-    println!("\nreceipts sent in total: {}", server.total_sent());
+    assert_eq!(server.effects_for(requeued.as_str()), 1);
+    println!("\nreceipts sent in total: {}", server.effects());
     Ok(())
 }
 
@@ -235,4 +233,12 @@ fn refund_event(id: &str, amount: u64) -> Value {
         "data": { "charge": "ch_3PqRsT2eZvKYlo2C", "amount_refunded": amount,
                   "currency": "eur", "email": "ada@example.com" },
     })
+}
+
+/// A client for the loopback receiver (proxy settings from the environment ignored).
+fn loopback_client(policy: RetryPolicy) -> Result<Client, Box<dyn StdError>> {
+    Ok(Client::builder()
+        .http(testkit::loopback_http()?)
+        .policy(policy)
+        .build()?)
 }

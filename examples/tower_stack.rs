@@ -11,20 +11,18 @@
 //! 5. `SetRequestHeaderLayer`: a `User-Agent` on every attempt;
 //! 6. a hyper client, taking `http::Request<Full<Bytes>>`.
 //!
-//! The receiver (`examples/common/mod.rs`, on 127.0.0.1) resets the first attempt after sending
+//! The receiver (the crate's `testkit::Receiver`, on 127.0.0.1) resets the first attempt after sending
 //! the email, then answers 503: the third attempt meets the saved response, and exactly one
 //! email is sent.
-
-mod common;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{Fault, Server};
 use http::{HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
+use idempotent_retry::testkit::{Fault, Receiver, When};
 use idempotent_retry::{
     AttemptEvent, Client, IdempotencyKey, IdempotentRetryLayer, Observer, OperationEvent,
     RetryPolicy, RetryReport,
@@ -84,7 +82,7 @@ fn closed_port_url() -> std::io::Result<String> {
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    let server = Server::start().await?;
+    let server = Receiver::start().await?;
     let layer = Client::builder()
         .policy(
             RetryPolicy::default()
@@ -98,8 +96,8 @@ async fn main() -> Result<(), BoxError> {
     let service = stack(layer);
 
     // The email is sent by the first attempt, whose answer is lost; the second meets a 503.
-    server.inject(1, Fault::ResetAfterCommit);
-    server.inject(2, Fault::Status(503, &[]));
+    server.inject(When::request(1), Fault::ResetAfterCommit);
+    server.inject(When::request(2), Fault::status(503));
 
     let key = IdempotencyKey::derive("example.send_email", &["order-1042"]);
     let mut request = Request::post(server.url("/v1/emails"))
@@ -124,10 +122,10 @@ async fn main() -> Result<(), BoxError> {
         String::from_utf8_lossy(&body)
     );
     for line in server.log() {
-        println!("  server {line}");
+        println!("  server #{}: {line}", line.number);
     }
     assert_eq!(report.attempts(), 3);
-    assert_eq!(server.sent(key.as_str()), 1, "exactly one email");
+    assert_eq!(server.effects_for(key.as_str()), 1, "exactly one email");
 
     // Nothing listens: the boxed error is the crate's error, and it says nothing was executed.
     let refused = Request::post(closed_port_url()?).body(Full::new(Bytes::new()))?;

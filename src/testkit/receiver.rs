@@ -136,7 +136,14 @@ impl fmt::Display for Arrival {
                 } else {
                     "no key"
                 };
-                write!(f, "{keyed}, handler ran: {effects} effect(s), {status}")?;
+                match &self.fault {
+                    Some(Fault::SlowHandler(slow)) => write!(
+                        f,
+                        "{keyed}, slow handler ran {}ms: {effects} effect(s), {status}",
+                        slow.as_millis()
+                    )?,
+                    _ => write!(f, "{keyed}, handler ran: {effects} effect(s), {status}")?,
+                }
             }
             (_, Outcome::Replayed { status }) => {
                 write!(f, "key completed: saved {status} replayed, no new effect")?;
