@@ -416,7 +416,7 @@ impl ReceiverBuilder {
             scope: self.scope,
             batch_id: self.batch_id,
             handler,
-            arrived: Notify::new(),
+            changed: Notify::new(),
             state: Mutex::default(),
         });
         let task = tokio::spawn(accept_loop(listener, shared.clone()));
@@ -593,7 +593,7 @@ impl Receiver {
         let wait = async {
             loop {
                 // Register before checking, so an arrival in between is not missed.
-                let notified = self.shared.arrived.notified();
+                let notified = self.shared.changed.notified();
                 if self.arrivals() >= n {
                     return;
                 }
@@ -605,13 +605,40 @@ impl Receiver {
     }
 }
 
+impl Receiver {
+    /// Waits until every request that has arrived has been dealt with (no handler running, no
+    /// [`Outcome::Pending`]), or `within` has passed; returns whether it is idle. Counts read
+    /// after an idle receiver are final until the next request.
+    pub async fn wait_until_idle(&self, within: Duration) -> bool {
+        let idle = || {
+            self.shared
+                .lock()
+                .arrivals
+                .iter()
+                .all(|a| a.outcome != Outcome::Pending)
+        };
+        let wait = async {
+            loop {
+                let notified = self.shared.changed.notified();
+                if idle() {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        let _ = tokio::time::timeout(within, wait).await;
+        idle()
+    }
+}
+
 pub(crate) struct Shared {
     started: Instant,
     key_header: String,
     scope: String,
     batch_id: Option<String>,
     handler: BoxHandler,
-    arrived: Notify,
+    /// Woken on every arrival and every outcome.
+    changed: Notify,
     state: Mutex<State>,
 }
 
@@ -688,7 +715,7 @@ impl Shared {
             answer_fault: None,
         });
         drop(st);
-        self.arrived.notify_waiters();
+        self.changed.notify_waiters();
         (number, fault)
     }
 
@@ -702,6 +729,7 @@ impl Shared {
 
     fn set_outcome(&self, number: u64, outcome: Outcome) {
         self.update(number, |arrival| arrival.outcome = outcome);
+        self.changed.notify_waiters();
     }
 
     fn set_answer_fault(&self, number: u64, what: String) {
