@@ -26,17 +26,22 @@
 //! - Bookkeeping sits behind a `std::sync::Mutex` that is never held across an `.await`.
 
 use std::collections::{HashMap, VecDeque};
-use std::fmt::Write as _;
-use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use socket2::SockRef;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::BufReader;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
+
+// The HTTP/1.1 reading and the fault primitives (reset, clean close, stall) are the testkit's
+// own, compiled here from the same file so the two servers cannot drift apart. It is private to
+// the crate, hence the path include rather than a `use`.
+#[path = "../../src/testkit/wire.rs"]
+mod wire;
+
+use wire::{Incoming, answer, close, find_header, read_request, reset, stall};
 
 /// The default idempotency key header (matched case-insensitively).
 pub const IDEMPOTENCY_KEY: &str = "Idempotency-Key";
@@ -48,13 +53,6 @@ pub const COMMITTED_BODY: &str = "committed";
 
 /// Header added to a replayed answer in idempotent mode (Stripe's name for it).
 pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
-
-/// Limits that keep a misbehaving client from growing memory without bound.
-const MAX_HEAD: usize = 64 * 1024;
-const MAX_CHUNK_LINE: usize = 4 * 1024;
-const MAX_BODY: usize = 16 * 1024 * 1024;
-/// How long a closing connection waits for the client's FIN before dropping the socket.
-const DRAIN_LIMIT: Duration = Duration::from_secs(2);
 
 /// What the server does with one request, after reading it completely and recording it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -216,13 +214,6 @@ impl Recorded {
     pub fn body_str(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
-}
-
-fn find_header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    headers
-        .iter()
-        .find(|(n, _)| n.eq_ignore_ascii_case(name))
-        .map(|(_, v)| v.as_str())
 }
 
 /// Gaps between consecutive request arrivals, for asserting waits. Real time: assert lower bounds
@@ -509,11 +500,11 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream) {
     match shared.admit(req, key.as_deref(), &fingerprint) {
         Admission::Replay { status, body } => {
             let headers = [(REPLAYED_HEADER.to_owned(), "true".to_owned())];
-            answer(stream, status, &headers, &body, None, head_only).await;
+            answer(stream, status, &headers, body.as_bytes(), None, head_only).await;
         }
         Admission::KeyReused => {
             let body = "idempotency key reused with a different request";
-            answer(stream, 422, &[], body, None, head_only).await;
+            answer(stream, 422, &[], body.as_bytes(), None, head_only).await;
         }
         Admission::Act(action) => {
             let ctx = Ctx {
@@ -552,7 +543,15 @@ async fn act(ctx: Ctx<'_>, mut stream: TcpStream, mut action: Action) {
                 if !committed && is_2xx(status) {
                     ctx.commit(status, &body);
                 }
-                answer(stream, status, &headers, &body, None, ctx.head_only).await;
+                answer(
+                    stream,
+                    status,
+                    &headers,
+                    body.as_bytes(),
+                    None,
+                    ctx.head_only,
+                )
+                .await;
                 return;
             }
             Action::PartialBody {
@@ -565,7 +564,15 @@ async fn act(ctx: Ctx<'_>, mut stream: TcpStream, mut action: Action) {
                     ctx.commit(status, &body);
                 }
                 let declared = Some(declared_len);
-                answer(stream, status, &headers, &body, declared, ctx.head_only).await;
+                answer(
+                    stream,
+                    status,
+                    &headers,
+                    body.as_bytes(),
+                    declared,
+                    ctx.head_only,
+                )
+                .await;
                 return;
             }
             Action::Reset => {
@@ -601,215 +608,4 @@ async fn act(ctx: Ctx<'_>, mut stream: TcpStream, mut action: Action) {
             }
         }
     }
-}
-
-/// Wait `delay` unless the client hangs up first; true when the full delay passed.
-async fn stall(stream: &mut TcpStream, delay: Duration) -> bool {
-    let sleep = tokio::time::sleep(delay);
-    tokio::pin!(sleep);
-    let mut scratch = [0u8; 1024];
-    loop {
-        tokio::select! {
-            () = &mut sleep => return true,
-            read = stream.read(&mut scratch) => match read {
-                Ok(0) | Err(_) => return false,
-                // Stray bytes from the client: ignore them.
-                Ok(_) => {}
-            },
-        }
-    }
-}
-
-/// A real RST: `SO_LINGER` 0, then close the socket.
-fn reset(stream: TcpStream) {
-    let _ = SockRef::from(&stream).set_linger(Some(Duration::ZERO));
-    drop(stream);
-}
-
-/// A clean close: FIN, then wait (bounded) for the client's FIN so that no unread byte turns the
-/// close into an RST.
-async fn close(mut stream: TcpStream) {
-    let _ = stream.flush().await;
-    let _ = stream.shutdown().await;
-    let mut scratch = [0u8; 1024];
-    let _ = tokio::time::timeout(DRAIN_LIMIT, async {
-        loop {
-            match stream.read(&mut scratch).await {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
-            }
-        }
-    })
-    .await;
-}
-
-/// Write an answer (`Content-Length` is `declared` or the body's length), then close cleanly.
-async fn answer(
-    mut stream: TcpStream,
-    status: u16,
-    headers: &[(String, String)],
-    body: &str,
-    declared: Option<usize>,
-    head_only: bool,
-) {
-    let reason = reqwest::StatusCode::from_u16(status)
-        .ok()
-        .and_then(|s| s.canonical_reason())
-        .unwrap_or("");
-    let mut out = format!("HTTP/1.1 {status} {reason}\r\n");
-    for (name, value) in headers {
-        let framing = ["content-length", "connection", "transfer-encoding"]
-            .iter()
-            .any(|f| name.eq_ignore_ascii_case(f));
-        if !framing {
-            let _ = write!(out, "{name}: {value}\r\n");
-        }
-    }
-    let len = declared.unwrap_or(body.len());
-    let _ = write!(out, "Content-Length: {len}\r\nConnection: close\r\n\r\n");
-    if !head_only {
-        out.push_str(body);
-    }
-    if stream.write_all(out.as_bytes()).await.is_ok() {
-        close(stream).await;
-    }
-}
-
-/// A request as read off the wire.
-struct Incoming {
-    method: String,
-    path: String,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-fn invalid(what: &str) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, what.to_owned())
-}
-
-/// Read one HTTP/1.1 request completely: request line, headers up to the empty line, then the body
-/// (chunked, or `Content-Length` bytes, or none).
-async fn read_request(reader: &mut BufReader<TcpStream>) -> io::Result<Incoming> {
-    let mut budget = MAX_HEAD;
-    // RFC 9112 2.2: ignore empty lines before the request line.
-    let request_line = loop {
-        let line = read_line(reader, &mut budget).await?;
-        if !line.is_empty() {
-            break line;
-        }
-    };
-    let request_line = String::from_utf8(request_line).map_err(|_| invalid("request line"))?;
-    let mut parts = request_line.split(' ').filter(|p| !p.is_empty());
-    let (Some(method), Some(path), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(invalid("request line"));
-    };
-    if !version.starts_with("HTTP/1.") {
-        return Err(invalid("HTTP version"));
-    }
-
-    let mut headers = Vec::new();
-    loop {
-        let line = read_line(reader, &mut budget).await?;
-        if line.is_empty() {
-            break;
-        }
-        let line = String::from_utf8_lossy(&line);
-        let (name, value) = line.split_once(':').ok_or_else(|| invalid("header line"))?;
-        headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
-    }
-
-    let expects_continue =
-        find_header(&headers, "expect").is_some_and(|v| v.eq_ignore_ascii_case("100-continue"));
-    if expects_continue {
-        reader
-            .get_mut()
-            .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
-            .await?;
-    }
-
-    let chunked = headers.iter().any(|(n, v)| {
-        n == "transfer-encoding"
-            && v.rsplit(',')
-                .next()
-                .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"))
-    });
-    let body = if chunked {
-        read_chunked(reader).await?
-    } else if let Some(len) = find_header(&headers, "content-length") {
-        let len: usize = len.parse().map_err(|_| invalid("content-length"))?;
-        if len > MAX_BODY {
-            return Err(invalid("body too large"));
-        }
-        let mut body = vec![0; len];
-        reader.read_exact(&mut body).await?;
-        body
-    } else {
-        Vec::new()
-    };
-
-    Ok(Incoming {
-        method: method.to_owned(),
-        path: path.to_owned(),
-        headers,
-        body,
-    })
-}
-
-/// Decode a chunked body: `size[;ext] CRLF data CRLF` ... `0 CRLF [trailers] CRLF`.
-async fn read_chunked(reader: &mut BufReader<TcpStream>) -> io::Result<Vec<u8>> {
-    let mut body = Vec::new();
-    loop {
-        let mut budget = MAX_CHUNK_LINE;
-        let line = read_line(reader, &mut budget).await?;
-        let line = String::from_utf8(line).map_err(|_| invalid("chunk size"))?;
-        let size = line.split(';').next().unwrap_or("").trim();
-        let size = usize::from_str_radix(size, 16).map_err(|_| invalid("chunk size"))?;
-        if size == 0 {
-            // Trailers (ignored) up to the empty line.
-            let mut budget = MAX_HEAD;
-            while !read_line(reader, &mut budget).await?.is_empty() {}
-            return Ok(body);
-        }
-        if size > MAX_BODY - body.len() {
-            return Err(invalid("body too large"));
-        }
-        let start = body.len();
-        body.resize(start + size, 0);
-        reader.read_exact(&mut body[start..]).await?;
-        let mut budget = MAX_CHUNK_LINE;
-        if !read_line(reader, &mut budget).await?.is_empty() {
-            return Err(invalid("chunk terminator"));
-        }
-    }
-}
-
-/// Read one line (up to LF; the CRLF or LF is stripped), charging its length to `budget`.
-async fn read_line(reader: &mut BufReader<TcpStream>, budget: &mut usize) -> io::Result<Vec<u8>> {
-    let mut line = Vec::new();
-    loop {
-        let available = reader.fill_buf().await?;
-        if available.is_empty() {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        let (take, done) = match available.iter().position(|&b| b == b'\n') {
-            Some(i) => (i + 1, true),
-            None => (available.len(), false),
-        };
-        if take > *budget {
-            return Err(invalid("line too long"));
-        }
-        *budget -= take;
-        line.extend_from_slice(&available[..take]);
-        reader.consume(take);
-        if done {
-            break;
-        }
-    }
-    line.pop(); // the LF
-    if line.last() == Some(&b'\r') {
-        line.pop();
-    }
-    Ok(line)
 }
