@@ -199,3 +199,59 @@ impl fmt::Display for Fault {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+        headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn retry_after_forms_are_written_as_the_crate_parses_them() {
+        let wall = SystemTime::UNIX_EPOCH + Duration::from_millis(1_704_067_200_250);
+        let secs = Canned::new(429).retry_after(RetryAfter::Seconds(3));
+        assert_eq!(header(&secs.headers_at(wall), "retry-after"), Some("3"));
+        let ms = Canned::new(429).retry_after(RetryAfter::Millis(250));
+        assert_eq!(header(&ms.headers_at(wall), "retry-after-ms"), Some("250"));
+
+        let date = Canned::new(503).retry_after(RetryAfter::HttpDate(Duration::from_secs(30)));
+        let headers = date.headers_at(wall);
+        let value = header(&headers, "retry-after").expect("a date");
+        assert_eq!(value, "Mon, 01 Jan 2024 00:00:31 GMT");
+        // Rounded up to whole seconds: never earlier than asked.
+        let asked =
+            crate::parse_retry_after(&http::HeaderValue::from_str(value).expect("ascii"), wall)
+                .expect("parsable");
+        assert!(asked >= Duration::from_secs(30), "{asked:?}");
+        assert!(asked < Duration::from_secs(31), "{asked:?}");
+    }
+
+    #[test]
+    fn faults_describe_themselves() {
+        assert_eq!(Fault::ResetAfterCommit.to_string(), "reset after commit");
+        assert_eq!(
+            Fault::should_retry(503, false).to_string(),
+            "503 Stripe-Should-Retry: false"
+        );
+        assert_eq!(
+            Fault::retry_after_ms(429, 50).to_string(),
+            "429 retry-after-ms: 50"
+        );
+        assert_eq!(
+            Fault::StallAfterCommit(Duration::from_millis(1_000)).to_string(),
+            "stall 1000ms after commit"
+        );
+        assert_eq!(
+            When::key_attempt("k", 2),
+            When::KeyAttempt {
+                key: "k".to_owned(),
+                attempt: 2
+            }
+        );
+    }
+}

@@ -1101,3 +1101,85 @@ async fn handle_batch(
         Answer::json(status, &summary),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprints_ignore_json_spelling_but_not_content_or_target() {
+        let a = fingerprint("POST", "/v1/charges", br#"{"amount":500,"currency":"eur"}"#);
+        let b = fingerprint(
+            "POST",
+            "/v1/charges",
+            br#"{ "currency": "eur", "amount": 5e2 }"#,
+        );
+        assert_eq!(a, b);
+        assert_ne!(a, fingerprint("POST", "/v1/charges", br#"{"amount":501}"#));
+        assert_ne!(
+            a,
+            fingerprint("PUT", "/v1/charges", br#"{"amount":500,"currency":"eur"}"#)
+        );
+        assert_ne!(
+            a,
+            fingerprint("POST", "/v1/refunds", br#"{"amount":500,"currency":"eur"}"#)
+        );
+        // Length prefixes keep the parts apart.
+        assert_ne!(
+            fingerprint("POST", "/ab", b"c"),
+            fingerprint("POST", "/a", b"bc")
+        );
+        // Not JSON: the raw bytes count.
+        assert_ne!(
+            fingerprint("POST", "/", b"x "),
+            fingerprint("POST", "/", b"x")
+        );
+        assert_eq!(hex(&a).len(), 64);
+    }
+
+    #[test]
+    fn arrivals_read_as_what_happened() {
+        let arrival = |fault: Option<Fault>, outcome: Outcome, key: Option<&str>| Arrival {
+            number: 1,
+            at: Duration::ZERO,
+            method: "POST".to_owned(),
+            path: "/".to_owned(),
+            key: key.map(str::to_owned),
+            key_attempt: u32::from(key.is_some()),
+            fault,
+            outcome,
+            answer_fault: None,
+        };
+        let ran = Outcome::Ran {
+            status: 200,
+            effects: 1,
+        };
+        assert_eq!(
+            arrival(None, ran.clone(), Some("k")).to_string(),
+            "key claimed, handler ran: 1 effect(s), 200"
+        );
+        assert_eq!(
+            arrival(None, ran.clone(), None).to_string(),
+            "no key, handler ran: 1 effect(s), 200"
+        );
+        assert_eq!(
+            arrival(
+                Some(Fault::SlowHandler(Duration::from_millis(900))),
+                ran,
+                Some("k")
+            )
+            .to_string(),
+            "key claimed, slow handler ran 900ms: 1 effect(s), 200"
+        );
+        assert_eq!(
+            arrival(Some(Fault::status(503)), Outcome::Faulted, Some("k")).to_string(),
+            "503; handler not run"
+        );
+        let mut lost = arrival(None, Outcome::Replayed { status: 200 }, Some("k"));
+        lost.answer_fault = Some("then connection reset: answer lost".to_owned());
+        assert_eq!(
+            lost.to_string(),
+            "key completed: saved 200 replayed, no new effect; then connection reset: answer lost"
+        );
+    }
+}
