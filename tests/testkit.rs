@@ -132,13 +132,12 @@ async fn the_same_key_with_another_body_is_422_and_json_spelling_does_not_matter
     assert_eq!(receiver.log()[2].outcome, Outcome::Mismatch);
 }
 
-/// A handler that reports when it starts and waits for the test to let it finish: "in
-/// progress" for exactly as long as the test wants, whatever the machine's speed.
-///
-/// (See [`gated`].)
+/// The future a [`gated`] handler returns.
 type BoxReply = std::pin::Pin<Box<dyn Future<Output = Reply> + Send>>;
 
-/// A handler that reports when it starts and waits for the test to let it finish.
+/// A handler that reports when it starts (first semaphore) and waits for the test to let it
+/// finish (second semaphore): "in progress" for exactly as long as the test wants, whatever the
+/// machine's speed.
 fn gated() -> (
     impl Fn(Delivery) -> BoxReply + Send + Sync + 'static,
     Arc<Semaphore>,
