@@ -12,6 +12,7 @@ use reqwest::IntoUrl;
 use crate::budget::RetryBudget;
 use crate::engine::Settings;
 use crate::error::Error;
+use crate::ledger::{Ledger, LedgerHandle, LedgerOptions};
 use crate::observe::Observer;
 use crate::policy::RetryPolicy;
 use crate::request::RequestBuilder;
@@ -101,6 +102,42 @@ impl Client {
         self.inner.settings.budget.as_ref()
     }
 
+    /// The client's ledger, if it has one.
+    pub fn ledger(&self) -> Option<&dyn Ledger> {
+        self.inner
+            .settings
+            .ledger
+            .as_ref()
+            .map(|handle| &*handle.ledger)
+    }
+
+    /// Deletes the ledger's expired rows (`expires_at` before the client's wall clock), in
+    /// batches of at most `limit` rows, until none remain; returns how many were deleted, 0
+    /// without a ledger. Run it from a periodic job, off-peak.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Ledger`](crate::ErrorKind::Ledger) with the [`LedgerError`](crate::LedgerError)
+    /// as source: a `limit` of 0, or a storage failure (batches already deleted stay deleted).
+    pub async fn purge_expired(&self, limit: u32) -> Result<u64, Error> {
+        let settings = &self.inner.settings;
+        let Some(handle) = &settings.ledger else {
+            return Ok(0);
+        };
+        handle
+            .ledger
+            .purge_expired(settings.clock.wall(), limit)
+            .await
+            .map_err(|source| {
+                Error::ledger(
+                    crate::report::RetryReport::new(None),
+                    false,
+                    "could not purge expired operations",
+                    source,
+                )
+            })
+    }
+
     /// Starts a `GET` request. Retried without a key; a key is sent only if given.
     pub fn get<U: IntoUrl>(&self, url: U) -> RequestBuilder {
         self.request(Method::GET, url)
@@ -154,6 +191,8 @@ impl Client {
 /// | [`clock`](Self::clock) / [`sleeper`](Self::sleeper) | tokio's |
 /// | [`rng_seed`](Self::rng_seed) | none: the thread-local RNG |
 /// | [`retry_budget`](Self::retry_budget) | a new [`RetryBudget::new()`] per built client |
+/// | [`ledger`](Self::ledger) | none: nothing outlives a `send` |
+/// | [`ledger_options`](Self::ledger_options) | [`LedgerOptions::default()`] |
 #[must_use]
 pub struct ClientBuilder {
     http: Option<reqwest::Client>,
@@ -167,6 +206,8 @@ pub struct ClientBuilder {
     observer: Option<Arc<dyn Observer>>,
     attempt_header: Option<HeaderName>,
     budget: Option<RetryBudget>,
+    ledger: Option<Arc<dyn Ledger>>,
+    ledger_options: LedgerOptions,
 }
 
 impl fmt::Debug for ClientBuilder {
@@ -180,6 +221,7 @@ impl fmt::Debug for ClientBuilder {
             .field("observer", &self.observer)
             .field("attempt_header", &self.attempt_header)
             .field("budget", &self.budget)
+            .field("ledger", &self.ledger)
             .finish_non_exhaustive()
     }
 }
@@ -205,6 +247,8 @@ impl ClientBuilder {
             observer: None,
             attempt_header: None,
             budget: Some(RetryBudget::new()),
+            ledger: None,
+            ledger_options: LedgerOptions::new(),
         }
     }
 
@@ -341,6 +385,25 @@ impl ClientBuilder {
         Ok(())
     }
 
+    /// A durable record of operations, consulted before the first attempt of every keyed
+    /// request and written after each attempt and at the end: the reconcile window then spans
+    /// restarts, a finished operation is replayed instead of sent, and two workers sharing the
+    /// ledger never send one key at the same time. See [`Ledger`] for what is recorded.
+    ///
+    /// Default: none.
+    pub fn ledger(mut self, ledger: impl Ledger) -> Self {
+        self.ledger = Some(Arc::new(ledger));
+        self
+    }
+
+    /// How the ledger is used: retention, leases, saved responses, concurrent runs.
+    ///
+    /// Default: [`LedgerOptions::default()`].
+    pub fn ledger_options(mut self, options: LedgerOptions) -> Self {
+        self.ledger_options = options;
+        self
+    }
+
     /// The engine's settings: everything but the reqwest client.
     ///
     /// # Errors
@@ -349,6 +412,13 @@ impl ClientBuilder {
     #[cfg(any(feature = "tower", feature = "middleware"))]
     pub(crate) fn into_settings(self) -> Result<Settings, Error> {
         self.validate()?;
+        if self.ledger.is_some() {
+            // The claim and the saved response need the reqwest front end's request and
+            // response types; silently not recording would be worse than refusing.
+            return Err(Error::builder(
+                "a ledger is supported by Client only, not by the tower or middleware front ends",
+            ));
+        }
         Ok(self.settings_unchecked())
     }
 
@@ -367,6 +437,10 @@ impl ClientBuilder {
                 Some(seed) => Jitter::Seeded(Box::new(Mutex::new(StdRng::seed_from_u64(seed)))),
                 None => Jitter::Thread,
             },
+            ledger: self.ledger.map(|ledger| LedgerHandle {
+                ledger,
+                options: Arc::new(self.ledger_options),
+            }),
         }
     }
 

@@ -36,6 +36,7 @@ use crate::classify::FailureKind;
 use crate::client::Jitter;
 use crate::error::{Error, ErrorKind};
 use crate::key::IdempotencyKey;
+use crate::ledger::{LedgerError, LedgerHandle, LedgerSession};
 use crate::observe::{AttemptEvent, Observer, OperationEvent};
 use crate::policy::{
     Decision, Observed, OperationState, RetryPolicy, Stop, attempt_budget, decide,
@@ -136,6 +137,8 @@ pub(crate) struct Settings {
     pub(crate) attempt_header: Option<HeaderName>,
     /// Pays for every retry, shared by all clones of the front end; `None` when turned off.
     pub(crate) budget: Option<RetryBudget>,
+    /// The durable operation ledger, if any (claimed by the front end, recorded here).
+    pub(crate) ledger: Option<LedgerHandle>,
 }
 
 impl fmt::Debug for Settings {
@@ -173,6 +176,7 @@ impl Settings {
             .field("observer", &self.observer)
             .field("attempt_header", &self.attempt_header)
             .field("budget", &self.budget)
+            .field("ledger", &self.ledger)
             .finish_non_exhaustive()
     }
 }
@@ -188,6 +192,8 @@ pub(crate) struct Overrides {
     pub(crate) policy: Option<RetryPolicy>,
     /// A per-attempt timeout for this request only.
     pub(crate) timeout: Option<Duration>,
+    /// The ledger claim this run holds: every attempt is recorded through it.
+    pub(crate) ledger: Option<Arc<LedgerSession>>,
 }
 
 /// Runs one logical operation: settles the key, then retries `request` through `transport`.
@@ -222,7 +228,7 @@ where
         key = key.as_ref().map_or("", IdempotencyKey::as_str),
     );
     let host = request.host().map(str::to_owned);
-    let operation = Operation::begin(
+    let mut operation = Operation::begin(
         settings,
         &method,
         host.as_deref(),
@@ -230,6 +236,7 @@ where
         policy,
         overrides.timeout,
     );
+    operation.ledger = overrides.ledger;
     operation.run(request, transport).instrument(span).await
 }
 
@@ -285,6 +292,7 @@ struct Operation<'s> {
     report: RetryReport,
     may_have_executed: bool,
     budget_tab: BudgetTab,
+    ledger: Option<Arc<LedgerSession>>,
 }
 
 /// What the engine keeps of one attempt's result until it has decided.
@@ -321,6 +329,7 @@ impl<'s> Operation<'s> {
             report: RetryReport::new(key),
             may_have_executed: false,
             budget_tab: BudgetTab::default(),
+            ledger: None,
         }
     }
 
@@ -406,6 +415,9 @@ impl<'s> Operation<'s> {
                 .admit(self.settings.budget.as_ref(), decision);
             self.report.attempts = number;
             self.report.elapsed = decided_at.saturating_duration_since(self.state.started);
+            if let Some(source) = self.record_attempt(&decision).await {
+                return Err(self.finish_unrecorded(number, attempt_started, outcome, source));
+            }
 
             match decision {
                 Decision::Return => {
@@ -513,6 +525,52 @@ impl<'s> Operation<'s> {
             failure,
             wait,
         });
+    }
+
+    /// Hook point: the attempt is written to the ledger (counted, lease renewed past the wait
+    /// and the next attempt). Returns the ledger's error when it could not be.
+    async fn record_attempt(&self, decision: &Decision) -> Option<LedgerError> {
+        let session = self.ledger.as_ref()?;
+        let wait = match decision {
+            Decision::Retry { delay, .. } => Some(*delay),
+            Decision::Return | Decision::Stop { .. } => None,
+        };
+        session
+            .record_attempt(self.settings.clock.wall(), wait)
+            .await
+            .err()
+    }
+
+    /// Hook point (failure): an attempt was made but could not be recorded. The caller gets
+    /// the key, the response if there was one, and "outcome unknown" whenever this or an
+    /// earlier attempt may have run; the claim stays in the ledger, so the next run resumes.
+    fn finish_unrecorded<R: RetryResponse>(
+        mut self,
+        number: u32,
+        started: Duration,
+        outcome: Outcome<R>,
+        source: LedgerError,
+    ) -> Error {
+        let failure = outcome.result.as_ref().err().map(|(kind, _)| *kind);
+        self.attempt_ended(number, started, outcome.status, failure, None);
+        let message = "an attempt was made but could not be recorded";
+        let err = match outcome.result {
+            Ok(response) => Error::ledger(self.report.clone(), true, message, source)
+                .with_response(response.status(), response),
+            Err((kind, _)) => {
+                let unknown = self.may_have_executed || kind.may_have_executed();
+                Error::ledger(self.report.clone(), unknown, message, source)
+                    .with_failure(Some(kind))
+            }
+        };
+        tracing::warn!(
+            key = err.idempotency_key().map_or("", IdempotencyKey::as_str),
+            attempt = number,
+            outcome_unknown = err.is_outcome_unknown(),
+            error = %err,
+            "attempt not recorded in the ledger"
+        );
+        self.finish_with_error(err)
     }
 
     /// Hook point: a retry is decided and about to wait.

@@ -48,6 +48,17 @@ pub enum ErrorKind {
     /// [`is_outcome_unknown`](Error::is_outcome_unknown), then reconcile or retry later with
     /// the same key.
     BudgetExhausted,
+    /// The ledger holds this key for a different request (another method, URL or body): a
+    /// client bug, not a retry. Nothing was sent.
+    KeyReuse,
+    /// Another run holds the operation's lease in the ledger and is sending it now. Nothing
+    /// was sent; try again later with the same key.
+    InProgress,
+    /// The ledger could not be read or written. Before the first attempt: nothing was sent.
+    /// After an attempt: [`is_outcome_unknown`](Error::is_outcome_unknown) says whether it may
+    /// have run, and the next run with the same key resumes once the lease lapses. The
+    /// [`LedgerError`](crate::LedgerError) is the source.
+    Ledger,
 }
 
 impl fmt::Display for ErrorKind {
@@ -61,6 +72,9 @@ impl fmt::Display for ErrorKind {
             ErrorKind::Transport => "transport error",
             ErrorKind::Builder => "invalid configuration",
             ErrorKind::BudgetExhausted => "retry budget exhausted",
+            ErrorKind::KeyReuse => "idempotency key reused for a different request",
+            ErrorKind::InProgress => "operation in progress elsewhere",
+            ErrorKind::Ledger => "ledger failure",
         })
     }
 }
@@ -145,6 +159,27 @@ impl Error {
         err.inner.report = report;
         err.inner.outcome_unknown = outcome_unknown;
         err
+    }
+
+    pub(crate) fn ledger(
+        report: RetryReport,
+        outcome_unknown: bool,
+        message: impl Into<String>,
+        source: crate::ledger::LedgerError,
+    ) -> Self {
+        Error::operation(ErrorKind::Ledger, report, outcome_unknown)
+            .with_message(message)
+            .with_source(source)
+    }
+
+    pub(crate) fn with_message(mut self, message: impl Into<String>) -> Self {
+        self.inner.message = Some(message.into());
+        self
+    }
+
+    /// An earlier run of the same operation may have been executed.
+    pub(crate) fn mark_outcome_unknown(&mut self) {
+        self.inner.outcome_unknown = true;
     }
 
     pub(crate) fn with_source(
@@ -306,6 +341,9 @@ impl Error {
                     f,
                     " would end before the next attempt, after {attempts} attempt{plural}: reconcile, do not retry"
                 )?;
+                if let Some(message) = &inner.message {
+                    write!(f, " ({message})")?;
+                }
             }
             ErrorKind::RetryAfterTooLong => {
                 f.write_str("server asked to wait")?;
@@ -322,6 +360,12 @@ impl Error {
                     f,
                     "retry budget exhausted, not retried after {attempts} attempt{plural}"
                 )?;
+            }
+            ErrorKind::KeyReuse | ErrorKind::InProgress | ErrorKind::Ledger => {
+                write!(f, "{}", inner.kind)?;
+                if let Some(message) = &inner.message {
+                    write!(f, ": {message}")?;
+                }
             }
             ErrorKind::Transport => {
                 f.write_str("request failed")?;
@@ -414,6 +458,12 @@ mod tests {
             (ErrorKind::Transport, "transport error"),
             (ErrorKind::Builder, "invalid configuration"),
             (ErrorKind::BudgetExhausted, "retry budget exhausted"),
+            (
+                ErrorKind::KeyReuse,
+                "idempotency key reused for a different request",
+            ),
+            (ErrorKind::InProgress, "operation in progress elsewhere"),
+            (ErrorKind::Ledger, "ledger failure"),
         ];
         for (kind, name) in kinds {
             assert_eq!(kind.to_string(), name);

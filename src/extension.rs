@@ -50,6 +50,7 @@ impl Overrides {
                 .map(|WithoutIdempotencyKey| false),
             policy: extensions.get::<RetryPolicy>().copied(),
             timeout: None,
+            ledger: None,
         }
     }
 
@@ -60,6 +61,7 @@ impl Overrides {
             auto_key: self.auto_key.or(fallback.auto_key),
             policy: self.policy.or(fallback.policy),
             timeout: self.timeout.or(fallback.timeout),
+            ledger: self.ledger.or(fallback.ledger),
         }
     }
 }

@@ -326,6 +326,7 @@ mod error;
 mod exchange;
 mod extension;
 mod key;
+mod ledger;
 #[cfg(feature = "middleware")]
 mod middleware;
 mod observe;
@@ -351,6 +352,14 @@ pub use engine::{RetryRequest, RetryResponse};
 pub use error::{Error, ErrorKind};
 pub use extension::WithoutIdempotencyKey;
 pub use key::{IdempotencyKey, InvalidKey, InvalidKeyReason};
+#[cfg(feature = "postgres")]
+pub use ledger::PostgresLedger;
+#[cfg(feature = "sqlite")]
+pub use ledger::SqliteLedger;
+pub use ledger::{
+    AttemptUpdate, Claim, Claimed, Finish, InProgressPolicy, Ledger, LedgerError, LedgerErrorKind,
+    LedgerFuture, LedgerOptions, MemoryLedger, OperationRecord, OperationStatus, SavedResponse,
+};
 #[cfg(feature = "middleware")]
 pub use middleware::IdempotentRetryMiddleware;
 pub use observe::{AttemptEvent, Observer, OperationEvent};

@@ -31,6 +31,8 @@ pub struct RetryReport {
     pub(crate) attempts: u32,
     pub(crate) elapsed: Duration,
     pub(crate) history: Vec<AttemptRecord>,
+    pub(crate) replayed: bool,
+    pub(crate) replay_body_missing: bool,
 }
 
 impl RetryReport {
@@ -63,6 +65,8 @@ impl RetryReport {
             attempts: 0,
             elapsed: Duration::ZERO,
             history: Vec::new(),
+            replayed: false,
+            replay_body_missing: false,
         }
     }
 
@@ -100,6 +104,22 @@ impl RetryReport {
             .iter()
             .filter_map(|a| a.wait.map(|w| w.delay))
             .fold(Duration::ZERO, Duration::saturating_add)
+    }
+
+    /// Whether the response was replayed from the client's [`Ledger`](crate::Ledger): the
+    /// operation had already succeeded, so no request was sent (and
+    /// [`attempts`](Self::attempts) is 0).
+    #[must_use]
+    pub fn is_replayed(&self) -> bool {
+        self.replayed
+    }
+
+    /// Whether a replayed response lacks its body, because it was longer than the ledger
+    /// saves ([`LedgerOptions::max_body`](crate::LedgerOptions::max_body)): the status and
+    /// saved headers are the original's, the body is empty.
+    #[must_use]
+    pub fn is_replay_body_missing(&self) -> bool {
+        self.replay_body_missing
     }
 
     /// One record per attempt, in order.

@@ -1,6 +1,7 @@
 //! A request under construction; `send` hands it to the retry engine (`engine.rs`).
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
@@ -11,6 +12,7 @@ use crate::engine::{self, Overrides};
 use crate::error::Error;
 use crate::exchange::ReqwestTransport;
 use crate::key::IdempotencyKey;
+use crate::ledger::{Begin, begin_operation};
 use crate::policy::RetryPolicy;
 
 /// A request being built; [`send`](Self::send) runs it as one logical operation.
@@ -25,6 +27,7 @@ pub struct RequestBuilder {
     auto_key: bool,
     policy: Option<RetryPolicy>,
     timeout: Option<Duration>,
+    scope: Option<String>,
 }
 
 impl fmt::Debug for RequestBuilder {
@@ -35,6 +38,7 @@ impl fmt::Debug for RequestBuilder {
             .field("auto_key", &self.auto_key)
             .field("policy", &self.policy)
             .field("timeout", &self.timeout)
+            .field("scope", &self.scope)
             .finish_non_exhaustive()
     }
 }
@@ -49,6 +53,7 @@ impl RequestBuilder {
             auto_key,
             policy: None,
             timeout: None,
+            scope: None,
         }
     }
 
@@ -142,6 +147,16 @@ impl RequestBuilder {
         self
     }
 
+    /// The operation's scope in the client's [`Ledger`](crate::Ledger) (`stripe.charge`,
+    /// `agent.send_email`): what kind of operation the key names, and which retention
+    /// applies ([`LedgerOptions::scope_retention`](crate::LedgerOptions::scope_retention)).
+    ///
+    /// Default: the URL's host.
+    pub fn ledger_scope(mut self, scope: impl Into<String>) -> Self {
+        self.scope = Some(scope.into());
+        self
+    }
+
     /// Sends the request as one logical operation: one key, as many attempts as the policy
     /// allows.
     ///
@@ -157,6 +172,14 @@ impl RequestBuilder {
     ///   last response, if any, can be taken with [`Error::take_response`](crate::Error::take_response).
     /// - [`ErrorKind::BodyNotReplayable`](crate::ErrorKind::BodyNotReplayable): a streamed body's one attempt failed transiently.
     /// - [`ErrorKind::Transport`](crate::ErrorKind::Transport): a transport failure that was not retried.
+    /// - With a [`Ledger`](crate::Ledger): [`ErrorKind::KeyReuse`](crate::ErrorKind::KeyReuse)
+    ///   (the key was recorded for a different request),
+    ///   [`ErrorKind::InProgress`](crate::ErrorKind::InProgress) (another run holds it),
+    ///   [`ErrorKind::ReconcileWindow`](crate::ErrorKind::ReconcileWindow) (its first attempt,
+    ///   in an earlier run, is older than the window), all before sending anything;
+    ///   [`ErrorKind::Ledger`](crate::ErrorKind::Ledger) when the ledger fails. A keyed
+    ///   operation that already succeeded is answered from the ledger, with
+    ///   [`RetryReport::is_replayed`](crate::RetryReport::is_replayed) set, and nothing is sent.
     ///
     /// Each error says whether the outcome is unknown and carries the key.
     pub async fn send(self) -> Result<reqwest::Response, Error> {
@@ -167,25 +190,77 @@ impl RequestBuilder {
             auto_key,
             policy,
             timeout,
+            scope,
         } = self;
         if let Some(policy) = &policy {
             policy.validate()?;
         } else {
             client.inner.settings.policy.validate()?;
         }
-        let request = inner.build().map_err(Error::builder_from)?;
+        let mut request = inner.build().map_err(Error::builder_from)?;
+        let settings = &client.inner.settings;
+        if settings.ledger.is_none() {
+            let overrides = Overrides {
+                key,
+                auto_key: Some(auto_key),
+                policy,
+                timeout,
+                ledger: None,
+            };
+            return engine::execute(
+                settings,
+                request,
+                overrides,
+                ReqwestTransport(&client.inner.http),
+            )
+            .await;
+        }
+        // With a ledger the key is settled here, before the claim; the engine finds the same
+        // key in the header and keeps it.
+        let method = request.method().clone();
+        let key = engine::attach_key(
+            request.headers_mut(),
+            &method,
+            &settings.key_header,
+            key,
+            auto_key,
+        )?;
+        let policy = settings.policy_for(policy, request.url().host_str());
+        let attempt_timeout = timeout.unwrap_or(policy.get_attempt_timeout());
+        let begun = begin_operation(
+            settings,
+            &request,
+            key.as_ref(),
+            scope,
+            &policy,
+            attempt_timeout,
+        )
+        .await?;
+        let (policy, session) = match begun {
+            Begin::Replay(response) => return Ok(response),
+            Begin::Unledgered => (policy, None),
+            Begin::Proceed(session) => (
+                session.remaining_window(policy, settings.clock.wall()),
+                Some(Arc::new(session)),
+            ),
+        };
         let overrides = Overrides {
             key,
             auto_key: Some(auto_key),
-            policy,
+            policy: Some(policy),
             timeout,
+            ledger: session.clone(),
         };
-        engine::execute(
-            &client.inner.settings,
+        let result = engine::execute(
+            settings,
             request,
             overrides,
             ReqwestTransport(&client.inner.http),
         )
-        .await
+        .await;
+        match session {
+            Some(session) => session.finish(result).await,
+            None => result,
+        }
     }
 }

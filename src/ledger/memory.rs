@@ -1,0 +1,167 @@
+//! The in-memory ledger: one process, no durability.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
+
+use super::{
+    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, OperationRecord,
+    OperationStatus,
+};
+
+/// A [`Ledger`] in process memory.
+///
+/// It gives one process everything but durability: concurrent runs of one key exclude each
+/// other, a finished operation is replayed, the window is kept across `send`s of the same
+/// key. It dies with the process; for keys that must outlive it, use `SqliteLedger` or
+/// `PostgresLedger`. Clones share the rows.
+///
+/// # Examples
+///
+/// ```
+/// use idempotent_retry::{Client, MemoryLedger};
+///
+/// let ledger = MemoryLedger::new();
+/// let client = Client::builder().ledger(ledger.clone()).build()?;
+/// # Ok::<(), idempotent_retry::Error>(())
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct MemoryLedger {
+    rows: Arc<Mutex<HashMap<String, OperationRecord>>>,
+}
+
+impl MemoryLedger {
+    /// An empty ledger.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many rows it holds.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether it holds no rows.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, OperationRecord>> {
+        // A panic while holding the lock cannot leave a row half-written (every change is
+        // one assignment), so a poisoned map is still consistent.
+        self.rows
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn claim_now(&self, claim: &Claim) -> Claimed {
+        let mut rows = self.lock();
+        let Some(row) = rows.get_mut(&claim.key) else {
+            let record = OperationRecord {
+                key: claim.key.clone(),
+                scope: claim.scope.clone(),
+                fingerprint: claim.fingerprint.clone(),
+                status: OperationStatus::InFlight,
+                attempts: 0,
+                first_attempt_at: claim.now,
+                last_attempt_at: None,
+                lease_owner: Some(claim.owner.clone()),
+                lease_expires_at: Some(claim.lease_until),
+                response: None,
+                expires_at: claim.expires_at,
+            };
+            rows.insert(claim.key.clone(), record.clone());
+            return Claimed::New(record);
+        };
+        if !may_take_over(row, claim) {
+            return Claimed::Existing(row.clone());
+        }
+        let previous = row.status;
+        row.status = OperationStatus::InFlight;
+        row.lease_owner = Some(claim.owner.clone());
+        row.lease_expires_at = Some(claim.lease_until);
+        row.response = None;
+        Claimed::TakenOver {
+            record: row.clone(),
+            previous,
+        }
+    }
+
+    fn held<'a>(
+        rows: &'a mut HashMap<String, OperationRecord>,
+        key: &str,
+        owner: &str,
+    ) -> Result<&'a mut OperationRecord, LedgerError> {
+        match rows.get_mut(key) {
+            Some(row)
+                if row.status == OperationStatus::InFlight
+                    && row.lease_owner.as_deref() == Some(owner) =>
+            {
+                Ok(row)
+            }
+            _ => Err(LedgerError::lease_lost(key)),
+        }
+    }
+}
+
+/// Whether a claim may take an existing row over: the same request, not finished with
+/// success, still inside its window, and not held by a live lease. The SQL ledgers state the
+/// same rule in their `UPDATE ... WHERE`.
+pub(crate) fn may_take_over(row: &OperationRecord, claim: &Claim) -> bool {
+    row.fingerprint == claim.fingerprint
+        && row.status != OperationStatus::Succeeded
+        && row.first_attempt_at > claim.window_cutoff
+        && (row.status != OperationStatus::InFlight
+            || row.lease_expires_at.is_none_or(|until| until <= claim.now))
+}
+
+impl Ledger for MemoryLedger {
+    fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
+        let claimed = self.claim_now(claim);
+        Box::pin(std::future::ready(Ok(claimed)))
+    }
+
+    fn record_attempt<'a>(&'a self, update: &'a AttemptUpdate) -> LedgerFuture<'a, ()> {
+        let mut rows = self.lock();
+        let result = Self::held(&mut rows, &update.key, &update.owner).map(|row| {
+            row.attempts = row.attempts.saturating_add(1);
+            row.last_attempt_at = Some(update.at);
+            row.lease_expires_at = Some(update.lease_until);
+        });
+        Box::pin(std::future::ready(result))
+    }
+
+    fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
+        let mut rows = self.lock();
+        let result = Self::held(&mut rows, &finish.key, &finish.owner).map(|row| {
+            row.status = finish.status;
+            row.lease_owner = None;
+            row.lease_expires_at = None;
+            row.response = finish.response.clone();
+        });
+        Box::pin(std::future::ready(result))
+    }
+
+    fn get<'a>(&'a self, key: &'a str) -> LedgerFuture<'a, Option<OperationRecord>> {
+        let row = self.lock().get(key).cloned();
+        Box::pin(std::future::ready(Ok(row)))
+    }
+
+    fn purge_batch(&self, now: SystemTime, limit: u32) -> LedgerFuture<'_, u64> {
+        let mut rows = self.lock();
+        let doomed: Vec<String> = rows
+            .values()
+            .filter(|row| row.expires_at <= now)
+            .take(usize::try_from(limit).unwrap_or(usize::MAX))
+            .map(|row| row.key.clone())
+            .collect();
+        for key in &doomed {
+            rows.remove(key);
+        }
+        let deleted = u64::try_from(doomed.len()).unwrap_or(u64::MAX);
+        Box::pin(std::future::ready(Ok(deleted)))
+    }
+}

@@ -1,0 +1,407 @@
+//! The durable operation ledger: what must outlive the process that sends a request.
+//!
+//! A derived key survives a crash, a redelivered job and a rolling deploy; three facts about
+//! the operation do not, unless they are written down outside process memory:
+//!
+//! - **when the operation first started**, so the reconcile window spans restarts;
+//! - **whether it already completed**, so a finished operation is answered from the record
+//!   instead of being sent again;
+//! - **whether another worker is sending it right now**, so two workers do not race.
+//!
+//! A [`Ledger`] keeps one row per idempotency key. The client claims the row before the first
+//! attempt (one atomic statement: the insert is the lock), records every attempt, and writes
+//! the outcome at the end. An in-flight row carries a lease (owner and expiry); a process that
+//! dies mid-operation leaves an expired lease, and the next run with the same key takes the
+//! row over and goes on with the same key and the original start time.
+//!
+//! Three implementations ship: [`MemoryLedger`] (always available; one process),
+//! `SqliteLedger` (feature `sqlite`; one machine) and `PostgresLedger` (feature `postgres`; a
+//! fleet of workers sharing one table).
+//!
+//! # Schema
+//!
+//! One table, created by the SQL ledgers' `migrate` function. Times are milliseconds since the
+//! Unix epoch, read from the client's [`Clock`](crate::Clock) (so workers sharing a table
+//! should have synchronized clocks; leases tolerate skew well below the lease slack).
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS idempotent_operations (
+//!     key               TEXT PRIMARY KEY,   -- the idempotency key
+//!     scope             TEXT NOT NULL,      -- e.g. 'stripe.charge'; by default the host
+//!     fingerprint       TEXT NOT NULL,      -- SHA-256 (hex) of the canonical request
+//!     status            TEXT NOT NULL,      -- in_flight | succeeded | failed_final | unknown
+//!     attempts          INTEGER NOT NULL,   -- attempts recorded, over every run
+//!     first_attempt_at  BIGINT NOT NULL,    -- start of the reconcile window
+//!     last_attempt_at   BIGINT,
+//!     lease_owner       TEXT,               -- set while in flight
+//!     lease_expires_at  BIGINT,
+//!     response_status   INTEGER,            -- the final response, when there was one
+//!     response_headers  TEXT,               -- JSON array of [name, value] pairs
+//!     response_body     BLOB,               -- BYTEA in PostgreSQL; NULL if over the limit
+//!     expires_at        BIGINT NOT NULL     -- when purge_expired may delete the row
+//! );
+//! CREATE INDEX IF NOT EXISTS idempotent_operations_expires_at
+//!     ON idempotent_operations (expires_at);
+//! ```
+//!
+//! # Incident queries
+//!
+//! "Did we charge twice?" A logical charge has one key, so one row: look for the *same
+//! request* under *several keys* that the receiver accepted, which is what a fresh key per
+//! retry (the bug this crate exists to prevent) leaves behind. "What is still unresolved?"
+//! Every row that is not finished, or whose lease lapsed mid-flight. One query answers both
+//! (PostgreSQL; in SQLite replace `to_timestamp(x / 1000.0)` with
+//! `datetime(x / 1000, 'unixepoch')`):
+//!
+//! ```sql
+//! SELECT scope, fingerprint, status,
+//!        count(*)               AS keys,
+//!        array_agg(key)         AS which_keys,   -- group_concat(key) in SQLite
+//!        sum(attempts)          AS attempts,
+//!        to_timestamp(min(first_attempt_at) / 1000.0) AS first_seen
+//! FROM idempotent_operations
+//! GROUP BY scope, fingerprint, status
+//! HAVING (status = 'succeeded' AND count(*) > 1)   -- the same request succeeded twice
+//!     OR status IN ('unknown', 'in_flight')        -- still unresolved: reconcile by key
+//! ORDER BY first_seen;
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, SystemTime};
+
+mod error;
+mod fingerprint;
+mod memory;
+mod options;
+#[cfg(feature = "postgres")]
+mod postgres;
+mod session;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod sql;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+pub use error::{LedgerError, LedgerErrorKind};
+pub(crate) use fingerprint::request_fingerprint;
+pub use memory::MemoryLedger;
+pub use options::{InProgressPolicy, LedgerOptions};
+#[cfg(feature = "postgres")]
+pub use postgres::PostgresLedger;
+pub(crate) use session::{Begin, LedgerHandle, LedgerSession, begin_operation};
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteLedger;
+
+/// A boxed, `Send` future returned by [`Ledger`] methods.
+pub type LedgerFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, LedgerError>> + Send + 'a>>;
+
+/// Where an operation stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OperationStatus {
+    /// Claimed: a worker holds the lease and is sending it (or died doing so, and the lease
+    /// will expire).
+    InFlight,
+    /// A final response below 400 arrived; it is saved and replayed instead of sending again.
+    Succeeded,
+    /// The last run ended with a final answer of 400 or more, or stopped when no attempt of
+    /// any run can have been executed. A later run with the same request sends it again.
+    FailedFinal,
+    /// A run stopped after an attempt that may have been executed (a timeout, a reset, a
+    /// 5xx...). A later run goes on with the same key, inside the original window.
+    Unknown,
+}
+
+impl OperationStatus {
+    /// The name stored in the `status` column.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            OperationStatus::InFlight => "in_flight",
+            OperationStatus::Succeeded => "succeeded",
+            OperationStatus::FailedFinal => "failed_final",
+            OperationStatus::Unknown => "unknown",
+        }
+    }
+
+    /// Parses a stored status name.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerErrorKind::Corrupt`] for any other text.
+    pub fn parse(text: &str) -> Result<Self, LedgerError> {
+        match text {
+            "in_flight" => Ok(OperationStatus::InFlight),
+            "succeeded" => Ok(OperationStatus::Succeeded),
+            "failed_final" => Ok(OperationStatus::FailedFinal),
+            "unknown" => Ok(OperationStatus::Unknown),
+            other => Err(LedgerError::corrupt(format!("unknown status {other:?}"))),
+        }
+    }
+}
+
+impl fmt::Display for OperationStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A final response as the ledger keeps it, to replay without sending the request again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SavedResponse {
+    /// The status code.
+    pub status: u16,
+    /// The selected headers ([`LedgerOptions::saved_headers`]), in order.
+    pub headers: Vec<(String, String)>,
+    /// The body, or `None` when it was longer than [`LedgerOptions::max_body`].
+    pub body: Option<Vec<u8>>,
+}
+
+impl SavedResponse {
+    /// A saved response.
+    #[must_use]
+    pub fn new(status: u16, headers: Vec<(String, String)>, body: Option<Vec<u8>>) -> Self {
+        SavedResponse {
+            status,
+            headers,
+            body,
+        }
+    }
+}
+
+/// One row of the ledger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OperationRecord {
+    /// The idempotency key (primary key).
+    pub key: String,
+    /// What kind of operation it is, e.g. `stripe.charge`; by default the request's host.
+    pub scope: String,
+    /// SHA-256 (hex) of the canonical request: method, URL and body.
+    pub fingerprint: String,
+    /// Where it stands.
+    pub status: OperationStatus,
+    /// Attempts recorded, over every run.
+    pub attempts: u32,
+    /// When the first run claimed it: the start of the reconcile window.
+    pub first_attempt_at: SystemTime,
+    /// When the last recorded attempt ended.
+    pub last_attempt_at: Option<SystemTime>,
+    /// The lease holder, while in flight.
+    pub lease_owner: Option<String>,
+    /// When the lease lapses, while in flight.
+    pub lease_expires_at: Option<SystemTime>,
+    /// The final response, when there was one.
+    pub response: Option<SavedResponse>,
+    /// When [`Ledger::purge_expired`] may delete the row.
+    pub expires_at: SystemTime,
+}
+
+/// A request to claim an operation before its first attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Claim {
+    /// The idempotency key.
+    pub key: String,
+    /// The operation's scope.
+    pub scope: String,
+    /// SHA-256 (hex) of the canonical request.
+    pub fingerprint: String,
+    /// This run's lease token: unique per run, so two runs in one process exclude each other.
+    pub owner: String,
+    /// The time of the claim.
+    pub now: SystemTime,
+    /// When this run's lease lapses unless renewed.
+    pub lease_until: SystemTime,
+    /// When a new row may be purged.
+    pub expires_at: SystemTime,
+    /// Rows first attempted at or before this instant are outside the reconcile window: they
+    /// must not be taken over.
+    pub window_cutoff: SystemTime,
+}
+
+/// What a [`Ledger::claim`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Claimed {
+    /// No row existed: one was inserted, in flight under this run's lease.
+    New(OperationRecord),
+    /// A row with the same fingerprint, not succeeded, inside the window, and either not in
+    /// flight or under a lapsed lease, was taken over: it is now in flight under this run's
+    /// lease, with its original `first_attempt_at` and `attempts`. `previous` is the status it
+    /// had.
+    TakenOver {
+        /// The row after the take-over.
+        record: OperationRecord,
+        /// The status before the take-over.
+        previous: OperationStatus,
+    },
+    /// A row exists that this run may not take: it is returned as it is.
+    Existing(OperationRecord),
+}
+
+/// An attempt to record, by the run holding the lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AttemptUpdate {
+    /// The idempotency key.
+    pub key: String,
+    /// The run's lease token.
+    pub owner: String,
+    /// When the attempt ended.
+    pub at: SystemTime,
+    /// The renewed lease: past the wait and the next attempt, when one follows.
+    pub lease_until: SystemTime,
+}
+
+/// The outcome of a run, written by the run holding the lease. Clears the lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Finish {
+    /// The idempotency key.
+    pub key: String,
+    /// The run's lease token.
+    pub owner: String,
+    /// The operation's status now.
+    pub status: OperationStatus,
+    /// The final response, when there was one.
+    pub response: Option<SavedResponse>,
+}
+
+/// Durable storage for operations, one row per idempotency key.
+///
+/// Every method is one short transaction (most are one statement). Implementations must make
+/// [`claim`](Self::claim) atomic: two concurrent claims of the same key, from any number of
+/// processes sharing the storage, get at most one `New` or `TakenOver` between them.
+///
+/// [`MemoryLedger`] is the reference implementation; the `Ledger` conformance tests run every
+/// implementation through the same cases.
+pub trait Ledger: Send + Sync + fmt::Debug + 'static {
+    /// Claims the operation: inserts its row if absent (the insert is the lock), or takes over
+    /// a row that may be taken (see [`Claimed::TakenOver`]), or returns the row unchanged.
+    ///
+    /// # Errors
+    ///
+    /// A [`LedgerError`] when the storage cannot be read or written; nothing was claimed.
+    fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed>;
+
+    /// Counts one more attempt, stamps it, and renews the lease, if `owner` still holds it.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerErrorKind::LeaseLost`] when `owner` does not hold the lease (it lapsed and
+    /// another run took the row); another [`LedgerError`] when the storage fails.
+    fn record_attempt<'a>(&'a self, update: &'a AttemptUpdate) -> LedgerFuture<'a, ()>;
+
+    /// Writes the outcome and releases the lease, if `owner` still holds it.
+    ///
+    /// # Errors
+    ///
+    /// As for [`record_attempt`](Self::record_attempt).
+    fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()>;
+
+    /// Reads one row.
+    ///
+    /// # Errors
+    ///
+    /// A [`LedgerError`] when the storage cannot be read or a row cannot be decoded.
+    fn get<'a>(&'a self, key: &'a str) -> LedgerFuture<'a, Option<OperationRecord>>;
+
+    /// Deletes at most `limit` rows whose `expires_at` is at or before `now`; returns how many.
+    ///
+    /// # Errors
+    ///
+    /// A [`LedgerError`] when the storage fails.
+    fn purge_batch(&self, now: SystemTime, limit: u32) -> LedgerFuture<'_, u64>;
+
+    /// Deletes every row whose `expires_at` is at or before `now`, in batches of at most
+    /// `limit` rows (each batch its own short transaction, so a large purge never holds a
+    /// long lock), until a batch deletes fewer than `limit`. Returns how many were deleted.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerErrorKind::InvalidInput`] when `limit` is 0; otherwise the first failing
+    /// batch's error (earlier batches stay deleted).
+    fn purge_expired(&self, now: SystemTime, limit: u32) -> LedgerFuture<'_, u64> {
+        Box::pin(async move {
+            if limit == 0 {
+                return Err(LedgerError::invalid("purge limit must be at least 1"));
+            }
+            let mut total = 0u64;
+            loop {
+                let deleted = self.purge_batch(now, limit).await?;
+                total = total.saturating_add(deleted);
+                if deleted < u64::from(limit) {
+                    return Ok(total);
+                }
+            }
+        })
+    }
+}
+
+/// Milliseconds since the Unix epoch, saturating; negative before it.
+pub(crate) fn to_millis(at: SystemTime) -> i64 {
+    match at.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(after) => i64::try_from(after.as_millis()).unwrap_or(i64::MAX),
+        Err(before) => i64::try_from(before.duration().as_millis()).map_or(i64::MIN, |ms| -ms),
+    }
+}
+
+/// The inverse of [`to_millis`].
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(crate) fn from_millis(ms: i64) -> SystemTime {
+    let magnitude = Duration::from_millis(ms.unsigned_abs());
+    if ms >= 0 {
+        SystemTime::UNIX_EPOCH
+            .checked_add(magnitude)
+            .unwrap_or(SystemTime::UNIX_EPOCH)
+    } else {
+        SystemTime::UNIX_EPOCH
+            .checked_sub(magnitude)
+            .unwrap_or(SystemTime::UNIX_EPOCH)
+    }
+}
+
+/// Adds a duration to a time, saturating at the time itself (far-future overflow is not a
+/// realistic input, but must not panic).
+pub(crate) fn later(at: SystemTime, by: Duration) -> SystemTime {
+    at.checked_add(by).unwrap_or(at)
+}
+
+/// Subtracts a duration from a time, saturating at the epoch.
+pub(crate) fn earlier(at: SystemTime, by: Duration) -> SystemTime {
+    at.checked_sub(by).unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn millis_round_trip_both_sides_of_the_epoch() {
+        for ms in [0i64, 1, 1_704_067_200_123, -1, -86_400_000] {
+            assert_eq!(to_millis(from_millis(ms)), ms);
+        }
+        assert_eq!(
+            to_millis(SystemTime::UNIX_EPOCH + Duration::from_nanos(1_999_999)),
+            1
+        );
+    }
+
+    #[test]
+    fn statuses_round_trip_and_refuse_garbage() {
+        for status in [
+            OperationStatus::InFlight,
+            OperationStatus::Succeeded,
+            OperationStatus::FailedFinal,
+            OperationStatus::Unknown,
+        ] {
+            assert_eq!(OperationStatus::parse(status.as_str()).ok(), Some(status));
+            assert_eq!(status.to_string(), status.as_str());
+        }
+        let err = OperationStatus::parse("done").expect_err("not a status");
+        assert_eq!(err.kind(), LedgerErrorKind::Corrupt);
+    }
+}

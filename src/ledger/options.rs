@@ -1,0 +1,189 @@
+//! How the client uses its ledger: retention, leases, saved responses, concurrent runs.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::time::Duration;
+
+use http::HeaderName;
+use http::header::{CONTENT_TYPE, LOCATION};
+
+use crate::key::IdempotencyKey;
+
+/// What a run does when another live run holds the operation's lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InProgressPolicy {
+    /// Fail at once with [`ErrorKind::InProgress`](crate::ErrorKind::InProgress); nothing is
+    /// sent.
+    Fail,
+    /// Look again every `poll` until the other run finishes (then replay its response, or take
+    /// the operation over) or its lease lapses, for at most `max_wait`; then fail with
+    /// [`ErrorKind::InProgress`](crate::ErrorKind::InProgress). Waits go through the client's
+    /// [`Sleeper`](crate::Sleeper).
+    Wait {
+        /// How often to look again.
+        poll: Duration,
+        /// How long to wait in all.
+        max_wait: Duration,
+    },
+}
+
+/// How a [`Client`](crate::Client) uses its [`Ledger`](crate::Ledger).
+///
+/// # Default
+///
+/// | setting | default |
+/// |---|---|
+/// | [`retention`](Self::retention) | 7 days, and never less than twice the request's reconcile window |
+/// | [`scope_retention`](Self::scope_retention) | none |
+/// | [`lease_slack`](Self::lease_slack) | 30 s |
+/// | [`max_body`](Self::max_body) | 64 KiB |
+/// | [`saved_headers`](Self::saved_headers) | `Content-Type`, `Location` |
+/// | [`in_progress`](Self::in_progress) | [`InProgressPolicy::Fail`] |
+/// | [`worker`](Self::worker) | a random name, fixed for the options' lifetime |
+#[derive(Clone, PartialEq, Eq)]
+#[must_use]
+pub struct LedgerOptions {
+    pub(crate) retention: Duration,
+    pub(crate) scope_retention: HashMap<String, Duration>,
+    pub(crate) lease_slack: Duration,
+    pub(crate) max_body: usize,
+    pub(crate) saved_headers: Vec<HeaderName>,
+    pub(crate) in_progress: InProgressPolicy,
+    pub(crate) worker: String,
+}
+
+impl fmt::Debug for LedgerOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LedgerOptions")
+            .field("retention", &self.retention)
+            .field("scope_retention", &self.scope_retention)
+            .field("lease_slack", &self.lease_slack)
+            .field("max_body", &self.max_body)
+            .field("saved_headers", &self.saved_headers)
+            .field("in_progress", &self.in_progress)
+            .field("worker", &self.worker)
+            .finish()
+    }
+}
+
+impl Default for LedgerOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Seven days: cheap to keep, and it covers manual replays and incident forensics.
+const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+impl LedgerOptions {
+    /// Every default.
+    pub fn new() -> Self {
+        LedgerOptions {
+            retention: DEFAULT_RETENTION,
+            scope_retention: HashMap::new(),
+            lease_slack: Duration::from_secs(30),
+            max_body: 64 * 1024,
+            saved_headers: vec![CONTENT_TYPE, LOCATION],
+            in_progress: InProgressPolicy::Fail,
+            worker: IdempotencyKey::random().into_string(),
+        }
+    }
+
+    /// How long a row is kept after its first attempt, for scopes without their own
+    /// retention. The rule: twice the longest window in which anyone may retry the operation.
+    /// Whatever is set, a row is kept at least twice the request's reconcile window, so it
+    /// cannot be purged while the operation may still be retried.
+    ///
+    /// Default: 7 days.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// The retention for one scope (a provider that replays for 30 days: 31 days for its
+    /// scope, not for everything).
+    ///
+    /// Default: none; every scope uses [`retention`](Self::retention).
+    pub fn scope_retention(mut self, scope: impl Into<String>, retention: Duration) -> Self {
+        self.scope_retention.insert(scope.into(), retention);
+        self
+    }
+
+    /// How far a lease reaches past what the run needs (the next attempt's timeout and the
+    /// wait before it). A run that dies is taken over by the next one this long after its
+    /// attempt would have timed out; keep it above the clock skew between workers.
+    ///
+    /// Default: 30 s.
+    pub fn lease_slack(mut self, slack: Duration) -> Self {
+        self.lease_slack = slack;
+        self
+    }
+
+    /// The longest response body saved for replay. A longer body is returned to the caller as
+    /// usual but not saved: a replay of that operation then has the status and headers and an
+    /// empty body, and its report says the body was not saved.
+    ///
+    /// Default: 64 KiB.
+    pub fn max_body(mut self, bytes: usize) -> Self {
+        self.max_body = bytes;
+        self
+    }
+
+    /// The response headers saved for replay (values that are not visible ASCII are skipped).
+    ///
+    /// Default: `Content-Type` and `Location`.
+    pub fn saved_headers(mut self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.saved_headers = headers.into_iter().collect();
+        self
+    }
+
+    /// What to do when another live run holds the lease.
+    ///
+    /// Default: [`InProgressPolicy::Fail`].
+    pub fn in_progress(mut self, policy: InProgressPolicy) -> Self {
+        self.in_progress = policy;
+        self
+    }
+
+    /// The worker's name, the first part of every lease owner this client writes (each run
+    /// adds a random suffix). Name workers after something an operator recognizes (a host
+    /// name, a pod name) so `lease_owner` says who holds an in-flight row.
+    ///
+    /// Default: a random UUID.
+    pub fn worker(mut self, name: impl Into<String>) -> Self {
+        self.worker = name.into();
+        self
+    }
+
+    /// The retention for a scope, before the two-windows floor.
+    pub(crate) fn retention_for(&self, scope: &str) -> Duration {
+        self.scope_retention
+            .get(scope)
+            .copied()
+            .unwrap_or(self.retention)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scope_retention_overrides_the_default() {
+        let options = LedgerOptions::new()
+            .retention(Duration::from_secs(60))
+            .scope_retention("stripe.v2", Duration::from_secs(31 * 86_400));
+        assert_eq!(
+            options.retention_for("stripe.v2"),
+            Duration::from_secs(31 * 86_400)
+        );
+        assert_eq!(options.retention_for("other"), Duration::from_secs(60));
+        assert_eq!(
+            LedgerOptions::default().retention_for("x"),
+            DEFAULT_RETENTION
+        );
+        assert_ne!(LedgerOptions::new().worker, LedgerOptions::new().worker);
+        assert!(format!("{options:?}").contains("stripe.v2"));
+    }
+}

@@ -1,0 +1,669 @@
+//! The client with a ledger, against real loopback servers: what reached the server, with which
+//! key, what the ledger holds, what the caller was told. These run on the in-memory ledger;
+//! `ledger_sqlite.rs` and `ledger_postgres.rs` cover durability and fleets.
+
+mod support;
+
+use std::error::Error as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
+
+use idempotent_retry::{
+    AttemptUpdate, Claim, Claimed, Client, ErrorKind, Finish, IdempotencyKey, InProgressPolicy,
+    Ledger, LedgerError, LedgerErrorKind, LedgerFuture, LedgerOptions, MemoryLedger,
+    OperationRecord, OperationStatus, RetryPolicy, RetryReport,
+};
+use support::*;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Millisecond backoff; attempt timeouts long enough that hit counts are exact.
+fn fast() -> RetryPolicy {
+    RetryPolicy::default()
+        .base_delay(ms(1))
+        .max_delay(ms(5))
+        .attempt_timeout(Duration::from_secs(5))
+}
+
+fn ledger_client(ledger: impl Ledger, options: LedgerOptions, policy: RetryPolicy) -> Client {
+    Client::builder()
+        .policy(policy)
+        .ledger(ledger)
+        .ledger_options(options)
+        .build()
+        .expect("valid policy")
+}
+
+/// A client on virtual time (waits and window), with a ledger.
+fn virtual_ledger_client(
+    ledger: impl Ledger,
+    options: LedgerOptions,
+    policy: RetryPolicy,
+) -> (Client, VirtualTime) {
+    let time = VirtualTime::new();
+    let client = Client::builder()
+        .policy(policy)
+        .clock(time.clone())
+        .sleeper(time.clone())
+        .rng_seed(7)
+        .ledger(ledger)
+        .ledger_options(options)
+        .build()
+        .expect("valid policy");
+    (client, time)
+}
+
+fn key(name: &str) -> IdempotencyKey {
+    IdempotencyKey::derive("tests.ledger", &[name])
+}
+
+async fn row(ledger: &dyn Ledger, key: &IdempotencyKey) -> OperationRecord {
+    ledger
+        .get(key.as_str())
+        .await
+        .expect("ledger readable")
+        .expect("the operation has a row")
+}
+
+#[tokio::test]
+async fn a_succeeded_operation_is_replayed_without_a_request() {
+    let server = TestServer::start_idempotent(
+        vec![Action::status(503)],
+        Action::respond(
+            201,
+            &[("Content-Type", "application/json")],
+            r#"{"id":"ch_1"}"#,
+        ),
+    )
+    .await;
+    let ledger = MemoryLedger::new();
+    let client = ledger_client(ledger.clone(), LedgerOptions::new(), fast());
+    let k = key("replay");
+    let body = serde_json::json!({"amount": 100});
+
+    let first = client
+        .post(server.url("/charges"))
+        .idempotency_key(k.clone())
+        .json(&body)
+        .send()
+        .await
+        .expect("the second attempt succeeds");
+    assert_eq!(first.status(), 201);
+    assert!(!RetryReport::of(&first).expect("report").is_replayed());
+    assert_eq!(first.text().await.expect("body"), r#"{"id":"ch_1"}"#);
+    let stored = row(&ledger, &k).await;
+    assert_eq!(stored.status, OperationStatus::Succeeded);
+    assert_eq!(stored.attempts, 2);
+    assert_eq!(stored.lease_owner, None);
+    assert_eq!(stored.scope, "127.0.0.1");
+
+    let again = client
+        .post(server.url("/charges"))
+        .idempotency_key(k.clone())
+        .json(&body)
+        .send()
+        .await
+        .expect("replayed");
+    assert_eq!(server.hits(), 2, "the replay sent nothing");
+    assert_eq!(server.effects(), 1);
+    assert_eq!(again.status(), 201);
+    assert_eq!(again.url().as_str(), server.url("/charges"));
+    assert_eq!(
+        again.headers().get("content-type").map(|v| v.to_str().ok()),
+        Some(Some("application/json"))
+    );
+    let report = RetryReport::of(&again).expect("report").clone();
+    assert!(report.is_replayed());
+    assert!(!report.is_replay_body_missing());
+    assert_eq!(report.attempts(), 0);
+    assert_eq!(report.idempotency_key(), Some(&k));
+    assert_eq!(again.text().await.expect("body"), r#"{"id":"ch_1"}"#);
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_returned_but_replayed_empty() {
+    let server = TestServer::start(vec![], Action::ok("0123456789")).await;
+    let ledger = MemoryLedger::new();
+    let client = ledger_client(ledger.clone(), LedgerOptions::new().max_body(4), fast());
+    let k = key("big-body");
+    let first = client
+        .post(server.url("/x"))
+        .idempotency_key(k.clone())
+        .body("payload")
+        .send()
+        .await
+        .expect("ok");
+    assert_eq!(first.text().await.expect("body"), "0123456789");
+    let again = client
+        .post(server.url("/x"))
+        .idempotency_key(k.clone())
+        .body("payload")
+        .send()
+        .await
+        .expect("replayed");
+    assert_eq!(server.hits(), 1);
+    let report = RetryReport::of(&again).expect("report").clone();
+    assert!(report.is_replayed() && report.is_replay_body_missing());
+    assert_eq!(again.text().await.expect("body"), "");
+}
+
+#[tokio::test]
+async fn the_same_key_for_another_request_is_refused_locally() {
+    let server = TestServer::start(vec![], Action::ok("done")).await;
+    let ledger = MemoryLedger::new();
+    let client = ledger_client(ledger.clone(), LedgerOptions::new(), fast());
+    let k = key("reuse");
+    client
+        .post(server.url("/charges"))
+        .idempotency_key(k.clone())
+        .json(&serde_json::json!({"amount": 100}))
+        .send()
+        .await
+        .expect("first");
+    let err = client
+        .post(server.url("/charges"))
+        .idempotency_key(k.clone())
+        .json(&serde_json::json!({"amount": 200}))
+        .send()
+        .await
+        .expect_err("same key, different body");
+    assert_eq!(err.kind(), ErrorKind::KeyReuse);
+    assert_eq!(err.idempotency_key(), Some(&k));
+    assert_eq!(err.attempts(), 0);
+    assert!(!err.is_outcome_unknown());
+    assert!(err.to_string().contains("nothing was sent"), "{err}");
+    assert_eq!(server.hits(), 1, "the second request never left");
+    // The same payload spelled differently is the same request: replayed.
+    let replay = client
+        .post(server.url("/charges"))
+        .idempotency_key(k)
+        .header("content-type", "application/json")
+        .body(r#"{ "amount": 100.0 }"#)
+        .send()
+        .await
+        .expect("same request");
+    assert!(RetryReport::of(&replay).expect("report").is_replayed());
+    assert_eq!(server.hits(), 1);
+}
+
+#[tokio::test]
+async fn an_operation_in_flight_elsewhere_is_refused_then_waited_for() {
+    let server = TestServer::start_idempotent(
+        vec![Action::stall_then(ms(400), Action::ok("charged"))],
+        Action::ok("charged"),
+    )
+    .await;
+    let ledger = MemoryLedger::new();
+    let k = key("in-flight");
+    let first = ledger_client(ledger.clone(), LedgerOptions::new().worker("a"), fast());
+    let sending = tokio::spawn({
+        let url = server.url("/charges");
+        let k = k.clone();
+        async move { first.post(url).idempotency_key(k).body("x").send().await }
+    });
+    assert_eq!(server.wait_for_hits(1, Duration::from_secs(5)).await, 1);
+
+    let impatient = ledger_client(ledger.clone(), LedgerOptions::new().worker("b"), fast());
+    let err = impatient
+        .post(server.url("/charges"))
+        .idempotency_key(k.clone())
+        .body("x")
+        .send()
+        .await
+        .expect_err("the first run holds the lease");
+    assert_eq!(err.kind(), ErrorKind::InProgress);
+    assert!(
+        err.is_outcome_unknown(),
+        "the other run may be executing it"
+    );
+    assert!(err.to_string().contains("held by a/"), "{err}");
+
+    let patient = ledger_client(
+        ledger.clone(),
+        LedgerOptions::new().in_progress(InProgressPolicy::Wait {
+            poll: ms(20),
+            max_wait: Duration::from_secs(10),
+        }),
+        fast(),
+    );
+    let waited = patient
+        .post(server.url("/charges"))
+        .idempotency_key(k.clone())
+        .body("x")
+        .send()
+        .await
+        .expect("replayed once the first run finished");
+    assert!(RetryReport::of(&waited).expect("report").is_replayed());
+    assert_eq!(waited.text().await.expect("body"), "charged");
+    let first = sending.await.expect("task").expect("first run");
+    assert_eq!(first.status(), 200);
+    assert_eq!(server.hits(), 1, "one request in all");
+    assert_eq!(server.effects(), 1);
+}
+
+#[tokio::test]
+async fn an_unknown_outcome_resumes_with_the_same_key_and_counts_attempts() {
+    let server = TestServer::start_idempotent(
+        vec![Action::status(503), Action::status(503)],
+        Action::ok("ok"),
+    )
+    .await;
+    let ledger = MemoryLedger::new();
+    let client = ledger_client(ledger.clone(), LedgerOptions::new(), fast().max_attempts(2));
+    let k = key("resume");
+    let err = client
+        .post(server.url("/x"))
+        .idempotency_key(k.clone())
+        .body("b")
+        .send()
+        .await
+        .expect_err("two 503s");
+    assert!(err.is_outcome_unknown());
+    let stored = row(&ledger, &k).await;
+    assert_eq!(stored.status, OperationStatus::Unknown);
+    assert_eq!(stored.attempts, 2);
+    let first_at = stored.first_attempt_at;
+
+    let ok = client
+        .post(server.url("/x"))
+        .idempotency_key(k.clone())
+        .body("b")
+        .send()
+        .await
+        .expect("third attempt succeeds");
+    assert_eq!(ok.status(), 200);
+    assert_eq!(server.keys(), vec![Some(k.to_string()); 3]);
+    let stored = row(&ledger, &k).await;
+    assert_eq!(stored.status, OperationStatus::Succeeded);
+    assert_eq!(stored.attempts, 3);
+    assert_eq!(
+        stored.first_attempt_at, first_at,
+        "the window start is kept"
+    );
+}
+
+#[tokio::test]
+async fn a_later_run_that_cannot_connect_still_reports_the_earlier_unknown() {
+    let server = TestServer::start(vec![], Action::status(503)).await;
+    let ledger = MemoryLedger::new();
+    let client = ledger_client(ledger.clone(), LedgerOptions::new(), fast().max_attempts(1));
+    let k = key("earlier-unknown");
+    let url = server.url("/x");
+    let err = client
+        .post(&url)
+        .idempotency_key(k.clone())
+        .send()
+        .await
+        .expect_err("503");
+    assert!(err.is_outcome_unknown());
+    drop(server);
+    // Same request (same URL), but nobody listens any more: this run cannot have executed
+    // it, the first one may have.
+    let err = client
+        .post(&url)
+        .idempotency_key(k.clone())
+        .send()
+        .await
+        .expect_err("refused");
+    assert_eq!(err.kind(), ErrorKind::AttemptsExhausted);
+    assert!(
+        err.is_outcome_unknown(),
+        "the earlier run's 503 may have executed"
+    );
+    assert_eq!(row(&ledger, &k).await.status, OperationStatus::Unknown);
+}
+
+#[tokio::test]
+async fn a_definite_failure_is_failed_final_and_sent_again_later() {
+    let server = TestServer::start(vec![Action::status(400)], Action::ok("ok")).await;
+    let ledger = MemoryLedger::new();
+    let client = ledger_client(ledger.clone(), LedgerOptions::new(), fast());
+    let k = key("failed-final");
+    let bad = client
+        .post(server.url("/x"))
+        .idempotency_key(k.clone())
+        .send()
+        .await
+        .expect("a 400 is a final answer");
+    assert_eq!(bad.status(), 400);
+    let stored = row(&ledger, &k).await;
+    assert_eq!(stored.status, OperationStatus::FailedFinal);
+    assert_eq!(stored.response.map(|r| r.status), Some(400));
+    let ok = client
+        .post(server.url("/x"))
+        .idempotency_key(k.clone())
+        .send()
+        .await
+        .expect("sent again");
+    assert_eq!(ok.status(), 200);
+    assert_eq!(server.hits(), 2);
+}
+
+#[tokio::test]
+async fn the_window_spans_runs_and_a_late_run_sends_nothing() {
+    let server = TestServer::start(vec![], Action::status(503)).await;
+    let ledger = MemoryLedger::new();
+    let policy = fast()
+        .max_attempts(2)
+        .reconcile_window(Duration::from_secs(3600));
+    let (client, time) = virtual_ledger_client(ledger.clone(), LedgerOptions::new(), policy);
+    let k = key("window");
+    let err = client
+        .post(server.url("/x"))
+        .idempotency_key(k.clone())
+        .send()
+        .await
+        .expect_err("503s");
+    assert!(err.is_outcome_unknown());
+    assert_eq!(server.hits(), 2);
+
+    // 59 minutes later the window has one minute left: the run goes on, inside it.
+    time.advance(Duration::from_secs(59 * 60));
+    let err = client
+        .post(server.url("/x"))
+        .idempotency_key(k.clone())
+        .send()
+        .await
+        .expect_err("503s");
+    assert_eq!(server.hits(), 4);
+    assert!(err.is_outcome_unknown());
+
+    time.advance(Duration::from_secs(61));
+    let err = client
+        .post(server.url("/x"))
+        .idempotency_key(k.clone())
+        .send()
+        .await
+        .expect_err("the window closed an hour after the first attempt");
+    assert_eq!(err.kind(), ErrorKind::ReconcileWindow);
+    assert!(err.is_outcome_unknown());
+    assert_eq!(err.idempotency_key(), Some(&k));
+    assert_eq!(server.hits(), 4, "nothing sent after the window");
+}
+
+#[tokio::test]
+async fn a_crashed_run_leaves_a_lapsing_lease_and_the_next_run_takes_over() {
+    let server = TestServer::start_idempotent(vec![Action::hang()], Action::ok("done")).await;
+    let ledger = MemoryLedger::new();
+    let options = LedgerOptions::new().lease_slack(Duration::from_secs(30));
+    let (client, time) = virtual_ledger_client(ledger.clone(), options, fast());
+    let k = key("crash");
+    let crashing = tokio::spawn({
+        let client = client.clone();
+        let (url, k) = (server.url("/x"), k.clone());
+        async move { client.post(url).idempotency_key(k).send().await }
+    });
+    assert_eq!(server.wait_for_hits(1, Duration::from_secs(5)).await, 1);
+    // The process dies mid-attempt: nothing after the send runs.
+    crashing.abort();
+    let _ = crashing.await;
+    let stored = row(&ledger, &k).await;
+    assert_eq!(stored.status, OperationStatus::InFlight);
+    assert!(stored.lease_owner.is_some());
+
+    let err = client
+        .post(server.url("/x"))
+        .idempotency_key(k.clone())
+        .send()
+        .await
+        .expect_err("the lease is still live");
+    assert_eq!(err.kind(), ErrorKind::InProgress);
+    assert_eq!(server.hits(), 1);
+
+    // attempt timeout (5 s) + slack (30 s) later, the lease has lapsed.
+    time.advance(Duration::from_secs(36));
+    let ok = client
+        .post(server.url("/x"))
+        .idempotency_key(k.clone())
+        .send()
+        .await
+        .expect("taken over");
+    assert_eq!(ok.status(), 200);
+    assert_eq!(server.keys(), vec![Some(k.to_string()); 2], "the same key");
+    let stored = row(&ledger, &k).await;
+    assert_eq!(stored.status, OperationStatus::Succeeded);
+    assert_eq!(
+        stored.first_attempt_at,
+        time.wall_now() - Duration::from_secs(36)
+    );
+}
+
+#[tokio::test]
+async fn requests_without_a_key_bypass_the_ledger_and_streams_are_refused() {
+    let server = TestServer::start(vec![], Action::ok("ok")).await;
+    let ledger = MemoryLedger::new();
+    let client = ledger_client(ledger.clone(), LedgerOptions::new(), fast());
+    client
+        .get(server.url("/x"))
+        .send()
+        .await
+        .expect("a GET without a key");
+    assert!(ledger.is_empty());
+    let stream = futures_util::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from("x"))]);
+    let err = client
+        .post(server.url("/x"))
+        .idempotency_key(key("stream"))
+        .body(reqwest::Body::wrap_stream(stream))
+        .send()
+        .await
+        .expect_err("a stream has no fingerprint");
+    assert_eq!(err.kind(), ErrorKind::Builder);
+    assert_eq!(server.hits(), 1);
+    assert!(ledger.is_empty());
+}
+
+#[tokio::test]
+async fn purge_deletes_expired_rows_in_batches_and_refuses_a_zero_limit() {
+    let server = TestServer::start(vec![], Action::ok("ok")).await;
+    let ledger = MemoryLedger::new();
+    let policy = fast().reconcile_window(Duration::from_secs(60));
+    let options = LedgerOptions::new()
+        .retention(Duration::from_secs(3600))
+        .scope_retention("long", Duration::from_secs(7200));
+    let (client, time) = virtual_ledger_client(ledger.clone(), options, policy);
+    for i in 0..5 {
+        client
+            .post(server.url("/x"))
+            .idempotency_key(key(&format!("purge-{i}")))
+            .send()
+            .await
+            .expect("ok");
+    }
+    client
+        .post(server.url("/x"))
+        .idempotency_key(key("purge-long"))
+        .ledger_scope("long")
+        .send()
+        .await
+        .expect("ok");
+    assert_eq!(ledger.len(), 6);
+    assert_eq!(
+        client.purge_expired(2).await.expect("nothing expired yet"),
+        0
+    );
+    time.advance(Duration::from_secs(3600));
+    assert_eq!(client.purge_expired(2).await.expect("purged"), 5);
+    assert_eq!(ledger.len(), 1, "the long scope is kept");
+    let err = client.purge_expired(0).await.expect_err("zero limit");
+    assert_eq!(err.kind(), ErrorKind::Ledger);
+    let source = err
+        .source()
+        .and_then(|s| s.downcast_ref::<LedgerError>())
+        .expect("a ledger error");
+    assert_eq!(source.kind(), LedgerErrorKind::InvalidInput);
+    time.advance(Duration::from_secs(3600));
+    assert_eq!(client.purge_expired(100).await.expect("purged"), 1);
+    assert!(ledger.is_empty());
+}
+
+#[tokio::test]
+async fn retention_is_never_shorter_than_two_windows() {
+    let server = TestServer::start(vec![], Action::ok("ok")).await;
+    let ledger = MemoryLedger::new();
+    let policy = fast().reconcile_window(Duration::from_secs(24 * 3600));
+    let options = LedgerOptions::new().retention(Duration::from_secs(60));
+    let (client, time) = virtual_ledger_client(ledger.clone(), options, policy);
+    let k = key("retention-floor");
+    client
+        .post(server.url("/x"))
+        .idempotency_key(k.clone())
+        .send()
+        .await
+        .expect("ok");
+    let stored = row(&ledger, &k).await;
+    assert_eq!(
+        stored.expires_at,
+        stored.first_attempt_at + Duration::from_secs(48 * 3600)
+    );
+    time.advance(Duration::from_secs(3600));
+    assert_eq!(client.purge_expired(10).await.expect("purge"), 0);
+}
+
+/// A ledger whose writes can be made to fail, around a memory ledger.
+#[derive(Debug, Clone, Default)]
+struct Faulty {
+    inner: MemoryLedger,
+    fail_claim: Arc<AtomicBool>,
+    fail_record: Arc<AtomicBool>,
+    fail_finish: Arc<AtomicBool>,
+}
+
+fn outage() -> LedgerError {
+    LedgerError::new(LedgerErrorKind::Unavailable, "disk on fire")
+}
+
+impl Ledger for Faulty {
+    fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
+        if self.fail_claim.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(outage()) });
+        }
+        self.inner.claim(claim)
+    }
+    fn record_attempt<'a>(&'a self, update: &'a AttemptUpdate) -> LedgerFuture<'a, ()> {
+        if self.fail_record.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(outage()) });
+        }
+        self.inner.record_attempt(update)
+    }
+    fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
+        if self.fail_finish.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(outage()) });
+        }
+        self.inner.finish(finish)
+    }
+    fn get<'a>(&'a self, key: &'a str) -> LedgerFuture<'a, Option<OperationRecord>> {
+        self.inner.get(key)
+    }
+    fn purge_batch(&self, now: SystemTime, limit: u32) -> LedgerFuture<'_, u64> {
+        self.inner.purge_batch(now, limit)
+    }
+}
+
+#[tokio::test]
+async fn no_request_is_sent_without_its_claim_recorded() {
+    let server = TestServer::start(vec![], Action::ok("ok")).await;
+    let faulty = Faulty::default();
+    faulty.fail_claim.store(true, Ordering::SeqCst);
+    let client = ledger_client(faulty.clone(), LedgerOptions::new(), fast());
+    let k = key("claim-fails");
+    let err = client
+        .post(server.url("/x"))
+        .idempotency_key(k.clone())
+        .send()
+        .await
+        .expect_err("the claim failed");
+    assert_eq!(err.kind(), ErrorKind::Ledger);
+    assert!(!err.is_outcome_unknown());
+    assert_eq!(err.idempotency_key(), Some(&k));
+    assert_eq!(err.attempts(), 0);
+    assert_eq!(server.hits(), 0);
+    assert!(err.to_string().contains("nothing was sent"), "{err}");
+}
+
+#[tokio::test]
+async fn an_attempt_that_cannot_be_recorded_is_reported_as_unknown_with_its_key() {
+    let server = TestServer::start_idempotent(vec![], Action::ok("charged")).await;
+    let faulty = Faulty::default();
+    faulty.fail_record.store(true, Ordering::SeqCst);
+    let options = LedgerOptions::new().lease_slack(Duration::from_secs(10));
+    let (client, time) = virtual_ledger_client(faulty.clone(), options, fast());
+    let k = key("record-fails");
+    let mut err = client
+        .post(server.url("/x"))
+        .idempotency_key(k.clone())
+        .send()
+        .await
+        .expect_err("the attempt could not be recorded");
+    assert_eq!(err.kind(), ErrorKind::Ledger);
+    assert!(err.is_outcome_unknown());
+    assert_eq!(err.idempotency_key(), Some(&k));
+    assert_eq!(err.attempts(), 1);
+    assert_eq!(err.status().map(|s| s.as_u16()), Some(200));
+    let response = err.take_response().expect("the response is kept");
+    assert_eq!(response.text().await.expect("body"), "charged");
+    assert_eq!(server.hits(), 1);
+    // The finish went through, so the row says "unknown", not "done": the next run sends
+    // again with the same key and the receiver deduplicates it.
+    let stored = row(&faulty, &k).await;
+    assert_eq!(stored.status, OperationStatus::Unknown);
+
+    faulty.fail_record.store(false, Ordering::SeqCst);
+    time.advance(Duration::from_secs(1));
+    let again = client
+        .post(server.url("/x"))
+        .idempotency_key(k.clone())
+        .send()
+        .await
+        .expect("resumed");
+    assert_eq!(
+        again.headers().get(REPLAYED_HEADER).map(|v| v.as_bytes()),
+        Some(&b"true"[..])
+    );
+    assert_eq!(server.effects(), 1, "exactly one side effect");
+    assert_eq!(server.keys(), vec![Some(k.to_string()); 2]);
+}
+
+#[tokio::test]
+async fn an_outcome_that_cannot_be_recorded_keeps_the_response_and_the_lease_lapses() {
+    let server = TestServer::start_idempotent(vec![], Action::ok("charged")).await;
+    let faulty = Faulty::default();
+    faulty.fail_finish.store(true, Ordering::SeqCst);
+    let options = LedgerOptions::new().lease_slack(Duration::from_secs(10));
+    let (client, time) = virtual_ledger_client(faulty.clone(), options, fast());
+    let k = key("finish-fails");
+    let mut err = client
+        .post(server.url("/x"))
+        .idempotency_key(k.clone())
+        .send()
+        .await
+        .expect_err("the outcome could not be recorded");
+    assert_eq!(err.kind(), ErrorKind::Ledger);
+    assert!(err.is_outcome_unknown());
+    assert_eq!(err.idempotency_key(), Some(&k));
+    let response = err.take_response().expect("the response is kept");
+    assert_eq!(response.text().await.expect("body"), "charged");
+    let source = err
+        .source()
+        .and_then(|s| s.downcast_ref::<LedgerError>())
+        .expect("ledger error source");
+    assert_eq!(source.kind(), LedgerErrorKind::Unavailable);
+    // The row is still in flight, counted: the lease lapses and the next run takes over.
+    let stored = row(&faulty, &k).await;
+    assert_eq!(stored.status, OperationStatus::InFlight);
+    assert_eq!(stored.attempts, 1);
+
+    faulty.fail_finish.store(false, Ordering::SeqCst);
+    time.advance(Duration::from_secs(16));
+    let again = client
+        .post(server.url("/x"))
+        .idempotency_key(k.clone())
+        .send()
+        .await
+        .expect("resumed");
+    assert_eq!(again.status(), 200);
+    assert_eq!(server.effects(), 1, "exactly one side effect");
+    assert_eq!(row(&faulty, &k).await.status, OperationStatus::Succeeded);
+}
