@@ -71,6 +71,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, SystemTime};
 
+#[cfg(test)]
+mod conformance;
 mod error;
 mod fingerprint;
 mod memory;

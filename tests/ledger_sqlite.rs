@@ -1,0 +1,271 @@
+//! The SQLite ledger across restarts and faults, against real loopback servers: a new client
+//! on the same file keeps the key, the window and the outcome; a broken or locked file gives
+//! typed errors and never an unrecorded request.
+#![cfg(feature = "sqlite")]
+
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use idempotent_retry::{
+    Client, ErrorKind, IdempotencyKey, Ledger, LedgerOptions, OperationStatus, RetryPolicy,
+    RetryReport, SqliteLedger,
+};
+use support::*;
+
+fn policy() -> RetryPolicy {
+    RetryPolicy::default()
+        .base_delay(Duration::from_millis(1))
+        .max_delay(Duration::from_millis(5))
+        .attempt_timeout(Duration::from_secs(5))
+        .max_attempts(2)
+}
+
+/// A "process": a client on the shared virtual timeline with its own connection to the file.
+async fn process(path: &Path, time: &VirtualTime) -> (Client, SqliteLedger) {
+    let ledger = SqliteLedger::open(path).await.expect("open the ledger");
+    let client = Client::builder()
+        .policy(policy())
+        .clock(time.clone())
+        .sleeper(time.clone())
+        .ledger(ledger.clone())
+        .ledger_options(LedgerOptions::new().lease_slack(Duration::from_secs(10)))
+        .build()
+        .expect("valid policy");
+    (client, ledger)
+}
+
+fn charge_key() -> IdempotencyKey {
+    IdempotencyKey::derive("tests.sqlite", &["order-17", "charge"])
+}
+
+#[tokio::test]
+async fn a_restarted_process_keeps_the_key_the_window_and_the_outcome() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("operations.db");
+    let server = TestServer::start_idempotent(
+        vec![Action::status(503), Action::status(503)],
+        Action::ok("charged"),
+    )
+    .await;
+    let time = VirtualTime::new();
+    let body = serde_json::json!({"order": 17, "amount": 100});
+
+    // Run 1: two 503s, outcome unknown; the process then exits.
+    let (client, ledger) = process(&path, &time).await;
+    let err = client
+        .post(server.url("/charges"))
+        .idempotency_key(charge_key())
+        .json(&body)
+        .send()
+        .await
+        .expect_err("two 503s");
+    assert!(err.is_outcome_unknown());
+    let first = ledger
+        .get(charge_key().as_str())
+        .await
+        .expect("read")
+        .expect("row");
+    assert_eq!(first.status, OperationStatus::Unknown);
+    drop((client, ledger));
+
+    // Run 2, a new process ten minutes later: same key, window start kept, succeeds.
+    time.advance(Duration::from_secs(600));
+    let (client, ledger) = process(&path, &time).await;
+    let response = client
+        .post(server.url("/charges"))
+        .idempotency_key(charge_key())
+        .json(&body)
+        .send()
+        .await
+        .expect("third attempt succeeds");
+    assert_eq!(response.text().await.expect("body"), "charged");
+    let row = ledger
+        .get(charge_key().as_str())
+        .await
+        .expect("read")
+        .expect("row");
+    assert_eq!(row.status, OperationStatus::Succeeded);
+    assert_eq!(row.first_attempt_at, first.first_attempt_at);
+    assert_eq!(row.attempts, 3);
+    drop((client, ledger));
+
+    // Run 3: the completed operation is answered from the file, not sent again.
+    let (client, _ledger) = process(&path, &time).await;
+    let replay = client
+        .post(server.url("/charges"))
+        .idempotency_key(charge_key())
+        .json(&body)
+        .send()
+        .await
+        .expect("replayed");
+    assert!(RetryReport::of(&replay).expect("report").is_replayed());
+    assert_eq!(replay.text().await.expect("body"), "charged");
+    assert_eq!(server.hits(), 3);
+    assert_eq!(server.keys(), vec![Some(charge_key().to_string()); 3]);
+    assert_eq!(server.effects(), 1);
+}
+
+#[tokio::test]
+async fn a_process_that_dies_mid_attempt_is_taken_over_after_its_lease() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("operations.db");
+    // The first request commits, then the process dies before the answer arrives.
+    let server = TestServer::start_idempotent(
+        vec![Action::commit_then_stall(
+            Duration::from_secs(10),
+            Action::ok("late"),
+        )],
+        Action::ok("charged"),
+    )
+    .await;
+    let time = VirtualTime::new();
+    let (client, ledger) = process(&path, &time).await;
+    let dying = tokio::spawn({
+        let url = server.url("/charges");
+        async move {
+            client
+                .post(url)
+                .idempotency_key(charge_key())
+                .body("charge")
+                .send()
+                .await
+        }
+    });
+    assert_eq!(server.wait_for_hits(1, Duration::from_secs(5)).await, 1);
+    dying.abort();
+    let _ = dying.await;
+    drop(ledger);
+
+    let (client, ledger) = process(&path, &time).await;
+    let err = client
+        .post(server.url("/charges"))
+        .idempotency_key(charge_key())
+        .body("charge")
+        .send()
+        .await
+        .expect_err("the dead run's lease is still live");
+    assert_eq!(err.kind(), ErrorKind::InProgress);
+    assert_eq!(server.hits(), 1);
+
+    // 5 s attempt timeout + 10 s slack later, the lease has lapsed.
+    time.advance(Duration::from_secs(16));
+    let response = client
+        .post(server.url("/charges"))
+        .idempotency_key(charge_key())
+        .body("charge")
+        .send()
+        .await
+        .expect("taken over");
+    assert_eq!(
+        response
+            .headers()
+            .get(REPLAYED_HEADER)
+            .map(|v| v.as_bytes()),
+        Some(&b"true"[..]),
+        "the receiver recognised the key"
+    );
+    assert_eq!(server.effects(), 1, "one charge");
+    assert_eq!(server.keys(), vec![Some(charge_key().to_string()); 2]);
+    let row = ledger
+        .get(charge_key().as_str())
+        .await
+        .expect("read")
+        .expect("row");
+    assert_eq!(row.status, OperationStatus::Succeeded);
+}
+
+#[tokio::test]
+async fn a_file_corrupted_under_a_running_client_sends_nothing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("operations.db");
+    let server = TestServer::start(vec![], Action::ok("ok")).await;
+    let time = VirtualTime::new();
+    let (client, _ledger) = process(&path, &time).await;
+    client
+        .post(server.url("/x"))
+        .idempotency_key(IdempotencyKey::derive("t", &["before"]))
+        .send()
+        .await
+        .expect("healthy");
+    // Something overwrites the file (and its WAL) while the process runs.
+    for suffix in ["", "-wal", "-shm"] {
+        let file = dir.path().join(format!("operations.db{suffix}"));
+        if file.exists() {
+            std::fs::write(&file, vec![0xa5_u8; 64 * 1024]).expect("overwrite");
+        }
+    }
+    let err = client
+        .post(server.url("/x"))
+        .idempotency_key(IdempotencyKey::derive("t", &["after"]))
+        .send()
+        .await
+        .expect_err("the ledger is unreadable");
+    assert_eq!(err.kind(), ErrorKind::Ledger, "{err}");
+    assert!(!err.is_outcome_unknown());
+    assert_eq!(err.attempts(), 0);
+    assert_eq!(server.hits(), 1, "nothing sent without a recorded claim");
+}
+
+#[tokio::test]
+async fn a_file_locked_mid_attempt_gives_outcome_unknown_and_the_next_run_resolves_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("operations.db");
+    // Long enough for the test to take the lock between the claim and the record.
+    let server = TestServer::start_idempotent(
+        vec![Action::stall_then(
+            Duration::from_secs(1),
+            Action::ok("charged"),
+        )],
+        Action::ok("charged"),
+    )
+    .await;
+    let time = VirtualTime::new();
+    let (client, ledger) = process(&path, &time).await;
+    ledger
+        .set_busy_timeout(Duration::from_millis(50))
+        .await
+        .expect("configure");
+    let sending = tokio::spawn({
+        let (client, url) = (client.clone(), server.url("/charges"));
+        async move {
+            client
+                .post(url)
+                .idempotency_key(charge_key())
+                .body("charge")
+                .send()
+                .await
+        }
+    });
+    assert_eq!(server.wait_for_hits(1, Duration::from_secs(5)).await, 1);
+    // Another process takes the write lock and holds it: the file cannot be written.
+    let blocker = rusqlite::Connection::open(&path).expect("open");
+    blocker
+        .execute_batch("BEGIN EXCLUSIVE")
+        .expect("take the write lock");
+    let mut err = sending
+        .await
+        .expect("task")
+        .expect_err("the attempt could not be recorded");
+    assert_eq!(err.kind(), ErrorKind::Ledger, "{err}");
+    assert!(err.is_outcome_unknown());
+    assert_eq!(err.idempotency_key(), Some(&charge_key()));
+    assert!(err.take_response().is_some(), "the answer is not lost");
+    blocker.execute_batch("ROLLBACK").expect("release");
+    drop(blocker);
+
+    // The row is still in flight; once its lease lapses the next run resends the same key
+    // and the receiver deduplicates it.
+    time.advance(Duration::from_secs(16));
+    let response = client
+        .post(server.url("/charges"))
+        .idempotency_key(charge_key())
+        .body("charge")
+        .send()
+        .await
+        .expect("resolved");
+    assert_eq!(response.text().await.expect("body"), "charged");
+    assert_eq!(server.effects(), 1);
+    assert_eq!(server.keys(), vec![Some(charge_key().to_string()); 2]);
+}
