@@ -164,9 +164,52 @@
 //! - Redirects are followed by the inner `reqwest::Client`, and the key header goes along on
 //!   each hop (reqwest strips only credentials when a redirect leaves the origin). For APIs
 //!   that do not redirect, build the inner client with `redirect(Policy::none())`.
-//! - The key lives in memory for the length of one `send`. A window that must span restarts,
-//!   and "has this already completed?", need a durable record of the operation kept by the
-//!   caller.
+//! - Without a [`Ledger`], the key lives in memory for the length of one `send`: a window
+//!   that must span restarts, and "has this already completed?", need the ledger (below).
+//!
+//! # Durable operations
+//!
+//! A derived key survives a crash; when the operation started, whether it completed and
+//! whether another worker is sending it right now do not, unless they are written down. Give
+//! the client a [`Ledger`] ([`ClientBuilder::ledger`]) and every keyed request is claimed in it
+//! before its first attempt (one atomic insert: the insert is the lock), recorded after each
+//! attempt, and its outcome saved:
+//!
+//! | the ledger already holds the key... | `send` |
+//! |---|---|
+//! | for a different request (method, URL or canonical body) | [`ErrorKind::KeyReuse`], nothing sent |
+//! | succeeded | the saved response, [`RetryReport::is_replayed`], nothing sent |
+//! | in flight under another run's live lease | [`ErrorKind::InProgress`], nothing sent (or waits: [`InProgressPolicy`]) |
+//! | first attempted longer ago than the reconcile window | [`ErrorKind::ReconcileWindow`], nothing sent |
+//! | otherwise (unknown, failed, or a lapsed lease left by a crash) | sends with the same key, inside the original window |
+//!
+//! [`MemoryLedger`] serves one process; `SqliteLedger` (feature `sqlite`) one machine;
+//! `PostgresLedger` (feature `postgres`) a fleet sharing one table. A ledger failure is
+//! [`ErrorKind::Ledger`]: before the first attempt nothing is sent; after an attempt, the
+//! error carries the key and says whether the outcome is unknown, and the claim left behind
+//! lets the next run resume. See [`Ledger`] for the schema and the incident query.
+//!
+//! ```no_run
+//! use idempotent_retry::{Client, IdempotencyKey, MemoryLedger, RetryReport};
+//!
+//! # async fn run() -> Result<(), idempotent_retry::Error> {
+//! let client = Client::builder().ledger(MemoryLedger::new()).build()?;
+//! let key = IdempotencyKey::derive("billing.charge", &["order-17"]);
+//! let charge = serde_json::json!({"amount": 1200, "currency": "eur"});
+//! for _ in 0..2 {
+//!     // The second call is answered from the ledger: nothing is sent.
+//!     let response = client
+//!         .post("https://api.example.com/v1/charges")
+//!         .idempotency_key(key.clone())
+//!         .ledger_scope("billing.charge")
+//!         .json(&charge)
+//!         .send()
+//!         .await?;
+//!     let replayed = RetryReport::of(&response).is_some_and(RetryReport::is_replayed);
+//!     println!("{} (replayed: {replayed})", response.status());
+//! }
+//! # Ok(()) }
+//! ```
 //!
 //! # Policies per request and per host
 //!
@@ -298,6 +341,9 @@
 //! - `middleware`: [`IdempotentRetryMiddleware`] for `reqwest-middleware` 0.5.
 //! - `testkit`: [`testkit`], an idempotent loopback receiver with fault scripting and a
 //!   side-effect recorder, and deterministic helpers, for testing senders and handlers.
+//! - `sqlite`: `SqliteLedger`, an operation ledger in an SQLite file (`rusqlite`, SQLite
+//!   compiled in: nothing to install).
+//! - `postgres`: `PostgresLedger`, an operation ledger in a PostgreSQL table (`tokio-postgres`).
 //!
 //! # Minimum supported Rust version
 //!
