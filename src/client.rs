@@ -390,6 +390,12 @@ impl ClientBuilder {
     /// restarts, a finished operation is replayed instead of sent, and two workers sharing the
     /// ledger never send one key at the same time. See [`Ledger`] for what is recorded.
     ///
+    /// The ledger serves this crate's [`Client`] only: the claim fingerprints the buffered
+    /// `reqwest` body and the finish saves the `reqwest` response. Building a tower layer or a
+    /// middleware from a builder with a ledger is an
+    /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) error, and a layer taken from a client
+    /// (`Client::layer`) runs without it.
+    ///
     /// Default: none.
     pub fn ledger(mut self, ledger: impl Ledger) -> Self {
         self.ledger = Some(Arc::new(ledger));

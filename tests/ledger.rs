@@ -667,3 +667,24 @@ async fn an_outcome_that_cannot_be_recorded_keeps_the_response_and_the_lease_lap
     assert_eq!(server.effects(), 1, "exactly one side effect");
     assert_eq!(row(&faulty, &k).await.status, OperationStatus::Succeeded);
 }
+
+#[cfg(feature = "tower")]
+#[test]
+fn a_tower_layer_refuses_a_ledger_it_could_not_use() {
+    let err = Client::builder()
+        .ledger(MemoryLedger::new())
+        .build_layer()
+        .expect_err("the layer cannot record operations");
+    assert_eq!(err.kind(), ErrorKind::Builder);
+    assert!(err.to_string().contains("ledger"), "{err}");
+}
+
+#[cfg(feature = "middleware")]
+#[test]
+fn a_middleware_refuses_a_ledger_it_could_not_use() {
+    let err = Client::builder()
+        .ledger(MemoryLedger::new())
+        .build_middleware()
+        .expect_err("the middleware cannot record operations");
+    assert_eq!(err.kind(), ErrorKind::Builder);
+}
