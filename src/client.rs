@@ -178,6 +178,32 @@ impl Client {
     }
 }
 
+#[cfg(any(feature = "tower", feature = "middleware"))]
+impl Client {
+    /// This client's settings, for a tower layer or a middleware to share.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) when the client has a ledger.
+    pub(crate) fn front_end_settings(&self) -> Result<Arc<Settings>, Error> {
+        if self.inner.settings.ledger.is_some() {
+            return Err(ledger_unsupported());
+        }
+        Ok(Arc::clone(&self.inner.settings))
+    }
+}
+
+/// The refusal of a front end asked to use a ledger. The claim and the saved response need the
+/// reqwest front end's request and response types; a front end that silently did not record
+/// would be worse than one that refuses.
+#[cfg(any(feature = "tower", feature = "middleware"))]
+fn ledger_unsupported() -> Error {
+    Error::builder(
+        "a ledger is supported by Client only, not by the tower or middleware front ends: \
+         build the layer or middleware from a ClientBuilder without one",
+    )
+}
+
 /// Configures a [`Client`].
 ///
 /// # Default
@@ -393,8 +419,8 @@ impl ClientBuilder {
     /// The ledger serves this crate's [`Client`] only: the claim fingerprints the buffered
     /// `reqwest` body and the finish saves the `reqwest` response. Building a tower layer or a
     /// middleware from a builder with a ledger is an
-    /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) error, and a layer taken from a client
-    /// (`Client::layer`) runs without it.
+    /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) error, and so is taking one from a
+    /// client that has a ledger (`Client::layer`, `Client::middleware`).
     ///
     /// Default: none.
     pub fn ledger(mut self, ledger: impl Ledger) -> Self {
@@ -419,11 +445,7 @@ impl ClientBuilder {
     pub(crate) fn into_settings(self) -> Result<Settings, Error> {
         self.validate()?;
         if self.ledger.is_some() {
-            // The claim and the saved response need the reqwest front end's request and
-            // response types; silently not recording would be worse than refusing.
-            return Err(Error::builder(
-                "a ledger is supported by Client only, not by the tower or middleware front ends",
-            ));
+            return Err(ledger_unsupported());
         }
         Ok(self.settings_unchecked())
     }

@@ -84,12 +84,35 @@ impl ClientBuilder {
 }
 
 impl Client {
-    /// A `reqwest-middleware` middleware sharing this client's settings.
-    #[must_use]
-    pub fn middleware(&self) -> IdempotentRetryMiddleware {
-        IdempotentRetryMiddleware {
-            settings: Arc::clone(&self.inner.settings),
-        }
+    /// A `reqwest-middleware` middleware sharing this client's settings (policies, key header,
+    /// observer, clock, sleeper, RNG and retry budget).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) when the client has a
+    /// [`Ledger`](crate::Ledger): the middleware could not claim, record or replay operations,
+    /// and one that silently ran without the ledger would send what the ledger would have
+    /// refused or replayed. Build the middleware from a [`ClientBuilder`] without a ledger.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idempotent_retry::{Client, ErrorKind, MemoryLedger};
+    ///
+    /// let client = Client::builder().build()?;
+    /// let middleware = client.middleware()?;
+    /// let _with_retries = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+    ///     .with(middleware)
+    ///     .build();
+    ///
+    /// let ledgered = Client::builder().ledger(MemoryLedger::new()).build()?;
+    /// assert_eq!(ledgered.middleware().map(drop).unwrap_err().kind(), ErrorKind::Builder);
+    /// # Ok::<(), idempotent_retry::Error>(())
+    /// ```
+    pub fn middleware(&self) -> Result<IdempotentRetryMiddleware, Error> {
+        Ok(IdempotentRetryMiddleware {
+            settings: self.front_end_settings()?,
+        })
     }
 }
 

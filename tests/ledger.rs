@@ -688,3 +688,36 @@ fn a_middleware_refuses_a_ledger_it_could_not_use() {
         .expect_err("the middleware cannot record operations");
     assert_eq!(err.kind(), ErrorKind::Builder);
 }
+
+#[cfg(feature = "tower")]
+#[test]
+fn a_layer_taken_from_a_client_with_a_ledger_is_refused() {
+    let client = Client::builder()
+        .ledger(MemoryLedger::new())
+        .build()
+        .expect("valid");
+    let err = client
+        .layer()
+        .map(drop)
+        .expect_err("the layer would send what the ledger refuses or replays");
+    assert_eq!(err.kind(), ErrorKind::Builder);
+    assert!(err.to_string().contains("ledger"), "{err}");
+    let plain = Client::builder().build().expect("valid");
+    assert!(plain.layer().is_ok(), "without a ledger the layer shares the settings");
+}
+
+#[cfg(feature = "middleware")]
+#[test]
+fn a_middleware_taken_from_a_client_with_a_ledger_is_refused() {
+    let client = Client::builder()
+        .ledger(MemoryLedger::new())
+        .build()
+        .expect("valid");
+    let err = client
+        .middleware()
+        .map(drop)
+        .expect_err("the middleware would send what the ledger refuses or replays");
+    assert_eq!(err.kind(), ErrorKind::Builder);
+    let plain = Client::builder().build().expect("valid");
+    assert!(plain.middleware().is_ok());
+}

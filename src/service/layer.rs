@@ -90,8 +90,30 @@ impl ClientBuilder {
 
 impl crate::Client {
     /// A tower layer sharing this client's settings (policies, key header, observer, clock,
-    /// sleeper and RNG), for services other than this client.
-    pub fn layer(&self) -> IdempotentRetryLayer {
-        IdempotentRetryLayer::from_settings(Arc::clone(&self.inner.settings))
+    /// sleeper, RNG and retry budget), for services other than this client.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) when the client has a
+    /// [`Ledger`](crate::Ledger): the layer could not claim, record or replay operations, and
+    /// a layer that silently ran without the ledger would send what the ledger would have
+    /// refused or replayed. Build the layer from a [`ClientBuilder`] without a ledger instead.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idempotent_retry::{Client, ErrorKind, MemoryLedger};
+    ///
+    /// let client = Client::builder().build()?;
+    /// let _layer = client.layer()?;
+    ///
+    /// let ledgered = Client::builder().ledger(MemoryLedger::new()).build()?;
+    /// assert_eq!(ledgered.layer().map(drop).unwrap_err().kind(), ErrorKind::Builder);
+    /// # Ok::<(), idempotent_retry::Error>(())
+    /// ```
+    pub fn layer(&self) -> Result<IdempotentRetryLayer, Error> {
+        Ok(IdempotentRetryLayer::from_settings(
+            self.front_end_settings()?,
+        ))
     }
 }
