@@ -196,12 +196,56 @@ pub(crate) struct Overrides {
     pub(crate) ledger: Option<Arc<LedgerSession>>,
 }
 
-/// Runs one logical operation: settles the key, then retries `request` through `transport`.
+/// Runs one logical operation: settles the key, then retries `request` through `transport`,
+/// inside the operation's span ([`operation_span`]).
 pub(crate) async fn execute<Q, T>(
+    settings: &Settings,
+    request: Q,
+    overrides: Overrides,
+    transport: T,
+) -> Result<T::Response, Error>
+where
+    Q: RetryRequest,
+    T: Transport<Q>,
+{
+    run_operation(settings, request, overrides, transport, true).await
+}
+
+/// As [`execute`], for a front end that already runs the whole operation (a ledger's claim
+/// and finish around the attempts) inside [`operation_span`]: no second span is opened.
+pub(crate) async fn execute_in_span<Q, T>(
+    settings: &Settings,
+    request: Q,
+    overrides: Overrides,
+    transport: T,
+) -> Result<T::Response, Error>
+where
+    Q: RetryRequest,
+    T: Transport<Q>,
+{
+    run_operation(settings, request, overrides, transport, false).await
+}
+
+/// The `tracing` span one operation runs in: method, host and key.
+pub(crate) fn operation_span(
+    method: &Method,
+    host: Option<&str>,
+    key: Option<&IdempotencyKey>,
+) -> tracing::Span {
+    tracing::info_span!(
+        "idempotent_request",
+        method = %method,
+        host = host.unwrap_or(""),
+        key = key.map_or("", IdempotencyKey::as_str),
+    )
+}
+
+async fn run_operation<Q, T>(
     settings: &Settings,
     mut request: Q,
     overrides: Overrides,
     transport: T,
+    open_span: bool,
 ) -> Result<T::Response, Error>
 where
     Q: RetryRequest,
@@ -221,12 +265,7 @@ where
         overrides.key,
         overrides.auto_key.unwrap_or(settings.auto_keys),
     )?;
-    let span = tracing::info_span!(
-        "idempotent_request",
-        method = %method,
-        host = request.host().unwrap_or(""),
-        key = key.as_ref().map_or("", IdempotencyKey::as_str),
-    );
+    let span = open_span.then(|| operation_span(&method, request.host(), key.as_ref()));
     let host = request.host().map(str::to_owned);
     let mut operation = Operation::begin(
         settings,
@@ -237,7 +276,11 @@ where
         overrides.timeout,
     );
     operation.ledger = overrides.ledger;
-    operation.run(request, transport).instrument(span).await
+    let run = operation.run(request, transport);
+    match span {
+        Some(span) => run.instrument(span).await,
+        None => run.await,
+    }
 }
 
 /// Settles the operation's key and puts it in the request's headers, once, before the first

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::Serialize;
+use tracing::Instrument;
 
 use crate::client::Client;
 use crate::engine::{self, Overrides};
@@ -225,42 +226,48 @@ impl RequestBuilder {
             key,
             auto_key,
         )?;
+        // The claim, the attempts and the finish all run in the operation's span, so every
+        // ledger event is logged with the operation's method, host and key.
+        let span = engine::operation_span(&method, request.url().host_str(), key.as_ref());
         let policy = settings.policy_for(policy, request.url().host_str());
         let attempt_timeout = timeout.unwrap_or(policy.get_attempt_timeout());
-        let begun = begin_operation(
-            settings,
-            &request,
-            key.as_ref(),
-            scope,
-            &policy,
-            attempt_timeout,
-        )
-        .await?;
-        let (policy, session) = match begun {
-            Begin::Replay(response) => return Ok(response),
-            Begin::Unledgered => (policy, None),
-            Begin::Proceed(session) => (
-                session.remaining_window(policy, settings.clock.wall()),
-                Some(Arc::new(session)),
-            ),
+        let ledgered = async {
+            let begun = begin_operation(
+                settings,
+                &request,
+                key.as_ref(),
+                scope,
+                &policy,
+                attempt_timeout,
+            )
+            .await?;
+            let (policy, session) = match begun {
+                Begin::Replay(response) => return Ok(response),
+                Begin::Unledgered => (policy, None),
+                Begin::Proceed(session) => (
+                    session.remaining_window(policy, settings.clock.wall()),
+                    Some(Arc::new(session)),
+                ),
+            };
+            let overrides = Overrides {
+                key,
+                auto_key: Some(auto_key),
+                policy: Some(policy),
+                timeout,
+                ledger: session.clone(),
+            };
+            let result = engine::execute_in_span(
+                settings,
+                request,
+                overrides,
+                ReqwestTransport(&client.inner.http),
+            )
+            .await;
+            match session {
+                Some(session) => session.finish(result).await,
+                None => result,
+            }
         };
-        let overrides = Overrides {
-            key,
-            auto_key: Some(auto_key),
-            policy: Some(policy),
-            timeout,
-            ledger: session.clone(),
-        };
-        let result = engine::execute(
-            settings,
-            request,
-            overrides,
-            ReqwestTransport(&client.inner.http),
-        )
-        .await;
-        match session {
-            Some(session) => session.finish(result).await,
-            None => result,
-        }
+        ledgered.instrument(span).await
     }
 }

@@ -11,7 +11,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use idempotent_retry::{Client, IdempotencyKey, RetryPolicy};
+use idempotent_retry::{Client, IdempotencyKey, MemoryLedger, RetryPolicy};
 use support::*;
 
 #[derive(Clone, Default)]
@@ -199,4 +199,45 @@ async fn the_tower_service_emits_the_same_span_and_events() {
             && l.contains("retrying with the same key")),
         "{lines:#?}"
     );
+}
+
+/// With a ledger, the claim before the first attempt and the replay or refusal it decides are
+/// logged inside the operation's span too, with its method, host and key.
+#[tokio::test]
+async fn ledger_events_are_inside_the_operation_span() {
+    log();
+    let server = TestServer::start_idempotent(vec![Action::status(503)], Action::ok("done")).await;
+    let client = Client::builder()
+        .policy(
+            RetryPolicy::default()
+                .base_delay(Duration::from_millis(1))
+                .max_delay(Duration::from_millis(5)),
+        )
+        .ledger(MemoryLedger::new())
+        .build()
+        .expect("valid");
+    let key = IdempotencyKey::new("evt_trace_ledger").expect("valid");
+    let send = |body: &'static str| {
+        client
+            .post(server.url("/"))
+            .idempotency_key(key.clone())
+            .policy(RetryPolicy::default().max_attempts(1))
+            .body(body)
+            .send()
+    };
+    send("a").await.expect_err("503, one attempt: outcome unknown");
+    send("a").await.expect("resumed from the ledger");
+    send("a").await.expect("replayed from the ledger");
+    send("b").await.expect_err("the key is reused for another body");
+    let lines = lines_with("evt_trace_ledger");
+    let span = r#"idempotent_request{method=POST host="127.0.0.1" key="evt_trace_ledger"}"#;
+    for message in [
+        "resuming an operation recorded in the ledger",
+        "replayed the saved response; no request sent",
+        "idempotency key reused for a different request",
+    ] {
+        let found: Vec<&String> = lines.iter().filter(|l| l.contains(message)).collect();
+        assert_eq!(found.len(), 1, "{message}: {lines:#?}");
+        assert!(found[0].contains(span), "inside the span: {}", found[0]);
+    }
 }
