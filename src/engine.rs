@@ -649,6 +649,7 @@ impl<'s> Operation<'s> {
                 error: None,
                 outcome_unknown: false,
                 elapsed: self.report.elapsed,
+                ledger_verdict: None,
             });
         }
         response.extensions_mut().insert(self.report);
@@ -722,6 +723,7 @@ impl<'s> Operation<'s> {
                 error: Some(err.kind()),
                 outcome_unknown: err.is_outcome_unknown(),
                 elapsed: err.elapsed(),
+                ledger_verdict: None,
             });
         }
         err

@@ -408,7 +408,7 @@ pub use ledger::{
 };
 #[cfg(feature = "middleware")]
 pub use middleware::IdempotentRetryMiddleware;
-pub use observe::{AttemptEvent, Observer, OperationEvent};
+pub use observe::{AttemptEvent, LedgerVerdict, Observer, OperationEvent};
 pub use policy::RetryPolicy;
 pub use report::{AttemptRecord, RetryReport, Wait, WaitReason};
 pub use request::RequestBuilder;

@@ -58,6 +58,13 @@ pub trait Observer: Send + Sync + fmt::Debug + 'static {
 
     /// Called once per operation, when its result is final: a response is returned or an error
     /// is. Not called for requests refused before the key was settled (bad URL or policy).
+    ///
+    /// With a [`Ledger`](crate::Ledger), an operation the ledger settles before anything is
+    /// sent is reported too, with `attempts` 0 and [`OperationEvent::ledger_verdict`] set: a
+    /// succeeded operation answered from its saved response, or one refused
+    /// ([`KeyReuse`](crate::ErrorKind::KeyReuse), [`InProgress`](crate::ErrorKind::InProgress),
+    /// [`ReconcileWindow`](crate::ErrorKind::ReconcileWindow), or
+    /// [`Ledger`](crate::ErrorKind::Ledger) when the claim could not be written).
     fn on_operation(&self, event: &OperationEvent<'_>) {
         let _ = event;
     }
@@ -104,8 +111,61 @@ pub struct OperationEvent<'a> {
     /// Whether the server may have executed an operation that ended in an error (see
     /// [`Error::is_outcome_unknown`](crate::Error::is_outcome_unknown)).
     pub outcome_unknown: bool,
-    /// Time from the first attempt to the end of the last one.
+    /// Time from the first attempt to the end of the last one; zero when nothing was sent.
     pub elapsed: Duration,
+    /// `Some` when the [`Ledger`](crate::Ledger) settled the operation before its first
+    /// attempt, so nothing was sent; `None` when the operation ran its attempts (or the client
+    /// has no ledger).
+    pub ledger_verdict: Option<LedgerVerdict>,
+}
+
+/// How a [`Ledger`](crate::Ledger) settled an operation before anything was sent, as
+/// [`OperationEvent::ledger_verdict`] reports it.
+///
+/// # Examples
+///
+/// Counting what the ledger spared the server, and what it refused:
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use idempotent_retry::{Client, LedgerVerdict, MemoryLedger, Observer, OperationEvent};
+///
+/// #[derive(Debug, Default)]
+/// struct LedgerMetrics {
+///     replayed: AtomicU64,
+///     refused: AtomicU64,
+/// }
+///
+/// impl Observer for LedgerMetrics {
+///     fn on_operation(&self, event: &OperationEvent<'_>) {
+///         match event.ledger_verdict {
+///             Some(LedgerVerdict::Replayed) => self.replayed.fetch_add(1, Ordering::Relaxed),
+///             Some(LedgerVerdict::Refused) => self.refused.fetch_add(1, Ordering::Relaxed),
+///             _ => 0,
+///         };
+///     }
+/// }
+///
+/// let client = Client::builder()
+///     .ledger(MemoryLedger::new())
+///     .observer(LedgerMetrics::default())
+///     .build()?;
+/// # Ok::<(), idempotent_retry::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LedgerVerdict {
+    /// The operation had already succeeded: its saved response was returned
+    /// ([`RetryReport::is_replayed`](crate::RetryReport::is_replayed)); `status` is the saved
+    /// status, `error` is `None`.
+    Replayed,
+    /// The ledger's record, or a failure to read or write it, stopped the operation: `error`
+    /// says which ([`KeyReuse`](crate::ErrorKind::KeyReuse),
+    /// [`InProgress`](crate::ErrorKind::InProgress),
+    /// [`ReconcileWindow`](crate::ErrorKind::ReconcileWindow),
+    /// [`Ledger`](crate::ErrorKind::Ledger), or [`Builder`](crate::ErrorKind::Builder) for a
+    /// streamed body that cannot be fingerprinted).
+    Refused,
 }
 
 impl ClientBuilder {

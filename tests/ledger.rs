@@ -9,12 +9,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
+use std::sync::Mutex;
+
 use idempotent_retry::{
     AttemptUpdate, Claim, Claimed, Client, ErrorKind, Finish, IdempotencyKey, InProgressPolicy,
-    Ledger, LedgerError, LedgerErrorKind, LedgerFuture, LedgerOptions, MemoryLedger,
-    OperationRecord, OperationStatus, RetryPolicy, RetryReport,
+    Ledger, LedgerError, LedgerErrorKind, LedgerFuture, LedgerOptions, LedgerVerdict,
+    MemoryLedger, OperationEvent, OperationRecord, OperationStatus, RetryPolicy, RetryReport,
 };
 use support::*;
+use tokio::sync::Semaphore;
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -522,13 +525,57 @@ async fn retention_is_never_shorter_than_two_windows() {
     assert_eq!(client.purge_expired(10).await.expect("purge"), 0);
 }
 
-/// A ledger whose writes can be made to fail, around a memory ledger.
+/// A ledger whose writes can be made to fail, or the next attempt record to stall, around a
+/// memory ledger.
 #[derive(Debug, Clone, Default)]
 struct Faulty {
     inner: MemoryLedger,
     fail_claim: Arc<AtomicBool>,
     fail_record: Arc<AtomicBool>,
     fail_finish: Arc<AtomicBool>,
+    pause: Arc<Pause>,
+}
+
+/// Stalls the next `record_attempt` until the test resumes it: the worker is frozen between
+/// its attempt and the record, for exactly as long as the test wants, whatever the machine's
+/// speed.
+#[derive(Debug)]
+struct Pause {
+    armed: AtomicBool,
+    reached: Semaphore,
+    resume: Semaphore,
+}
+
+impl Default for Pause {
+    fn default() -> Self {
+        Pause {
+            armed: AtomicBool::new(false),
+            reached: Semaphore::new(0),
+            resume: Semaphore::new(0),
+        }
+    }
+}
+
+impl Pause {
+    fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Waits until a record has stalled.
+    async fn reached(&self) {
+        self.reached.acquire().await.expect("open").forget();
+    }
+
+    fn resume(&self) {
+        self.resume.add_permits(1);
+    }
+
+    async fn stall_if_armed(&self) {
+        if self.armed.swap(false, Ordering::SeqCst) {
+            self.reached.add_permits(1);
+            self.resume.acquire().await.expect("open").forget();
+        }
+    }
 }
 
 fn outage() -> LedgerError {
@@ -546,7 +593,10 @@ impl Ledger for Faulty {
         if self.fail_record.load(Ordering::SeqCst) {
             return Box::pin(async { Err(outage()) });
         }
-        self.inner.record_attempt(update)
+        Box::pin(async move {
+            self.pause.stall_if_armed().await;
+            self.inner.record_attempt(update).await
+        })
     }
     fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
         if self.fail_finish.load(Ordering::SeqCst) {
@@ -666,6 +716,171 @@ async fn an_outcome_that_cannot_be_recorded_keeps_the_response_and_the_lease_lap
     assert_eq!(again.status(), 200);
     assert_eq!(server.effects(), 1, "exactly one side effect");
     assert_eq!(row(&faulty, &k).await.status, OperationStatus::Succeeded);
+}
+
+/// What an observer saw of one operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    key: Option<String>,
+    attempts: u32,
+    status: Option<u16>,
+    error: Option<ErrorKind>,
+    outcome_unknown: bool,
+    verdict: Option<LedgerVerdict>,
+}
+
+/// Every `on_operation` event, in order.
+#[derive(Debug, Clone, Default)]
+struct Operations(Arc<Mutex<Vec<Seen>>>);
+
+impl Operations {
+    fn take(&self) -> Vec<Seen> {
+        std::mem::take(&mut *self.0.lock().expect("not poisoned"))
+    }
+
+    fn record(&self, event: &OperationEvent<'_>) {
+        self.0.lock().expect("not poisoned").push(Seen {
+            key: event.key.map(ToString::to_string),
+            attempts: event.attempts,
+            status: event.status.map(|s| s.as_u16()),
+            error: event.error,
+            outcome_unknown: event.outcome_unknown,
+            verdict: event.ledger_verdict,
+        });
+    }
+}
+
+/// A client on `time` (shared by every "worker" of a test) whose observer records every
+/// operation event.
+fn observed_client(
+    ledger: impl Ledger,
+    worker: &str,
+    policy: RetryPolicy,
+    time: &VirtualTime,
+) -> (Client, Operations) {
+    let seen = Operations::default();
+    let client = Client::builder()
+        .policy(policy)
+        .clock(time.clone())
+        .sleeper(time.clone())
+        .ledger(ledger)
+        .ledger_options(LedgerOptions::new().worker(worker))
+        .on_operation({
+            let seen = seen.clone();
+            move |event| seen.record(event)
+        })
+        .build()
+        .expect("valid policy");
+    (client, seen)
+}
+
+#[tokio::test]
+async fn the_observer_sees_replays_and_refusals_settled_by_the_ledger() {
+    let server = TestServer::start_idempotent(vec![], Action::ok("charged")).await;
+    let time = VirtualTime::new();
+    let (client, seen) = observed_client(MemoryLedger::new(), "a", fast(), &time);
+    let k = key("observed");
+    let send = |amount: u32| {
+        client
+            .post(server.url("/charges"))
+            .idempotency_key(k.clone())
+            .json(&serde_json::json!({ "amount": amount }))
+            .send()
+    };
+
+    send(100).await.expect("sent");
+    let ran = Seen {
+        key: Some(k.to_string()),
+        attempts: 1,
+        status: Some(200),
+        error: None,
+        outcome_unknown: false,
+        verdict: None,
+    };
+    assert_eq!(seen.take(), vec![ran], "a run that sends is no verdict");
+
+    let replay = send(100).await.expect("replayed");
+    assert!(RetryReport::of(&replay).expect("report").is_replayed());
+    let replayed = Seen {
+        attempts: 0,
+        verdict: Some(LedgerVerdict::Replayed),
+        ..seen_for(&k)
+    };
+    assert_eq!(seen.take(), vec![Seen { status: Some(200), ..replayed }]);
+
+    let err = send(200).await.expect_err("another request under the key");
+    assert_eq!(err.kind(), ErrorKind::KeyReuse);
+    let refused = Seen {
+        error: Some(ErrorKind::KeyReuse),
+        verdict: Some(LedgerVerdict::Refused),
+        ..seen_for(&k)
+    };
+    assert_eq!(seen.take(), vec![refused]);
+    assert_eq!(server.hits(), 1, "only the first run sent anything");
+}
+
+/// An event with the key and every other field empty.
+fn seen_for(k: &IdempotencyKey) -> Seen {
+    Seen {
+        key: Some(k.to_string()),
+        attempts: 0,
+        status: None,
+        error: None,
+        outcome_unknown: false,
+        verdict: None,
+    }
+}
+
+#[tokio::test]
+async fn the_observer_sees_an_in_progress_refusal_and_a_failed_claim() {
+    let server = TestServer::start_idempotent(vec![], Action::ok("charged")).await;
+    let faulty = Faulty::default();
+    let time = VirtualTime::new();
+    let (holder, _) = observed_client(faulty.clone(), "a", fast(), &time);
+    let (client, seen) = observed_client(faulty.clone(), "b", fast(), &time);
+    let k = key("observed-in-progress");
+
+    // Worker a sends, then stalls before recording its attempt: it holds a live lease.
+    faulty.pause.arm();
+    let holding = tokio::spawn({
+        let (url, k) = (server.url("/x"), k.clone());
+        async move { holder.post(url).idempotency_key(k).body("b").send().await }
+    });
+    faulty.pause.reached().await;
+    let err = client
+        .post(server.url("/x"))
+        .idempotency_key(k.clone())
+        .body("b")
+        .send()
+        .await
+        .expect_err("held by worker a");
+    assert_eq!(err.kind(), ErrorKind::InProgress);
+    let refused = Seen {
+        error: Some(ErrorKind::InProgress),
+        outcome_unknown: true,
+        verdict: Some(LedgerVerdict::Refused),
+        ..seen_for(&k)
+    };
+    assert_eq!(seen.take(), vec![refused]);
+    faulty.pause.resume();
+    holding.await.expect("task").expect("worker a finishes");
+
+    faulty.fail_claim.store(true, Ordering::SeqCst);
+    let other = key("observed-claim-fails");
+    let err = client
+        .post(server.url("/x"))
+        .idempotency_key(other.clone())
+        .send()
+        .await
+        .expect_err("the claim fails");
+    assert_eq!(err.kind(), ErrorKind::Ledger);
+    let failed = Seen {
+        error: Some(ErrorKind::Ledger),
+        verdict: Some(LedgerVerdict::Refused),
+        ..seen_for(&other)
+    };
+    assert_eq!(seen.take(), vec![failed]);
+    assert_eq!(server.hits(), 1, "only worker a sent anything");
 }
 
 #[cfg(feature = "tower")]

@@ -14,6 +14,7 @@ use super::{
 use crate::engine::Settings;
 use crate::error::{Error, ErrorKind};
 use crate::key::IdempotencyKey;
+use crate::observe::{LedgerVerdict, OperationEvent};
 use crate::policy::RetryPolicy;
 use crate::report::RetryReport;
 
@@ -52,8 +53,57 @@ pub(crate) struct LedgerSession {
 }
 
 /// Claims the operation before its first attempt. Nothing is sent unless this returns
-/// `Proceed` (or `Unledgered`).
+/// `Proceed` (or `Unledgered`). When the ledger settles the operation here (a replay, a
+/// refusal, a failed claim), the observer is told, as the engine tells it at the end of a run.
 pub(crate) async fn begin_operation(
+    client: &Settings,
+    request: &reqwest::Request,
+    key: Option<&IdempotencyKey>,
+    scope: Option<String>,
+    policy: &RetryPolicy,
+    attempt_timeout: Duration,
+) -> Result<Begin, Error> {
+    let begun = claim_operation(client, request, key, scope, policy, attempt_timeout).await;
+    settled_at_claim(client, request, &begun);
+    begun
+}
+
+/// Hook point: tells the observer about an operation the ledger settled before any attempt.
+fn settled_at_claim(client: &Settings, request: &reqwest::Request, begun: &Result<Begin, Error>) {
+    let Some(observer) = &client.observer else {
+        return;
+    };
+    let method = request.method();
+    let host = request.url().host_str();
+    let event = match begun {
+        Ok(Begin::Unledgered | Begin::Proceed(_)) => return,
+        Ok(Begin::Replay(response)) => OperationEvent {
+            key: RetryReport::of(response).and_then(RetryReport::idempotency_key),
+            method,
+            host,
+            attempts: 0,
+            status: Some(response.status()),
+            error: None,
+            outcome_unknown: false,
+            elapsed: Duration::ZERO,
+            ledger_verdict: Some(LedgerVerdict::Replayed),
+        },
+        Err(err) => OperationEvent {
+            key: err.idempotency_key(),
+            method,
+            host,
+            attempts: 0,
+            status: err.status(),
+            error: Some(err.kind()),
+            outcome_unknown: err.is_outcome_unknown(),
+            elapsed: Duration::ZERO,
+            ledger_verdict: Some(LedgerVerdict::Refused),
+        },
+    };
+    observer.on_operation(&event);
+}
+
+async fn claim_operation(
     client: &Settings,
     request: &reqwest::Request,
     key: Option<&IdempotencyKey>,
