@@ -883,6 +883,80 @@ async fn the_observer_sees_an_in_progress_refusal_and_a_failed_claim() {
     assert_eq!(server.hits(), 1, "only worker a sent anything");
 }
 
+#[tokio::test]
+async fn a_run_that_loses_its_lease_mid_run_is_told_outcome_unknown_and_keeps_the_answer() {
+    let server = TestServer::start_idempotent(vec![], Action::ok("charged")).await;
+    let faulty = Faulty::default();
+    // Both workers share one timeline; a lease lasts the attempt timeout (5 s) plus the
+    // default slack (30 s).
+    let time = VirtualTime::new();
+    let (a, seen_a) = observed_client(faulty.clone(), "a", fast(), &time);
+    let (b, _) = observed_client(faulty.clone(), "b", fast(), &time);
+    let k = key("lease-lost");
+    let send = |client: &Client| {
+        client
+            .post(server.url("/charges"))
+            .idempotency_key(k.clone())
+            .body("charge 100")
+            .send()
+    };
+
+    // Worker a's attempt reaches the server and commits; then a stalls (a long GC pause, a
+    // frozen VM) before it can record the attempt, for longer than its lease.
+    faulty.pause.arm();
+    let a_run = tokio::spawn(send(&a));
+    faulty.pause.reached().await;
+    time.advance(Duration::from_secs(36));
+
+    // Worker b finds the lease lapsed, takes the operation over with the same key, and gets
+    // the receiver's saved answer.
+    let b_response = send(&b).await.expect("worker b takes over");
+    assert_eq!(
+        b_response.headers().get(REPLAYED_HEADER).map(|v| v.as_bytes()),
+        Some(&b"true"[..]),
+        "the receiver recognised the key"
+    );
+    assert_eq!(b_response.text().await.expect("body"), "charged");
+    let stored = row(&faulty, &k).await;
+    assert_eq!(stored.status, OperationStatus::Succeeded);
+    assert_eq!(stored.lease_owner, None);
+
+    // Worker a wakes up: its record is refused, so it may not claim the outcome as its own.
+    faulty.pause.resume();
+    let mut err = a_run
+        .await
+        .expect("task")
+        .expect_err("worker a lost its lease");
+    assert_eq!(err.kind(), ErrorKind::Ledger);
+    assert!(err.is_outcome_unknown(), "its attempt may have run");
+    assert_eq!(err.idempotency_key(), Some(&k));
+    assert_eq!(err.attempts(), 1);
+    let source = err
+        .source()
+        .and_then(|s| s.downcast_ref::<LedgerError>())
+        .expect("a ledger error");
+    assert_eq!(source.kind(), LedgerErrorKind::LeaseLost);
+    let response = err.take_response().expect("the answer it got is kept");
+    assert_eq!(response.text().await.expect("body"), "charged");
+    assert_eq!(
+        seen_a.take(),
+        vec![Seen {
+            attempts: 1,
+            status: Some(200),
+            error: Some(ErrorKind::Ledger),
+            outcome_unknown: true,
+            ..seen_for(&k)
+        }]
+    );
+
+    // Worker a's late finish did not overwrite worker b's record.
+    let stored = row(&faulty, &k).await;
+    assert_eq!(stored.status, OperationStatus::Succeeded);
+    assert_eq!(stored.attempts, 1, "only worker b's attempt was recorded");
+    assert_eq!(server.keys(), vec![Some(k.to_string()); 2], "one key");
+    assert_eq!(server.effects(), 1, "one charge");
+}
+
 #[cfg(feature = "tower")]
 #[test]
 fn a_tower_layer_refuses_a_ledger_it_could_not_use() {
