@@ -269,3 +269,88 @@ async fn a_file_locked_mid_attempt_gives_outcome_unknown_and_the_next_run_resolv
     assert_eq!(server.effects(), 1);
     assert_eq!(server.keys(), vec![Some(charge_key().to_string()); 2]);
 }
+
+/// The crate's own idempotent receiver counts the effects: a charge whose answer was lost is
+/// resumed by a restarted process under the same derived key and runs once, and once it is
+/// recorded as done, a further restart answers from the file without a request.
+#[tokio::test]
+async fn a_restart_after_a_lost_answer_charges_once_and_then_replays_from_the_file() {
+    use idempotent_retry::testkit::{self, Fault, Receiver, When};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("operations.db");
+    let receiver = Receiver::builder()
+        .scope("tests.charge")
+        .start()
+        .await
+        .expect("receiver");
+    let key = charge_key();
+    // The charge commits but its answer is lost, and the retry cannot get through either.
+    receiver.inject(When::key_attempt(&key, 1), Fault::ResetAfterCommit);
+    receiver.inject(When::key_attempt(&key, 2), Fault::ResetBeforeHandler);
+    let time = VirtualTime::new();
+    let body = serde_json::json!({"order": 17, "amount": 100});
+    let process = |ledger: SqliteLedger| {
+        Client::builder()
+            .http(testkit::loopback_http().expect("http client"))
+            .policy(policy())
+            .clock(time.clone())
+            .sleeper(time.clone())
+            .ledger(ledger)
+            .build()
+            .expect("valid policy")
+    };
+    let charge = |client: Client| {
+        let (url, body) = (receiver.url("/charges"), body.clone());
+        // Each run derives the key again from the same inputs, as a restarted job would.
+        async move {
+            client
+                .post(url)
+                .idempotency_key(charge_key())
+                .json(&body)
+                .send()
+                .await
+        }
+    };
+
+    let first = process(SqliteLedger::open(&path).await.expect("open"));
+    let err = charge(first).await.expect_err("no answer arrived");
+    assert!(err.is_outcome_unknown());
+    assert_eq!(receiver.effects_for(key.as_str()), 1, "it ran, unseen");
+
+    // The process restarts: a new client on the same file, the same key.
+    let ledger = SqliteLedger::open(&path).await.expect("reopen");
+    let response = charge(process(ledger.clone()))
+        .await
+        .expect("resumed with the same key");
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response
+            .headers()
+            .get(testkit::REPLAYED_HEADER)
+            .map(|v| v.as_bytes()),
+        Some(&b"true"[..]),
+        "the receiver recognised the key"
+    );
+    assert_eq!(
+        response.text().await.expect("body"),
+        r#"{"effect":1}"#,
+        "the first run's answer"
+    );
+    assert_eq!(receiver.effects(), 1, "exactly one charge");
+    assert_eq!(receiver.keys(), vec![Some(key.to_string()); 3]);
+    let row = ledger.get(key.as_str()).await.expect("read").expect("row");
+    assert_eq!(row.status, OperationStatus::Succeeded);
+    assert_eq!(row.attempts, 3);
+    drop(ledger);
+
+    // Another restart: the operation is done, so nothing reaches the receiver.
+    let arrivals = receiver.arrivals();
+    let replay = charge(process(SqliteLedger::open(&path).await.expect("reopen")))
+        .await
+        .expect("answered from the file");
+    assert!(RetryReport::of(&replay).expect("report").is_replayed());
+    assert_eq!(replay.text().await.expect("body"), r#"{"effect":1}"#);
+    assert_eq!(receiver.arrivals(), arrivals, "no request at all");
+    assert_eq!(receiver.effects(), 1);
+}
