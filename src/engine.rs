@@ -639,7 +639,7 @@ impl<'s> Operation<'s> {
         self.budget_tab
             .settle_success(self.settings.budget.as_ref());
         log_final(response.status(), self.report.idempotency_key(), attempts);
-        if let Some(observer) = &self.settings.observer {
+        if let Some(observer) = self.observer() {
             observer.on_operation(&OperationEvent {
                 key: self.report.idempotency_key(),
                 method: self.method,
@@ -711,9 +711,18 @@ impl<'s> Operation<'s> {
         self.finish_with_error(err)
     }
 
+    /// The observer to tell at the end of the operation. A run holding a ledger claim has none
+    /// here: its front end reports once the ledger's finish has settled what the caller gets.
+    fn observer(&self) -> Option<&Arc<dyn Observer>> {
+        self.settings
+            .observer
+            .as_ref()
+            .filter(|_| self.ledger.is_none())
+    }
+
     /// Hook point (every error after the key was settled): tells the observer.
     fn finish_with_error(&self, err: Error) -> Error {
-        if let Some(observer) = &self.settings.observer {
+        if let Some(observer) = self.observer() {
             observer.on_operation(&OperationEvent {
                 key: err.idempotency_key(),
                 method: self.method,

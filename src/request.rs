@@ -13,7 +13,7 @@ use crate::engine::{self, Overrides};
 use crate::error::Error;
 use crate::exchange::ReqwestTransport;
 use crate::key::IdempotencyKey;
-use crate::ledger::{Begin, begin_operation};
+use crate::ledger::{Begin, begin_operation, finished};
 use crate::policy::RetryPolicy;
 
 /// A request being built; [`send`](Self::send) runs it as one logical operation.
@@ -229,6 +229,7 @@ impl RequestBuilder {
         // The claim, the attempts and the finish all run in the operation's span, so every
         // ledger event is logged with the operation's method, host and key.
         let span = engine::operation_span(&method, request.url().host_str(), key.as_ref());
+        let host = request.url().host_str().map(str::to_owned);
         let policy = settings.policy_for(policy, request.url().host_str());
         let attempt_timeout = timeout.unwrap_or(policy.get_attempt_timeout());
         let ledgered = async {
@@ -264,7 +265,11 @@ impl RequestBuilder {
             )
             .await;
             match session {
-                Some(session) => session.finish(result).await,
+                Some(session) => {
+                    let result = session.finish(result).await;
+                    finished(settings, &method, host.as_deref(), &result);
+                    result
+                }
                 None => result,
             }
         };

@@ -957,6 +957,55 @@ async fn a_run_that_loses_its_lease_mid_run_is_told_outcome_unknown_and_keeps_th
     assert_eq!(server.effects(), 1, "one charge");
 }
 
+#[tokio::test]
+async fn the_observer_is_told_what_the_caller_gets_after_the_ledger_finish() {
+    let server = TestServer::start_idempotent(vec![Action::status(503)], Action::ok("done")).await;
+    let faulty = Faulty::default();
+    let time = VirtualTime::new();
+    let (client, seen) = observed_client(faulty.clone(), "a", fast().max_attempts(1), &time);
+
+    // The response arrives, but its outcome cannot be written: the caller gets an error, and
+    // so does the observer.
+    faulty.fail_finish.store(true, Ordering::SeqCst);
+    let k = key("observed-finish-fails");
+    let err = client
+        .post(server.url("/x"))
+        .idempotency_key(k.clone())
+        .send()
+        .await
+        .expect_err("503, then the outcome could not be recorded");
+    assert_eq!(err.kind(), ErrorKind::Ledger);
+    let told = Seen {
+        attempts: 1,
+        status: Some(503),
+        error: Some(ErrorKind::Ledger),
+        outcome_unknown: true,
+        ..seen_for(&k)
+    };
+    assert_eq!(seen.take(), vec![told]);
+    faulty.fail_finish.store(false, Ordering::SeqCst);
+
+    // A resumed run that cannot connect is unknown because of the earlier run's attempt: the
+    // observer hears that too, not the connect failure's "nothing ran".
+    let gone = TestServer::start(vec![], Action::status(503)).await;
+    let url = gone.url("/x");
+    let other = key("observed-prior-unknown");
+    let send = || client.post(&url).idempotency_key(other.clone()).send();
+    send().await.expect_err("503, one attempt");
+    seen.take();
+    drop(gone);
+    let err = send().await.expect_err("nobody listens any more");
+    assert_eq!(err.kind(), ErrorKind::AttemptsExhausted);
+    assert!(err.is_outcome_unknown());
+    let told = Seen {
+        attempts: 1,
+        error: Some(ErrorKind::AttemptsExhausted),
+        outcome_unknown: true,
+        ..seen_for(&other)
+    };
+    assert_eq!(seen.take(), vec![told]);
+}
+
 #[cfg(feature = "tower")]
 #[test]
 fn a_tower_layer_refuses_a_ledger_it_could_not_use() {

@@ -91,7 +91,7 @@ pub use memory::MemoryLedger;
 pub use options::{InProgressPolicy, LedgerOptions};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresLedger;
-pub(crate) use session::{Begin, LedgerHandle, LedgerSession, begin_operation};
+pub(crate) use session::{Begin, LedgerHandle, LedgerSession, begin_operation, finished};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteLedger;
 

@@ -103,6 +103,48 @@ fn settled_at_claim(client: &Settings, request: &reqwest::Request, begun: &Resul
     observer.on_operation(&event);
 }
 
+/// Hook point: tells the observer how a run that held the claim ended, once the ledger's
+/// finish has settled what the caller gets (it may turn a response into an
+/// [`ErrorKind::Ledger`] error, or mark an error's outcome unknown because of an earlier run).
+pub(crate) fn finished(
+    client: &Settings,
+    method: &http::Method,
+    host: Option<&str>,
+    result: &Result<reqwest::Response, Error>,
+) {
+    let Some(observer) = &client.observer else {
+        return;
+    };
+    let event = match result {
+        Ok(response) => {
+            let report = RetryReport::of(response);
+            OperationEvent {
+                key: report.and_then(RetryReport::idempotency_key),
+                method,
+                host,
+                attempts: report.map_or(0, RetryReport::attempts),
+                status: Some(response.status()),
+                error: None,
+                outcome_unknown: false,
+                elapsed: report.map_or(Duration::ZERO, RetryReport::elapsed),
+                ledger_verdict: None,
+            }
+        }
+        Err(err) => OperationEvent {
+            key: err.idempotency_key(),
+            method,
+            host,
+            attempts: err.attempts(),
+            status: err.status(),
+            error: Some(err.kind()),
+            outcome_unknown: err.is_outcome_unknown(),
+            elapsed: err.elapsed(),
+            ledger_verdict: None,
+        },
+    };
+    observer.on_operation(&event);
+}
+
 async fn claim_operation(
     client: &Settings,
     request: &reqwest::Request,
