@@ -13,8 +13,8 @@ use std::sync::Mutex;
 
 use idempotent_retry::{
     AttemptUpdate, Claim, Claimed, Client, ErrorKind, Finish, IdempotencyKey, InProgressPolicy,
-    Ledger, LedgerError, LedgerErrorKind, LedgerFuture, LedgerOptions, LedgerVerdict,
-    MemoryLedger, OperationEvent, OperationRecord, OperationStatus, RetryPolicy, RetryReport,
+    Ledger, LedgerError, LedgerErrorKind, LedgerFuture, LedgerOptions, LedgerVerdict, MemoryLedger,
+    OperationEvent, OperationRecord, OperationStatus, RetryPolicy, RetryReport,
 };
 use support::*;
 use tokio::sync::Semaphore;
@@ -806,7 +806,13 @@ async fn the_observer_sees_replays_and_refusals_settled_by_the_ledger() {
         verdict: Some(LedgerVerdict::Replayed),
         ..seen_for(&k)
     };
-    assert_eq!(seen.take(), vec![Seen { status: Some(200), ..replayed }]);
+    assert_eq!(
+        seen.take(),
+        vec![Seen {
+            status: Some(200),
+            ..replayed
+        }]
+    );
 
     let err = send(200).await.expect_err("another request under the key");
     assert_eq!(err.kind(), ErrorKind::KeyReuse);
@@ -912,7 +918,10 @@ async fn a_run_that_loses_its_lease_mid_run_is_told_outcome_unknown_and_keeps_th
     // the receiver's saved answer.
     let b_response = send(&b).await.expect("worker b takes over");
     assert_eq!(
-        b_response.headers().get(REPLAYED_HEADER).map(|v| v.as_bytes()),
+        b_response
+            .headers()
+            .get(REPLAYED_HEADER)
+            .map(|v| v.as_bytes()),
         Some(&b"true"[..]),
         "the receiver recognised the key"
     );
@@ -1041,7 +1050,10 @@ fn a_layer_taken_from_a_client_with_a_ledger_is_refused() {
     assert_eq!(err.kind(), ErrorKind::Builder);
     assert!(err.to_string().contains("ledger"), "{err}");
     let plain = Client::builder().build().expect("valid");
-    assert!(plain.layer().is_ok(), "without a ledger the layer shares the settings");
+    assert!(
+        plain.layer().is_ok(),
+        "without a ledger the layer shares the settings"
+    );
 }
 
 #[cfg(feature = "middleware")]

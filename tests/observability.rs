@@ -225,10 +225,14 @@ async fn ledger_events_are_inside_the_operation_span() {
             .body(body)
             .send()
     };
-    send("a").await.expect_err("503, one attempt: outcome unknown");
+    send("a")
+        .await
+        .expect_err("503, one attempt: outcome unknown");
     send("a").await.expect("resumed from the ledger");
     send("a").await.expect("replayed from the ledger");
-    send("b").await.expect_err("the key is reused for another body");
+    send("b")
+        .await
+        .expect_err("the key is reused for another body");
     let lines = lines_with("evt_trace_ledger");
     let span = r#"idempotent_request{method=POST host="127.0.0.1" key="evt_trace_ledger"}"#;
     for message in [
