@@ -1,0 +1,175 @@
+//! What the two overhead benches share: the in-process loopback server, the request every
+//! contender sends, and the contenders themselves, so `overhead.rs` (criterion, one contender
+//! after another) and `overhead_paired.rs` (interleaved) always time exactly the same work.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use idempotent_retry::{Client, IdempotencyKey};
+use reqwest_retry::RetryTransientMiddleware;
+use reqwest_retry::policies::ExponentialBackoff;
+use tokio::net::TcpListener;
+
+/// The 40-byte JSON body of every request.
+const BODY: &str = r#"{"to":"ada@example.com","subject":"hi"}"#;
+/// The idempotency key every keyed contender sends.
+const KEY: &str = "bench-key-0001";
+
+async fn answer(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    // Read the whole request body, as a real handler would.
+    let _ = request.into_body().collect().await;
+    Ok(Response::new(Full::new(Bytes::from_static(
+        b"{\"ok\":true}",
+    ))))
+}
+
+/// Starts an HTTP/1.1 keep-alive server on 127.0.0.1 that answers every request 200 with an
+/// 11-byte body, and returns its URL.
+pub async fn start_server() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the bench server");
+    let addr: SocketAddr = listener.local_addr().expect("bench server address");
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let _ = stream.set_nodelay(true);
+            tokio::spawn(
+                http1::Builder::new()
+                    .keep_alive(true)
+                    .serve_connection(TokioIo::new(stream), service_fn(answer)),
+            );
+        }
+    });
+    format!("http://{addr}/v1/emails")
+}
+
+/// One way of sending the benchmark's POST.
+#[derive(Clone, Copy, Debug)]
+pub enum Contender {
+    /// Bare `reqwest`, no timeout.
+    Bare,
+    /// Bare `reqwest` with a 30 s request timeout: our client sets a per-attempt timeout on
+    /// every attempt, so this is the like-for-like floor.
+    BareWithTimeout,
+    /// Our `Client` with a fixed key.
+    Ours,
+    /// `reqwest-middleware` with `reqwest-retry`.
+    Peer,
+    /// Our `Client` minting a random key per request, as it does for a POST without one.
+    OursRandomKey,
+}
+
+impl Contender {
+    /// Every contender, in the order the criterion bench runs them.
+    #[allow(dead_code, reason = "overhead_paired.rs takes turns between a subset")]
+    pub const ALL: [Contender; 5] = [
+        Contender::Bare,
+        Contender::BareWithTimeout,
+        Contender::Ours,
+        Contender::Peer,
+        Contender::OursRandomKey,
+    ];
+
+    /// The name a result row carries.
+    pub fn name(self) -> &'static str {
+        match self {
+            Contender::Bare => "bare reqwest",
+            Contender::BareWithTimeout => "bare reqwest + timeout",
+            Contender::Ours => "idempotent-retry",
+            Contender::Peer => "reqwest-middleware + reqwest-retry",
+            Contender::OursRandomKey => "idempotent-retry, random key",
+        }
+    }
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .build()
+        .expect("a reqwest client")
+}
+
+/// One client per contender, each with its own connection pool.
+pub struct Clients {
+    bare: reqwest::Client,
+    timed: reqwest::Client,
+    ours: Client,
+    key: IdempotencyKey,
+    peer: reqwest_middleware::ClientWithMiddleware,
+}
+
+impl Clients {
+    /// Builds the clients (call inside a Tokio runtime).
+    pub fn new() -> Self {
+        Clients {
+            bare: http(),
+            timed: http(),
+            ours: Client::builder().http(http()).build().expect("our client"),
+            key: IdempotencyKey::new(KEY).expect("a valid key"),
+            peer: reqwest_middleware::ClientBuilder::new(http())
+                .with(RetryTransientMiddleware::new_with_policy(
+                    ExponentialBackoff::builder().build_with_max_retries(4),
+                ))
+                .build(),
+        }
+    }
+
+    /// Sends the POST to `url` the way `contender` does and reads the whole response body.
+    pub async fn send(&self, contender: Contender, url: &str) -> Bytes {
+        let response = match contender {
+            Contender::Bare => self
+                .bare
+                .post(url)
+                .header("idempotency-key", KEY)
+                .header("content-type", "application/json")
+                .body(BODY)
+                .send()
+                .await
+                .expect("200"),
+            Contender::BareWithTimeout => self
+                .timed
+                .post(url)
+                .timeout(Duration::from_secs(30))
+                .header("idempotency-key", KEY)
+                .header("content-type", "application/json")
+                .body(BODY)
+                .send()
+                .await
+                .expect("200"),
+            Contender::Ours => self
+                .ours
+                .post(url)
+                .idempotency_key(self.key.clone())
+                .header("content-type", "application/json")
+                .body(BODY)
+                .send()
+                .await
+                .expect("200"),
+            Contender::OursRandomKey => self
+                .ours
+                .post(url)
+                .header("content-type", "application/json")
+                .body(BODY)
+                .send()
+                .await
+                .expect("200"),
+            Contender::Peer => self
+                .peer
+                .post(url)
+                .header("idempotency-key", KEY)
+                .header("content-type", "application/json")
+                .body(BODY)
+                .send()
+                .await
+                .expect("200"),
+        };
+        response.bytes().await.expect("body")
+    }
+}
