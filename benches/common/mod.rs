@@ -124,42 +124,35 @@ impl Clients {
     /// Sends the POST to `url` the way `contender` does and reads the whole response body.
     pub async fn send(&self, contender: Contender, url: &str) -> Bytes {
         let response = match contender {
-            Contender::Bare => self
-                .bare
-                .post(url)
-                .header("idempotency-key", KEY)
-                .header("content-type", "application/json")
-                .body(BODY)
-                .send()
-                .await
-                .expect("200"),
-            Contender::BareWithTimeout => self
-                .timed
-                .post(url)
-                .timeout(Duration::from_secs(30))
-                .header("idempotency-key", KEY)
-                .header("content-type", "application/json")
-                .body(BODY)
-                .send()
-                .await
-                .expect("200"),
-            Contender::Ours => self
-                .ours
-                .post(url)
-                .idempotency_key(self.key.clone())
-                .header("content-type", "application/json")
-                .body(BODY)
-                .send()
-                .await
-                .expect("200"),
-            Contender::OursRandomKey => self
-                .ours
-                .post(url)
-                .header("content-type", "application/json")
-                .body(BODY)
-                .send()
-                .await
-                .expect("200"),
+            Contender::Bare | Contender::BareWithTimeout => {
+                let (client, timeout) = match contender {
+                    Contender::Bare => (&self.bare, None),
+                    _ => (&self.timed, Some(Duration::from_secs(30))),
+                };
+                let mut request = client.post(url);
+                if let Some(timeout) = timeout {
+                    request = request.timeout(timeout);
+                }
+                request
+                    .header("idempotency-key", KEY)
+                    .header("content-type", "application/json")
+                    .body(BODY)
+                    .send()
+                    .await
+                    .expect("200")
+            }
+            Contender::Ours | Contender::OursRandomKey => {
+                let mut request = self.ours.post(url);
+                if let Contender::Ours = contender {
+                    request = request.idempotency_key(self.key.clone());
+                }
+                request
+                    .header("content-type", "application/json")
+                    .body(BODY)
+                    .send()
+                    .await
+                    .expect("200")
+            }
             Contender::Peer => self
                 .peer
                 .post(url)
