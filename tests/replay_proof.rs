@@ -25,6 +25,7 @@ use idempotent_retry::testkit::{
 use idempotent_retry::{Client, Error, IdempotencyKey, RetryPolicy, RetryReport};
 use rand::RngExt as _;
 use serde_json::json;
+use tokio::sync::Semaphore;
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -73,6 +74,56 @@ async fn settle(receiver: &Receiver, key: &str) {
 
 fn email() -> serde_json::Value {
     json!({"to": "ada@example.com", "subject": "Your invoice"})
+}
+
+/// Sends the email to `url` with `key`: one logical operation.
+async fn send_email(
+    client: &Client,
+    url: String,
+    key: IdempotencyKey,
+) -> Result<reqwest::Response, Error> {
+    client
+        .post(url)
+        .idempotency_key(key)
+        .json(&email())
+        .send()
+        .await
+}
+
+/// A receiver whose handler holds each run in progress until the test opens the gate, so
+/// what meets a run in progress does so whatever the machine's speed.
+struct Gated {
+    receiver: Receiver,
+    /// Gains one permit each time a handler starts running.
+    started: Arc<Semaphore>,
+    /// One permit lets one waiting handler record its effect and answer 200.
+    gate: Arc<Semaphore>,
+}
+
+async fn gated_receiver() -> Gated {
+    let started = Arc::new(Semaphore::new(0));
+    let gate = Arc::new(Semaphore::new(0));
+    let receiver = Receiver::builder()
+        .handler({
+            let (started, gate) = (started.clone(), gate.clone());
+            move |delivery: Delivery| {
+                let (started, gate) = (started.clone(), gate.clone());
+                async move {
+                    started.add_permits(1);
+                    gate.acquire().await.expect("gate").forget();
+                    let n = delivery.record_effect();
+                    Reply::json(200, &json!({"email": n}))
+                }
+            }
+        })
+        .start()
+        .await
+        .expect("receiver");
+    Gated {
+        receiver,
+        started,
+        gate,
+    }
 }
 
 /// What one logical operation came to.
@@ -188,11 +239,7 @@ async fn a_delivery_replayed_sequentially_has_one_effect_and_one_answer() {
     let key = step_key("conv_seq", 3);
     let mut bodies = Vec::new();
     for _ in 0..20 {
-        let response = client
-            .post(receiver.url("/v1/emails"))
-            .idempotency_key(key.clone())
-            .json(&email())
-            .send()
+        let response = send_email(&client, receiver.url("/v1/emails"), key.clone())
             .await
             .expect("a final answer");
         assert_eq!(response.status(), 200);
@@ -208,22 +255,7 @@ async fn a_delivery_replayed_sequentially_has_one_effect_and_one_answer() {
 async fn fifty_concurrent_deliveries_of_one_key_have_one_effect_and_one_answer() {
     // The first run is held open until every task has been answered at least once, so most
     // meet 409 and retry through it.
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let receiver = Receiver::builder()
-        .handler({
-            let gate = gate.clone();
-            move |delivery: Delivery| {
-                let gate = gate.clone();
-                async move {
-                    gate.acquire().await.expect("gate").forget();
-                    let n = delivery.record_effect();
-                    Reply::json(200, &json!({"email": n}))
-                }
-            }
-        })
-        .start()
-        .await
-        .expect("receiver");
+    let Gated { receiver, gate, .. } = gated_receiver().await;
     let patient = RetryPolicy::default()
         .max_attempts(200)
         .base_delay(ms(5))
@@ -236,12 +268,7 @@ async fn fifty_concurrent_deliveries_of_one_key_have_one_effect_and_one_answer()
         let client = client(patient, i, &sleeper);
         let (url, key) = (receiver.url("/v1/emails"), key.clone());
         tasks.spawn(async move {
-            let response = client
-                .post(url)
-                .idempotency_key(key)
-                .json(&email())
-                .send()
-                .await?;
+            let response = send_email(&client, url, key).await?;
             let report = RetryReport::of(&response).cloned().expect("report");
             let status = response.status().as_u16();
             let body = response.text().await.unwrap_or_default();
@@ -324,12 +351,12 @@ async fn every_fault_alone_keeps_the_guarantee() {
             receiver.inject(When::key_attempt(&key, 1), fault.clone());
             let sleeper = RecordingSleeper::new();
             let policy = policy();
-            let result = client(policy, 7, &sleeper)
-                .post(receiver.url("/v1/emails"))
-                .idempotency_key(key.clone())
-                .json(&email())
-                .send()
-                .await;
+            let result = send_email(
+                &client(policy, 7, &sleeper),
+                receiver.url("/v1/emails"),
+                key.clone(),
+            )
+            .await;
             let outcome = check_guarantee(&receiver, &key, &policy, &sleeper, &result).await;
             (
                 fault,
@@ -419,12 +446,7 @@ async fn run_schedule(schedule: &Schedule, http: reqwest::Client) -> Result<Told
         .sleeper(sleeper.clone())
         .build()
         .map_err(|e| e.to_string())?;
-    let result = client
-        .post(receiver.url("/v1/emails"))
-        .idempotency_key(key.clone())
-        .json(&email())
-        .send()
-        .await;
+    let result = send_email(&client, receiver.url("/v1/emails"), key.clone()).await;
     let checked = check_guarantee(&receiver, &key, &schedule.policy, &sleeper, &result).await;
     checked.map_err(|broken| {
         let log: Vec<String> = receiver.log().iter().map(|a| a.to_string()).collect();
@@ -503,14 +525,7 @@ async fn crash_after_arrival<F: Future<Output = ()>>(
     );
     let task = tokio::spawn({
         let (url, key) = (receiver.url("/v1/emails"), key.clone());
-        async move {
-            doomed
-                .post(url)
-                .idempotency_key(key)
-                .json(&email())
-                .send()
-                .await
-        }
+        async move { send_email(&doomed, url, key).await }
     });
     assert_eq!(
         receiver.wait_for_arrivals(1, Duration::from_secs(10)).await,
@@ -526,24 +541,11 @@ async fn crash_after_arrival<F: Future<Output = ()>>(
 async fn a_crash_while_the_handler_runs_then_a_new_client_with_the_derived_key_has_one_effect() {
     // The handler is held in progress until the test lets it finish, whatever the machine's
     // speed.
-    let started = Arc::new(tokio::sync::Semaphore::new(0));
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let receiver = Receiver::builder()
-        .handler({
-            let (started, gate) = (started.clone(), gate.clone());
-            move |delivery: Delivery| {
-                let (started, gate) = (started.clone(), gate.clone());
-                async move {
-                    started.add_permits(1);
-                    gate.acquire().await.expect("gate").forget();
-                    let n = delivery.record_effect();
-                    Reply::json(200, &json!({"email": n}))
-                }
-            }
-        })
-        .start()
-        .await
-        .expect("receiver");
+    let Gated {
+        receiver,
+        started,
+        gate,
+    } = gated_receiver().await;
     let key = step_key("conv_crash", 4);
     crash_after_arrival(&receiver, &key, || async {
         started.acquire().await.expect("handler started").forget();
@@ -561,14 +563,7 @@ async fn a_crash_while_the_handler_runs_then_a_new_client_with_the_derived_key_h
     let resumed = tokio::spawn({
         let client = client(policy().max_attempts(200).max_delay(ms(20)), 2, &sleeper);
         let url = receiver.url("/v1/emails");
-        async move {
-            client
-                .post(url)
-                .idempotency_key(resumed_key)
-                .json(&email())
-                .send()
-                .await
-        }
+        async move { send_email(&client, url, resumed_key).await }
     });
     // The resumed attempt meets the first run in progress (409) before it finishes.
     assert_eq!(
@@ -603,13 +598,13 @@ async fn a_crash_after_the_effect_committed_then_a_new_client_gets_the_saved_ans
     assert_eq!(receiver.effects_for(key.as_str()), 1);
 
     let sleeper = RecordingSleeper::new();
-    let response = client(policy(), 3, &sleeper)
-        .post(receiver.url("/v1/emails"))
-        .idempotency_key(step_key("conv_crash", 5))
-        .json(&email())
-        .send()
-        .await
-        .expect("the resumed operation completes");
+    let response = send_email(
+        &client(policy(), 3, &sleeper),
+        receiver.url("/v1/emails"),
+        step_key("conv_crash", 5),
+    )
+    .await
+    .expect("the resumed operation completes");
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()[testkit::REPLAYED_HEADER], "true");
     assert_eq!(receiver.effects_for(key.as_str()), 1);
@@ -632,12 +627,12 @@ async fn releasing_a_committed_key_on_failure_is_caught_and_refused() {
     let key = step_key("conv_release", 1);
     let sleeper = RecordingSleeper::new();
     let policy = policy().max_attempts(3);
-    let result = client(policy, 4, &sleeper)
-        .post(receiver.url("/v1/emails"))
-        .idempotency_key(key.clone())
-        .json(&email())
-        .send()
-        .await;
+    let result = send_email(
+        &client(policy, 4, &sleeper),
+        receiver.url("/v1/emails"),
+        key.clone(),
+    )
+    .await;
     // The receiver refused to forget: each retry got the saved 503, no second email.
     let err = result.expect_err("503 until the attempts run out");
     assert!(err.is_outcome_unknown());
@@ -723,13 +718,13 @@ async fn keyless_posts_duplicate_under_the_faults_keys_survive() {
         let keyed = Receiver::start().await.expect("receiver");
         let key = step_key("conv_contrast", 1);
         keyed.inject(When::request(1), fault.clone());
-        let response = client(policy(), 6, &sleeper)
-            .post(keyed.url("/v1/emails"))
-            .idempotency_key(key.clone())
-            .json(&email())
-            .send()
-            .await
-            .expect("success");
+        let response = send_email(
+            &client(policy(), 6, &sleeper),
+            keyed.url("/v1/emails"),
+            key.clone(),
+        )
+        .await
+        .expect("success");
         assert_eq!(response.status(), 200, "{fault}");
         settle(&keyed, key.as_str()).await;
         assert_eq!(keyed.effects(), 1, "{fault}");
