@@ -42,12 +42,17 @@ fn policy() -> RetryPolicy {
         .max_retry_after(ms(1_500))
 }
 
+/// One process sending one operation. Without a retry budget: the budget bounds what a
+/// client's retries add across many operations (`tests/budget.rs` proves it), and its default
+/// 100 retries from full would cut short the patient clients here, which retry through a 409
+/// for as long as a gated first run stays in progress.
 fn client(policy: RetryPolicy, seed: u64, sleeper: &RecordingSleeper) -> Client {
     Client::builder()
         .http(testkit::loopback_http().expect("a loopback reqwest client"))
         .policy(policy)
         .rng_seed(seed)
         .sleeper(sleeper.clone())
+        .without_retry_budget()
         .build()
         .expect("a valid policy")
 }
