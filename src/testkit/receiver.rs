@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::BufReader;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::fault::{Fault, When};
@@ -419,7 +419,10 @@ impl ReceiverBuilder {
             changed: Notify::new(),
             state: Mutex::default(),
         });
-        let task = tokio::spawn(accept_loop(listener, shared.clone()));
+        let task = tokio::spawn({
+            let shared = shared.clone();
+            wire::accept_loop(listener, move |stream| serve(shared.clone(), stream))
+        });
         Ok(Receiver { addr, shared, task })
     }
 }
@@ -849,22 +852,6 @@ fn fingerprint(method: &str, path: &str, body: &[u8]) -> [u8; 32] {
         hasher.update(part);
     }
     hasher.finalize().into()
-}
-
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    let mut connections = JoinSet::new();
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    connections.spawn(serve(shared.clone(), stream));
-                }
-                // For example out of file descriptors: pause and keep serving.
-                Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
-            },
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
-    }
 }
 
 /// The answer to send, once the receiver knows it.

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use socket2::SockRef;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
 
 /// Limits that keep a misbehaving client from growing memory without bound.
 const MAX_HEAD: usize = 64 * 1024;
@@ -19,6 +20,28 @@ const MAX_CHUNK_LINE: usize = 4 * 1024;
 const MAX_BODY: usize = 16 * 1024 * 1024;
 /// How long a closing connection waits for the client's FIN before dropping the socket.
 const DRAIN_LIMIT: Duration = Duration::from_secs(2);
+
+/// Accepts connections for as long as the task runs, serving each with `serve` on its own
+/// task; finished connections are reaped as they end, so a long run does not pile them up.
+pub(crate) async fn accept_loop<F, Fut>(listener: TcpListener, serve: F)
+where
+    F: Fn(TcpStream) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    connections.spawn(serve(stream));
+                }
+                // For example out of file descriptors: pause and keep serving.
+                Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
 
 /// A request as read off the wire.
 #[derive(Debug)]

@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use tokio::io::BufReader;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 // The HTTP/1.1 reading and the fault primitives (reset, clean close, stall) are the testkit's
@@ -41,7 +41,7 @@ use tokio::time::Instant;
 #[path = "../../src/testkit/wire.rs"]
 mod wire;
 
-use wire::{Incoming, answer, close, find_header, read_request, reset, stall};
+use wire::{Incoming, accept_loop, answer, close, find_header, read_request, reset, stall};
 
 /// The default idempotency key header (matched case-insensitively).
 pub const IDEMPOTENCY_KEY: &str = "Idempotency-Key";
@@ -296,7 +296,10 @@ impl TestServer {
                 saved: HashMap::new(),
             }),
         });
-        let task = tokio::spawn(accept_loop(listener, shared.clone()));
+        let task = tokio::spawn({
+            let shared = shared.clone();
+            accept_loop(listener, move |stream| serve(shared.clone(), stream))
+        });
         TestServer { addr, shared, task }
     }
 
@@ -462,22 +465,6 @@ impl Shared {
                     },
                 );
             }
-        }
-    }
-}
-
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    let mut conns = JoinSet::new();
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    conns.spawn(serve(shared.clone(), stream));
-                }
-                // E.g. out of file descriptors: back off a little and keep serving.
-                Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
-            },
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
     }
 }
