@@ -110,20 +110,6 @@ async fn each_send_is_a_new_operation_with_a_new_key() {
 }
 
 #[tokio::test]
-async fn a_given_key_is_sent_verbatim_on_every_attempt() {
-    let server = TestServer::start(vec![Action::Reset, Action::status(500)], Action::ok("")).await;
-    let key = IdempotencyKey::derive("agent.send_email", &["conv_42", "7"]);
-    client(fast())
-        .post(server.url("/"))
-        .idempotency_key(key.clone())
-        .send()
-        .await
-        .expect("ok");
-    assert_eq!(server.hits(), 3);
-    assert_eq!(one_key(&server), key.as_str());
-}
-
-#[tokio::test]
 async fn a_key_header_set_by_the_caller_is_kept_verbatim() {
     let server = TestServer::start(vec![Action::status(503)], Action::ok("")).await;
     let response = client(fast())
@@ -236,111 +222,27 @@ async fn conflicting_or_invalid_keys_are_refused_before_sending() {
     assert_eq!(server.hits(), 1);
 }
 
-#[tokio::test]
-async fn without_keys_a_post_is_resent_only_when_it_never_left() {
-    // Reset after the request was read: it may have run, so it is not sent again.
-    let server = TestServer::start(vec![Action::ResetAfterCommit], Action::ok("")).await;
-    let client = Client::builder()
-        .policy(fast())
-        .auto_keys(false)
-        .build()
-        .expect("valid");
-    let err = client
-        .post(server.url("/"))
-        .send()
-        .await
-        .expect_err("not retried");
-    assert_eq!(err.kind(), ErrorKind::Transport);
-    assert!(err.is_outcome_unknown());
-    assert_eq!(err.failure(), Some(FailureKind::ConnectionReset));
-    assert!(
-        err.to_string()
-            .contains("not retried: it has no idempotency key"),
-        "{err}"
-    );
-    assert_eq!(server.hits(), 1);
-    assert_eq!(server.keys(), vec![None]);
-
-    // A 503 is handed back as it is.
-    let server = TestServer::start(vec![Action::status(503)], Action::ok("")).await;
-    let response = client
-        .post(server.url("/"))
-        .send()
-        .await
-        .expect("a response");
-    assert_eq!(response.status(), 503);
-    assert_eq!(server.hits(), 1);
-
-    // Connection refused: nothing was sent, so every attempt is made.
-    let url = format!("http://{}/", refused_addr());
-    let err = client.post(url).send().await.expect_err("refused");
-    assert_eq!(err.kind(), ErrorKind::AttemptsExhausted);
-    assert_eq!(err.attempts(), 5);
-    assert!(!err.is_outcome_unknown());
-
-    // The same per request, on a client with automatic keys.
-    let server = TestServer::start(vec![Action::Reset], Action::ok("")).await;
-    let err = self::client(fast())
-        .post(server.url("/"))
-        .without_idempotency_key()
-        .send()
-        .await
-        .expect_err("not retried");
-    assert_eq!(err.kind(), ErrorKind::Transport);
-    assert_eq!(server.hits(), 1);
-}
-
 // 2. What is retried, and what is final.
 
-#[tokio::test]
-async fn transient_failures_are_retried_with_exactly_one_side_effect() {
-    let cases: Vec<(&str, Action)> = vec![
-        ("reset before commit", Action::Reset),
-        ("reset after commit", Action::ResetAfterCommit),
-        ("close without reply", Action::Close),
-        ("500", Action::status(500)),
-        ("502", Action::status(502)),
-        ("503", Action::status(503)),
-        ("504", Action::status(504)),
-        ("599", Action::status(599)),
-        ("408", Action::status(408)),
-        ("429", Action::status(429)),
-        ("409 in progress", Action::status(409)),
-        ("cut body", Action::partial_body("partial")),
-    ];
-    for (name, fault) in cases {
-        let server = TestServer::start_idempotent(vec![fault], Action::ok("done")).await;
-        let result = client(fast()).post(server.url("/charges")).send().await;
-        if name == "cut body" {
-            // The status arrived, so the attempt succeeded; the body error comes later, when
-            // the caller reads it.
-            let response = result.expect("status 200 arrived");
-            assert!(response.text().await.is_err(), "{name}");
-            assert_eq!(server.hits(), 1, "{name}");
-            continue;
-        }
-        let response = result.unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(response.status(), 200, "{name}");
-        assert_eq!(server.hits(), 2, "{name}");
-        one_key(&server);
-        assert_eq!(server.effects(), 1, "{name}: exactly one side effect");
-        assert_eq!(report(&response).attempts(), 2, "{name}");
-    }
-}
+// Which faults are retried, which statuses are final, timeouts, connect errors, `Retry-After`
+// limits, exhausted attempts and the reconcile window are cases of the behavioural suite that
+// every front end passes (`front_ends.rs`). What only the client's own response type shows
+// stays here.
 
 #[tokio::test]
-async fn final_statuses_are_returned_after_one_attempt() {
-    for code in [200, 201, 204, 400, 401, 403, 404, 410, 422, 501, 505] {
-        let server = TestServer::start(vec![], Action::status(code)).await;
-        let response = client(fast())
-            .post(server.url("/"))
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("{code}: {e}"));
-        assert_eq!(response.status(), code);
-        assert_eq!(server.hits(), 1, "{code}");
-        assert_eq!(report(&response).attempts(), 1);
-    }
+async fn a_body_cut_short_is_the_callers_error_after_one_attempt() {
+    let server =
+        TestServer::start_idempotent(vec![Action::partial_body("partial")], Action::ok("done"))
+            .await;
+    // The status arrived, so the attempt succeeded; the body error comes later, when the
+    // caller reads it.
+    let response = client(fast())
+        .post(server.url("/charges"))
+        .send()
+        .await
+        .expect("status 200 arrived");
+    assert!(response.text().await.is_err());
+    assert_eq!(server.hits(), 1);
 }
 
 #[tokio::test]
@@ -383,56 +285,6 @@ async fn server_hints_override_the_status_rules() {
     assert_eq!(response.status(), 200);
     assert_eq!(server.hits(), 2);
     one_key(&server);
-}
-
-#[tokio::test]
-async fn a_stalled_attempt_times_out_and_the_retry_meets_the_saved_result() {
-    // The first attempt commits, then stalls past the client's timeout; the retry carries
-    // the same key and gets the saved response instead of a second side effect.
-    let server = TestServer::start_idempotent(
-        vec![Action::commit_then_stall(
-            Duration::from_secs(5),
-            Action::ok("first"),
-        )],
-        Action::ok("second"),
-    )
-    .await;
-    let response = client(fast().attempt_timeout(ms(400)))
-        .post(server.url("/charges"))
-        .send()
-        .await
-        .expect("the retry succeeds");
-    assert_eq!(server.hits(), 2);
-    one_key(&server);
-    assert_eq!(server.effects(), 1);
-    let report = report(&response);
-    assert_eq!(report.history()[0].failure, Some(FailureKind::Timeout));
-    assert_eq!(
-        response.text().await.expect("body"),
-        "first",
-        "the saved response"
-    );
-}
-
-#[tokio::test]
-async fn connect_errors_are_retried_and_mean_not_executed() {
-    let url = format!("http://{}/", refused_addr());
-    let err = client(fast().max_attempts(3))
-        .post(url)
-        .send()
-        .await
-        .expect_err("nothing listens");
-    assert_eq!(err.kind(), ErrorKind::AttemptsExhausted);
-    assert_eq!(err.attempts(), 3);
-    assert_eq!(err.failure(), Some(FailureKind::Connect));
-    assert!(!err.is_outcome_unknown(), "nothing was sent");
-    assert!(err.idempotency_key().is_some());
-    let source = err.source().expect("the reqwest error is kept");
-    assert!(
-        source
-            .downcast_ref::<reqwest::Error>()
-            .is_some_and(reqwest::Error::is_connect)
-    );
 }
 
 /// A resolver that fails every lookup, to exercise the DNS path without a network.
@@ -587,85 +439,7 @@ async fn retry_after_is_honoured_on_the_real_clock() {
     assert!(gaps[0] >= ms(150), "waited {:?}", gaps[0]);
 }
 
-#[tokio::test]
-async fn a_retry_after_beyond_the_limit_stops_at_once() {
-    let server = TestServer::start(
-        vec![],
-        Action::respond(429, &[("Retry-After", "120")], "slow down"),
-    )
-    .await;
-    let (client, time) = virtual_client(RetryPolicy::default());
-    let mut err = client
-        .post(server.url("/"))
-        .send()
-        .await
-        .expect_err("too long");
-    assert_eq!(err.kind(), ErrorKind::RetryAfterTooLong);
-    assert_eq!(err.retry_after(), Some(Duration::from_secs(120)));
-    assert_eq!(err.status(), Some(reqwest::StatusCode::TOO_MANY_REQUESTS));
-    assert_eq!(server.hits(), 1);
-    assert!(time.slept().is_empty(), "never slept");
-    assert!(!err.is_outcome_unknown(), "a 429 was refused, not executed");
-    let response = err.take_response().expect("the last response is kept");
-    assert_eq!(response.text().await.expect("body"), "slow down");
-    assert!(err.take_response().is_none());
-}
-
 // 4. Stopping: attempts and the reconcile window.
-
-#[tokio::test]
-async fn exhausted_attempts_keep_the_last_response_and_the_key() {
-    let server = TestServer::start(vec![], Action::respond(503, &[], "down")).await;
-    let mut err = client(fast().max_attempts(3))
-        .post(server.url("/"))
-        .send()
-        .await
-        .expect_err("always 503");
-    assert_eq!(err.kind(), ErrorKind::AttemptsExhausted);
-    assert_eq!(err.attempts(), 3);
-    assert_eq!(server.hits(), 3);
-    assert_eq!(err.status(), Some(reqwest::StatusCode::SERVICE_UNAVAILABLE));
-    assert!(err.is_outcome_unknown(), "a 5xx may have executed");
-    let key = one_key(&server);
-    assert_eq!(
-        err.idempotency_key().map(IdempotencyKey::as_str),
-        Some(key.as_str())
-    );
-    assert!(
-        err.to_string().contains(&key),
-        "the message names the key: {err}"
-    );
-    let response = err.take_response().expect("kept");
-    assert_eq!(response.text().await.expect("body"), "down");
-}
-
-#[tokio::test]
-async fn the_reconcile_window_ends_the_operation_before_a_wait_would_cross_it() {
-    let server = TestServer::start(vec![], Action::status(503)).await;
-    let window = Duration::from_secs(60);
-    let policy = RetryPolicy::default()
-        .max_attempts(1000)
-        .base_delay(Duration::from_secs(8))
-        .max_delay(Duration::from_secs(8))
-        .reconcile_window(window);
-    let (client, time) = virtual_client(policy);
-    let err = client
-        .post(server.url("/"))
-        .send()
-        .await
-        .expect_err("window ends");
-    assert_eq!(err.kind(), ErrorKind::ReconcileWindow);
-    assert!(err.is_outcome_unknown());
-    assert!(err.idempotency_key().is_some());
-    assert!(err.to_string().contains("reconcile"), "{err}");
-    assert!(time.elapsed() < window, "slept {:?}", time.elapsed());
-    assert_eq!(server.hits() as u32, err.attempts());
-    assert_eq!(time.slept().len() + 1, server.hits());
-    assert!(
-        server.hits() > 7,
-        "at most 8 s per wait, so at least 8 attempts"
-    );
-}
 
 #[tokio::test]
 async fn a_retry_after_past_the_window_end_stops_at_once() {

@@ -99,6 +99,43 @@ async fn transient_failures_are_retried_with_one_key_and_one_side_effect() {
 }
 
 #[tokio::test]
+async fn each_transient_fault_alone_is_retried_with_exactly_one_side_effect() {
+    let faults: Vec<(&str, Action)> = vec![
+        ("reset before commit", Action::Reset),
+        ("reset after commit", Action::ResetAfterCommit),
+        ("close without reply", Action::Close),
+        ("500", Action::status(500)),
+        ("502", Action::status(502)),
+        ("503", Action::status(503)),
+        ("504", Action::status(504)),
+        ("599", Action::status(599)),
+        ("408", Action::status(408)),
+        ("429", Action::status(429)),
+        ("409 in progress", Action::status(409)),
+    ];
+    for front in front_ends(with_policy(fast())) {
+        let name = front.name();
+        for (fault, action) in &faults {
+            let server =
+                TestServer::start_idempotent(vec![action.clone()], Action::ok("done")).await;
+            let reply = front
+                .send(Call::post(server.url("/charges")))
+                .await
+                .unwrap_or_else(|err| panic!("{name}, {fault}: {err}"));
+            assert_eq!(reply.status, 200, "{name}, {fault}");
+            assert_eq!(server.hits(), 2, "{name}, {fault}");
+            one_key(&server, name);
+            assert_eq!(
+                server.effects(),
+                1,
+                "{name}, {fault}: exactly one side effect"
+            );
+            assert_eq!(reply.report.attempts(), 2, "{name}, {fault}");
+        }
+    }
+}
+
+#[tokio::test]
 async fn a_stalled_attempt_times_out_and_the_retry_meets_the_saved_result() {
     let policy = fast().attempt_timeout(ms(300));
     for front in front_ends(with_policy(policy)) {
@@ -121,6 +158,7 @@ async fn a_stalled_attempt_times_out_and_the_retry_meets_the_saved_result() {
             "{name}: the retry meets the first result"
         );
         assert!(reply.headers.contains_key(REPLAYED_HEADER), "{name}");
+        assert_eq!(server.hits(), 2, "{name}");
         assert_eq!(server.effects(), 1, "{name}");
         one_key(&server, name);
         assert_eq!(
@@ -142,8 +180,17 @@ async fn connect_failures_are_retried_and_mean_not_executed() {
         assert_eq!(err.kind(), ErrorKind::AttemptsExhausted, "{name}: {err}");
         assert_eq!(err.failure(), Some(FailureKind::Connect), "{name}");
         assert_eq!(err.attempts(), 3, "{name}");
-        assert!(!err.is_outcome_unknown(), "{name}");
+        assert!(!err.is_outcome_unknown(), "{name}: nothing was sent");
         assert!(err.idempotency_key().is_some(), "{name}");
+        let source = err.source().expect("the transport error is kept");
+        if name != "tower over hyper" {
+            assert!(
+                source
+                    .downcast_ref::<reqwest::Error>()
+                    .is_some_and(reqwest::Error::is_connect),
+                "{name}: {source}"
+            );
+        }
     }
 }
 
@@ -151,7 +198,7 @@ async fn connect_failures_are_retried_and_mean_not_executed() {
 async fn final_statuses_are_returned_after_one_attempt() {
     for front in front_ends(with_policy(fast())) {
         let name = front.name();
-        for status in [201, 400, 404, 422, 501] {
+        for status in [200, 201, 204, 400, 401, 403, 404, 410, 422, 501, 505] {
             let server = TestServer::start(vec![], Action::status(status)).await;
             let reply = front
                 .send(Call::post(server.url("/")))
@@ -183,9 +230,17 @@ async fn exhausted_attempts_keep_the_last_response_and_the_key() {
             Some(key.as_str()),
             "{name}"
         );
+        assert!(
+            err.to_string().contains(&key),
+            "{name}: the message names the key: {err}"
+        );
         assert_eq!(err.status().map(|s| s.as_u16()), Some(503), "{name}");
-        assert_eq!(front.take_last_status(&mut err), Some(503), "{name}");
-        assert_eq!(front.take_last_status(&mut err), None, "{name}: taken once");
+        assert_eq!(
+            front.take_last(&mut err).await,
+            Some((503, "busy".to_owned())),
+            "{name}"
+        );
+        assert_eq!(front.take_last(&mut err).await, None, "{name}: taken once");
     }
 }
 
@@ -218,8 +273,29 @@ async fn without_automatic_keys_a_post_is_resent_only_when_it_never_left() {
         assert_eq!(err.kind(), ErrorKind::Transport, "{name}");
         assert_eq!(err.failure(), Some(FailureKind::ConnectionReset), "{name}");
         assert!(err.is_outcome_unknown(), "{name}");
+        assert!(
+            err.to_string()
+                .contains("not retried: it has no idempotency key"),
+            "{name}: {err}"
+        );
         assert_eq!(server.hits(), 1, "{name}");
         assert_eq!(server.keys(), vec![None], "{name}");
+        // A 503 is handed back as it is.
+        let server = TestServer::start(vec![Action::status(503)], Action::ok("")).await;
+        let reply = front
+            .send(Call::post(server.url("/")))
+            .await
+            .unwrap_or_else(|err| panic!("{name}: {err}"));
+        assert_eq!(reply.status, 503, "{name}");
+        assert_eq!(server.hits(), 1, "{name}");
+        // Connection refused: nothing was sent, so every attempt is made.
+        let err = front
+            .send(Call::post(format!("http://{}/", refused_addr())))
+            .await
+            .expect_err("refused");
+        assert_eq!(err.kind(), ErrorKind::AttemptsExhausted, "{name}");
+        assert_eq!(err.attempts(), 5, "{name}");
+        assert!(!err.is_outcome_unknown(), "{name}");
     }
 }
 
@@ -232,17 +308,20 @@ async fn one_request_can_opt_out_of_the_automatic_key() {
         }
         ran += 1;
         let name = front.name();
-        // No key: a POST that may have reached the server is not sent again.
-        let server = TestServer::start(vec![Action::ResetAfterCommit], Action::ok("")).await;
-        let err = front
-            .send(Call::post(server.url("/")).without_key())
-            .await
-            .expect_err("not retried");
-        assert_eq!(err.kind(), ErrorKind::Transport, "{name}: {err}");
-        assert_eq!(err.failure(), Some(FailureKind::ConnectionReset), "{name}");
-        assert!(err.is_outcome_unknown(), "{name}");
-        assert!(err.idempotency_key().is_none(), "{name}");
-        assert_eq!(server.keys(), vec![None], "{name}");
+        // No key: a POST that may have reached the server is not sent again, whether the
+        // reset came before or after the handler ran.
+        for reset in [Action::Reset, Action::ResetAfterCommit] {
+            let server = TestServer::start(vec![reset], Action::ok("")).await;
+            let err = front
+                .send(Call::post(server.url("/")).without_key())
+                .await
+                .expect_err("not retried");
+            assert_eq!(err.kind(), ErrorKind::Transport, "{name}: {err}");
+            assert_eq!(err.failure(), Some(FailureKind::ConnectionReset), "{name}");
+            assert!(err.is_outcome_unknown(), "{name}");
+            assert!(err.idempotency_key().is_none(), "{name}");
+            assert_eq!(server.keys(), vec![None], "{name}");
+        }
         // A key given with it is still sent, on every attempt.
         let server = TestServer::start(vec![Action::status(503)], Action::ok("")).await;
         let key = IdempotencyKey::derive("opt-out", &[name]);
@@ -282,7 +361,11 @@ async fn a_streamed_body_gets_one_attempt_and_a_clear_error() {
         assert_eq!(server.requests()[0].body, b"hello stream", "{name}");
         assert!(err.is_outcome_unknown(), "{name}");
         assert_eq!(one_key(&server, name).len(), 36, "{name}");
-        assert_eq!(front.take_last_status(&mut err), Some(503), "{name}");
+        assert_eq!(
+            front.take_last(&mut err).await.map(|(status, _)| status),
+            Some(503),
+            "{name}"
+        );
         // A reset: the transport error is the source.
         let server = TestServer::start(vec![], Action::Reset).await;
         let err = front.send(call(&server)).await.expect_err("cannot resend");
@@ -304,12 +387,14 @@ async fn a_streamed_body_gets_one_attempt_and_a_clear_error() {
 async fn a_given_key_is_sent_verbatim_on_every_attempt() {
     for front in front_ends(with_policy(fast())) {
         let name = front.name();
-        let server = TestServer::start(vec![Action::status(500)], Action::ok("")).await;
+        let server =
+            TestServer::start(vec![Action::Reset, Action::status(500)], Action::ok("")).await;
         let key = IdempotencyKey::derive("agent.send_email", &["conv_42", name]);
         let reply = front
             .send(Call::post(server.url("/")).key(key.clone()))
             .await
             .unwrap_or_else(|err| panic!("{name}: {err}"));
+        assert_eq!(server.hits(), 3, "{name}");
         assert_eq!(one_key(&server, name), key.as_str(), "{name}");
         assert_eq!(reply.report.idempotency_key(), Some(&key), "{name}");
     }
@@ -348,6 +433,31 @@ async fn a_retry_after_beyond_the_limit_stops_at_once() {
         assert_eq!(err.retry_after(), Some(Duration::from_secs(3600)), "{name}");
         assert!(time.slept().is_empty(), "{name}");
         assert_eq!(server.hits(), 1, "{name}");
+        // A 429 asking for longer than the limit: refused, so not executed.
+        let server = TestServer::start(
+            vec![],
+            Action::respond(429, &[("Retry-After", "120")], "slow down"),
+        )
+        .await;
+        let mut err = front
+            .send(Call::post(server.url("/")))
+            .await
+            .expect_err("too long");
+        assert_eq!(err.kind(), ErrorKind::RetryAfterTooLong, "{name}");
+        assert_eq!(err.retry_after(), Some(Duration::from_secs(120)), "{name}");
+        assert_eq!(err.status().map(|s| s.as_u16()), Some(429), "{name}");
+        assert_eq!(server.hits(), 1, "{name}");
+        assert!(time.slept().is_empty(), "{name}: never slept");
+        assert!(
+            !err.is_outcome_unknown(),
+            "{name}: a 429 was refused, not executed"
+        );
+        assert_eq!(
+            front.take_last(&mut err).await,
+            Some((429, "slow down".to_owned())),
+            "{name}: the last response is kept"
+        );
+        assert_eq!(front.take_last(&mut err).await, None, "{name}: taken once");
     }
 }
 
@@ -368,6 +478,8 @@ async fn the_reconcile_window_ends_the_operation_before_a_wait_would_cross_it() 
             .expect_err("window ends");
         assert_eq!(err.kind(), ErrorKind::ReconcileWindow, "{name}");
         assert!(err.is_outcome_unknown(), "{name}");
+        assert!(err.idempotency_key().is_some(), "{name}");
+        assert!(err.to_string().contains("reconcile"), "{name}: {err}");
         assert!(
             time.elapsed() < window,
             "{name}: slept {:?}",
@@ -375,6 +487,10 @@ async fn the_reconcile_window_ends_the_operation_before_a_wait_would_cross_it() 
         );
         assert_eq!(server.hits() as u32, err.attempts(), "{name}");
         assert_eq!(time.slept().len() + 1, server.hits(), "{name}");
+        assert!(
+            server.hits() > 7,
+            "{name}: at most 8 s per wait, so at least 8 attempts"
+        );
     }
 }
 

@@ -107,8 +107,8 @@ pub trait FrontEnd: Send + Sync {
     fn send(&self, call: Call) -> BoxFuture<'_, Result<Reply, Error>>;
 
     /// Takes the last response out of an error, as this front end's response type, and returns
-    /// its status.
-    fn take_last_status(&self, err: &mut Error) -> Option<u16>;
+    /// its status and body.
+    fn take_last<'a>(&'a self, err: &'a mut Error) -> BoxFuture<'a, Option<(u16, String)>>;
 }
 
 /// Every front end, each built from a fresh builder made by `settings`.
@@ -149,6 +149,12 @@ async fn read_reqwest(response: reqwest::Response) -> Reply {
         body,
         report,
     }
+}
+
+/// The status and body of a response taken out of an error.
+async fn read_last(response: reqwest::Response) -> Option<(u16, String)> {
+    let status = response.status().as_u16();
+    Some((status, response.text().await.expect("body")))
 }
 
 /// The call's body: bytes, or the same bytes as a stream of two chunks.
@@ -200,8 +206,8 @@ impl FrontEnd for ClientFront {
         })
     }
 
-    fn take_last_status(&self, err: &mut Error) -> Option<u16> {
-        err.take_response().map(|r| r.status().as_u16())
+    fn take_last<'a>(&'a self, err: &'a mut Error) -> BoxFuture<'a, Option<(u16, String)>> {
+        Box::pin(async move { read_last(err.take_response()?).await })
     }
 }
 
@@ -247,9 +253,8 @@ impl FrontEnd for TowerReqwest {
         })
     }
 
-    fn take_last_status(&self, err: &mut Error) -> Option<u16> {
-        err.take_response_as::<reqwest::Response>()
-            .map(|r| r.status().as_u16())
+    fn take_last<'a>(&'a self, err: &'a mut Error) -> BoxFuture<'a, Option<(u16, String)>> {
+        Box::pin(async move { read_last(err.take_response_as::<reqwest::Response>()?).await })
     }
 }
 
@@ -319,11 +324,23 @@ impl FrontEnd for TowerHyper {
         })
     }
 
-    fn take_last_status(&self, err: &mut Error) -> Option<u16> {
-        // Asking for the wrong type leaves the response in place.
-        assert!(err.take_response().is_none());
-        err.take_response_as::<HyperResponse>()
-            .map(|r| r.status().as_u16())
+    fn take_last<'a>(&'a self, err: &'a mut Error) -> BoxFuture<'a, Option<(u16, String)>> {
+        Box::pin(async move {
+            // Asking for the wrong type leaves the response in place.
+            assert!(err.take_response().is_none());
+            let response = err.take_response_as::<HyperResponse>()?;
+            let status = response.status().as_u16();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .expect("body")
+                .to_bytes();
+            Some((
+                status,
+                String::from_utf8(body.to_vec()).expect("utf-8 body"),
+            ))
+        })
     }
 }
 
@@ -374,7 +391,7 @@ impl FrontEnd for Middleware {
         })
     }
 
-    fn take_last_status(&self, err: &mut Error) -> Option<u16> {
-        err.take_response().map(|r| r.status().as_u16())
+    fn take_last<'a>(&'a self, err: &'a mut Error) -> BoxFuture<'a, Option<(u16, String)>> {
+        Box::pin(async move { read_last(err.take_response()?).await })
     }
 }
