@@ -61,15 +61,24 @@ fn key_of(request: &Request<String>) -> String {
         .to_owned()
 }
 
+type Call = tokio::task::JoinHandle<Result<Response<String>, idempotent_retry::Error>>;
+
 /// Spawns one call through the layer over a mock; returns its join handle and the mock handle.
-fn spawn_call(
+fn spawn_call(layer: &IdempotentRetryLayer, request: Request<String>) -> (Call, MockHandle) {
+    spawn_call_limited(layer, request, None)
+}
+
+/// [`spawn_call`] over a mock that is ready for `allowed` requests, if given; each further
+/// one waits for `handle.allow(1)` (or fails readiness with `handle.send_error`).
+fn spawn_call_limited(
     layer: &IdempotentRetryLayer,
     request: Request<String>,
-) -> (
-    tokio::task::JoinHandle<Result<Response<String>, idempotent_retry::Error>>,
-    MockHandle,
-) {
-    let (mock, handle): (MockService, MockHandle) = mock::pair();
+    allowed: Option<u64>,
+) -> (Call, MockHandle) {
+    let (mock, mut handle): (MockService, MockHandle) = mock::pair();
+    if let Some(allowed) = allowed {
+        handle.allow(allowed);
+    }
     let mut service = layer.layer(mock);
     let call = tokio::spawn(async move { service.ready().await?.call(request).await });
     (call, handle)
@@ -304,10 +313,7 @@ fn layer_and_service_are_clone_send_sync() {
 #[tokio::test]
 async fn every_retry_waits_for_the_inner_service_to_be_ready() {
     let (layer, _time) = virtual_layer(RetryPolicy::default());
-    let (mock, mut handle): (MockService, MockHandle) = mock::pair();
-    handle.allow(1);
-    let mut service = layer.layer(mock);
-    let call = tokio::spawn(async move { service.ready().await?.call(post("")).await });
+    let (call, mut handle) = spawn_call_limited(&layer, post(""), Some(1));
     let (first, reply) = handle.next_request().await.expect("attempt 1");
     reply.send_response(status(503));
     // The retry is due at once (virtual time), but the inner service allows no second call:
@@ -344,10 +350,7 @@ async fn a_wait_for_readiness_is_not_counted_against_the_attempt_timeout() {
     // once if the wait for readiness ran under it.
     let (layer, _time) =
         virtual_layer(RetryPolicy::default().attempt_timeout(Duration::from_millis(300)));
-    let (mock, mut handle): (MockService, MockHandle) = mock::pair();
-    handle.allow(1);
-    let mut service = layer.layer(mock);
-    let call = tokio::spawn(async move { service.ready().await?.call(post("")).await });
+    let (call, mut handle) = spawn_call_limited(&layer, post(""), Some(1));
     let (first, reply) = handle.next_request().await.expect("attempt 1");
     reply.send_response(status(503));
     // The inner service stays busy far longer than one attempt may take.
@@ -365,10 +368,7 @@ async fn a_wait_for_readiness_is_not_counted_against_the_attempt_timeout() {
 #[tokio::test]
 async fn a_readiness_failure_before_a_retry_is_not_an_attempt() {
     let (layer, _time) = virtual_layer(RetryPolicy::default());
-    let (mock, mut handle): (MockService, MockHandle) = mock::pair();
-    handle.allow(1);
-    let mut service = layer.layer(mock);
-    let call = tokio::spawn(async move { service.ready().await?.call(post("")).await });
+    let (call, mut handle) = spawn_call_limited(&layer, post(""), Some(1));
     let (_, reply) = handle.next_request().await.expect("attempt 1");
     // 429: refused, so not executed.
     reply.send_response(status(429));
@@ -395,10 +395,7 @@ fn minting_key_maker() -> impl FnMut(&Request<String>) -> Option<HeaderValue> + 
 }
 
 /// Answers 503, 503, 200 and returns the key of each attempt.
-async fn keys_of_three_attempts(
-    call: tokio::task::JoinHandle<Result<Response<String>, idempotent_retry::Error>>,
-    handle: &mut MockHandle,
-) -> Vec<String> {
+async fn keys_of_three_attempts(call: Call, handle: &mut MockHandle) -> Vec<String> {
     let mut keys = Vec::new();
     for code in [503, 503, 200] {
         let (request, reply) = handle.next_request().await.expect("attempt");
