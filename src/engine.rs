@@ -10,14 +10,15 @@
 //! The loop has one named step per point where an outside concern plugs in:
 //!
 //! - [`Operation::begin`]: the key is settled and written into the request; the operation has
-//!   not sent anything yet (a durable ledger would claim the key here);
-//! - [`Operation::attempt_ended`]: one attempt's outcome and the decision about it are known (a
-//!   ledger records the attempt, observers are told);
+//!   not sent anything yet (the `Client` claimed the key in its ledger, if any, just before);
 //! - right after `decide`: the [retry budget](crate::RetryBudget) pays for a retry or turns it
 //!   into a stop (`BudgetTab::admit`), so the attempt is recorded with what really happens;
+//! - [`Operation::record_attempt`]: the ledger records the attempt;
+//! - [`Operation::attempt_ended`]: one attempt's outcome and the decision about it are known
+//!   (the report and the observers);
 //! - [`Operation::retry_decided`]: a retry is about to wait;
-//! - [`Operation::finish`]: the operation's result is final (a ledger records it, the budget is
-//!   refunded on success, observers are told).
+//! - `Operation::finish_with_*`: the operation's result is final (the budget is refunded on
+//!   success, observers are told; the `Client` then saves the outcome in its ledger).
 
 use std::collections::HashMap;
 use std::error::Error as StdError;

@@ -13,10 +13,13 @@
 //!   [`reconcile window`](RetryPolicy::reconcile_window) ends, and the error then says whether
 //!   the outcome is unknown and carries the key to reconcile with.
 //!
+//! The same engine also runs as a tower layer and as a `reqwest-middleware` middleware, under a
+//! retry budget, optionally with a durable ledger of operations.
+//!
 //! # Quick start
 //!
 //! ```no_run
-//! use idempotent_retry::{Client, ErrorKind, IdempotencyKey};
+//! use idempotent_retry::{Client, IdempotencyKey};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let client = Client::new(reqwest::Client::new());
@@ -84,15 +87,17 @@
 //! first attempt, unless one is given ([`RequestBuilder::idempotency_key`] or the key header).
 //! With automatic keys off ([`ClientBuilder::auto_keys`],
 //! [`RequestBuilder::without_idempotency_key`], or the [`WithoutIdempotencyKey`] extension on
-//! one request through the tower service or the middleware), such a request is retried only when it
-//! provably never left (DNS and connect failures); any other failure is returned as
+//! one request through the tower service or the middleware), such a request is retried only
+//! when it provably never left (DNS and connect failures); any other failure is returned as
 //! [`ErrorKind::Transport`].
 //!
 //! **Keys that outlive the process.** A random key protects the attempts inside one `send`
 //! and dies with the process. When the operation must survive a crash, a redelivered job or a
 //! rolling deploy, derive the key from stable inputs ([`IdempotencyKey::derive`],
 //! [`IdempotencyKey::for_tool_call`]) or mint one and store it before the first attempt, then
-//! send every later try with [`RequestBuilder::idempotency_key`].
+//! send every later try with [`RequestBuilder::idempotency_key`]. The
+//! [ledger](#durable-operations) also keeps when the operation started and whether it
+//! completed.
 //!
 //! **Waiting.** Before retry `n` (0 for the first), the client waits
 //! `U(0, min(max_delay, base_delay * 2^n))`: full jitter, drawn inside the cap. A server's
@@ -107,15 +112,8 @@
 //! ([`std::error::Error::source`]). No wait ends past the reconcile window and no attempt
 //! starts after it; when the next wait would cross it the error is
 //! [`ErrorKind::ReconcileWindow`]: stop retrying and reconcile, because the receiver may soon
-//! forget the key and a later "retry" would be a new request.
-//!
-//! **The retry budget.** Every retry must also be paid for from a token bucket shared by all
-//! clones of the client ([`RetryBudget`]: 500 tokens, 5 per retry, 10 after a timeout,
-//! refunded when the retry succeeds, 1 back per first-attempt success). During an outage it
-//! bounds the extra load retries add to about 100 requests, however many operations fail; a
-//! retry it refuses ends the operation with [`ErrorKind::BudgetExhausted`]. Configure or share
-//! it with [`ClientBuilder::retry_budget`], turn it off with
-//! [`ClientBuilder::without_retry_budget`].
+//! forget the key and a later "retry" would be a new request. A retry the
+//! [budget](#retry-budget) refuses ends it with [`ErrorKind::BudgetExhausted`].
 //!
 //! **The truth about the outcome.** [`Error::is_outcome_unknown`] is `true` as soon as any
 //! attempt may have been executed by the server (sent, then timed out, reset, closed, 5xx or
@@ -135,7 +133,23 @@
 //! [`RequestBuilder::timeout`]), which reqwest applies from connecting until the response body
 //! has been read, and which is shortened so no attempt outlives the reconcile window.
 //!
-//! # Defaults
+//! **Redirects** are followed by the inner `reqwest::Client`, and the key header goes along on
+//! each hop (reqwest strips only credentials when a redirect leaves the origin). For APIs that
+//! do not redirect, build the inner client with `redirect(Policy::none())`.
+//!
+//! **reqwest's own retries.** reqwest 0.13 retries on its own only what is provably safe
+//! (HTTP/2 protocol refusals such as `REFUSED_STREAM`), inside one of our attempts; that
+//! composes without stacking. Do not give the inner `reqwest::Client` a broader policy with
+//! `ClientBuilder::retry`: retries would multiply (ours times its). `reqwest::retry::never()`
+//! turns its retries off entirely.
+//!
+//! **Per request and per host.** One client often talks to several providers that keep keys
+//! for different lengths of time. [`ClientBuilder::policy_for_host`] sets a policy per host; a
+//! request's own policy ([`RequestBuilder::policy`], or a [`RetryPolicy`] in an
+//! `http::Request`'s extensions or a `reqwest-middleware` extension) wins over its host's,
+//! which wins over the client's [`ClientBuilder::policy`].
+//!
+//! ## Defaults
 //!
 //! | setting | default |
 //! |---|---|
@@ -147,77 +161,11 @@
 //! | key header | `Idempotency-Key` |
 //! | automatic keys for non-idempotent methods | on |
 //! | retry budget | on, one per client: 500 tokens, 5 per retry, 10 after a timeout |
+//! | ledger | none |
 //!
 //! Match the window to the receiver: shorter than the time it keeps keys (PayPal's
 //! `PayPal-Request-Id`: 6 h, so `reconcile_window(Duration::from_secs(5 * 3600))` and
 //! `key_header(HeaderName::from_static("paypal-request-id"))`).
-//!
-//! # With reqwest's own retries
-//!
-//! reqwest 0.13 retries on its own only what is provably safe (HTTP/2 protocol refusals such
-//! as `REFUSED_STREAM`), inside one of our attempts; that composes without stacking. Do not
-//! give the inner `reqwest::Client` a broader policy with `ClientBuilder::retry`: retries
-//! would multiply (ours times its). `reqwest::retry::never()` turns its retries off entirely.
-//!
-//! # Known limits
-//!
-//! - Redirects are followed by the inner `reqwest::Client`, and the key header goes along on
-//!   each hop (reqwest strips only credentials when a redirect leaves the origin). For APIs
-//!   that do not redirect, build the inner client with `redirect(Policy::none())`.
-//! - Without a [`Ledger`], the key lives in memory for the length of one `send`: a window
-//!   that must span restarts, and "has this already completed?", need the ledger (below).
-//!
-//! # Durable operations
-//!
-//! A derived key survives a crash; when the operation started, whether it completed and
-//! whether another worker is sending it right now do not, unless they are written down. Give
-//! the client a [`Ledger`] ([`ClientBuilder::ledger`]) and every keyed request is claimed in it
-//! before its first attempt (one atomic insert: the insert is the lock), recorded after each
-//! attempt, and its outcome saved:
-//!
-//! | the ledger already holds the key... | `send` |
-//! |---|---|
-//! | for a different request (method, URL or canonical body) | [`ErrorKind::KeyReuse`], nothing sent |
-//! | succeeded | the saved response, [`RetryReport::is_replayed`], nothing sent |
-//! | in flight under another run's live lease | [`ErrorKind::InProgress`], nothing sent (or waits: [`InProgressPolicy`]) |
-//! | first attempted longer ago than the reconcile window | [`ErrorKind::ReconcileWindow`], nothing sent |
-//! | otherwise (unknown, failed, or a lapsed lease left by a crash) | sends with the same key, inside the original window |
-//!
-//! [`MemoryLedger`] serves one process; `SqliteLedger` (feature `sqlite`) one machine;
-//! `PostgresLedger` (feature `postgres`) a fleet sharing one table. A ledger failure is
-//! [`ErrorKind::Ledger`]: before the first attempt nothing is sent; after an attempt, the
-//! error carries the key and says whether the outcome is unknown, and the claim left behind
-//! lets the next run resume. See [`Ledger`] for the schema and the incident query.
-//!
-//! ```no_run
-//! use idempotent_retry::{Client, IdempotencyKey, MemoryLedger, RetryReport};
-//!
-//! # async fn run() -> Result<(), idempotent_retry::Error> {
-//! let client = Client::builder().ledger(MemoryLedger::new()).build()?;
-//! let key = IdempotencyKey::derive("billing.charge", &["order-17"]);
-//! let charge = serde_json::json!({"amount": 1200, "currency": "eur"});
-//! for _ in 0..2 {
-//!     // The second call is answered from the ledger: nothing is sent.
-//!     let response = client
-//!         .post("https://api.example.com/v1/charges")
-//!         .idempotency_key(key.clone())
-//!         .ledger_scope("billing.charge")
-//!         .json(&charge)
-//!         .send()
-//!         .await?;
-//!     let replayed = RetryReport::of(&response).is_some_and(RetryReport::is_replayed);
-//!     println!("{} (replayed: {replayed})", response.status());
-//! }
-//! # Ok(()) }
-//! ```
-//!
-//! # Policies per request and per host
-//!
-//! One client often talks to several providers that keep keys for different lengths of time.
-//! [`ClientBuilder::policy_for_host`] sets a policy per host; a request's own policy
-//! ([`RequestBuilder::policy`], or a [`RetryPolicy`] in an `http::Request`'s extensions or a
-//! `reqwest-middleware` extension) wins over its host's, which wins over the client's
-//! [`ClientBuilder::policy`].
 //!
 //! # Using with tower
 //!
@@ -311,6 +259,85 @@
 //! `reqwest_middleware::Error::Middleware`, unwrapped with [`Error::from_middleware`]. See
 //! `examples/middleware.rs`.
 //!
+//! # Retry budget
+//!
+//! Every retry must also be paid for from a token bucket ([`RetryBudget`]) shared by all
+//! clones of the client, and by a tower layer or middleware built from the same builder: 500
+//! tokens, 5 per retry, 10 after a timeout, the cost refunded when the retry succeeds, 1 back
+//! per first-attempt success. During an outage it bounds the extra load retries add to about
+//! 100 requests, however many operations fail; a retry it refuses ends the operation with
+//! [`ErrorKind::BudgetExhausted`], with the key and the outcome-unknown flag. Configure it with
+//! [`RetryBudgetConfig`], share one between clients with [`ClientBuilder::retry_budget`], turn
+//! it off with [`ClientBuilder::without_retry_budget`]. Why a token bucket, and these numbers:
+//! [`RetryBudget`].
+//!
+//! # Durable operations
+//!
+//! Without a ledger, what the client knows about an operation lives in memory for the length
+//! of one `send`. A derived key survives a crash; when the operation started, whether it
+//! completed and whether another worker is sending it right now do not, unless they are
+//! written down. Give the client a [`Ledger`] ([`ClientBuilder::ledger`]) and every keyed
+//! request is claimed in it before its first attempt (one atomic insert: the insert is the
+//! lock), recorded after each attempt, and its outcome saved:
+//!
+//! | the ledger already holds the key... | `send` |
+//! |---|---|
+//! | for a different request (method, URL or canonical body) | [`ErrorKind::KeyReuse`], nothing sent |
+//! | succeeded | the saved response, [`RetryReport::is_replayed`], nothing sent |
+//! | in flight under another run's live lease | [`ErrorKind::InProgress`], nothing sent (or waits: [`InProgressPolicy`]) |
+//! | first attempted longer ago than the reconcile window | [`ErrorKind::ReconcileWindow`], nothing sent |
+//! | otherwise (unknown, failed, or a lapsed lease left by a crash) | sends with the same key, inside the original window |
+//!
+//! [`MemoryLedger`] serves one process; `SqliteLedger` (feature `sqlite`) one machine;
+//! `PostgresLedger` (feature `postgres`) a fleet sharing one table. A ledger failure is
+//! [`ErrorKind::Ledger`]: before the first attempt nothing is sent; after an attempt, the
+//! error carries the key and says whether the outcome is unknown, and the claim left behind
+//! lets the next run resume. The ledger serves the [`Client`] (it fingerprints and saves
+//! `reqwest` bodies); see [`ClientBuilder::ledger`] for the other front ends, and [`Ledger`]
+//! for the schema and the incident query.
+//!
+//! ```
+//! use idempotent_retry::{Client, IdempotencyKey, MemoryLedger, RetryReport};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let receiver = idempotent_retry::testkit::Receiver::start().await?;
+//! # let url = receiver.url("/v1/charges");
+//! let client = Client::builder()
+//! #   .http(idempotent_retry::testkit::loopback_http()?)
+//!     .ledger(MemoryLedger::new())
+//!     .build()?;
+//! let key = IdempotencyKey::derive("billing.charge", &["order-17"]);
+//! let charge = serde_json::json!({"amount": 1200, "currency": "eur"});
+//! for run in 0..2 {
+//!     let response = client
+//!         .post(&url)
+//!         .idempotency_key(key.clone())
+//!         .ledger_scope("billing.charge")
+//!         .json(&charge)
+//!         .send()
+//!         .await?;
+//!     assert!(response.status().is_success());
+//!     // The second run is answered from the ledger: nothing is sent.
+//!     let replayed = RetryReport::of(&response).is_some_and(RetryReport::is_replayed);
+//!     assert_eq!(replayed, run == 1);
+//! }
+//! # assert_eq!(receiver.arrivals(), 1);
+//! # Ok(()) }
+//! ```
+//!
+//! # Testing
+//!
+//! The retry loop reads time only through a [`Clock`] and waits only through a [`Sleeper`]
+//! ([`ClientBuilder::clock`], [`ClientBuilder::sleeper`]), and draws jitter from an RNG that
+//! [`ClientBuilder::rng_seed`] makes reproducible, so tests can assert exact delays without
+//! waiting for them.
+//!
+//! The `testkit` feature adds [`testkit`]: an idempotent receiver on loopback that runs your
+//! handler, counts its side effects per key, and fails on script (resets before and after the
+//! effect, stalls, closes, any status with `Retry-After`), plus a recording sleeper, seeded
+//! RNGs and fixed keys. Its module docs show a user testing their own handler with it.
+//!
 //! # Observability
 //!
 //! Each operation runs in a `tracing` span `idempotent_request` with the method, host and key;
@@ -326,32 +353,25 @@
 //! closure given is called, in the order given. [`ClientBuilder::attempt_header`] sends the
 //! attempt number in a header of your choosing (off by default).
 //!
-//! # Testing with time
-//!
-//! The retry loop reads time only through a [`Clock`] and waits only through a [`Sleeper`]
-//! ([`ClientBuilder::clock`], [`ClientBuilder::sleeper`]), and draws jitter from an RNG that
-//! [`ClientBuilder::rng_seed`] makes reproducible, so tests can assert exact delays without
-//! waiting for them.
-//!
 //! # Features
 //!
-//! - `rustls` (default): TLS through rustls, reqwest's default TLS back end. Without it the
-//!   client speaks plain HTTP only, unless the `reqwest::Client` you pass enables TLS itself.
-//! - `tower`: [`IdempotentRetryLayer`], [`IdempotentRetry`], [`ResponseFuture`].
-//! - `middleware`: [`IdempotentRetryMiddleware`] for `reqwest-middleware` 0.5.
-//! - `testkit`: [`testkit`], an idempotent loopback receiver with fault scripting and a
-//!   side-effect recorder, and deterministic helpers, for testing senders and handlers.
-//! - `sqlite`: `SqliteLedger`, an operation ledger in an SQLite file (`rusqlite`, SQLite
-//!   compiled in: nothing to install).
-//! - `postgres`: `PostgresLedger`, an operation ledger in a PostgreSQL table (`tokio-postgres`).
+//! | feature | adds |
+//! |---|---|
+//! | `rustls` (default) | TLS through rustls, reqwest's default TLS back end. Without it the client speaks plain HTTP only, unless the `reqwest::Client` you pass enables TLS itself. |
+//! | `tower` | [`IdempotentRetryLayer`], [`IdempotentRetry`], [`ResponseFuture`] |
+//! | `middleware` | [`IdempotentRetryMiddleware`] for `reqwest-middleware` 0.5 |
+//! | `sqlite` | `SqliteLedger`: the ledger in an SQLite file (`rusqlite`, SQLite compiled in: nothing to install) |
+//! | `postgres` | `PostgresLedger`: the ledger in a PostgreSQL table shared by a fleet (`tokio-postgres`) |
+//! | `testkit` | [`testkit`]: the loopback receiver with fault scripting and a side-effect recorder, and deterministic helpers, for tests |
 //!
 //! # Minimum supported Rust version
 //!
 //! 1.88 (edition 2024; `sha2` 0.11 needs 1.88).
 #![forbid(unsafe_code)]
-// The docs name the optional front ends; built without their features, those links dangle.
+// The docs name the optional front ends and the testkit; built without their features, those
+// links dangle.
 #![cfg_attr(
-    not(all(feature = "tower", feature = "middleware")),
+    not(all(feature = "tower", feature = "middleware", feature = "testkit")),
     allow(rustdoc::broken_intra_doc_links)
 )]
 #![warn(

@@ -1,4 +1,20 @@
 //! The idempotent loopback receiver: claims, saved responses, fault scripts, effect counts.
+//!
+//! One request, start to finish:
+//!
+//! 1. The accept loop (`wire::accept_loop`) runs each connection on its own task; the request
+//!    is read completely (`wire::read_request`), logged as an `Arrival` (number, key attempt)
+//!    and its scripted fault, if any, is taken, all under one lock.
+//! 2. A fault that acts before the handler (reset, close, canned status) ends it there.
+//! 3. Otherwise `admit` looks the key up and claims it in the same critical section: new or
+//!    `failed` -> `in_progress` and run; `in_progress` -> 409; `completed` -> replay; another
+//!    fingerprint -> 422. Keyless requests always run. In batch mode each event id goes
+//!    through the same `admit`.
+//! 4. The handler runs in its own task (a panic becomes a 500) and calls `record_effect` for
+//!    its effect; `finish` settles the row: an effect means `completed` with the reply saved;
+//!    no effect and a 5xx means `failed`; `release_key` on a row with effects is refused and
+//!    kept as a `Violation`.
+//! 5. The answer goes out, unless a reset or a stall after commit was scripted.
 
 use std::collections::HashMap;
 use std::fmt;
