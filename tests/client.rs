@@ -15,18 +15,6 @@ use idempotent_retry::{
 };
 use support::*;
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-/// Millisecond backoff so real-clock tests are quick.
-fn fast() -> RetryPolicy {
-    RetryPolicy::default()
-        .base_delay(ms(1))
-        .max_delay(ms(5))
-        .attempt_timeout(Duration::from_secs(5))
-}
-
 fn client(policy: RetryPolicy) -> Client {
     Client::builder()
         .policy(policy)

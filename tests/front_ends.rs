@@ -17,19 +17,6 @@ use idempotent_retry::{
 use support::front::{Call, FrontEnd, front_ends};
 use support::*;
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-/// Millisecond backoff so real-clock cases are quick; attempts long enough that a loaded
-/// machine never trips them by accident.
-fn fast() -> RetryPolicy {
-    RetryPolicy::default()
-        .base_delay(ms(1))
-        .max_delay(ms(5))
-        .attempt_timeout(Duration::from_secs(5))
-}
-
 fn with_policy(policy: RetryPolicy) -> impl Fn() -> ClientBuilder {
     move || Client::builder().policy(policy)
 }

@@ -8,8 +8,10 @@
 
 #[cfg(all(feature = "tower", feature = "middleware"))]
 pub mod front;
+pub mod policy;
 pub mod server;
 
+pub use policy::*;
 pub use server::*;
 pub mod time;
 
