@@ -18,7 +18,8 @@
 //!   (the report and the observers);
 //! - [`Operation::retry_decided`]: a retry is about to wait;
 //! - `Operation::finish_with_*`: the operation's result is final (the budget is refunded on
-//!   success, observers are told; the `Client` then saves the outcome in its ledger).
+//!   success, observers are told; in a run holding a ledger claim the `Client` tells them
+//!   instead, after saving the outcome in its ledger).
 
 use std::collections::HashMap;
 use std::error::Error as StdError;

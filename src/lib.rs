@@ -348,7 +348,9 @@
 //!
 //! For metrics, an [`Observer`] ([`ClientBuilder::observer`]) is called after every attempt
 //! ([`AttemptEvent`]: key, attempt number, status, failure kind, delay, elapsed) and at the end
-//! of every operation ([`OperationEvent`]); a closure will do for one callback
+//! of every operation ([`OperationEvent`], including those a [ledger](#durable-operations)
+//! settles without sending: attempts 0 and a [`LedgerVerdict`]); a closure will do for one
+//! callback
 //! ([`ClientBuilder::on_attempt`], [`ClientBuilder::on_operation`]), and every observer and
 //! closure given is called, in the order given. [`ClientBuilder::attempt_header`] sends the
 //! attempt number in a header of your choosing (off by default).
