@@ -266,6 +266,17 @@ type HyperResponse = http::Response<hyper::body::Incoming>;
 
 struct TowerHyper(IdempotentRetry<Hyper>);
 
+/// A hyper response's whole body, as UTF-8.
+async fn hyper_body(response: HyperResponse) -> String {
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    String::from_utf8(body.to_vec()).expect("utf-8 body")
+}
+
 impl TowerHyper {
     fn new(settings: ClientBuilder) -> Self {
         let hyper = HyperClient::builder(TokioExecutor::new()).build_http();
@@ -309,16 +320,10 @@ impl FrontEnd for TowerHyper {
                 .expect("every response carries a report");
             let status = response.status().as_u16();
             let headers = response.headers().clone();
-            let body = response
-                .into_body()
-                .collect()
-                .await
-                .expect("body")
-                .to_bytes();
             Ok(Reply {
                 status,
                 headers,
-                body: String::from_utf8(body.to_vec()).expect("utf-8 body"),
+                body: hyper_body(response).await,
                 report,
             })
         })
@@ -329,17 +334,7 @@ impl FrontEnd for TowerHyper {
             // Asking for the wrong type leaves the response in place.
             assert!(err.take_response().is_none());
             let response = err.take_response_as::<HyperResponse>()?;
-            let status = response.status().as_u16();
-            let body = response
-                .into_body()
-                .collect()
-                .await
-                .expect("body")
-                .to_bytes();
-            Some((
-                status,
-                String::from_utf8(body.to_vec()).expect("utf-8 body"),
-            ))
+            Some((response.status().as_u16(), hyper_body(response).await))
         })
     }
 }
