@@ -31,6 +31,8 @@ use crate::error::Error;
 /// | [`timeout_cost`](Self::timeout_cost) | 10 tokens |
 /// | [`success_reward`](Self::success_reward) | 1 token |
 ///
+/// A retry after a 409 "still in progress" is free (see [`cost_of`](Self::cost_of)).
+///
 /// # Examples
 ///
 /// ```
@@ -129,9 +131,16 @@ impl RetryBudgetConfig {
     }
 
     /// What a retry after a failure of this kind costs.
+    ///
+    /// A 409 that says the operation's own first attempt is still running
+    /// ([`FailureKind::InProgress`]) costs nothing: the server is answering, quickly and
+    /// correctly, and charging for it would let one slow operation (or many deliveries of one
+    /// key) drain the bucket that protects everyone else from an outage. Those retries are
+    /// still bounded by the policy's attempts and reconcile window.
     #[must_use]
     pub const fn cost_of(&self, failure: FailureKind) -> u32 {
         match failure {
+            FailureKind::InProgress => 0,
             FailureKind::Timeout => self.timeout_cost,
             _ => self.retry_cost,
         }
@@ -453,6 +462,20 @@ mod tests {
         let _ = a.try_withdraw(FailureKind::ServerError);
         assert_eq!(b.available(), 495);
         assert!(format!("{b:?}").contains("available: 495"));
+    }
+
+    #[test]
+    fn a_conflict_in_progress_is_free_and_an_empty_bucket_still_allows_it() {
+        let budget = RetryBudget::with_config(RetryBudgetConfig::new().capacity(10)).unwrap();
+        assert_eq!(budget.try_withdraw(FailureKind::Timeout), Some(10));
+        assert_eq!(budget.available(), 0);
+        assert_eq!(budget.try_withdraw(FailureKind::ServerError), None);
+        // The server is answering: waiting out our own first attempt is not outage load.
+        assert_eq!(budget.try_withdraw(FailureKind::InProgress), Some(0));
+        assert_eq!(budget.available(), 0);
+        // A success after a free retry refunds nothing it did not take.
+        budget.record_success(Some(0));
+        assert_eq!(budget.available(), 0);
     }
 
     #[test]

@@ -264,7 +264,8 @@
 //! Every retry must also be paid for from a token bucket ([`RetryBudget`]) shared by all
 //! clones of the client, and by a tower layer or middleware built from the same builder: 500
 //! tokens, 5 per retry, 10 after a timeout, the cost refunded when the retry succeeds, 1 back
-//! per first-attempt success. During an outage it bounds the extra load retries add to about
+//! per first-attempt success; a retry after a 409 "still in progress" is free, since the server
+//! is answering and only our own first attempt is running. During an outage it bounds the extra load retries add to about
 //! 100 requests, however many operations fail; a retry it refuses ends the operation with
 //! [`ErrorKind::BudgetExhausted`], with the key and the outcome-unknown flag. Configure it with
 //! [`RetryBudgetConfig`], share one between clients with [`ClientBuilder::retry_budget`], turn

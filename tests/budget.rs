@@ -256,6 +256,44 @@ async fn clients_given_one_budget_share_it() {
 }
 
 #[tokio::test]
+async fn waiting_out_a_409_in_progress_costs_no_tokens() {
+    let budget =
+        RetryBudget::with_config(RetryBudgetConfig::new().capacity(10)).expect("valid budget");
+    let client = client_with(Client::builder().retry_budget(budget.clone()));
+    // Empty the bucket, as an outage elsewhere would.
+    assert_eq!(budget.try_withdraw(FailureKind::ServerError), Some(5));
+    assert_eq!(budget.try_withdraw(FailureKind::ServerError), Some(5));
+    assert_eq!(budget.available(), 0);
+
+    // Our own first attempt still running: three 409s, then the saved answer. An empty bucket
+    // does not stop these retries.
+    let server = TestServer::start(
+        vec![
+            Action::status(409),
+            Action::status(409),
+            Action::status(409),
+        ],
+        Action::status(200),
+    )
+    .await;
+    let response = client
+        .post(server.url("/charge"))
+        .send()
+        .await
+        .expect("409s are waited out, not refused");
+    assert_eq!(response.status(), 200);
+    assert_eq!(server.hits(), 4);
+    let keys = server.keys();
+    assert_eq!(keys.len(), 4);
+    assert!(keys[0].is_some(), "an automatic key on a POST");
+    assert!(
+        keys.windows(2).all(|w| w[0] == w[1]),
+        "one key on every attempt"
+    );
+    assert_eq!(budget.available(), 0);
+}
+
+#[tokio::test]
 async fn a_refused_throttled_retry_reports_the_outcome_as_not_executed() {
     let budget =
         RetryBudget::with_config(RetryBudgetConfig::new().capacity(10)).expect("valid budget");
