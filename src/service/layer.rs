@@ -79,8 +79,9 @@ impl ClientBuilder {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) when a policy is invalid or the
-    /// attempt header is the key header.
+    /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) when a policy is invalid, the
+    /// attempt header is the key header, or a [`ledger`](Self::ledger) is set (only
+    /// [`Client`](crate::Client) records operations in a ledger).
     pub fn build_layer(self) -> Result<IdempotentRetryLayer, Error> {
         Ok(IdempotentRetryLayer::from_settings(Arc::new(
             self.into_settings()?,
