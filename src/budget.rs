@@ -400,6 +400,18 @@ mod tests {
         }
     }
 
+    /// Withdraws for `kind` until the bucket refuses; returns how many retries it paid for.
+    /// Bounded by the capacity (every cost here is at least 1 token), so a bucket that never
+    /// refuses fails the test instead of hanging it.
+    fn drain(budget: &RetryBudget, kind: FailureKind) -> usize {
+        let most = budget.config().get_capacity() as usize + 1;
+        let paid = std::iter::from_fn(|| budget.try_withdraw(kind))
+            .take(most)
+            .count();
+        assert!(paid < most, "the bucket never refused a {kind:?} retry");
+        paid
+    }
+
     #[test]
     fn default_numbers_are_the_aws_standard_ones() {
         let config = RetryBudgetConfig::default();
@@ -412,10 +424,30 @@ mod tests {
     }
 
     #[test]
+    fn a_bucket_runs_on_the_numbers_it_was_given() {
+        let config = RetryBudgetConfig::new()
+            .capacity(20)
+            .retry_cost(3)
+            .timeout_cost(7)
+            .success_reward(2);
+        assert_eq!(config.get_capacity(), 20);
+        assert_eq!(config.get_retry_cost(), 3);
+        assert_eq!(config.get_timeout_cost(), 7);
+        assert_eq!(config.get_success_reward(), 2);
+        let budget = RetryBudget::with_config(config).expect("valid");
+        assert_eq!(budget.config(), config);
+
+        assert_eq!(budget.try_withdraw(FailureKind::Timeout), Some(7));
+        assert_eq!(budget.try_withdraw(FailureKind::ServerError), Some(3));
+        assert_eq!(budget.available(), 10);
+        budget.record_success(None);
+        assert_eq!(budget.available(), 12, "a first-attempt success deposits 2");
+    }
+
+    #[test]
     fn a_full_bucket_pays_for_exactly_one_hundred_retries() {
         let budget = RetryBudget::new();
-        let paid = std::iter::from_fn(|| budget.try_withdraw(FailureKind::ServerError)).count();
-        assert_eq!(paid, 100);
+        assert_eq!(drain(&budget, FailureKind::ServerError), 100);
         assert_eq!(budget.available(), 0);
         assert_eq!(budget.try_withdraw(FailureKind::Connect), None);
     }
@@ -446,7 +478,7 @@ mod tests {
         assert_eq!(budget.available(), 490);
         budget.record_success(cost);
         assert_eq!(budget.available(), 500);
-        while budget.try_withdraw(FailureKind::ServerError).is_some() {}
+        drain(&budget, FailureKind::ServerError);
         for _ in 0..4 {
             budget.record_success(None);
         }
@@ -541,9 +573,7 @@ mod tests {
             let handles: Vec<_> = (0..4)
                 .map(|_| {
                     let budget = budget.clone();
-                    scope.spawn(move || {
-                        std::iter::from_fn(|| budget.try_withdraw(FailureKind::ServerError)).count()
-                    })
+                    scope.spawn(move || drain(&budget, FailureKind::ServerError))
                 })
                 .collect();
             handles
