@@ -384,6 +384,8 @@ async fn the_window_spans_runs_and_a_late_run_sends_nothing() {
     assert_eq!(err.kind(), ErrorKind::ReconcileWindow);
     assert!(err.is_outcome_unknown());
     assert_eq!(err.idempotency_key(), Some(&k));
+    // 59 min + 61 s, plus the two millisecond backoff waits.
+    assert!(err.to_string().contains("first attempted 3601"), "{err}");
     assert_eq!(server.hits(), 4, "nothing sent after the window");
 }
 
