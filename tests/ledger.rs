@@ -6,7 +6,7 @@ mod support;
 
 use std::error::Error as _;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, SystemTime};
 
 use std::sync::Mutex;
@@ -532,6 +532,9 @@ async fn retention_is_never_shorter_than_two_windows() {
 #[derive(Debug, Clone, Default)]
 struct Faulty {
     inner: MemoryLedger,
+    /// Claims made so far; every claim after the hundredth fails, so a claim loop that never
+    /// ends fails its test instead of hanging it.
+    claims: Arc<AtomicU32>,
     fail_claim: Arc<AtomicBool>,
     fail_record: Arc<AtomicBool>,
     fail_finish: Arc<AtomicBool>,
@@ -586,7 +589,8 @@ fn outage() -> LedgerError {
 
 impl Ledger for Faulty {
     fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
-        if self.fail_claim.load(Ordering::SeqCst) {
+        let earlier = self.claims.fetch_add(1, Ordering::SeqCst);
+        if self.fail_claim.load(Ordering::SeqCst) || earlier >= 100 {
             return Box::pin(async { Err(outage()) });
         }
         self.inner.claim(claim)
@@ -889,6 +893,67 @@ async fn the_observer_sees_an_in_progress_refusal_and_a_failed_claim() {
     };
     assert_eq!(seen.take(), vec![failed]);
     assert_eq!(server.hits(), 1, "only worker a sent anything");
+}
+
+#[tokio::test]
+async fn a_patient_run_polls_until_its_max_wait_then_is_refused() {
+    let server = TestServer::start_idempotent(vec![], Action::ok("charged")).await;
+    let faulty = Faulty::default();
+    let time = VirtualTime::new();
+    let (holder, _) = observed_client(faulty.clone(), "a", fast(), &time);
+    let patient = Client::builder()
+        .policy(fast())
+        .clock(time.clone())
+        .sleeper(time.clone())
+        .ledger(faulty.clone())
+        .ledger_options(
+            LedgerOptions::new()
+                .worker("b")
+                .in_progress(InProgressPolicy::Wait {
+                    poll: Duration::from_secs(2),
+                    max_wait: Duration::from_secs(5),
+                }),
+        )
+        .build()
+        .expect("valid policy");
+    let k = key("patience-runs-out");
+
+    // Worker a sends, then stalls before recording its attempt: its lease (5 s attempt
+    // timeout + 30 s slack) outlasts worker b's patience.
+    faulty.pause.arm();
+    let holding = tokio::spawn({
+        let (url, k) = (server.url("/x"), k.clone());
+        async move { holder.post(url).idempotency_key(k).body("b").send().await }
+    });
+    faulty.pause.reached().await;
+    let claims_before = faulty.claims.load(Ordering::SeqCst);
+    let err = patient
+        .post(server.url("/x"))
+        .idempotency_key(k.clone())
+        .body("b")
+        .send()
+        .await
+        .expect_err("still held when the wait runs out");
+    assert_eq!(err.kind(), ErrorKind::InProgress);
+    assert!(err.is_outcome_unknown(), "worker a may be executing it");
+    assert!(err.to_string().contains("held by a/"), "{err}");
+    // Polled every 2 s, the last step cut to what was left of the 5 s.
+    assert_eq!(
+        time.slept(),
+        vec![
+            Duration::from_secs(2),
+            Duration::from_secs(2),
+            Duration::from_secs(1)
+        ]
+    );
+    assert_eq!(
+        faulty.claims.load(Ordering::SeqCst) - claims_before,
+        4,
+        "a look at 0, 2, 4 and 5 s"
+    );
+    faulty.pause.resume();
+    holding.await.expect("task").expect("worker a finishes");
+    assert_eq!(server.hits(), 1, "worker b sent nothing");
 }
 
 #[tokio::test]
