@@ -956,6 +956,65 @@ async fn a_patient_run_polls_until_its_max_wait_then_is_refused() {
     assert_eq!(server.hits(), 1, "worker b sent nothing");
 }
 
+/// A ledger that answers every claim with the operation's row held by another run under a
+/// lease that lapses at that very instant: what a claim sees when the row changes between
+/// its statements. Counts the claims; every claim after the tenth fails, so a claim loop that
+/// never ends fails its test instead of hanging it.
+#[derive(Debug, Clone, Default)]
+struct Racing {
+    inner: MemoryLedger,
+    claims: Arc<AtomicU32>,
+}
+
+impl Ledger for Racing {
+    fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
+        Box::pin(async move {
+            if self.claims.fetch_add(1, Ordering::SeqCst) >= 10 {
+                return Err(outage());
+            }
+            let mut row = match self.inner.claim(claim).await? {
+                Claimed::New(row) | Claimed::Existing(row) => row,
+                other => return Ok(other),
+            };
+            row.lease_owner = Some("elsewhere".to_owned());
+            row.lease_expires_at = Some(claim.now);
+            Ok(Claimed::Existing(row))
+        })
+    }
+    fn record_attempt<'a>(&'a self, update: &'a AttemptUpdate) -> LedgerFuture<'a, ()> {
+        self.inner.record_attempt(update)
+    }
+    fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
+        self.inner.finish(finish)
+    }
+    fn get<'a>(&'a self, key: &'a str) -> LedgerFuture<'a, Option<OperationRecord>> {
+        self.inner.get(key)
+    }
+    fn purge_batch(&self, now: SystemTime, limit: u32) -> LedgerFuture<'_, u64> {
+        self.inner.purge_batch(now, limit)
+    }
+}
+
+#[tokio::test]
+async fn a_claim_that_keeps_finding_the_row_changed_gives_up_after_three_looks() {
+    let server = TestServer::start(vec![], Action::ok("ok")).await;
+    let racing = Racing::default();
+    let client = ledger_client(racing.clone(), LedgerOptions::new(), fast());
+    let k = key("row-keeps-changing");
+    let err = client
+        .post(server.url("/x"))
+        .idempotency_key(k.clone())
+        .send()
+        .await
+        .expect_err("never claimed");
+    assert_eq!(err.kind(), ErrorKind::InProgress);
+    assert!(err.is_outcome_unknown(), "the row was in flight");
+    assert_eq!(err.idempotency_key(), Some(&k));
+    assert!(err.to_string().contains("kept changing"), "{err}");
+    assert_eq!(racing.claims.load(Ordering::SeqCst), 3, "three looks");
+    assert_eq!(server.hits(), 0, "nothing was sent");
+}
+
 #[tokio::test]
 async fn a_run_that_loses_its_lease_mid_run_is_told_outcome_unknown_and_keeps_the_answer() {
     let server = TestServer::start_idempotent(vec![], Action::ok("charged")).await;
