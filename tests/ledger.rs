@@ -12,9 +12,10 @@ use std::time::{Duration, SystemTime};
 use std::sync::Mutex;
 
 use idempotent_retry::{
-    AttemptUpdate, Claim, Claimed, Client, ErrorKind, Finish, IdempotencyKey, InProgressPolicy,
-    Ledger, LedgerError, LedgerErrorKind, LedgerFuture, LedgerOptions, LedgerVerdict, MemoryLedger,
-    OperationEvent, OperationRecord, OperationStatus, RetryPolicy, RetryReport,
+    AttemptUpdate, Claim, Claimed, Client, ErrorKind, FailureKind, Finish, IdempotencyKey,
+    InProgressPolicy, Ledger, LedgerError, LedgerErrorKind, LedgerFuture, LedgerOptions,
+    LedgerVerdict, MemoryLedger, OperationEvent, OperationRecord, OperationStatus, RetryPolicy,
+    RetryReport,
 };
 use support::*;
 use tokio::sync::Semaphore;
@@ -1013,6 +1014,39 @@ async fn a_claim_that_keeps_finding_the_row_changed_gives_up_after_three_looks()
     assert!(err.to_string().contains("kept changing"), "{err}");
     assert_eq!(racing.claims.load(Ordering::SeqCst), 3, "three looks");
     assert_eq!(server.hits(), 0, "nothing was sent");
+}
+
+#[tokio::test]
+async fn an_unrecorded_attempt_whose_outcome_cannot_be_written_either_is_reported_once() {
+    let server = TestServer::start(vec![], Action::ok("ok")).await;
+    let url = server.url("/x");
+    drop(server);
+    let faulty = Faulty::default();
+    faulty.fail_record.store(true, Ordering::SeqCst);
+    faulty.fail_finish.store(true, Ordering::SeqCst);
+    let client = ledger_client(faulty.clone(), LedgerOptions::new(), fast());
+    let k = key("record-and-finish-fail");
+    let err = client
+        .post(&url)
+        .idempotency_key(k.clone())
+        .send()
+        .await
+        .expect_err("nobody listens, and the ledger is down");
+    assert_eq!(err.kind(), ErrorKind::Ledger);
+    assert_eq!(err.idempotency_key(), Some(&k));
+    assert_eq!(err.attempts(), 1);
+    assert_eq!(
+        err.failure(),
+        Some(FailureKind::Connect),
+        "how the attempt failed"
+    );
+    assert!(
+        !err.is_outcome_unknown(),
+        "a refused connection ran nothing"
+    );
+    let text = err.to_string();
+    assert_eq!(text.matches("could not be recorded").count(), 1, "{text}");
+    assert_eq!(row(&faulty, &k).await.status, OperationStatus::InFlight);
 }
 
 #[tokio::test]
