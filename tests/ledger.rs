@@ -957,6 +957,28 @@ async fn a_patient_run_polls_until_its_max_wait_then_is_refused() {
     assert_eq!(server.hits(), 1, "worker b sent nothing");
 }
 
+#[tokio::test]
+async fn an_unrecorded_attempt_that_may_have_run_is_reported_as_unknown() {
+    let server = TestServer::start(vec![], Action::Reset).await;
+    let faulty = Faulty::default();
+    faulty.fail_record.store(true, Ordering::SeqCst);
+    let client = ledger_client(faulty.clone(), LedgerOptions::new(), fast());
+    let k = key("reset-unrecorded");
+    let err = client
+        .post(server.url("/x"))
+        .idempotency_key(k.clone())
+        .send()
+        .await
+        .expect_err("a reset, and the attempt could not be recorded");
+    assert_eq!(err.kind(), ErrorKind::Ledger);
+    assert_eq!(err.failure(), Some(FailureKind::ConnectionReset));
+    assert!(err.is_outcome_unknown(), "the reset request may have run");
+    assert_eq!(err.idempotency_key(), Some(&k));
+    assert_eq!(err.attempts(), 1);
+    assert_eq!(server.hits(), 1, "no retry after an unrecorded attempt");
+    assert_eq!(row(&faulty, &k).await.status, OperationStatus::Unknown);
+}
+
 /// A ledger that answers every claim with the operation's row held by another run under a
 /// lease that lapses at that very instant: what a claim sees when the row changes between
 /// its statements. Counts the claims; every claim after the tenth fails, so a claim loop that
