@@ -310,6 +310,14 @@ fn layer_and_service_are_clone_send_sync() {
     send(&future);
 }
 
+#[test]
+fn the_service_shows_its_settings_when_debug_printed() {
+    let service = IdempotentRetryLayer::new().layer(reqwest::Client::new());
+    let text = format!("{service:?}");
+    assert!(text.contains("settings: Settings {"), "{text}");
+    assert!(text.contains("idempotency-key"), "the key header: {text}");
+}
+
 #[tokio::test]
 async fn every_retry_waits_for_the_inner_service_to_be_ready() {
     let (layer, _time) = virtual_layer(RetryPolicy::default());
