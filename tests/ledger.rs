@@ -567,9 +567,13 @@ impl Pause {
         self.armed.store(true, Ordering::SeqCst);
     }
 
-    /// Waits until a record has stalled.
-    async fn reached(&self) {
-        self.reached.acquire().await.expect("open").forget();
+    /// Waits until `run`'s attempt record has stalled. Fails the test if `run` ends first:
+    /// it never recorded an attempt.
+    async fn reached<T: std::fmt::Debug>(&self, run: &mut tokio::task::JoinHandle<T>) {
+        tokio::select! {
+            permit = self.reached.acquire() => permit.expect("open").forget(),
+            ended = run => panic!("the run ended without recording its attempt: {ended:?}"),
+        }
     }
 
     fn resume(&self) {
@@ -855,11 +859,11 @@ async fn the_observer_sees_an_in_progress_refusal_and_a_failed_claim() {
 
     // Worker a sends, then stalls before recording its attempt: it holds a live lease.
     faulty.pause.arm();
-    let holding = tokio::spawn({
+    let mut holding = tokio::spawn({
         let (url, k) = (server.url("/x"), k.clone());
         async move { holder.post(url).idempotency_key(k).body("b").send().await }
     });
-    faulty.pause.reached().await;
+    faulty.pause.reached(&mut holding).await;
     let err = client
         .post(server.url("/x"))
         .idempotency_key(k.clone())
@@ -922,11 +926,11 @@ async fn a_patient_run_polls_until_its_max_wait_then_is_refused() {
     // Worker a sends, then stalls before recording its attempt: its lease (5 s attempt
     // timeout + 30 s slack) outlasts worker b's patience.
     faulty.pause.arm();
-    let holding = tokio::spawn({
+    let mut holding = tokio::spawn({
         let (url, k) = (server.url("/x"), k.clone());
         async move { holder.post(url).idempotency_key(k).body("b").send().await }
     });
-    faulty.pause.reached().await;
+    faulty.pause.reached(&mut holding).await;
     let claims_before = faulty.claims.load(Ordering::SeqCst);
     let err = patient
         .post(server.url("/x"))
@@ -1092,8 +1096,8 @@ async fn a_run_that_loses_its_lease_mid_run_is_told_outcome_unknown_and_keeps_th
     // Worker a's attempt reaches the server and commits; then a stalls (a long GC pause, a
     // frozen VM) before it can record the attempt, for longer than its lease.
     faulty.pause.arm();
-    let a_run = tokio::spawn(send(&a));
-    faulty.pause.reached().await;
+    let mut a_run = tokio::spawn(send(&a));
+    faulty.pause.reached(&mut a_run).await;
     time.advance(Duration::from_secs(36));
 
     // Worker b finds the lease lapsed, takes the operation over with the same key, and gets
