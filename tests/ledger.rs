@@ -64,6 +64,22 @@ fn key(name: &str) -> IdempotencyKey {
     IdempotencyKey::derive("tests.ledger", &[name])
 }
 
+/// One keyed POST: the request most tests here send, with the key given explicitly.
+async fn post_keyed(
+    client: &Client,
+    url: impl reqwest::IntoUrl,
+    key: &IdempotencyKey,
+    body: &'static str,
+) -> Result<reqwest::Response, idempotent_retry::Error> {
+    let request = client.post(url).idempotency_key(key.clone());
+    let request = if body.is_empty() {
+        request
+    } else {
+        request.body(body)
+    };
+    request.send().await
+}
+
 async fn row(ledger: &dyn Ledger, key: &IdempotencyKey) -> OperationRecord {
     ledger
         .get(key.as_str())
@@ -133,19 +149,11 @@ async fn a_body_over_the_limit_is_returned_but_replayed_empty() {
     let ledger = MemoryLedger::new();
     let client = ledger_client(ledger.clone(), LedgerOptions::new().max_body(4), fast());
     let k = key("big-body");
-    let first = client
-        .post(server.url("/x"))
-        .idempotency_key(k.clone())
-        .body("payload")
-        .send()
+    let first = post_keyed(&client, server.url("/x"), &k, "payload")
         .await
         .expect("ok");
     assert_eq!(first.text().await.expect("body"), "0123456789");
-    let again = client
-        .post(server.url("/x"))
-        .idempotency_key(k.clone())
-        .body("payload")
-        .send()
+    let again = post_keyed(&client, server.url("/x"), &k, "payload")
         .await
         .expect("replayed");
     assert_eq!(server.hits(), 1);
@@ -211,11 +219,7 @@ async fn an_operation_in_flight_elsewhere_is_refused_then_waited_for() {
     assert_eq!(server.wait_for_hits(1, Duration::from_secs(5)).await, 1);
 
     let impatient = ledger_client(ledger.clone(), LedgerOptions::new().worker("b"), fast());
-    let err = impatient
-        .post(server.url("/charges"))
-        .idempotency_key(k.clone())
-        .body("x")
-        .send()
+    let err = post_keyed(&impatient, server.url("/charges"), &k, "x")
         .await
         .expect_err("the first run holds the lease");
     assert_eq!(err.kind(), ErrorKind::InProgress);
@@ -233,11 +237,7 @@ async fn an_operation_in_flight_elsewhere_is_refused_then_waited_for() {
         }),
         fast(),
     );
-    let waited = patient
-        .post(server.url("/charges"))
-        .idempotency_key(k.clone())
-        .body("x")
-        .send()
+    let waited = post_keyed(&patient, server.url("/charges"), &k, "x")
         .await
         .expect("replayed once the first run finished");
     assert!(RetryReport::of(&waited).expect("report").is_replayed());
@@ -258,11 +258,7 @@ async fn an_unknown_outcome_resumes_with_the_same_key_and_counts_attempts() {
     let ledger = MemoryLedger::new();
     let client = ledger_client(ledger.clone(), LedgerOptions::new(), fast().max_attempts(2));
     let k = key("resume");
-    let err = client
-        .post(server.url("/x"))
-        .idempotency_key(k.clone())
-        .body("b")
-        .send()
+    let err = post_keyed(&client, server.url("/x"), &k, "b")
         .await
         .expect_err("two 503s");
     assert!(err.is_outcome_unknown());
@@ -271,11 +267,7 @@ async fn an_unknown_outcome_resumes_with_the_same_key_and_counts_attempts() {
     assert_eq!(stored.attempts, 2);
     let first_at = stored.first_attempt_at;
 
-    let ok = client
-        .post(server.url("/x"))
-        .idempotency_key(k.clone())
-        .body("b")
-        .send()
+    let ok = post_keyed(&client, server.url("/x"), &k, "b")
         .await
         .expect("third attempt succeeds");
     assert_eq!(ok.status(), 200);
@@ -296,20 +288,12 @@ async fn a_later_run_that_cannot_connect_still_reports_the_earlier_unknown() {
     let client = ledger_client(ledger.clone(), LedgerOptions::new(), fast().max_attempts(1));
     let k = key("earlier-unknown");
     let url = server.url("/x");
-    let err = client
-        .post(&url)
-        .idempotency_key(k.clone())
-        .send()
-        .await
-        .expect_err("503");
+    let err = post_keyed(&client, &url, &k, "").await.expect_err("503");
     assert!(err.is_outcome_unknown());
     drop(server);
     // Same request (same URL), but nobody listens any more: this run cannot have executed
     // it, the first one may have.
-    let err = client
-        .post(&url)
-        .idempotency_key(k.clone())
-        .send()
+    let err = post_keyed(&client, &url, &k, "")
         .await
         .expect_err("refused");
     assert_eq!(err.kind(), ErrorKind::AttemptsExhausted);
@@ -326,20 +310,14 @@ async fn a_definite_failure_is_failed_final_and_sent_again_later() {
     let ledger = MemoryLedger::new();
     let client = ledger_client(ledger.clone(), LedgerOptions::new(), fast());
     let k = key("failed-final");
-    let bad = client
-        .post(server.url("/x"))
-        .idempotency_key(k.clone())
-        .send()
+    let bad = post_keyed(&client, server.url("/x"), &k, "")
         .await
         .expect("a 400 is a final answer");
     assert_eq!(bad.status(), 400);
     let stored = row(&ledger, &k).await;
     assert_eq!(stored.status, OperationStatus::FailedFinal);
     assert_eq!(stored.response.map(|r| r.status), Some(400));
-    let ok = client
-        .post(server.url("/x"))
-        .idempotency_key(k.clone())
-        .send()
+    let ok = post_keyed(&client, server.url("/x"), &k, "")
         .await
         .expect("sent again");
     assert_eq!(ok.status(), 200);
@@ -355,10 +333,7 @@ async fn the_window_spans_runs_and_a_late_run_sends_nothing() {
         .reconcile_window(Duration::from_secs(3600));
     let (client, time) = virtual_ledger_client(ledger.clone(), LedgerOptions::new(), policy);
     let k = key("window");
-    let err = client
-        .post(server.url("/x"))
-        .idempotency_key(k.clone())
-        .send()
+    let err = post_keyed(&client, server.url("/x"), &k, "")
         .await
         .expect_err("503s");
     assert!(err.is_outcome_unknown());
@@ -366,20 +341,14 @@ async fn the_window_spans_runs_and_a_late_run_sends_nothing() {
 
     // 59 minutes later the window has one minute left: the run goes on, inside it.
     time.advance(Duration::from_secs(59 * 60));
-    let err = client
-        .post(server.url("/x"))
-        .idempotency_key(k.clone())
-        .send()
+    let err = post_keyed(&client, server.url("/x"), &k, "")
         .await
         .expect_err("503s");
     assert_eq!(server.hits(), 4);
     assert!(err.is_outcome_unknown());
 
     time.advance(Duration::from_secs(61));
-    let err = client
-        .post(server.url("/x"))
-        .idempotency_key(k.clone())
-        .send()
+    let err = post_keyed(&client, server.url("/x"), &k, "")
         .await
         .expect_err("the window closed an hour after the first attempt");
     assert_eq!(err.kind(), ErrorKind::ReconcileWindow);
@@ -410,10 +379,7 @@ async fn a_crashed_run_leaves_a_lapsing_lease_and_the_next_run_takes_over() {
     assert_eq!(stored.status, OperationStatus::InFlight);
     assert!(stored.lease_owner.is_some());
 
-    let err = client
-        .post(server.url("/x"))
-        .idempotency_key(k.clone())
-        .send()
+    let err = post_keyed(&client, server.url("/x"), &k, "")
         .await
         .expect_err("the lease is still live");
     assert_eq!(err.kind(), ErrorKind::InProgress);
@@ -421,10 +387,7 @@ async fn a_crashed_run_leaves_a_lapsing_lease_and_the_next_run_takes_over() {
 
     // attempt timeout (5 s) + slack (30 s) later, the lease has lapsed.
     time.advance(Duration::from_secs(36));
-    let ok = client
-        .post(server.url("/x"))
-        .idempotency_key(k.clone())
-        .send()
+    let ok = post_keyed(&client, server.url("/x"), &k, "")
         .await
         .expect("taken over");
     assert_eq!(ok.status(), 200);
@@ -513,10 +476,7 @@ async fn retention_is_never_shorter_than_two_windows() {
     let options = LedgerOptions::new().retention(Duration::from_secs(60));
     let (client, time) = virtual_ledger_client(ledger.clone(), options, policy);
     let k = key("retention-floor");
-    client
-        .post(server.url("/x"))
-        .idempotency_key(k.clone())
-        .send()
+    post_keyed(&client, server.url("/x"), &k, "")
         .await
         .expect("ok");
     let stored = row(&ledger, &k).await;
@@ -630,10 +590,7 @@ async fn no_request_is_sent_without_its_claim_recorded() {
     faulty.fail_claim.store(true, Ordering::SeqCst);
     let client = ledger_client(faulty.clone(), LedgerOptions::new(), fast());
     let k = key("claim-fails");
-    let err = client
-        .post(server.url("/x"))
-        .idempotency_key(k.clone())
-        .send()
+    let err = post_keyed(&client, server.url("/x"), &k, "")
         .await
         .expect_err("the claim failed");
     assert_eq!(err.kind(), ErrorKind::Ledger);
@@ -652,10 +609,7 @@ async fn an_attempt_that_cannot_be_recorded_is_reported_as_unknown_with_its_key(
     let options = LedgerOptions::new().lease_slack(Duration::from_secs(10));
     let (client, time) = virtual_ledger_client(faulty.clone(), options, fast());
     let k = key("record-fails");
-    let mut err = client
-        .post(server.url("/x"))
-        .idempotency_key(k.clone())
-        .send()
+    let mut err = post_keyed(&client, server.url("/x"), &k, "")
         .await
         .expect_err("the attempt could not be recorded");
     assert_eq!(err.kind(), ErrorKind::Ledger);
@@ -673,10 +627,7 @@ async fn an_attempt_that_cannot_be_recorded_is_reported_as_unknown_with_its_key(
 
     faulty.fail_record.store(false, Ordering::SeqCst);
     time.advance(Duration::from_secs(1));
-    let again = client
-        .post(server.url("/x"))
-        .idempotency_key(k.clone())
-        .send()
+    let again = post_keyed(&client, server.url("/x"), &k, "")
         .await
         .expect("resumed");
     assert_eq!(
@@ -695,10 +646,7 @@ async fn an_outcome_that_cannot_be_recorded_keeps_the_response_and_the_lease_lap
     let options = LedgerOptions::new().lease_slack(Duration::from_secs(10));
     let (client, time) = virtual_ledger_client(faulty.clone(), options, fast());
     let k = key("finish-fails");
-    let mut err = client
-        .post(server.url("/x"))
-        .idempotency_key(k.clone())
-        .send()
+    let mut err = post_keyed(&client, server.url("/x"), &k, "")
         .await
         .expect_err("the outcome could not be recorded");
     assert_eq!(err.kind(), ErrorKind::Ledger);
@@ -718,10 +666,7 @@ async fn an_outcome_that_cannot_be_recorded_keeps_the_response_and_the_lease_lap
 
     faulty.fail_finish.store(false, Ordering::SeqCst);
     time.advance(Duration::from_secs(16));
-    let again = client
-        .post(server.url("/x"))
-        .idempotency_key(k.clone())
-        .send()
+    let again = post_keyed(&client, server.url("/x"), &k, "")
         .await
         .expect("resumed");
     assert_eq!(again.status(), 200);
@@ -864,11 +809,7 @@ async fn the_observer_sees_an_in_progress_refusal_and_a_failed_claim() {
         async move { holder.post(url).idempotency_key(k).body("b").send().await }
     });
     faulty.pause.reached(&mut holding).await;
-    let err = client
-        .post(server.url("/x"))
-        .idempotency_key(k.clone())
-        .body("b")
-        .send()
+    let err = post_keyed(&client, server.url("/x"), &k, "b")
         .await
         .expect_err("held by worker a");
     assert_eq!(err.kind(), ErrorKind::InProgress);
@@ -884,10 +825,7 @@ async fn the_observer_sees_an_in_progress_refusal_and_a_failed_claim() {
 
     faulty.fail_claim.store(true, Ordering::SeqCst);
     let other = key("observed-claim-fails");
-    let err = client
-        .post(server.url("/x"))
-        .idempotency_key(other.clone())
-        .send()
+    let err = post_keyed(&client, server.url("/x"), &other, "")
         .await
         .expect_err("the claim fails");
     assert_eq!(err.kind(), ErrorKind::Ledger);
@@ -932,11 +870,7 @@ async fn a_patient_run_polls_until_its_max_wait_then_is_refused() {
     });
     faulty.pause.reached(&mut holding).await;
     let claims_before = faulty.claims.load(Ordering::SeqCst);
-    let err = patient
-        .post(server.url("/x"))
-        .idempotency_key(k.clone())
-        .body("b")
-        .send()
+    let err = post_keyed(&patient, server.url("/x"), &k, "b")
         .await
         .expect_err("still held when the wait runs out");
     assert_eq!(err.kind(), ErrorKind::InProgress);
@@ -968,10 +902,7 @@ async fn an_unrecorded_attempt_that_may_have_run_is_reported_as_unknown() {
     faulty.fail_record.store(true, Ordering::SeqCst);
     let client = ledger_client(faulty.clone(), LedgerOptions::new(), fast());
     let k = key("reset-unrecorded");
-    let err = client
-        .post(server.url("/x"))
-        .idempotency_key(k.clone())
-        .send()
+    let err = post_keyed(&client, server.url("/x"), &k, "")
         .await
         .expect_err("a reset, and the attempt could not be recorded");
     assert_eq!(err.kind(), ErrorKind::Ledger);
@@ -1028,10 +959,7 @@ async fn a_claim_that_keeps_finding_the_row_changed_gives_up_after_three_looks()
     let racing = Racing::default();
     let client = ledger_client(racing.clone(), LedgerOptions::new(), fast());
     let k = key("row-keeps-changing");
-    let err = client
-        .post(server.url("/x"))
-        .idempotency_key(k.clone())
-        .send()
+    let err = post_keyed(&client, server.url("/x"), &k, "")
         .await
         .expect_err("never claimed");
     assert_eq!(err.kind(), ErrorKind::InProgress);
@@ -1052,10 +980,7 @@ async fn an_unrecorded_attempt_whose_outcome_cannot_be_written_either_is_reporte
     faulty.fail_finish.store(true, Ordering::SeqCst);
     let client = ledger_client(faulty.clone(), LedgerOptions::new(), fast());
     let k = key("record-and-finish-fail");
-    let err = client
-        .post(&url)
-        .idempotency_key(k.clone())
-        .send()
+    let err = post_keyed(&client, &url, &k, "")
         .await
         .expect_err("nobody listens, and the ledger is down");
     assert_eq!(err.kind(), ErrorKind::Ledger);
@@ -1163,10 +1088,7 @@ async fn the_observer_is_told_what_the_caller_gets_after_the_ledger_finish() {
     // so does the observer.
     faulty.fail_finish.store(true, Ordering::SeqCst);
     let k = key("observed-finish-fails");
-    let err = client
-        .post(server.url("/x"))
-        .idempotency_key(k.clone())
-        .send()
+    let err = post_keyed(&client, server.url("/x"), &k, "")
         .await
         .expect_err("503, then the outcome could not be recorded");
     assert_eq!(err.kind(), ErrorKind::Ledger);
