@@ -32,7 +32,8 @@ pub enum FailureKind {
     /// The connection closed before a complete response arrived (incomplete message, stream
     /// refused or cancelled by the peer).
     ConnectionClosed,
-    /// A 5xx other than 501 Not Implemented and 505 HTTP Version Not Supported.
+    /// A 5xx other than 501 Not Implemented and 505 HTTP Version Not Supported, or an invalid
+    /// status from 600 to 999, which RFC 9110 (section 15) says to handle as a 5xx.
     ServerError,
     /// 429 Too Many Requests: the server refused the request without executing it.
     Throttled,
@@ -157,6 +158,11 @@ pub(crate) fn classify_status(status: StatusCode, headers: &HeaderMap, keyed: bo
         429 => Some(FailureKind::Throttled),
         501 | 505 => None,
         500..=599 => Some(FailureKind::ServerError),
+        // Not a valid status (valid ones are 100..=599), yet hyper accepts any three digits
+        // from 100 up. RFC 9110 section 15: a client should treat it as a 5xx, so it is
+        // retried like a 500 (and, like a 500, may have run). Without this it would be a
+        // final answer handed back as `Ok`.
+        600..=999 => Some(FailureKind::ServerError),
         _ => None,
     };
     match (should_retry_hint(headers), by_status) {
@@ -285,6 +291,23 @@ mod tests {
             StatusClass::Retry(FailureKind::InProgress)
         );
         assert_eq!(class(409, false), StatusClass::Final);
+    }
+
+    #[test]
+    fn invalid_statuses_600_to_999_are_handled_as_5xx() {
+        for code in [600, 700, 998, 999] {
+            assert_eq!(
+                class(code, false),
+                StatusClass::Retry(FailureKind::ServerError),
+                "{code}"
+            );
+        }
+        // As with a 5xx, the server's hint still wins.
+        let no = headers(&[("x-should-retry", "false")]);
+        let s999 = StatusCode::from_u16(999).expect("http accepts 100..=999");
+        assert_eq!(classify_status(s999, &no, true), StatusClass::Final);
+        // `http` itself refuses anything outside 100..=999: no status can be out of range here.
+        assert!(StatusCode::from_u16(1000).is_err() && StatusCode::from_u16(99).is_err());
     }
 
     #[test]

@@ -559,6 +559,27 @@ mod tests {
     }
 
     #[test]
+    fn an_overflowing_value_among_several_wins() {
+        // "Longest wins" holds for a value too large for a `Duration` too: the operation then
+        // stops as "asked to wait too long" instead of retrying after the shorter value.
+        let map = headers(&[
+            ("retry-after", "1"),
+            ("retry-after", "99999999999999999999"),
+            ("retry-after", "-1"),
+        ]);
+        assert_eq!(requested_delay(&map, UNIX_EPOCH), Some(Duration::MAX));
+        // A year-9999 date is not an overflow but the real (huge) difference.
+        let map = headers(&[
+            ("retry-after", "Fri, 31 Dec 9999 23:59:59 GMT"),
+            ("retry-after", "5"),
+        ]);
+        assert_eq!(
+            requested_delay(&map, UNIX_EPOCH),
+            Some(Duration::from_secs(YEAR_9999_SECS))
+        );
+    }
+
+    #[test]
     fn ms_takes_precedence() {
         let now = at(EXAMPLE_SECS);
         let map = headers(&[("retry-after", "120"), ("retry-after-ms", "1500")]);
