@@ -71,6 +71,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, SystemTime};
 
+mod body;
 #[cfg(test)]
 mod conformance;
 mod error;

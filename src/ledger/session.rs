@@ -7,10 +7,12 @@ use std::time::{Duration, SystemTime};
 use http::{HeaderName, HeaderValue, StatusCode};
 use reqwest::ResponseBuilderExt;
 
+use super::body::{Capped, read_capped};
 use super::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerOptions, OperationRecord,
     OperationStatus, SavedResponse, earlier, later, request_fingerprint,
 };
+use crate::classify::{FailureKind, classify_source_chain};
 use crate::engine::Settings;
 use crate::error::{Error, ErrorKind};
 use crate::key::IdempotencyKey;
@@ -382,8 +384,9 @@ impl LedgerSession {
         self.handle.ledger.record_attempt(&update).await
     }
 
-    /// Writes the run's outcome and releases the lease. A response is read in full to save it,
-    /// then handed back. When the outcome cannot be written, the caller gets an
+    /// Writes the run's outcome and releases the lease. A response's body is read to save it,
+    /// up to [`LedgerOptions::max_body`] (a longer one is handed back unread past that point
+    /// and not saved), then handed back. When the outcome cannot be written, the caller gets an
     /// [`ErrorKind::Ledger`] error carrying the key (and the response, when there was one).
     pub(crate) async fn finish(
         &self,
@@ -433,15 +436,26 @@ impl LedgerSession {
         let version = response.version();
         let url = response.url().clone();
         let headers = response.headers().clone();
-        let body = match response.bytes().await {
-            Ok(body) => body,
-            Err(source) => {
-                // The server answered, but the answer was cut: it may well have run.
-                let err = Error::operation(ErrorKind::Transport, report, true).with_source(source);
-                return self.finish_error(err).await;
-            }
-        };
         let options = &self.handle.options;
+        // Read no more than the ledger saves: a longer body goes back to the caller unread
+        // past the cap, and is not saved.
+        let (saved_body, body) =
+            match read_capped(reqwest::Body::from(response), options.max_body).await {
+                Ok(Capped::Whole(bytes)) => (Some(bytes.to_vec()), reqwest::Body::from(bytes)),
+                Ok(Capped::Over(body)) => (None, body),
+                Err(source) => {
+                    // The server answered, but the answer was cut or stalled: it may well have run.
+                    let failure = if source.is_timeout() {
+                        FailureKind::Timeout
+                    } else {
+                        classify_source_chain(&source).unwrap_or(FailureKind::ConnectionClosed)
+                    };
+                    let err = Error::operation(ErrorKind::Transport, report, true)
+                        .with_failure(Some(failure))
+                        .with_source(source);
+                    return self.finish_error(err).await;
+                }
+            };
         let saved = SavedResponse {
             status: status.as_u16(),
             headers: options
@@ -456,7 +470,7 @@ impl LedgerSession {
                     })
                 })
                 .collect(),
-            body: (body.len() <= options.max_body).then(|| body.to_vec()),
+            body: saved_body,
         };
         let outcome = if status.as_u16() < 400 {
             OperationStatus::Succeeded

@@ -1,0 +1,151 @@
+//! A response body read up to the ledger's size cap, and no further.
+//!
+//! The ledger saves a final response's body for replay, up to
+//! [`LedgerOptions::max_body`](super::LedgerOptions::max_body). Reading the whole body to find
+//! out whether it fits would buffer however much the server sends; instead the body is read
+//! frame by frame until it ends or passes the cap, and a body that passes it is handed back
+//! unread past that point: the bytes already read, then the rest of the stream. Memory stays
+//! within the cap plus one frame, whatever the body's size.
+//!
+//! `http-body-util` has no body that chains a buffered prefix with a live stream, so
+//! [`Prefixed`] is the dozen lines it takes.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use hyper::body::{Body as _, Bytes, Frame, SizeHint};
+
+/// A body read up to a cap.
+pub(crate) enum Capped {
+    /// The whole body, no longer than the cap.
+    Whole(Bytes),
+    /// A body longer than the cap: the bytes read so far, then the rest, not read yet.
+    Over(reqwest::Body),
+}
+
+/// Reads `body` until it ends or holds more than `cap` bytes.
+///
+/// # Errors
+///
+/// The body's own error (a timeout, a connection cut) while reading up to the cap.
+pub(crate) async fn read_capped(
+    mut body: reqwest::Body,
+    cap: usize,
+) -> Result<Capped, reqwest::Error> {
+    let mut read = Vec::new();
+    loop {
+        let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
+        let Some(frame) = frame.transpose()? else {
+            return Ok(Capped::Whole(Bytes::from(read)));
+        };
+        // Trailers are not saved (a whole-body read drops them too).
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        read.extend_from_slice(&data);
+        if read.len() > cap {
+            let head = Some(Bytes::from(read));
+            return Ok(Capped::Over(reqwest::Body::wrap(Prefixed {
+                head,
+                rest: body,
+            })));
+        }
+    }
+}
+
+/// The bytes already read, then the rest of the body.
+struct Prefixed {
+    head: Option<Bytes>,
+    rest: reqwest::Body,
+}
+
+impl hyper::body::Body for Prefixed {
+    type Data = Bytes;
+    type Error = reqwest::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, reqwest::Error>>> {
+        if let Some(head) = self.head.take() {
+            return Poll::Ready(Some(Ok(Frame::data(head))));
+        }
+        Pin::new(&mut self.rest).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.head.is_none() && self.rest.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let rest = self.rest.size_hint();
+        let head = self.head.as_ref().map_or(0, |h| h.len() as u64);
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower().saturating_add(head));
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper.saturating_add(head));
+        }
+        hint
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stream(chunks: &[&'static str]) -> reqwest::Body {
+        struct Chunks(Vec<Bytes>);
+        impl hyper::body::Body for Chunks {
+            type Data = Bytes;
+            type Error = std::io::Error;
+            fn poll_frame(
+                mut self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+            ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+                if self.0.is_empty() {
+                    return Poll::Ready(None);
+                }
+                Poll::Ready(Some(Ok(Frame::data(self.0.remove(0)))))
+            }
+        }
+        reqwest::Body::wrap(Chunks(chunks.iter().map(|c| Bytes::from(*c)).collect()))
+    }
+
+    async fn collect(mut body: reqwest::Body) -> Vec<u8> {
+        let mut out = Vec::new();
+        while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
+        {
+            if let Ok(data) = frame.expect("no error").into_data() {
+                out.extend_from_slice(&data);
+            }
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn a_body_within_the_cap_is_read_whole() {
+        for cap in [6, 7, 100] {
+            match read_capped(stream(&["abc", "def"]), cap).await.expect("ok") {
+                Capped::Whole(bytes) => assert_eq!(&bytes[..], b"abcdef", "{cap}"),
+                Capped::Over(_) => panic!("within the cap of {cap}"),
+            }
+        }
+        match read_capped(stream(&[]), 0).await.expect("ok") {
+            Capped::Whole(bytes) => assert!(bytes.is_empty()),
+            Capped::Over(_) => panic!("an empty body fits a zero cap"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_cap_stops_there_and_hands_back_every_byte() {
+        let body = stream(&["ab", "cd", "ef", "gh"]);
+        let Capped::Over(rest) = read_capped(body, 3).await.expect("ok") else {
+            panic!("over the cap");
+        };
+        assert_eq!(collect(rest).await, b"abcdefgh");
+        let Capped::Over(rest) = read_capped(stream(&["x"]), 0).await.expect("ok") else {
+            panic!("over a zero cap");
+        };
+        assert_eq!(collect(rest).await, b"x");
+    }
+}
