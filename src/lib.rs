@@ -72,6 +72,8 @@
 //! | timeout after connecting | yes | **unknown** |
 //! | connection reset / aborted / closed before a full response | yes | **unknown** |
 //! | 500, 502, 503, 504 and every other 5xx but 501 and 505 | yes | **unknown** |
+//! | an invalid status from 600 to 999 (handled as a 5xx, RFC 9110 section 15) | yes | **unknown** |
+//! | a status line hyper refuses (`000`, `099`, `1000`, no digits) | yes, as a connection closed before a full response | **unknown** |
 //! | 409 Conflict, on a request with a key (first attempt still running) | yes | **unknown** |
 //! | 429 Too Many Requests, honouring `Retry-After` | yes | no |
 //! | 408 Request Timeout | yes | no |
@@ -103,9 +105,16 @@
 //! `U(0, min(max_delay, base_delay * 2^n))`: full jitter, drawn inside the cap. A server's
 //! `Retry-After` (delay-seconds or any of the three HTTP-date forms) or `retry-after-ms` is a
 //! floor: the wait is the longer of it and the jittered backoff. An unparsable value counts
-//! as absent. A request to wait longer than [`RetryPolicy::max_retry_after`], or longer than
-//! the window has left, ends the operation at once with [`ErrorKind::RetryAfterTooLong`]: the
-//! client never sleeps it.
+//! as absent (`-1`, `1e10`, `1.5`, a date before 1970 or with the wrong weekday: the backoff
+//! applies); `0` and a date already past ask for no wait (the backoff applies). A request to
+//! wait longer than [`RetryPolicy::max_retry_after`], or longer than the window has left,
+//! ends the operation at once with [`ErrorKind::RetryAfterTooLong`], the request in
+//! [`Error::retry_after`]: the client never sleeps it. A number too large for a `Duration`
+//! (`99999999999999999999`, 20 KB of digits) is such a request (`Duration::MAX`), not garbage,
+//! and so is a date in the year 9999. When the header occurs several times the longest
+//! parsable request wins, unparsable copies ignored; a `retry-after-ms` that parses (its
+//! longest, if several) wins over `Retry-After`, and one that does not (`-5`, `NaN`) is
+//! ignored in favour of `Retry-After`.
 //!
 //! **Stopping.** After `max_attempts` attempts the error is [`ErrorKind::AttemptsExhausted`],
 //! keeping the last response ([`Error::take_response`]) or transport error
@@ -132,6 +141,19 @@
 //! **Timeouts.** Each attempt runs under [`RetryPolicy::attempt_timeout`] (or
 //! [`RequestBuilder::timeout`]), which reqwest applies from connecting until the response body
 //! has been read, and which is shortened so no attempt outlives the reconcile window.
+//!
+//! **The body after the head.** Every decision is taken on the response head, so `send`
+//! returns a final response as soon as its head arrives, and a retried response is dropped
+//! unread. Reading a final response's body is the caller's: if it stalls or breaks (a server
+//! that trickles it forever, a cut connection), that read fails with a `reqwest::Error`
+//! (`is_timeout()` once the attempt timeout has run out), nothing is retried, and the
+//! operation counts as done: the server answered, the [`RetryReport`] says so. To get the
+//! body after all, send again with the same key: an idempotent receiver replays it. With a
+//! [ledger](#durable-operations), `send` reads the body up to
+//! [`LedgerOptions::max_body`] to save it, so there a stall or break within that much is an
+//! [`ErrorKind::Transport`] error, outcome unknown; the rest of a longer body is the caller's,
+//! as above. Through the tower service over `http::Request` the limit ends at the head (see
+//! [Using with tower](#using-with-tower)).
 //!
 //! **Redirects** are followed by the inner `reqwest::Client`, and the key header goes along on
 //! each hop (reqwest strips only credentials when a redirect leaves the origin). For APIs that

@@ -9,9 +9,11 @@
 #[cfg(all(feature = "tower", feature = "middleware"))]
 pub mod front;
 pub mod policy;
+pub mod raw;
 pub mod server;
 
 pub use policy::*;
+pub use raw::*;
 pub use server::*;
 pub mod time;
 

@@ -37,9 +37,9 @@ use tokio::time::Instant;
 
 // The HTTP/1.1 reading and the fault primitives (reset, clean close, stall) are the testkit's
 // own, compiled here from the same file so the two servers cannot drift apart. It is private to
-// the crate, hence the path include rather than a `use`.
+// the crate, hence the path include rather than a `use`; `raw.rs` shares this copy.
 #[path = "../../src/testkit/wire.rs"]
-mod wire;
+pub(super) mod wire;
 
 use wire::{Incoming, accept_loop, answer, close, find_header, read_request, reset, stall};
 
