@@ -120,9 +120,11 @@ impl LedgerOptions {
         self
     }
 
-    /// The longest response body saved for replay. A longer body is returned to the caller as
-    /// usual but not saved: a replay of that operation then has the status and headers and an
-    /// empty body, and its report says the body was not saved.
+    /// The longest response body saved for replay, and the most of a final response's body
+    /// that `send` reads before returning. A longer body is returned to the caller as usual
+    /// (the bytes read so far, then the rest, unread) but not saved: a replay of that operation
+    /// then has the status and headers and an empty body, and its report says the body was
+    /// not saved.
     ///
     /// Default: 64 KiB.
     pub fn max_body(mut self, bytes: usize) -> Self {
