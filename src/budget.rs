@@ -73,7 +73,10 @@ impl RetryBudgetConfig {
     }
 
     /// The most tokens the bucket holds, and the level it starts at. Must be at least the
-    /// larger of the two costs.
+    /// larger of the two costs ([`validate`](Self::validate) refuses less, zero included).
+    ///
+    /// Any value up to `u32::MAX` is accepted; deposits and refunds saturate at the capacity,
+    /// never wrap.
     ///
     /// Default: 500.
     pub const fn capacity(mut self, tokens: u32) -> Self {
@@ -81,7 +84,8 @@ impl RetryBudgetConfig {
         self
     }
 
-    /// What a retry costs, unless the attempt before it timed out. Must be at least 1.
+    /// What a retry costs, unless the attempt before it timed out. Must be at least 1. A cost
+    /// equal to the capacity lets one retry drain a full bucket.
     ///
     /// Default: 5.
     pub const fn retry_cost(mut self, tokens: u32) -> Self {
@@ -98,7 +102,8 @@ impl RetryBudgetConfig {
     }
 
     /// What an operation that succeeds on its first attempt deposits. Must be at least 1, or
-    /// a drained bucket would never refill.
+    /// a drained bucket would never refill. A reward of `u32::MAX` refills the bucket with one
+    /// success (the level saturates at the capacity).
     ///
     /// Default: 1.
     pub const fn success_reward(mut self, tokens: u32) -> Self {

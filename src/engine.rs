@@ -302,16 +302,14 @@ pub(crate) fn attach_key(
                 "the {header} header is set more than once"
             )));
         }
-        (Some(value), None) => {
-            let text = value
-                .to_str()
-                .map_err(|_| Error::builder(format!("the {header} header is not visible ASCII")))?;
-            Some(
-                IdempotencyKey::new(text)
-                    .map_err(|reason| Error::invalid_key(reason, "set in a header"))?,
-            )
-        }
+        // The raw bytes are checked, so a value with obs-text (bytes 0x80 and up) or a tab is
+        // refused with the offending byte and its index, like any other invalid key.
+        (Some(value), None) => Some(
+            IdempotencyKey::from_header_bytes(value.as_bytes())
+                .map_err(|reason| Error::invalid_key(reason, "set in a header"))?,
+        ),
     };
+    let in_header = from_header.is_some();
     let key = match (explicit, from_header) {
         (Some(explicit), Some(header_key)) if explicit != header_key => {
             return Err(Error::builder(format!(
@@ -322,7 +320,11 @@ pub(crate) fn attach_key(
         (None, None) if auto_key && !is_idempotent_method(method) => IdempotencyKey::random(),
         (None, None) => return Ok(None),
     };
-    headers.insert(header.clone(), key.to_header_value());
+    // A key the caller put in the header stays exactly as given (its bytes are the key's, and
+    // its sensitivity flag is kept); only a key from elsewhere is written in.
+    if !in_header {
+        headers.insert(header.clone(), key.to_header_value());
+    }
     Ok(Some(key))
 }
 

@@ -96,6 +96,24 @@ impl IdempotencyKey {
         }
     }
 
+    /// Validates the raw bytes of a header value (which may hold obs-text, bytes 0x80 and up)
+    /// as a key.
+    pub(crate) fn from_header_bytes(bytes: &[u8]) -> Result<Self, InvalidKey> {
+        validate(bytes).map_err(|reason| InvalidKey { reason })?;
+        // Every byte is visible ASCII now, so this is valid UTF-8; never panic over it.
+        String::from_utf8(bytes.to_vec())
+            .map(Self)
+            .map_err(|error| {
+                let index = error.utf8_error().valid_up_to();
+                InvalidKey {
+                    reason: InvalidKeyReason::InvalidByte {
+                        byte: bytes.get(index).copied().unwrap_or_default(),
+                        index,
+                    },
+                }
+            })
+    }
+
     /// Derives a key from a scope and the parts that identify one operation within it.
     ///
     /// The scope names the kind of operation or the source of its identity (`"agent.send_email"`,

@@ -79,6 +79,11 @@ impl RetryPolicy {
     /// The most attempts per operation, the first one included. Must be at least 1; 1 turns
     /// retries off.
     ///
+    /// Zero is refused by [`validate`](Self::validate). There is no upper limit: with
+    /// `u32::MAX` the operation is in practice bounded by the
+    /// [`reconcile_window`](Self::reconcile_window) and the client's
+    /// [retry budget](crate::RetryBudget) instead.
+    ///
     /// Default: 5.
     pub const fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts;
@@ -86,7 +91,12 @@ impl RetryPolicy {
     }
 
     /// The backoff ceiling for the first retry; it doubles for each retry after that, up to
-    /// [`max_delay`](Self::max_delay). Must not exceed `max_delay`.
+    /// [`max_delay`](Self::max_delay). Must not exceed `max_delay`
+    /// ([`validate`](Self::validate) refuses it).
+    ///
+    /// Zero makes every backoff wait zero (retries follow each other at once, still within the
+    /// attempt limit, the window and the budget). Doubling saturates: a ceiling that would
+    /// overflow is `max_delay`.
     ///
     /// Default: 500 ms.
     pub const fn base_delay(mut self, delay: Duration) -> Self {
@@ -98,6 +108,12 @@ impl RetryPolicy {
     /// ceiling, so no backoff wait exceeds it (a server's `Retry-After` may, up to
     /// [`max_retry_after`](Self::max_retry_after)).
     ///
+    /// Zero (with a zero `base_delay`) turns backoff waits off. `Duration::MAX` means no cap;
+    /// a wait is then drawn from at most `u64::MAX` nanoseconds (about 584 years), and a wait
+    /// that would end past the [`reconcile_window`](Self::reconcile_window) ends the operation
+    /// with [`ErrorKind::ReconcileWindow`](crate::ErrorKind::ReconcileWindow) instead of
+    /// sleeping.
+    ///
     /// Default: 30 s.
     pub const fn max_delay(mut self, delay: Duration) -> Self {
         self.max_delay = delay;
@@ -108,7 +124,12 @@ impl RetryPolicy {
     /// ends past it and no attempt starts after it; when the next wait would cross it, the
     /// operation ends with [`ErrorKind::ReconcileWindow`](crate::ErrorKind::ReconcileWindow):
     /// the caller must reconcile (look the operation up by its key), not retry. Keep it
-    /// shorter than the receiver keeps keys. Must be positive.
+    /// shorter than the receiver keeps keys. Must be positive
+    /// ([`validate`](Self::validate) refuses zero).
+    ///
+    /// `Duration::MAX` means no window; every computation with it saturates, and a
+    /// [`Ledger`](crate::Ledger) row's retention (twice the window) is clamped to the latest
+    /// time a ledger stores.
     ///
     /// Default: 24 h.
     pub const fn reconcile_window(mut self, window: Duration) -> Self {
@@ -117,7 +138,11 @@ impl RetryPolicy {
     }
 
     /// The limit for each attempt, from connecting until the response body has been read. An
-    /// attempt never runs past the end of the reconcile window either. Must be positive.
+    /// attempt never runs past the end of the reconcile window either. Must be positive
+    /// ([`validate`](Self::validate) refuses zero).
+    ///
+    /// `Duration::MAX` means no per-attempt limit (only the window's); the timers it arms
+    /// saturate instead of overflowing.
     ///
     /// Default: 30 s.
     pub const fn attempt_timeout(mut self, timeout: Duration) -> Self {
@@ -129,6 +154,10 @@ impl RetryPolicy {
     /// request ends the operation at once with
     /// [`ErrorKind::RetryAfterTooLong`](crate::ErrorKind::RetryAfterTooLong) instead of
     /// sleeping.
+    ///
+    /// Zero honours only `Retry-After: 0`; `Duration::MAX` honours any wait that ends inside
+    /// the [`reconcile_window`](Self::reconcile_window) (a longer one still ends the operation
+    /// with `RetryAfterTooLong`).
     ///
     /// Default: 60 s.
     pub const fn max_retry_after(mut self, limit: Duration) -> Self {

@@ -119,7 +119,10 @@ impl RequestBuilder {
     }
 
     /// The timeout for each attempt of this request, overriding the policy's
-    /// [`attempt_timeout`](RetryPolicy::attempt_timeout).
+    /// [`attempt_timeout`](RetryPolicy::attempt_timeout). Like that setting it must be
+    /// positive ([`send`](Self::send) refuses zero with
+    /// [`ErrorKind::Builder`](crate::ErrorKind::Builder)); any longer value is accepted, and
+    /// every attempt still ends with the policy's reconcile window.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
@@ -166,7 +169,8 @@ impl RequestBuilder {
     ///
     /// # Errors
     ///
-    /// - [`ErrorKind::Builder`](crate::ErrorKind::Builder): invalid policy, URL or header, or two different keys.
+    /// - [`ErrorKind::Builder`](crate::ErrorKind::Builder): invalid policy, URL or header, a zero
+    ///   [`timeout`](Self::timeout), or two different keys.
     /// - [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey): a key header set by the caller is not a valid key.
     /// - [`ErrorKind::AttemptsExhausted`](crate::ErrorKind::AttemptsExhausted), [`ErrorKind::ReconcileWindow`](crate::ErrorKind::ReconcileWindow),
     ///   [`ErrorKind::RetryAfterTooLong`](crate::ErrorKind::RetryAfterTooLong): the operation stopped without a final answer; the
@@ -197,6 +201,9 @@ impl RequestBuilder {
             policy.validate()?;
         } else {
             client.inner.settings.policy.validate()?;
+        }
+        if timeout.is_some_and(|timeout| timeout.is_zero()) {
+            return Err(Error::builder("the request's timeout must be positive"));
         }
         let mut request = inner.build().map_err(Error::builder_from)?;
         let settings = &client.inner.settings;

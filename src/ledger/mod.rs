@@ -367,10 +367,25 @@ pub(crate) fn from_millis(ms: i64) -> SystemTime {
     }
 }
 
-/// Adds a duration to a time, saturating at the time itself (far-future overflow is not a
-/// realistic input, but must not panic).
+/// The latest time a ledger stores: `i64::MAX` milliseconds after the epoch (the largest
+/// [`to_millis`] value), or the latest the platform's `SystemTime` holds below that.
+fn far_future() -> SystemTime {
+    let mut ms = i64::MAX.unsigned_abs();
+    loop {
+        if let Some(at) = SystemTime::UNIX_EPOCH.checked_add(Duration::from_millis(ms)) {
+            return at;
+        }
+        // A platform whose `SystemTime` ends sooner: halve until it fits (the epoch always does).
+        ms /= 2;
+    }
+}
+
+/// Adds a duration to a time, saturating at the latest time a ledger stores. A lease or a
+/// retention too long to represent (`Duration::MAX`) therefore lasts "forever", as asked,
+/// instead of panicking or wrapping to the present (which would expire the row at once).
 pub(crate) fn later(at: SystemTime, by: Duration) -> SystemTime {
-    at.checked_add(by).unwrap_or(at)
+    let cap = far_future().max(at);
+    at.checked_add(by).map_or(cap, |sum| sum.min(cap))
 }
 
 /// Subtracts a duration from a time, saturating at the epoch.
@@ -390,6 +405,29 @@ mod tests {
         assert_eq!(
             to_millis(SystemTime::UNIX_EPOCH + Duration::from_nanos(1_999_999)),
             1
+        );
+    }
+
+    #[test]
+    fn later_saturates_far_in_the_future_never_at_the_present() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_704_067_200);
+        assert_eq!(
+            later(now, Duration::from_secs(60)),
+            now + Duration::from_secs(60)
+        );
+        assert_eq!(later(now, Duration::ZERO), now);
+        let forever = later(now, Duration::MAX);
+        assert!(forever > now + Duration::from_secs(1_000 * 365 * 86_400));
+        assert_eq!(to_millis(forever), i64::MAX);
+        assert_eq!(from_millis(to_millis(forever)), forever);
+        // Beyond the cap, a sum is clamped to it; a time already past it stays put.
+        assert_eq!(later(now, Duration::from_secs(u64::MAX / 2)), forever);
+        assert_eq!(later(forever, Duration::MAX), forever);
+        assert_eq!(later(forever, Duration::from_secs(1)), forever);
+        assert_eq!(
+            earlier(now, Duration::MAX),
+            SystemTime::UNIX_EPOCH,
+            "earlier saturates at the epoch"
         );
     }
 

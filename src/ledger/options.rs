@@ -20,6 +20,10 @@ pub enum InProgressPolicy {
     /// the operation over) or its lease lapses, for at most `max_wait`; then fail with
     /// [`ErrorKind::InProgress`](crate::ErrorKind::InProgress). Waits go through the client's
     /// [`Sleeper`](crate::Sleeper).
+    ///
+    /// A zero `poll` or `max_wait` behaves as [`Fail`](Self::Fail). No wait is longer than
+    /// what is left of `max_wait`, and the waits add up without overflow, so
+    /// `Duration::MAX` is accepted (and waits as long as asked).
     Wait {
         /// How often to look again.
         poll: Duration,
@@ -95,6 +99,10 @@ impl LedgerOptions {
     /// Whatever is set, a row is kept at least twice the request's reconcile window, so it
     /// cannot be purged while the operation may still be retried.
     ///
+    /// Any value is accepted. Zero keeps a row for the two windows only; a retention too long to
+    /// represent as a date (`Duration::MAX`) is clamped to the latest time a ledger stores
+    /// (`i64::MAX` milliseconds after the epoch): the row is never purged.
+    ///
     /// Default: 7 days.
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
@@ -114,6 +122,11 @@ impl LedgerOptions {
     /// wait before it). A run that dies is taken over by the next one this long after its
     /// attempt would have timed out; keep it above the clock skew between workers.
     ///
+    /// Any value is accepted. Zero makes the lease end when the attempt would time out; a lease
+    /// too long to represent as a date (`Duration::MAX`) is clamped to the latest time a ledger
+    /// stores, so a run that dies holding it is never taken over (concurrent runs get
+    /// [`ErrorKind::InProgress`](crate::ErrorKind::InProgress) until its row is resolved).
+    ///
     /// Default: 30 s.
     pub fn lease_slack(mut self, slack: Duration) -> Self {
         self.lease_slack = slack;
@@ -125,6 +138,9 @@ impl LedgerOptions {
     /// (the bytes read so far, then the rest, unread) but not saved: a replay of that operation
     /// then has the status and headers and an empty body, and its report says the body was
     /// not saved.
+    ///
+    /// Any value is accepted: 0 saves empty bodies only, `usize::MAX` saves every body (the
+    /// whole body is in memory anyway, since it is read before it is returned).
     ///
     /// Default: 64 KiB.
     pub fn max_body(mut self, bytes: usize) -> Self {
