@@ -14,6 +14,12 @@
 //!   with the operation if it must survive a restart.
 //! - [`IdempotencyKey::new`] accepts a key chosen elsewhere.
 //!
+//! The derived keys are plain SHA-256 digests of their inputs, so anyone who sees one can
+//! check guesses of the inputs against it. When the inputs are guessable (a conversation id
+//! and a step, a tool name and small arguments) and must not leak, derive with a
+//! [`DerivationSecret`](crate::DerivationSecret) instead: the same encoding, keyed with
+//! HMAC-SHA-256.
+//!
 //! Every key is 1 to 255 bytes of visible ASCII (0x21..=0x7E). That keeps it a valid HTTP header
 //! value (no CR/LF header injection), below the length limits of the common APIs (Stripe allows
 //! 255 characters; the derived and random keys also fit Adyen's 64), and free of characters a
@@ -23,6 +29,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+use sha2::digest::Update;
 use sha2::{Digest, Sha256};
 
 use crate::canonical::canonical_json;
@@ -155,12 +162,7 @@ impl IdempotencyKey {
     #[must_use]
     pub fn derive(scope: &str, parts: &[&str]) -> Self {
         let mut hasher = Sha256::new();
-        hasher.update(DERIVE_TAG);
-        update_length_prefixed(&mut hasher, scope.as_bytes());
-        update_length(&mut hasher, parts.len());
-        for part in parts {
-            update_length_prefixed(&mut hasher, part.as_bytes());
-        }
+        encode_derive(&mut hasher, DERIVE_TAG, scope, parts);
         Self::from_digest(&hasher.finalize())
     }
 
@@ -205,9 +207,7 @@ impl IdempotencyKey {
     #[must_use]
     pub fn for_tool_call(tool: &str, args: &serde_json::Value) -> Self {
         let mut hasher = Sha256::new();
-        hasher.update(TOOL_CALL_TAG);
-        update_length_prefixed(&mut hasher, tool.as_bytes());
-        update_length_prefixed(&mut hasher, canonical_json(args).as_bytes());
+        encode_tool_call(&mut hasher, TOOL_CALL_TAG, tool, args);
         Self::from_digest(&hasher.finalize())
     }
 
@@ -313,7 +313,7 @@ impl IdempotencyKey {
     }
 
     /// Hex-encodes a SHA-256 digest: 64 lowercase hex digits, valid by construction.
-    fn from_digest(digest: &[u8]) -> Self {
+    pub(crate) fn from_digest(digest: &[u8]) -> Self {
         let mut text = String::with_capacity(digest.len() * 2);
         for &byte in digest {
             push_hex(&mut text, byte);
@@ -438,17 +438,42 @@ fn validate(key: &[u8]) -> Result<(), InvalidKeyReason> {
     }
 }
 
+/// Feeds the documented encoding of [`IdempotencyKey::derive`] under `tag`: the tag, the
+/// length-prefixed scope, the number of parts, each part length-prefixed. Shared with the
+/// secret-keyed derivation, which differs only in its tag and in hashing with HMAC.
+pub(crate) fn encode_derive<U: Update>(out: &mut U, tag: &[u8], scope: &str, parts: &[&str]) {
+    out.update(tag);
+    update_length_prefixed(out, scope.as_bytes());
+    update_length(out, parts.len());
+    for part in parts {
+        update_length_prefixed(out, part.as_bytes());
+    }
+}
+
+/// Feeds the documented encoding of [`IdempotencyKey::for_tool_call`] under `tag`: the tag,
+/// the length-prefixed tool name, the length-prefixed canonical JSON of the arguments.
+pub(crate) fn encode_tool_call<U: Update>(
+    out: &mut U,
+    tag: &[u8],
+    tool: &str,
+    args: &serde_json::Value,
+) {
+    out.update(tag);
+    update_length_prefixed(out, tool.as_bytes());
+    update_length_prefixed(out, canonical_json(args).as_bytes());
+}
+
 /// Feeds a length as the 8 bytes of a big-endian `u64`.
-fn update_length(hasher: &mut Sha256, len: usize) {
+fn update_length<U: Update>(out: &mut U, len: usize) {
     // `usize` is at most 64 bits on every supported target, so this never saturates.
     let len = u64::try_from(len).unwrap_or(u64::MAX);
-    hasher.update(len.to_be_bytes());
+    out.update(&len.to_be_bytes());
 }
 
 /// Feeds `bytes` preceded by its length.
-fn update_length_prefixed(hasher: &mut Sha256, bytes: &[u8]) {
-    update_length(hasher, bytes.len());
-    hasher.update(bytes);
+fn update_length_prefixed<U: Update>(out: &mut U, bytes: &[u8]) {
+    update_length(out, bytes.len());
+    out.update(bytes);
 }
 
 fn push_hex(text: &mut String, byte: u8) {

@@ -61,6 +61,10 @@
 //! );
 //! ```
 //!
+//! A derived key is a plain SHA-256 of its inputs: whoever sees it can test guesses of them.
+//! When the inputs are guessable and must stay private, derive with a [`DerivationSecret`]
+//! (HMAC-SHA-256) instead.
+//!
 //! # Retry semantics
 //!
 //! Each attempt is classified on its status and headers (never its body) or on the transport
@@ -417,6 +421,7 @@ mod error;
 mod exchange;
 mod extension;
 mod key;
+mod keyed;
 mod ledger;
 #[cfg(feature = "middleware")]
 mod middleware;
@@ -443,6 +448,7 @@ pub use engine::{RetryRequest, RetryResponse};
 pub use error::{Error, ErrorKind};
 pub use extension::WithoutIdempotencyKey;
 pub use key::{IdempotencyKey, InvalidKey, InvalidKeyReason};
+pub use keyed::{DerivationSecret, InvalidSecret};
 #[cfg(feature = "postgres")]
 pub use ledger::PostgresLedger;
 #[cfg(feature = "sqlite")]
