@@ -1430,3 +1430,38 @@ async fn a_zero_poll_fails_at_once_and_a_huge_poll_is_cut_to_max_wait() {
     })
     .await;
 }
+
+#[cfg(feature = "tower")]
+#[tokio::test]
+async fn a_sensitive_key_header_stays_sensitive_on_every_attempt() {
+    use tower::{Layer, ServiceExt};
+    use tower_test::mock;
+
+    bounded(async {
+        let (inner, mut handle) = mock::pair::<http::Request<String>, http::Response<String>>();
+        let service = settings().build_layer().expect("valid").layer(inner);
+        let mut value = HeaderValue::from_static("secret-op-1");
+        value.set_sensitive(true);
+        let mut request = http::Request::post("http://example.invalid/")
+            .body(String::new())
+            .expect("valid");
+        request.headers_mut().insert("idempotency-key", value);
+        let call = tokio::spawn(service.oneshot(request));
+        for (attempt, status) in [(1, 503), (2, 200)] {
+            let (sent, reply) = handle.next_request().await.expect("an attempt");
+            let header = sent.headers().get("idempotency-key").expect("the key");
+            assert_eq!(header.as_bytes(), b"secret-op-1", "attempt {attempt}");
+            assert!(header.is_sensitive(), "attempt {attempt}");
+            assert_eq!(sent.headers().get_all("idempotency-key").iter().count(), 1);
+            reply.send_response(
+                http::Response::builder()
+                    .status(status)
+                    .body(String::new())
+                    .expect("valid"),
+            );
+        }
+        let response = call.await.expect("task").expect("200");
+        assert_eq!(response.status(), 200);
+    })
+    .await;
+}

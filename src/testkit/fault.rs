@@ -40,6 +40,9 @@ impl When {
     }
 }
 
+/// 9999-12-31T23:59:59Z in seconds since the epoch: the last time an IMF-fixdate can write.
+const LAST_HTTP_DATE_SECS: u64 = 253_402_300_799;
+
 /// How a canned answer asks the sender to wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -47,7 +50,8 @@ pub enum RetryAfter {
     /// `Retry-After: <seconds>`.
     Seconds(u64),
     /// `Retry-After: <IMF-fixdate>`, this long after the receiver's wall clock at answer time
-    /// (whole seconds: an HTTP-date has no fraction).
+    /// (whole seconds: an HTTP-date has no fraction). A date past the year 9999, the last an
+    /// IMF-fixdate can write, is written as 9999-12-31 23:59:59 GMT.
     HttpDate(Duration),
     /// `retry-after-ms: <milliseconds>`.
     Millis(u64),
@@ -101,8 +105,13 @@ impl Canned {
                 headers.push(("Retry-After".to_owned(), s.to_string()));
             }
             Some(RetryAfter::HttpDate(after)) => {
-                // Round up to the next whole second so the date is never earlier than asked.
-                let at = wall + after + Duration::from_millis(999);
+                // Round up to the next whole second so the date is never earlier than asked;
+                // saturate at the last second an HTTP-date can write instead of overflowing.
+                let last = SystemTime::UNIX_EPOCH + Duration::from_secs(LAST_HTTP_DATE_SECS);
+                let at = wall
+                    .checked_add(after)
+                    .and_then(|at| at.checked_add(Duration::from_millis(999)))
+                    .map_or(last, |at| at.min(last));
                 headers.push(("Retry-After".to_owned(), httpdate::fmt_http_date(at)));
             }
             Some(RetryAfter::Millis(ms)) => {
@@ -229,6 +238,23 @@ mod tests {
                 .expect("parsable");
         assert!(asked >= Duration::from_secs(30), "{asked:?}");
         assert!(asked < Duration::from_secs(31), "{asked:?}");
+    }
+
+    #[test]
+    fn a_date_beyond_the_year_9999_is_written_as_its_last_second() {
+        let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_704_067_200);
+        for after in [
+            Duration::MAX,
+            Duration::from_secs(u64::MAX / 2),
+            Duration::from_secs(LAST_HTTP_DATE_SECS),
+        ] {
+            let date = Canned::new(503).retry_after(RetryAfter::HttpDate(after));
+            assert_eq!(
+                header(&date.headers_at(wall), "retry-after"),
+                Some("Fri, 31 Dec 9999 23:59:59 GMT"),
+                "{after:?}"
+            );
+        }
     }
 
     #[test]
