@@ -197,87 +197,114 @@ fn settings() -> ClientBuilder {
     Client::builder().policy(fast())
 }
 
-/// Sends one `POST` with `value` in header `name` through `door`; `Ok(status)` on a response.
-async fn send_through(
-    door: Door,
-    url: &str,
-    name: &HeaderName,
-    value: HeaderValue,
-) -> Result<u16, Error> {
-    match door {
-        Door::ClientHeader => {
-            let client = settings().key_header(name.clone()).build()?;
-            let response = client
-                .post(url)
-                .body("x")
-                .header(name, value)
-                .send()
-                .await?;
-            Ok(response.status().as_u16())
+/// A front end built once for one key header name, so each send reuses its connection pool.
+// A handful are built per test; their size does not matter.
+#[allow(clippy::large_enum_variant)]
+enum Front {
+    Client(Client, bool),
+    #[cfg(feature = "tower")]
+    TowerHyper(
+        idempotent_retry::IdempotentRetry<
+            hyper_util::client::legacy::Client<
+                hyper_util::client::legacy::connect::HttpConnector,
+                String,
+            >,
+        >,
+    ),
+    #[cfg(feature = "tower")]
+    TowerReqwest(idempotent_retry::IdempotentRetry<reqwest::Client>),
+    #[cfg(feature = "middleware")]
+    Middleware(reqwest_middleware::ClientWithMiddleware),
+}
+
+impl Front {
+    fn new(door: Door, name: &HeaderName) -> Front {
+        let builder = || settings().key_header(name.clone());
+        match door {
+            Door::ClientHeader => Front::Client(builder().build().expect("valid"), false),
+            Door::ClientHeaders => Front::Client(builder().build().expect("valid"), true),
+            Door::LedgeredClient => Front::Client(
+                builder()
+                    .ledger(MemoryLedger::new())
+                    .build()
+                    .expect("valid"),
+                false,
+            ),
+            #[cfg(feature = "tower")]
+            Door::TowerHyper => {
+                use tower::Layer;
+                let hyper = hyper_util::client::legacy::Client::builder(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .build_http::<String>();
+                Front::TowerHyper(builder().build_layer().expect("valid").layer(hyper))
+            }
+            #[cfg(feature = "tower")]
+            Door::TowerReqwest => {
+                use tower::Layer;
+                Front::TowerReqwest(
+                    builder()
+                        .build_layer()
+                        .expect("valid")
+                        .layer(reqwest::Client::new()),
+                )
+            }
+            #[cfg(feature = "middleware")]
+            Door::Middleware => Front::Middleware(
+                reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+                    .with(builder().build_middleware().expect("valid"))
+                    .build(),
+            ),
         }
-        Door::ClientHeaders => {
-            let client = settings().key_header(name.clone()).build()?;
-            let mut headers = HeaderMap::new();
-            headers.insert(name.clone(), value);
-            let response = client.post(url).body("x").headers(headers).send().await?;
-            Ok(response.status().as_u16())
-        }
-        Door::LedgeredClient => {
-            let client = settings()
-                .key_header(name.clone())
-                .ledger(MemoryLedger::new())
-                .build()?;
-            let response = client
-                .post(url)
-                .body("x")
-                .header(name, value)
-                .send()
-                .await?;
-            Ok(response.status().as_u16())
-        }
-        #[cfg(feature = "tower")]
-        Door::TowerHyper => {
-            use tower::{Layer, ServiceExt};
-            let hyper =
-                hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                    .build_http::<String>();
-            let service = settings()
-                .key_header(name.clone())
-                .build_layer()?
-                .layer(hyper);
-            let mut request = http::Request::post(url)
-                .body(String::from("x"))
-                .expect("valid request in test");
-            request.headers_mut().insert(name.clone(), value);
-            let response = service.oneshot(request).await?;
-            Ok(response.status().as_u16())
-        }
-        #[cfg(feature = "tower")]
-        Door::TowerReqwest => {
-            use tower::{Layer, ServiceExt};
-            let service = settings()
-                .key_header(name.clone())
-                .build_layer()?
-                .layer(reqwest::Client::new());
-            let mut request =
-                reqwest::Request::new(http::Method::POST, url.parse().expect("valid url"));
-            *request.body_mut() = Some(reqwest::Body::from("x"));
-            request.headers_mut().insert(name.clone(), value);
-            let response = service.oneshot(request).await?;
-            Ok(response.status().as_u16())
-        }
-        #[cfg(feature = "middleware")]
-        Door::Middleware => {
-            let middleware = settings().key_header(name.clone()).build_middleware()?;
-            let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
-                .with(middleware)
-                .build();
-            match client.post(url).body("x").header(name, value).send().await {
-                Ok(response) => Ok(response.status().as_u16()),
-                Err(reqwest_middleware::Error::Middleware(inner)) => {
-                    Err(inner.downcast::<Error>().expect("the crate's error"))
+    }
+
+    /// Sends one `POST` with `value` in header `name`; `Ok(status)` on a response.
+    async fn send(&self, url: &str, name: &HeaderName, value: HeaderValue) -> Result<u16, Error> {
+        match self {
+            Front::Client(client, false) => {
+                let response = client
+                    .post(url)
+                    .body("x")
+                    .header(name, value)
+                    .send()
+                    .await?;
+                Ok(response.status().as_u16())
+            }
+            Front::Client(client, true) => {
+                let mut headers = HeaderMap::new();
+                headers.insert(name.clone(), value);
+                let response = client.post(url).body("x").headers(headers).send().await?;
+                Ok(response.status().as_u16())
+            }
+            #[cfg(feature = "tower")]
+            Front::TowerHyper(service) => {
+                use tower::ServiceExt;
+                let mut request = http::Request::post(url)
+                    .body(String::from("x"))
+                    .expect("valid request in test");
+                request.headers_mut().insert(name.clone(), value);
+                let response = service.clone().oneshot(request).await?;
+                Ok(response.status().as_u16())
+            }
+            #[cfg(feature = "tower")]
+            Front::TowerReqwest(service) => {
+                use tower::ServiceExt;
+                let mut request =
+                    reqwest::Request::new(http::Method::POST, url.parse().expect("valid url"));
+                *request.body_mut() = Some(reqwest::Body::from("x"));
+                request.headers_mut().insert(name.clone(), value);
+                let response = service.clone().oneshot(request).await?;
+                Ok(response.status().as_u16())
+            }
+            #[cfg(feature = "middleware")]
+            Front::Middleware(client) => {
+                match client.post(url).body("x").header(name, value).send().await {
+                    Ok(response) => Ok(response.status().as_u16()),
+                    Err(reqwest_middleware::Error::Middleware(inner)) => {
+                        Err(inner.downcast::<Error>().expect("the crate's error"))
+                    }
+                    Err(other) => panic!("the middleware's error is not the crate's: {other}"),
                 }
-                Err(other) => panic!("the middleware's error is not the crate's: {other}"),
             }
         }
     }
@@ -340,10 +367,11 @@ fn hostile_header_values() -> Vec<(Vec<u8>, Option<InvalidKeyReason>)> {
 async fn every_header_value_through(door: Door, name: HeaderName) {
     let server = TestServer::start(vec![], Action::ok("")).await;
     let url = server.url("/");
+    let front = Front::new(door, &name);
     let mut sent = Vec::new();
     for (bytes, outcome) in hostile_header_values() {
         let value = HeaderValue::from_bytes(&bytes).expect("buildable value");
-        let result = send_through(door, &url, &name, value).await;
+        let result = front.send(&url, &name, value).await;
         match (outcome, result) {
             (None, Ok(status)) => {
                 assert_eq!(status, 200, "{door:?} {bytes:?}");
