@@ -1321,6 +1321,46 @@ fn ledgered(options: LedgerOptions, policy: RetryPolicy) -> Client {
         .expect("valid")
 }
 
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn far_future_leases_and_retention_are_stored_in_sqlite() {
+    bounded(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ledger = idempotent_retry::SqliteLedger::open(dir.path().join("ops.db"))
+            .await
+            .expect("opens");
+        let client = Client::builder()
+            .policy(fast().reconcile_window(Duration::MAX))
+            .ledger(ledger)
+            .ledger_options(
+                LedgerOptions::new()
+                    .retention(Duration::MAX)
+                    .lease_slack(Duration::MAX),
+            )
+            .build()
+            .expect("valid");
+        let server = TestServer::start(vec![], Action::ok("stored")).await;
+        let key = IdempotencyKey::new("sqlite-max-1").expect("valid");
+        let send = || {
+            client
+                .post(server.url("/"))
+                .body("x")
+                .idempotency_key(key.clone())
+                .send()
+        };
+        assert_eq!(
+            send().await.expect("sent").text().await.expect("body"),
+            "stored"
+        );
+        assert_eq!(client.purge_expired(100).await.expect("purge"), 0);
+        let replay = send().await.expect("replayed");
+        assert!(RetryReport::of(&replay).is_some_and(RetryReport::is_replayed));
+        assert_eq!(replay.text().await.expect("body"), "stored");
+        assert_eq!(server.hits(), 1);
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn ledger_options_at_their_largest_keep_rows_and_leases_forever() {
     bounded(async {
