@@ -7,7 +7,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use idempotent_retry::{IdempotencyKey, canonical_json, full_jitter};
+use idempotent_retry::{DerivationSecret, IdempotencyKey, canonical_json, full_jitter};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde_json::{Value, json};
@@ -41,11 +41,23 @@ fn keys(c: &mut Criterion) {
             )
         })
     });
+    let secret = DerivationSecret::new([0x5a; 32]).expect("32 bytes");
+    c.bench_function("derive keyed/2 parts", |b| {
+        b.iter(|| {
+            secret.derive(
+                black_box("agent.send_email"),
+                black_box(&["conv_8f2c", "3"]),
+            )
+        })
+    });
     for (name, size) in [("1KB", 1024), ("64KB", 64 * 1024)] {
         let args = args_of_size(size);
         let mut group = c.benchmark_group(format!("tool_call/{name}"));
         group.bench_function("for_tool_call", |b| {
             b.iter(|| IdempotencyKey::for_tool_call(black_box("send_email"), black_box(&args)))
+        });
+        group.bench_function("for_tool_call keyed", |b| {
+            b.iter(|| secret.for_tool_call(black_box("send_email"), black_box(&args)))
         });
         group.bench_function("canonical_json", |b| {
             b.iter(|| canonical_json(black_box(&args)))
