@@ -139,8 +139,9 @@ impl LedgerOptions {
     /// then has the status and headers and an empty body, and its report says the body was
     /// not saved.
     ///
-    /// Any value is accepted: 0 saves empty bodies only, `usize::MAX` saves every body (the
-    /// whole body is in memory anyway, since it is read before it is returned).
+    /// Any value is accepted: 0 saves empty bodies only (`send` stops reading at the first
+    /// non-empty chunk); `usize::MAX` reads and saves every final body whole, however long the
+    /// server makes it, so keep a finite cap where servers are not trusted.
     ///
     /// Default: 64 KiB.
     pub fn max_body(mut self, bytes: usize) -> Self {
