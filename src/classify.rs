@@ -47,13 +47,20 @@ pub enum FailureKind {
     /// A transport error that retrying will not fix (a redirect loop, a failing request body
     /// stream, a malformed request).
     Fatal,
+    /// The redirect chain was longer than the [`RedirectPolicy`](crate::RedirectPolicy)
+    /// allows. Not retried: the next attempt would loop again.
+    TooManyRedirects,
+    /// A redirect was followed and its target could not be resolved or connected to. Retried
+    /// from the original URL; unlike [`Dns`](Self::Dns) and [`Connect`](Self::Connect) the
+    /// request did leave, to the server that redirected it.
+    RedirectTargetUnreachable,
 }
 
 impl FailureKind {
     /// Whether another attempt may succeed.
     #[must_use]
     pub const fn is_transient(self) -> bool {
-        !matches!(self, FailureKind::Fatal)
+        !matches!(self, FailureKind::Fatal | FailureKind::TooManyRedirects)
     }
 
     /// Whether the server may have executed the request in this attempt.
@@ -94,6 +101,8 @@ impl FailureKind {
             FailureKind::RequestTimeout => "request_timeout",
             FailureKind::ServerHint => "server_hint",
             FailureKind::Fatal => "fatal",
+            FailureKind::TooManyRedirects => "too_many_redirects",
+            FailureKind::RedirectTargetUnreachable => "redirect_target_unreachable",
         }
     }
 }
@@ -112,6 +121,8 @@ impl fmt::Display for FailureKind {
             FailureKind::RequestTimeout => "server timed out waiting for the request",
             FailureKind::ServerHint => "server asked for a retry",
             FailureKind::Fatal => "non-transient transport error",
+            FailureKind::TooManyRedirects => "too many redirects",
+            FailureKind::RedirectTargetUnreachable => "redirect target unreachable",
         })
     }
 }

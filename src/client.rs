@@ -15,6 +15,7 @@ use crate::error::Error;
 use crate::ledger::{Ledger, LedgerHandle, LedgerOptions};
 use crate::observe::Observer;
 use crate::policy::RetryPolicy;
+use crate::redirect::RedirectPolicy;
 use crate::request::RequestBuilder;
 use crate::time::{Clock, Sleeper, TokioClock, TokioSleeper};
 
@@ -50,6 +51,8 @@ pub struct Client {
 pub(crate) struct ClientRef {
     pub(crate) http: reqwest::Client,
     pub(crate) settings: Arc<Settings>,
+    /// The redirects the client follows itself (the other front ends follow none).
+    pub(crate) redirects: RedirectPolicy,
 }
 
 /// Where jitter comes from: the thread-local RNG, or one seeded RNG shared by all clones.
@@ -66,9 +69,17 @@ impl fmt::Debug for ClientRef {
 
 impl Client {
     /// Wraps a `reqwest::Client` with the default policy and the `Idempotency-Key` header.
+    ///
+    /// The client's [`RedirectPolicy`] applies only to redirects `http` hands back: build it
+    /// with `.redirect(reqwest::redirect::Policy::none())`, or reqwest follows redirects itself
+    /// with the key on every hop (see [`ClientBuilder::http`]).
     pub fn new(http: reqwest::Client) -> Client {
         // The defaults are valid: nothing to check.
-        Client::from_settings(ClientBuilder::new().settings_unchecked(), http)
+        Client::from_settings(
+            ClientBuilder::new().settings_unchecked(),
+            http,
+            RedirectPolicy::default(),
+        )
     }
 
     /// A builder to configure the policy, key header and time sources.
@@ -76,13 +87,23 @@ impl Client {
         ClientBuilder::new()
     }
 
-    fn from_settings(settings: Settings, http: reqwest::Client) -> Client {
+    fn from_settings(
+        settings: Settings,
+        http: reqwest::Client,
+        redirects: RedirectPolicy,
+    ) -> Client {
         Client {
             inner: Arc::new(ClientRef {
                 http,
                 settings: Arc::new(settings),
+                redirects,
             }),
         }
+    }
+
+    /// The redirects the client follows, and where the key may go.
+    pub fn redirects(&self) -> &RedirectPolicy {
+        &self.inner.redirects
     }
 
     /// The client-wide policy.
@@ -210,7 +231,8 @@ fn ledger_unsupported() -> Error {
 ///
 /// | setting | default |
 /// |---|---|
-/// | [`http`](Self::http) | reqwest's defaults, built by [`build`](Self::build) |
+/// | [`http`](Self::http) | reqwest's defaults but no redirects, built by [`build`](Self::build) |
+/// | [`redirects`](Self::redirects) | [`RedirectPolicy::default()`]: up to 10 hops, the key to the original origin only |
 /// | [`policy`](Self::policy) | [`RetryPolicy::default()`] |
 /// | [`key_header`](Self::key_header) | `Idempotency-Key` |
 /// | [`auto_keys`](Self::auto_keys) | `true` |
@@ -234,6 +256,7 @@ pub struct ClientBuilder {
     budget: Option<RetryBudget>,
     ledger: Option<Arc<dyn Ledger>>,
     ledger_options: LedgerOptions,
+    redirects: RedirectPolicy,
 }
 
 impl fmt::Debug for ClientBuilder {
@@ -248,6 +271,7 @@ impl fmt::Debug for ClientBuilder {
             .field("attempt_header", &self.attempt_header)
             .field("budget", &self.budget)
             .field("ledger", &self.ledger)
+            .field("redirects", &self.redirects)
             .finish_non_exhaustive()
     }
 }
@@ -275,6 +299,7 @@ impl ClientBuilder {
             budget: Some(RetryBudget::new()),
             ledger: None,
             ledger_options: LedgerOptions::new(),
+            redirects: RedirectPolicy::default(),
         }
     }
 
@@ -282,7 +307,17 @@ impl ClientBuilder {
     /// leave its own retries at reqwest's default (HTTP/2 refusals only) or turn them off with
     /// `reqwest::retry::never()`, so retries are not stacked.
     ///
-    /// Default: a client with reqwest's defaults, built by [`build`](Self::build).
+    /// **Build it with `.redirect(reqwest::redirect::Policy::none())`.** The crate follows
+    /// redirects itself, by the [`redirects`](Self::redirects) policy, so the key never goes
+    /// to another origin unless allowed and never rides on a 303's `GET`. A client that follows
+    /// redirects itself (reqwest's default: up to 10, every header but credentials on every
+    /// hop, to any origin) does so before this crate sees the 3xx. When that happens the
+    /// crate logs a `warn` event with the key and both origins and sets
+    /// [`RedirectChain::inner_client_redirected`](crate::RedirectChain::inner_client_redirected)
+    /// on the response; it cannot undo where the key went.
+    ///
+    /// Default: a client with reqwest's defaults and `redirect::Policy::none()`, built by
+    /// [`build`](Self::build).
     pub fn http(mut self, http: reqwest::Client) -> Self {
         self.http = Some(http);
         self
@@ -395,9 +430,21 @@ impl ClientBuilder {
         self
     }
 
+    /// Which redirects the [`Client`] follows and where the key may go: see
+    /// [`RedirectPolicy`]. Only the `Client` follows redirects; the tower and middleware front
+    /// ends built from this builder pass every 3xx through.
+    ///
+    /// Default: [`RedirectPolicy::default()`] (up to 10 hops; the key to the original
+    /// request's origin only).
+    pub fn redirects(mut self, policy: RedirectPolicy) -> Self {
+        self.redirects = policy;
+        self
+    }
+
     /// Checks every policy.
     fn validate(&self) -> Result<(), Error> {
         self.policy.validate()?;
+        self.redirects.validate()?;
         for (host, policy) in &self.host_policies {
             policy
                 .validate()
@@ -514,7 +561,9 @@ impl ClientBuilder {
     /// # Errors
     ///
     /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) when a policy is invalid (see
-    /// [`RetryPolicy::validate`]), when the attempt header is the key header, or when no
+    /// [`RetryPolicy::validate`]), when an origin given to
+    /// [`RedirectPolicy::allow_key_to`] is not one, when the attempt header is the key header,
+    /// or when no
     /// `reqwest::Client` was given and the default one cannot be built (its TLS back end or
     /// resolver configuration failed to load).
     pub fn build(mut self) -> Result<Client, Error> {
@@ -522,11 +571,18 @@ impl ClientBuilder {
         let http = match self.http.take() {
             Some(http) => http,
             // `reqwest::Client::new()` would panic here; the builder reports the error instead.
+            // Redirects are this crate's to follow (see `redirect.rs`).
             None => reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
                 .build()
                 .map_err(Error::builder_from)?,
         };
-        Ok(Client::from_settings(self.settings_unchecked(), http))
+        let redirects = std::mem::take(&mut self.redirects);
+        Ok(Client::from_settings(
+            self.settings_unchecked(),
+            http,
+            redirects,
+        ))
     }
 }
 

@@ -670,6 +670,7 @@ impl<'s> Operation<'s> {
     ) -> Error {
         let err = stop_error(
             stop,
+            kind,
             self.report.clone(),
             self.may_have_executed,
             &self.policy,
@@ -743,8 +744,17 @@ impl<'s> Operation<'s> {
     }
 }
 
-fn stop_error(stop: Stop, report: RetryReport, unknown: bool, policy: &RetryPolicy) -> Error {
+fn stop_error(
+    stop: Stop,
+    kind: Option<FailureKind>,
+    report: RetryReport,
+    unknown: bool,
+    policy: &RetryPolicy,
+) -> Error {
     match stop {
+        Stop::Fatal if kind == Some(FailureKind::TooManyRedirects) => {
+            Error::operation(ErrorKind::TooManyRedirects, report, unknown)
+        }
         Stop::Exhausted => Error::operation(ErrorKind::AttemptsExhausted, report, unknown),
         Stop::Window => Error::operation(ErrorKind::ReconcileWindow, report, unknown)
             .with_window(policy.get_reconcile_window()),

@@ -59,6 +59,10 @@ pub enum ErrorKind {
     /// have run, and the next run with the same key resumes once the lease lapses. The
     /// [`LedgerError`](crate::LedgerError) is the source.
     Ledger,
+    /// A redirect chain was longer than the [`RedirectPolicy`](crate::RedirectPolicy) allows.
+    /// Not retried (it would loop again). The outcome is reported unknown: the request reached
+    /// at least one server, and a 303 answers a request that has run.
+    TooManyRedirects,
 }
 
 impl fmt::Display for ErrorKind {
@@ -75,6 +79,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::KeyReuse => "idempotency key reused for a different request",
             ErrorKind::InProgress => "operation in progress elsewhere",
             ErrorKind::Ledger => "ledger failure",
+            ErrorKind::TooManyRedirects => "too many redirects",
         })
     }
 }
@@ -355,6 +360,9 @@ impl Error {
             ErrorKind::BodyNotReplayable => {
                 f.write_str("request failed and its streamed body cannot be sent again")?;
             }
+            ErrorKind::TooManyRedirects => {
+                write!(f, "too many redirects, after {attempts} attempt{plural}")?;
+            }
             ErrorKind::BudgetExhausted => {
                 write!(
                     f,
@@ -464,6 +472,7 @@ mod tests {
             ),
             (ErrorKind::InProgress, "operation in progress elsewhere"),
             (ErrorKind::Ledger, "ledger failure"),
+            (ErrorKind::TooManyRedirects, "too many redirects"),
         ];
         for (kind, name) in kinds {
             assert_eq!(kind.to_string(), name);

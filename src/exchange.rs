@@ -12,6 +12,7 @@ use http::{Method, StatusCode};
 use crate::classify::classify_reqwest_error;
 #[cfg(any(feature = "tower", feature = "middleware"))]
 use crate::classify::{FailureKind, classify_source_chain};
+use crate::client::ClientRef;
 #[cfg(any(feature = "tower", feature = "middleware"))]
 use crate::engine::BoxError;
 use crate::engine::{RetryRequest, RetryResponse, SendError, Transport};
@@ -68,14 +69,15 @@ pub(crate) fn reqwest_send_error(err: reqwest::Error) -> SendError {
     }
 }
 
-/// Sends each attempt with `reqwest::Client::execute`.
-pub(crate) struct ReqwestTransport<'a>(pub(crate) &'a reqwest::Client);
+/// Sends each attempt with the client's `reqwest::Client`, following redirects by the client's
+/// [`RedirectPolicy`](crate::RedirectPolicy) (`redirect.rs`).
+pub(crate) struct ReqwestTransport<'a>(pub(crate) &'a ClientRef);
 
 impl Transport<reqwest::Request> for ReqwestTransport<'_> {
     type Response = reqwest::Response;
 
     async fn send(&mut self, request: reqwest::Request) -> Result<reqwest::Response, SendError> {
-        self.0.execute(request).await.map_err(reqwest_send_error)
+        crate::redirect::follow(self.0, request).await
     }
 }
 

@@ -427,6 +427,7 @@ mod ledger;
 mod middleware;
 mod observe;
 mod policy;
+mod redirect;
 mod report;
 mod request;
 mod retry_after;
@@ -461,6 +462,7 @@ pub use ledger::{
 pub use middleware::IdempotentRetryMiddleware;
 pub use observe::{AttemptEvent, LedgerVerdict, Observer, OperationEvent};
 pub use policy::RetryPolicy;
+pub use redirect::{RedirectChain, RedirectHop, RedirectPolicy, RedirectStop};
 pub use report::{AttemptRecord, RetryReport, Wait, WaitReason};
 pub use request::RequestBuilder;
 pub use retry_after::{parse_retry_after, parse_retry_after_ms, requested_delay};

@@ -147,7 +147,11 @@ impl reqwest_middleware::Middleware for IdempotentRetryMiddleware {
         next: Next<'_>,
     ) -> reqwest_middleware::Result<reqwest::Response> {
         let overrides = Overrides::from_extensions(extensions);
-        let transport = NextTransport { next, extensions };
+        let transport = NextTransport {
+            next,
+            extensions,
+            key_header: &self.settings.key_header,
+        };
         engine::execute(&self.settings, request, overrides, transport)
             .await
             .map_err(reqwest_middleware::Error::middleware)
@@ -158,14 +162,22 @@ impl reqwest_middleware::Middleware for IdempotentRetryMiddleware {
 struct NextTransport<'a, 'e> {
     next: Next<'a>,
     extensions: &'e mut Extensions,
+    key_header: &'e http::HeaderName,
 }
 
 impl Transport<reqwest::Request> for NextTransport<'_, '_> {
     type Response = reqwest::Response;
 
     async fn send(&mut self, request: reqwest::Request) -> Result<reqwest::Response, SendError> {
+        // The middleware follows no redirect; the client under it may (reqwest's default), with
+        // the key on every hop: make that visible.
+        let sent = request.url().clone();
+        let key = request.headers().get(self.key_header).cloned();
         match self.next.clone().run(request, self.extensions).await {
-            Ok(response) => Ok(response),
+            Ok(response) => {
+                crate::redirect::warn_if_inner_redirected(&sent, response.url(), key.as_ref());
+                Ok(response)
+            }
             Err(reqwest_middleware::Error::Reqwest(err)) => Err(reqwest_send_error(err)),
             Err(reqwest_middleware::Error::Middleware(err)) => Err(send_error(err.into())),
         }

@@ -219,7 +219,7 @@ impl RequestBuilder {
                 settings,
                 request,
                 overrides,
-                ReqwestTransport(&client.inner.http),
+                ReqwestTransport(&client.inner),
             )
             .await;
         }
@@ -268,7 +268,7 @@ impl RequestBuilder {
                 settings,
                 request,
                 overrides,
-                ReqwestTransport(&client.inner.http),
+                ReqwestTransport(&client.inner),
             )
             .await;
             match session {
