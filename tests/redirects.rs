@@ -1,0 +1,709 @@
+//! Redirects: the client follows them itself, and the key goes only where the caller sends it.
+//!
+//! Two loopback servers on different ports are two origins (and `localhost` is another origin
+//! than `127.0.0.1`). Each test asserts which server got which request, with which method,
+//! body and headers, and what the caller got back.
+//!
+//! A separate binary with one global `tracing` subscriber, as in `observability.rs`: the
+//! warning about an inner client that redirects on its own is asserted from the log, each
+//! test finding its lines by its own key.
+
+mod support;
+
+use std::future::Future;
+use std::io::Write;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use futures_util::stream;
+use http::{Method, StatusCode};
+use idempotent_retry::{
+    Client, ErrorKind, FailureKind, IdempotencyKey, RedirectChain, RedirectPolicy, RedirectStop,
+    RetryReport,
+};
+use support::*;
+
+/// Every test's bound: a bug that hangs fails here instead.
+const BOUND: Duration = Duration::from_secs(30);
+
+async fn bounded<F: Future>(test: F) -> F::Output {
+    tokio::time::timeout(BOUND, test)
+        .await
+        .expect("the test finished within its bound")
+}
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("not poisoned").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Installs the global subscriber once; returns the shared log buffer.
+fn log() -> &'static Captured {
+    static LOG: OnceLock<Captured> = OnceLock::new();
+    LOG.get_or_init(|| {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .init();
+        captured
+    })
+}
+
+/// The log lines that mention `needle`.
+fn lines_with(needle: &str) -> Vec<String> {
+    let bytes = log().0.lock().expect("not poisoned").clone();
+    String::from_utf8(bytes)
+        .expect("utf-8")
+        .lines()
+        .filter(|l| l.contains(needle))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn key(name: &str) -> IdempotencyKey {
+    IdempotencyKey::new(name).expect("valid test key")
+}
+
+/// A client with the crate's own inner client (which follows no redirect by itself).
+fn client(redirects: RedirectPolicy) -> Client {
+    let _ = log();
+    Client::builder()
+        .policy(fast())
+        .redirects(redirects)
+        .build()
+        .expect("valid client")
+}
+
+/// `scheme://host:port` of a test server.
+fn origin(server: &TestServer) -> String {
+    format!("http://{}", server.addr())
+}
+
+fn redirect(status: u16, location: &str) -> Action {
+    Action::status_with(status, &[("Location", location)])
+}
+
+fn chain(response: &reqwest::Response) -> RedirectChain {
+    RedirectChain::of(response)
+        .expect("every response of the client carries its redirect chain")
+        .clone()
+}
+
+fn report(response: &reqwest::Response) -> RetryReport {
+    RetryReport::of(response)
+        .expect("every response carries its report")
+        .clone()
+}
+
+const BODY: &str = r#"{"amount":1200}"#;
+
+#[tokio::test]
+async fn a_307_on_the_same_origin_resends_method_body_and_key() {
+    bounded(async {
+        let a = TestServer::start(vec![redirect(307, "/v1/moved")], Action::ok("done")).await;
+        let response = client(RedirectPolicy::default())
+            .post(a.url("/v1/charges"))
+            .idempotency_key(key("k_307_same"))
+            .bearer_auth("secret-token")
+            .header("Content-Type", "application/json")
+            .body(BODY)
+            .send()
+            .await
+            .expect("followed to the final answer");
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.url().as_str(), a.url("/v1/moved"));
+
+        let requests = a.requests();
+        assert_eq!(requests.len(), 2);
+        assert_eq!(requests[1].method, "POST");
+        assert_eq!(requests[1].path, "/v1/moved");
+        assert_eq!(requests[1].body_str(), BODY);
+        assert_eq!(requests[1].header("content-type"), Some("application/json"));
+        assert_eq!(a.keys(), vec![Some("k_307_same".into()); 2]);
+        // Same origin: credentials stay.
+        assert_eq!(
+            requests[1].header("authorization"),
+            Some("Bearer secret-token")
+        );
+
+        let chain = chain(&response);
+        assert_eq!(chain.hops().len(), 1);
+        let hop = &chain.hops()[0];
+        assert_eq!(hop.status, StatusCode::TEMPORARY_REDIRECT);
+        assert_eq!(hop.method, Method::POST);
+        assert!(hop.key_sent);
+        assert_eq!(hop.from.as_str(), a.url("/v1/charges"));
+        assert_eq!(hop.to.as_str(), a.url("/v1/moved"));
+        assert_eq!(chain.stopped(), None);
+        assert!(!chain.inner_client_redirected());
+        // One attempt: the hop is part of it.
+        let report = report(&response);
+        assert_eq!(report.attempts(), 1);
+        assert_eq!(report.idempotency_key(), Some(&key("k_307_same")));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_308_to_another_origin_is_returned_to_the_caller_without_permission() {
+    bounded(async {
+        let b = TestServer::start(vec![], Action::ok("elsewhere")).await;
+        let a = TestServer::start(vec![], redirect(308, &b.url("/v1/charges"))).await;
+        let response = client(RedirectPolicy::default())
+            .post(a.url("/v1/charges"))
+            .idempotency_key(key("k_308_denied"))
+            .body(BODY)
+            .send()
+            .await
+            .expect("the 308 is a final answer");
+        assert_eq!(response.status(), StatusCode::PERMANENT_REDIRECT);
+        assert_eq!(response.url().as_str(), a.url("/v1/charges"));
+        assert_eq!(
+            response.headers()["location"].to_str().expect("ascii"),
+            b.url("/v1/charges")
+        );
+        let chain = chain(&response);
+        assert!(chain.hops().is_empty());
+        assert_eq!(chain.stopped(), Some(RedirectStop::KeyToOtherOrigin));
+        let report = report(&response);
+        assert_eq!(report.attempts(), 1, "a 3xx is final: not retried");
+        assert_eq!(report.idempotency_key(), Some(&key("k_308_denied")));
+
+        assert_eq!(a.hits(), 1);
+        assert_eq!(b.hits(), 0, "the other origin saw nothing");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_308_to_an_allowed_origin_carries_the_key_but_not_the_credentials() {
+    bounded(async {
+        let b = TestServer::start(vec![], Action::ok("elsewhere")).await;
+        let a = TestServer::start(vec![], redirect(308, &b.url("/v2/charges"))).await;
+        let policy = RedirectPolicy::default().allow_key_to(&origin(&b));
+        let response = client(policy)
+            .post(a.url("/v1/charges"))
+            .idempotency_key(key("k_308_allowed"))
+            .bearer_auth("secret-token")
+            .header("Cookie", "session=1")
+            .header("Content-Type", "application/json")
+            .body(BODY)
+            .send()
+            .await
+            .expect("followed to the allowed origin");
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.url().as_str(), b.url("/v2/charges"));
+
+        let first = &a.requests()[0];
+        assert_eq!(first.header("authorization"), Some("Bearer secret-token"));
+        assert_eq!(first.header("cookie"), Some("session=1"));
+        let requests = b.requests();
+        assert_eq!(requests.len(), 1);
+        let moved = &requests[0];
+        assert_eq!(moved.method, "POST");
+        assert_eq!(moved.body_str(), BODY);
+        assert_eq!(moved.header("content-type"), Some("application/json"));
+        assert_eq!(moved.header("idempotency-key"), Some("k_308_allowed"));
+        assert_eq!(moved.header("authorization"), None);
+        assert_eq!(moved.header("cookie"), None);
+        let chain = chain(&response);
+        assert_eq!(chain.hops().len(), 1);
+        assert!(chain.hops()[0].key_sent);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn any_origin_may_be_allowed() {
+    bounded(async {
+        let b = TestServer::start(vec![], Action::ok("elsewhere")).await;
+        let a = TestServer::start(vec![], redirect(307, &b.url("/x"))).await;
+        let response = client(RedirectPolicy::default().allow_key_to_any_origin())
+            .post(a.url("/x"))
+            .idempotency_key(key("k_any_origin"))
+            .body(BODY)
+            .send()
+            .await
+            .expect("followed");
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(b.keys(), vec![Some("k_any_origin".into())]);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn localhost_and_127_0_0_1_are_different_origins() {
+    bounded(async {
+        // `a` listens on 127.0.0.1; the redirect names the same port as `localhost`.
+        let a = TestServer::start(vec![], redirect(307, "/unused")).await;
+        let renamed = format!("http://localhost:{}/x", a.addr().port());
+        let redirector = TestServer::start(vec![], redirect(307, &renamed)).await;
+        let policy = RedirectPolicy::default().allow_key_to(&origin(&a));
+        let response = client(policy)
+            .post(redirector.url("/x"))
+            .idempotency_key(key("k_localhost"))
+            .body(BODY)
+            .send()
+            .await
+            .expect("the 307 is a final answer");
+        assert_eq!(response.status(), StatusCode::TEMPORARY_REDIRECT);
+        assert_eq!(
+            chain(&response).stopped(),
+            Some(RedirectStop::KeyToOtherOrigin)
+        );
+        assert_eq!(redirector.hits(), 1);
+        assert_eq!(a.hits(), 0, "allowing 127.0.0.1 does not allow localhost");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_303_after_a_post_is_a_get_without_key_body_or_payload_headers() {
+    bounded(async {
+        let a =
+            TestServer::start(vec![redirect(303, "/v1/charges/ch_1")], Action::ok("ch_1")).await;
+        let response = client(RedirectPolicy::default())
+            .post(a.url("/v1/charges"))
+            .idempotency_key(key("k_303"))
+            .header("Content-Type", "application/json")
+            .header("Content-Encoding", "identity")
+            .body(BODY)
+            .send()
+            .await
+            .expect("followed");
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.url().as_str(), a.url("/v1/charges/ch_1"));
+
+        let requests = a.requests();
+        assert_eq!(requests.len(), 2);
+        assert_eq!(requests[0].method, "POST");
+        assert_eq!(requests[0].header("idempotency-key"), Some("k_303"));
+        let get = &requests[1];
+        assert_eq!(get.method, "GET");
+        assert_eq!(get.path, "/v1/charges/ch_1");
+        assert!(get.body.is_empty());
+        for header in [
+            "idempotency-key",
+            "content-type",
+            "content-length",
+            "content-encoding",
+            "transfer-encoding",
+        ] {
+            assert_eq!(get.header(header), None, "{header} on the 303's GET");
+        }
+        let chain = chain(&response);
+        assert_eq!(chain.hops().len(), 1);
+        assert_eq!(chain.hops()[0].method, Method::GET);
+        assert!(!chain.hops()[0].key_sent);
+        // The operation still reports its key.
+        assert_eq!(report(&response).idempotency_key(), Some(&key("k_303")));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_301_or_302_turns_a_post_into_a_keyless_get_even_across_origins() {
+    bounded(async {
+        for status in [301, 302] {
+            let b = TestServer::start(vec![], Action::ok("result")).await;
+            let a = TestServer::start(vec![], redirect(status, &b.url("/result"))).await;
+            let name = format!("k_{status}_post");
+            let response = client(RedirectPolicy::default())
+                .post(a.url("/v1/emails"))
+                .idempotency_key(key(&name))
+                .bearer_auth("secret-token")
+                .json(&serde_json::json!({"to": "ada@example.com"}))
+                .send()
+                .await
+                .expect("followed");
+            assert_eq!(response.status(), StatusCode::OK, "{status}");
+            assert_eq!(a.keys(), vec![Some(name.clone())], "{status}");
+            let requests = b.requests();
+            assert_eq!(requests.len(), 1, "{status}");
+            let get = &requests[0];
+            assert_eq!(get.method, "GET", "{status}");
+            assert!(get.body.is_empty(), "{status}");
+            assert_eq!(get.header("idempotency-key"), None, "{status}");
+            assert_eq!(get.header("content-type"), None, "{status}");
+            assert_eq!(get.header("authorization"), None, "{status}");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_301_on_a_put_resends_it_with_its_key() {
+    bounded(async {
+        let a = TestServer::start(vec![redirect(301, "/v2/doc")], Action::ok("stored")).await;
+        let response = client(RedirectPolicy::default())
+            .put(a.url("/v1/doc"))
+            .idempotency_key(key("k_301_put"))
+            .body("document")
+            .send()
+            .await
+            .expect("followed");
+        assert_eq!(response.status(), StatusCode::OK);
+        let requests = a.requests();
+        assert_eq!(requests[1].method, "PUT");
+        assert_eq!(requests[1].body_str(), "document");
+        assert_eq!(a.keys(), vec![Some("k_301_put".into()); 2]);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_redirect_loop_ends_with_too_many_redirects_and_is_not_retried() {
+    bounded(async {
+        let a = TestServer::start(vec![], redirect(307, "/loop")).await;
+        let err = client(RedirectPolicy::default())
+            .post(a.url("/start"))
+            .idempotency_key(key("k_loop"))
+            .body(BODY)
+            .send()
+            .await
+            .expect_err("a loop never ends in a response");
+        assert_eq!(err.kind(), ErrorKind::TooManyRedirects);
+        assert_eq!(err.failure(), Some(FailureKind::TooManyRedirects));
+        assert!(err.is_outcome_unknown());
+        assert_eq!(err.attempts(), 1);
+        assert_eq!(err.idempotency_key(), Some(&key("k_loop")));
+        assert!(err.to_string().contains("too many redirects"), "{err}");
+        // The first request and 10 hops; the 11th redirect is the error.
+        assert_eq!(a.hits(), 11);
+        assert_eq!(a.keys(), vec![Some("k_loop".into()); 11]);
+
+        let b = TestServer::start(vec![], redirect(302, "/loop")).await;
+        let err = client(RedirectPolicy::limited(2))
+            .get(b.url("/start"))
+            .send()
+            .await
+            .expect_err("a loop never ends in a response");
+        assert_eq!(err.kind(), ErrorKind::TooManyRedirects);
+        assert_eq!(b.hits(), 3);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_307_then_a_503_is_retried_from_the_original_url_with_the_same_key() {
+    bounded(async {
+        let b = TestServer::start(vec![Action::status(503)], Action::ok("done")).await;
+        let a = TestServer::start(vec![], redirect(307, &b.url("/target"))).await;
+        let response = client(RedirectPolicy::default().allow_key_to(&origin(&b)))
+            .post(a.url("/origin"))
+            .idempotency_key(key("k_307_503"))
+            .body(BODY)
+            .send()
+            .await
+            .expect("the retry succeeded");
+        assert_eq!(response.status(), StatusCode::OK);
+        // Each attempt started at the original URL.
+        assert_eq!(a.hits(), 2);
+        assert!(a.requests().iter().all(|r| r.path == "/origin"));
+        assert_eq!(b.hits(), 2);
+        assert_eq!(a.keys(), vec![Some("k_307_503".into()); 2]);
+        assert_eq!(b.keys(), vec![Some("k_307_503".into()); 2]);
+        assert!(b.requests().iter().all(|r| r.body_str() == BODY));
+        let report = report(&response);
+        assert_eq!(report.attempts(), 2);
+        assert_eq!(report.history()[0].failure, Some(FailureKind::ServerError));
+        assert_eq!(chain(&response).hops().len(), 1);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_unreachable_redirect_target_is_retried_and_its_outcome_is_unknown() {
+    bounded(async {
+        let nowhere = refused_addr();
+        let a = TestServer::start(vec![], redirect(307, &format!("http://{nowhere}/x"))).await;
+        let err = client(RedirectPolicy::default().allow_key_to_any_origin())
+            .post(a.url("/x"))
+            .idempotency_key(key("k_unreachable"))
+            .policy(fast().max_attempts(2))
+            .body(BODY)
+            .send()
+            .await
+            .expect_err("the target never answers");
+        assert_eq!(err.kind(), ErrorKind::AttemptsExhausted);
+        assert_eq!(err.failure(), Some(FailureKind::RedirectTargetUnreachable));
+        // The request reached `a`, which may have run it: not a "never sent" connect error.
+        assert!(err.is_outcome_unknown());
+        assert_eq!(a.hits(), 2);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_streamed_body_stops_at_a_307_and_the_caller_gets_it() {
+    bounded(async {
+        let a = TestServer::start(vec![], redirect(307, "/again")).await;
+        let chunks: Vec<Result<&'static str, std::io::Error>> = vec![Ok("stre"), Ok("amed")];
+        let response = client(RedirectPolicy::default())
+            .post(a.url("/upload"))
+            .idempotency_key(key("k_stream"))
+            .body(reqwest::Body::wrap_stream(stream::iter(chunks)))
+            .send()
+            .await
+            .expect("the 307 is a final answer");
+        assert_eq!(response.status(), StatusCode::TEMPORARY_REDIRECT);
+        assert_eq!(
+            chain(&response).stopped(),
+            Some(RedirectStop::BodyNotReplayable)
+        );
+        assert_eq!(a.hits(), 1);
+        assert_eq!(a.requests()[0].body_str(), "streamed");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_streamed_body_still_follows_a_303_as_a_get() {
+    bounded(async {
+        let a = TestServer::start(vec![redirect(303, "/result")], Action::ok("result")).await;
+        let chunks: Vec<Result<&'static str, std::io::Error>> = vec![Ok("stre"), Ok("amed")];
+        let response = client(RedirectPolicy::default())
+            .post(a.url("/upload"))
+            .idempotency_key(key("k_stream_303"))
+            .body(reqwest::Body::wrap_stream(stream::iter(chunks)))
+            .send()
+            .await
+            .expect("followed");
+        assert_eq!(response.status(), StatusCode::OK);
+        let requests = a.requests();
+        assert_eq!(requests[1].method, "GET");
+        assert!(requests[1].body.is_empty());
+        assert_eq!(requests[1].header("idempotency-key"), None);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn redirects_without_a_usable_location_are_final() {
+    bounded(async {
+        let cases = [
+            (Action::status(307), RedirectStop::MissingLocation),
+            (
+                redirect(307, "ftp://127.0.0.1/x"),
+                RedirectStop::UnsupportedScheme,
+            ),
+            (redirect(302, "http://[::1"), RedirectStop::InvalidLocation),
+            (
+                redirect(303, "javascript:alert(1)"),
+                RedirectStop::UnsupportedScheme,
+            ),
+        ];
+        for (action, why) in cases {
+            let a = TestServer::start(vec![], action).await;
+            let response = client(RedirectPolicy::default())
+                .post(a.url("/x"))
+                .idempotency_key(key("k_bad_location"))
+                .body(BODY)
+                .send()
+                .await
+                .expect("the 3xx is a final answer");
+            assert!(response.status().is_redirection(), "{why:?}");
+            assert_eq!(chain(&response).stopped(), Some(why));
+            assert_eq!(a.hits(), 1, "{why:?}");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn redirect_policy_none_returns_every_3xx() {
+    bounded(async {
+        let a = TestServer::start(vec![], redirect(307, "/next")).await;
+        let response = client(RedirectPolicy::none())
+            .post(a.url("/x"))
+            .idempotency_key(key("k_none"))
+            .body(BODY)
+            .send()
+            .await
+            .expect("the 3xx is a final answer");
+        assert_eq!(response.status(), StatusCode::TEMPORARY_REDIRECT);
+        assert_eq!(chain(&response).stopped(), Some(RedirectStop::Disabled));
+        assert_eq!(a.hits(), 1);
+        // A 3xx that is not a redirect to follow has no reason to stop.
+        let b = TestServer::start(vec![], Action::status(304)).await;
+        let response = client(RedirectPolicy::default())
+            .get(b.url("/cached"))
+            .send()
+            .await
+            .expect("final");
+        assert_eq!(response.status(), StatusCode::NOT_MODIFIED);
+        assert_eq!(chain(&response).stopped(), None);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_request_without_a_key_follows_across_origins_without_credentials() {
+    bounded(async {
+        let b = TestServer::start(vec![], Action::ok("moved")).await;
+        let a = TestServer::start(vec![], redirect(307, &b.url("/doc"))).await;
+        let response = client(RedirectPolicy::default())
+            .get(a.url("/doc"))
+            .bearer_auth("secret-token")
+            .send()
+            .await
+            .expect("followed");
+        assert_eq!(response.status(), StatusCode::OK);
+        let requests = b.requests();
+        assert_eq!(requests.len(), 1);
+        assert_eq!(requests[0].header("authorization"), None);
+        assert_eq!(requests[0].header("idempotency-key"), None);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn all_hops_share_the_attempt_timeout() {
+    bounded(async {
+        // Each hop alone fits in the 600 ms attempt timeout; both together cannot.
+        let a = TestServer::start(
+            vec![
+                Action::stall_then(ms(400), redirect(307, "/slow")),
+                Action::stall_then(ms(400), Action::ok("too late")),
+            ],
+            Action::ok("unused"),
+        )
+        .await;
+        let err = client(RedirectPolicy::default())
+            .post(a.url("/x"))
+            .idempotency_key(key("k_hops_timeout"))
+            .policy(fast().max_attempts(1).attempt_timeout(ms(600)))
+            .body(BODY)
+            .send()
+            .await
+            .expect_err("the attempt ran out of time");
+        assert!(err.is_timeout(), "{err:?}");
+        assert!(err.is_outcome_unknown());
+        assert_eq!(err.idempotency_key(), Some(&key("k_hops_timeout")));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_caller_client_that_redirects_itself_is_detected_and_logged() {
+    bounded(async {
+        let _ = log();
+        let b = TestServer::start(vec![], Action::ok("elsewhere")).await;
+        let a = TestServer::start(vec![], redirect(307, &b.url("/v1/secret-path?token=abc"))).await;
+        // reqwest's default policy follows redirects before this crate sees them.
+        let own = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("valid reqwest client");
+        let client = Client::builder()
+            .policy(fast())
+            .http(own)
+            .build()
+            .expect("valid client");
+        let response = client
+            .post(a.url("/v1/charges"))
+            .idempotency_key(key("k_inner_redirect"))
+            .body(BODY)
+            .send()
+            .await
+            .expect("the inner client followed");
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.url().as_str(), b.url("/v1/secret-path?token=abc"));
+        let chain = chain(&response);
+        assert!(chain.inner_client_redirected());
+        assert!(chain.hops().is_empty(), "the crate followed nothing itself");
+        // What the detection is for: the key did reach the other origin.
+        assert_eq!(b.keys(), vec![Some("k_inner_redirect".into())]);
+
+        let lines = lines_with("k_inner_redirect");
+        let warning = lines
+            .iter()
+            .find(|l| l.contains("WARN") && l.contains("followed a redirect itself"))
+            .unwrap_or_else(|| panic!("a warning with the key: {lines:#?}"));
+        assert!(warning.contains(&origin(&a)), "{warning}");
+        assert!(warning.contains(&origin(&b)), "{warning}");
+        assert!(!warning.contains("secret-path"), "only origins: {warning}");
+        assert!(!warning.contains("token=abc"), "only origins: {warning}");
+    })
+    .await;
+}
+
+#[cfg(feature = "middleware")]
+#[tokio::test]
+async fn the_middleware_detects_a_client_that_redirects_itself() {
+    use idempotent_retry::IdempotentRetryMiddleware;
+
+    bounded(async {
+        let _ = log();
+        let b = TestServer::start(vec![], Action::ok("elsewhere")).await;
+        let a = TestServer::start(vec![], redirect(308, &b.url("/other"))).await;
+        let inner = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("valid reqwest client");
+        let client = reqwest_middleware::ClientBuilder::new(inner)
+            .with(IdempotentRetryMiddleware::new())
+            .build();
+        let response = client
+            .post(a.url("/x"))
+            .header("Idempotency-Key", "k_middleware_redirect")
+            .body(BODY)
+            .send()
+            .await
+            .expect("the inner client followed");
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(b.keys(), vec![Some("k_middleware_redirect".into())]);
+        let lines = lines_with("k_middleware_redirect");
+        let warning = lines
+            .iter()
+            .find(|l| l.contains("WARN") && l.contains("followed a redirect itself"))
+            .unwrap_or_else(|| panic!("a warning with the key: {lines:#?}"));
+        assert!(warning.contains(&origin(&b)), "{warning}");
+
+        // Built with `Policy::none()`, the client hands the 308 back and nothing is logged.
+        let strict = reqwest::Client::builder()
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("valid reqwest client");
+        let client = reqwest_middleware::ClientBuilder::new(strict)
+            .with(IdempotentRetryMiddleware::new())
+            .build();
+        let response = client
+            .post(a.url("/x"))
+            .header("Idempotency-Key", "k_middleware_strict")
+            .body(BODY)
+            .send()
+            .await
+            .expect("the 308 is final");
+        assert_eq!(response.status(), StatusCode::PERMANENT_REDIRECT);
+        assert_eq!(b.hits(), 1);
+        assert!(
+            lines_with("k_middleware_strict")
+                .iter()
+                .all(|l| !l.contains("followed a redirect itself"))
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_invalid_allowed_origin_fails_the_build() {
+    let err = Client::builder()
+        .redirects(RedirectPolicy::default().allow_key_to("api.example.com"))
+        .build()
+        .expect_err("not an origin");
+    assert_eq!(err.kind(), ErrorKind::Builder);
+    assert!(err.to_string().contains("api.example.com"), "{err}");
+}
