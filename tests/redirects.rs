@@ -707,3 +707,105 @@ async fn an_invalid_allowed_origin_fails_the_build() {
     assert_eq!(err.kind(), ErrorKind::Builder);
     assert!(err.to_string().contains("api.example.com"), "{err}");
 }
+
+/// tower-http's `FollowRedirect` around and inside the tower layer: what happens to the key in
+/// each order (the crate's docs state these results).
+#[cfg(feature = "tower")]
+mod follow_redirect_with_the_tower_layer {
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use tower::{ServiceBuilder, ServiceExt};
+    use tower_http::follow_redirect::FollowRedirectLayer;
+    use tower_http::follow_redirect::policy::{
+        And, CloneBodyFn, Limited, PolicyExt, clone_body_fn,
+    };
+
+    use super::*;
+
+    type Body = Full<Bytes>;
+
+    fn hyper()
+    -> hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, Body>
+    {
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http::<Body>()
+    }
+
+    type Followed = And<Limited, CloneBodyFn<fn(&Body) -> Option<Body>>>;
+
+    fn clone_body(body: &Body) -> Option<Body> {
+        Some(body.clone())
+    }
+
+    /// tower-http's standard limit, plus a body clone so a 307 can resend the `POST`.
+    fn follow_redirects() -> FollowRedirectLayer<Followed> {
+        let clone: fn(&Body) -> Option<Body> = clone_body;
+        FollowRedirectLayer::with_policy(
+            Limited::default().and::<_, Body, ()>(clone_body_fn(clone)),
+        )
+    }
+
+    fn post(url: String) -> http::Request<Body> {
+        http::Request::post(url)
+            .body(Full::new(Bytes::from_static(BODY.as_bytes())))
+            .expect("valid request")
+    }
+
+    #[tokio::test]
+    async fn inside_the_layer_the_key_rides_along_to_another_origin() {
+        bounded(async {
+            let b = TestServer::start(vec![], Action::ok("elsewhere")).await;
+            let a = TestServer::start(vec![], redirect(307, &b.url("/x"))).await;
+            let layer = Client::builder()
+                .policy(fast())
+                .build_layer()
+                .expect("valid layer");
+            let service = ServiceBuilder::new()
+                .layer(layer)
+                .layer(follow_redirects())
+                .service(hyper());
+            let response = service.oneshot(post(a.url("/x"))).await.expect("followed");
+            assert_eq!(response.status(), StatusCode::OK);
+            let minted = a.keys()[0].clone().expect("an automatic key");
+            // The crate's rules do not apply below the layer: the key went cross-origin.
+            assert_eq!(b.keys(), vec![Some(minted)]);
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn outside_the_layer_each_hop_is_an_operation_with_a_fresh_automatic_key() {
+        bounded(async {
+            let b = TestServer::start(vec![], Action::ok("elsewhere")).await;
+            let a = TestServer::start(vec![], redirect(307, &b.url("/x"))).await;
+            let layer = Client::builder()
+                .policy(fast())
+                .build_layer()
+                .expect("valid layer");
+            let service = ServiceBuilder::new()
+                .layer(follow_redirects())
+                .layer(layer)
+                .service(hyper());
+            let response = service
+                .clone()
+                .oneshot(post(a.url("/x")))
+                .await
+                .expect("followed");
+            assert_eq!(response.status(), StatusCode::OK);
+            let first = a.keys()[0].clone().expect("an automatic key");
+            let second = b.keys()[0].clone().expect("another automatic key");
+            assert_ne!(first, second, "one logical request, two keys");
+
+            // A key set in the header is copied to every hop, other origins included.
+            let mut request = post(a.url("/x"));
+            request.headers_mut().insert(
+                "idempotency-key",
+                http::HeaderValue::from_static("k_tower_outside"),
+            );
+            service.oneshot(request).await.expect("followed");
+            assert_eq!(a.keys()[1].as_deref(), Some("k_tower_outside"));
+            assert_eq!(b.keys()[1].as_deref(), Some("k_tower_outside"));
+        })
+        .await;
+    }
+}
