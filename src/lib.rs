@@ -82,6 +82,7 @@
 //! | 429 Too Many Requests, honouring `Retry-After` | yes | no |
 //! | 408 Request Timeout | yes | no |
 //! | 501, 505, every other 4xx, 1xx-3xx | no: returned as `Ok(response)` | (final) |
+//! | a redirect chain longer than the [`RedirectPolicy`] allows | no: [`ErrorKind::TooManyRedirects`] | **unknown** |
 //! | `Stripe-Should-Retry` / `x-should-retry` `true` or `false` | the hint wins over the status | |
 //!
 //! A 422 on a keyed request (the key was reused with a different payload) is final and is also
@@ -159,9 +160,23 @@
 //! as above. Through the tower service over `http::Request` the limit ends at the head (see
 //! [Using with tower](#using-with-tower)).
 //!
-//! **Redirects** are followed by the inner `reqwest::Client`, and the key header goes along on
-//! each hop (reqwest strips only credentials when a redirect leaves the origin). For APIs that
-//! do not redirect, build the inner client with `redirect(Policy::none())`.
+//! **Redirects** are followed by the [`Client`] itself, inside one attempt and under its
+//! timeout, by its [`RedirectPolicy`] ([`ClientBuilder::redirects`]; the inner client it
+//! builds follows none). A 307 or 308 resends the operation (method, body, key) to the same
+//! origin, and to another only if the policy allows it; otherwise the caller gets the 3xx as
+//! the final response, and the other origin sees nothing. A 303, and a 301 or 302 on a `POST`,
+//! is followed as a `GET` without the body, the payload headers **or the key**: it reads a
+//! result, it is not the operation. Credentials are dropped whenever a hop leaves its origin.
+//! Only the final hop's status is classified: a 503 after a 307 is retried from the original
+//! URL with the same key, and a redirect target that cannot be reached counts as
+//! [`FailureKind::RedirectTargetUnreachable`] (the request did leave, so the outcome is
+//! unknown). A 3xx without a usable `Location`, or whose streamed body cannot be resent, is
+//! the final response; [`RedirectChain`] (in the response's extensions) lists the hops and
+//! why one was not followed, and `response.url()` is the final URL. A `reqwest::Client` you
+//! pass in keeps its own redirect setting: build it with `redirect::Policy::none()`, or
+//! reqwest follows redirects itself with the key on every hop (the crate logs a warning when
+//! it sees that happen). The tower and middleware front ends follow no redirects; see
+//! [Using with tower](#using-with-tower) for `FollowRedirect`.
 //!
 //! **reqwest's own retries.** reqwest 0.13 retries on its own only what is provably safe
 //! (HTTP/2 protocol refusals such as `REFUSED_STREAM`), inside one of our attempts; that
@@ -214,6 +229,13 @@
 //! | `tower_http` header layers | once per operation: put a layer that sets the key header here | on every attempt (`User-Agent`, auth headers) |
 //! | `tower_http` `TraceLayer` | one span per operation | one span per attempt |
 //! | tower's own `Retry` | never: retries would multiply | never |
+//! | `tower_http` `FollowRedirect` | every hop is a new operation: an automatic key is minted per hop, and a key set in the header is copied to every origin | one operation: each hop carries the key, to any origin (`FilterCredentials` drops only credentials) |
+//!
+//! The layer itself follows no redirect: a 3xx is a final answer. Neither place for
+//! `FollowRedirect` keeps the key on its origin; for keyed requests that may be redirected,
+//! leave it out and handle the 3xx, or use [`Client`], which applies its [`RedirectPolicy`].
+//! Over `reqwest::Client`, build that client with `redirect::Policy::none()`: by default it
+//! follows redirects below the layer, with the key.
 //!
 //! ```
 //! # #[cfg(feature = "tower")]
@@ -283,7 +305,10 @@
 //! policies and [`WithoutIdempotencyKey`] go in with `.with_extension(..)`; a streamed body
 //! gets one attempt, as with [`Client`]. Errors come back as
 //! `reqwest_middleware::Error::Middleware`, unwrapped with [`Error::from_middleware`]. See
-//! `examples/middleware.rs`.
+//! `examples/middleware.rs`. The middleware follows no redirect itself; build the
+//! `reqwest::Client` under it with `redirect::Policy::none()`, since reqwest's default follows
+//! redirects with the key on every hop, to any origin. When the response's URL is not the URL
+//! sent, the middleware logs a `warn` event with the key and both origins.
 //!
 //! # Retry budget
 //!

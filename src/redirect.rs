@@ -459,7 +459,7 @@ enum Step {
     /// One redirect more than allowed.
     TooMany(u32),
     /// Send this request next.
-    Follow(reqwest::Request, RedirectHop),
+    Follow(Box<(reqwest::Request, RedirectHop)>),
 }
 
 /// Decides what follows `response` (status, headers, URL), given a copy of the request that
@@ -530,7 +530,7 @@ fn next_step(
         method,
         key_sent: next.headers().contains_key(key_header),
     };
-    Step::Follow(next, hop)
+    Step::Follow(Box::new((next, hop)))
 }
 
 /// Removes what reqwest removes when a redirect leaves the origin.
@@ -616,7 +616,8 @@ pub(crate) async fn follow(
                     source: Box::new(TooManyRedirects { limit }),
                 });
             }
-            Step::Follow(next, hop) => {
+            Step::Follow(follow) => {
+                let (next, hop) = *follow;
                 tracing::debug!(
                     key = key_text(key.as_ref()),
                     status = hop.status.as_u16(),

@@ -166,6 +166,9 @@ impl RequestBuilder {
     ///
     /// The returned response carries a [`RetryReport`](crate::RetryReport) in its extensions. Every status that is
     /// not retried (2xx, most 4xx, 501, ...) is returned as `Ok`, as `reqwest` does.
+    /// Redirects are followed by the client's [`RedirectPolicy`](crate::RedirectPolicy): the
+    /// response is the last hop's (`response.url()`), with a
+    /// [`RedirectChain`](crate::RedirectChain) in its extensions.
     ///
     /// # Errors
     ///
@@ -177,6 +180,8 @@ impl RequestBuilder {
     ///   last response, if any, can be taken with [`Error::take_response`](crate::Error::take_response).
     /// - [`ErrorKind::BodyNotReplayable`](crate::ErrorKind::BodyNotReplayable): a streamed body's one attempt failed transiently.
     /// - [`ErrorKind::Transport`](crate::ErrorKind::Transport): a transport failure that was not retried.
+    /// - [`ErrorKind::TooManyRedirects`](crate::ErrorKind::TooManyRedirects): a redirect chain
+    ///   longer than the client's [`RedirectPolicy`](crate::RedirectPolicy) allows; not retried.
     /// - With a [`Ledger`](crate::Ledger): [`ErrorKind::KeyReuse`](crate::ErrorKind::KeyReuse)
     ///   (the key was recorded for a different request),
     ///   [`ErrorKind::InProgress`](crate::ErrorKind::InProgress) (another run holds it),

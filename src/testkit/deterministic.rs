@@ -113,7 +113,9 @@ pub fn fixed_key(n: u64) -> IdempotencyKey {
 }
 
 /// A `reqwest::Client` for talking to a loopback [`Receiver`](super::Receiver): it ignores
-/// proxy settings from the environment (`HTTP_PROXY` would otherwise catch `127.0.0.1`).
+/// proxy settings from the environment (`HTTP_PROXY` would otherwise catch `127.0.0.1`) and
+/// follows no redirect itself, so the [`Client`](crate::Client)'s
+/// [`RedirectPolicy`](crate::RedirectPolicy) applies.
 ///
 /// # Errors
 ///
@@ -122,6 +124,7 @@ pub fn fixed_key(n: u64) -> IdempotencyKey {
 pub fn loopback_http() -> Result<reqwest::Client, Error> {
     reqwest::Client::builder()
         .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
         .build()
         .map_err(Error::builder_from)
 }
