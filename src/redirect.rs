@@ -223,6 +223,16 @@ pub(crate) fn same_origin(a: &Url, b: &Url) -> bool {
     a.is_tuple() && a == b.origin()
 }
 
+/// Whether two URLs name the same request target on the same origin. The fragment is never
+/// sent and reqwest moves user info into `Authorization`, so neither counts.
+fn same_target(a: &Url, b: &Url) -> bool {
+    a.scheme() == b.scheme()
+        && a.host_str() == b.host_str()
+        && a.port_or_known_default() == b.port_or_known_default()
+        && a.path() == b.path()
+        && a.query() == b.query()
+}
+
 /// The target of a redirect: `Location` resolved against the URL that answered (RFC 9110
 /// §10.2.2, RFC 3986 §5), or why there is none to follow.
 pub(crate) fn resolve_location(current: &Url, headers: &HeaderMap) -> Result<Url, RedirectStop> {
@@ -413,7 +423,7 @@ pub(crate) fn warn_if_inner_redirected(
     received: &Url,
     key: Option<&HeaderValue>,
 ) -> bool {
-    if sent == received {
+    if same_target(sent, received) {
         return false;
     }
     tracing::warn!(
@@ -681,6 +691,16 @@ mod tests {
             &url("data:text/plain,x"),
             &url("data:text/plain,x")
         ));
+    }
+
+    #[test]
+    fn a_target_is_the_same_whatever_its_fragment_and_user_info() {
+        let sent = url("http://u:p@a.test/x?q=1#frag");
+        assert!(same_target(&sent, &url("http://a.test:80/x?q=1")));
+        assert!(!same_target(&sent, &url("http://a.test/x?q=2")));
+        assert!(!same_target(&sent, &url("http://a.test/y?q=1")));
+        assert!(!same_target(&sent, &url("https://a.test/x?q=1")));
+        assert!(!same_target(&sent, &url("http://b.test/x?q=1")));
     }
 
     #[test]

@@ -809,3 +809,50 @@ mod follow_redirect_with_the_tower_layer {
         .await;
     }
 }
+
+#[tokio::test]
+async fn a_response_that_was_not_redirected_is_never_reported_as_one() {
+    bounded(async {
+        let _ = log();
+        let a = TestServer::start(vec![], Action::ok("here")).await;
+        let own = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("valid reqwest client");
+        let caller_built = Client::builder()
+            .policy(fast())
+            .http(own)
+            .build()
+            .expect("valid client");
+        let base = format!("http://{}", a.addr());
+        let targets = [
+            base.clone(),
+            format!("{base}/x?q=1&r=%20s#fragment"),
+            format!("{base}/caf%C3%A9/../x"),
+            format!("http://user:pw@{}/x", a.addr()),
+        ];
+        for (n, target) in targets.iter().enumerate() {
+            for client in [client(RedirectPolicy::default()), caller_built.clone()] {
+                let name = format!("k_not_redirected_{n}");
+                let response = client
+                    .post(target.as_str())
+                    .idempotency_key(key(&name))
+                    .body(BODY)
+                    .send()
+                    .await
+                    .expect("answered");
+                assert_eq!(response.status(), StatusCode::OK, "{target}");
+                let chain = chain(&response);
+                assert!(!chain.inner_client_redirected(), "{target}");
+                assert!(chain.hops().is_empty(), "{target}");
+                assert!(
+                    lines_with(&name)
+                        .iter()
+                        .all(|l| !l.contains("followed a redirect itself")),
+                    "{target}"
+                );
+            }
+        }
+    })
+    .await;
+}
