@@ -59,8 +59,9 @@ const DEFAULT_MAX_HOPS: u32 = 10;
 /// - Across origins, credentials (`Authorization`, `Cookie`, `Proxy-Authorization`,
 ///   `WWW-Authenticate`) are removed whatever this policy allows, as reqwest does. No `Referer`
 ///   is added.
-/// - A redirect without a `Location`, with one that is not a valid URL reference, or to a scheme
-///   other than `http`/`https`, is not followed: the 3xx is the final response.
+/// - A redirect without a `Location`, or with one that is not a valid URL reference, carries
+///   user info or names a scheme other than `http`/`https`, is not followed: the 3xx is the
+///   final response.
 /// - One redirect more than the limit ends the operation with
 ///   [`ErrorKind::TooManyRedirects`](crate::ErrorKind::TooManyRedirects), not retried (the
 ///   chain would loop again) and reported as outcome unknown: the request reached at least one
@@ -249,6 +250,10 @@ pub(crate) fn resolve_location(current: &Url, headers: &HeaderMap) -> Result<Url
     if !matches!(next.scheme(), "http" | "https") || next.host().is_none() {
         return Err(RedirectStop::UnsupportedScheme);
     }
+    if !next.username().is_empty() || next.password().is_some() {
+        // Credentials are the caller's to give, never a server's.
+        return Err(RedirectStop::InvalidLocation);
+    }
     Ok(next)
 }
 
@@ -299,7 +304,7 @@ pub enum RedirectStop {
     Disabled,
     /// The response has no `Location` header.
     MissingLocation,
-    /// `Location` is not a valid URL reference (or there are several).
+    /// `Location` is not a valid URL reference, carries user info, or there are several.
     InvalidLocation,
     /// `Location` names a scheme other than `http` or `https`, or no host.
     UnsupportedScheme,
@@ -441,14 +446,19 @@ fn key_text(key: Option<&HeaderValue>) -> &str {
     key.and_then(|value| value.to_str().ok()).unwrap_or("")
 }
 
-/// The request again, for the next hop: a full copy, or one without its streamed body.
+/// What is kept of a request while it is sent: a full copy for the next hop, one without its
+/// streamed body, or (when no redirect is followed) only its URL.
 enum Retained {
     Full(reqwest::Request),
     BodyLost(reqwest::Request),
+    Url(Url),
 }
 
 impl Retained {
-    fn of(request: &reqwest::Request) -> Retained {
+    fn of(request: &reqwest::Request, policy: &RedirectPolicy) -> Retained {
+        if policy.max_hops.is_none() {
+            return Retained::Url(request.url().clone());
+        }
         match request.try_clone() {
             Some(copy) => Retained::Full(copy),
             None => {
@@ -458,6 +468,14 @@ impl Retained {
                 *copy.version_mut() = request.version();
                 Retained::BodyLost(copy)
             }
+        }
+    }
+
+    /// The URL the request was sent to.
+    fn url(&self) -> &Url {
+        match self {
+            Retained::Full(request) | Retained::BodyLost(request) => request.url(),
+            Retained::Url(url) => url,
         }
     }
 }
@@ -480,21 +498,18 @@ fn next_step(
     key_header: &HeaderName,
     hops_so_far: usize,
     response: &reqwest::Response,
-    copy: Option<Retained>,
+    copy: Retained,
 ) -> Step {
     let status = response.status();
-    let Some(copy) = copy else {
-        // Only `none()` makes no copy.
-        return Step::Final(rewrite(status, &Method::GET).map(|_| RedirectStop::Disabled));
-    };
-    let sent = match &copy {
-        Retained::Full(request) | Retained::BodyLost(request) => request,
+    let (sent, limit) = match (&copy, policy.max_hops) {
+        (Retained::Full(request) | Retained::BodyLost(request), Some(limit)) => (request, limit),
+        // Only `none()` keeps no copy.
+        (Retained::Url(_), _) | (_, None) => {
+            return Step::Final(rewrite(status, &Method::GET).map(|_| RedirectStop::Disabled));
+        }
     };
     let Some(Rewrite { method, resend }) = rewrite(status, sent.method()) else {
         return Step::Final(None);
-    };
-    let Some(limit) = policy.max_hops else {
-        return Step::Final(Some(RedirectStop::Disabled));
     };
     let current = response.url();
     let to = match resolve_location(current, response.headers()) {
@@ -511,6 +526,7 @@ fn next_step(
             return Step::Final(Some(RedirectStop::BodyNotReplayable));
         }
         Retained::BodyLost(request) => request,
+        Retained::Url(_) => return Step::Final(Some(RedirectStop::Disabled)),
     };
     if u32::try_from(hops_so_far).unwrap_or(u32::MAX) >= limit {
         return Step::TooMany(limit);
@@ -567,8 +583,7 @@ pub(crate) async fn follow(
     let mut chain = RedirectChain::default();
     loop {
         // A copy for the next hop, made before this one consumes a streamed body.
-        let copy = policy.max_hops.is_some().then(|| Retained::of(&request));
-        let sent = request.url().clone();
+        let copy = Retained::of(&request, policy);
         let key = request.headers().get(key_header).cloned();
         if let Some(budget) = budget {
             let spent = settings.clock.now().saturating_duration_since(started);
@@ -597,7 +612,7 @@ pub(crate) async fn follow(
             }
         };
         chain.inner_client_redirected |=
-            warn_if_inner_redirected(&sent, response.url(), key.as_ref());
+            warn_if_inner_redirected(copy.url(), response.url(), key.as_ref());
         match next_step(
             policy,
             &original,
@@ -744,6 +759,13 @@ mod tests {
             assert_eq!(
                 resolve_location(&base, &location(value)),
                 Err(RedirectStop::UnsupportedScheme),
+                "{value}"
+            );
+        }
+        for value in ["http://user:pw@a.test/x", "//user@b.test/"] {
+            assert_eq!(
+                resolve_location(&base, &location(value)),
+                Err(RedirectStop::InvalidLocation),
                 "{value}"
             );
         }
