@@ -171,8 +171,8 @@
 //! URL with the same key, and a redirect target that cannot be reached counts as
 //! [`FailureKind::RedirectTargetUnreachable`] (the request did leave, so the outcome is
 //! unknown). A 3xx without a usable `Location`, or whose streamed body cannot be resent, is
-//! the final response; [`RedirectChain`] (in the response's extensions) lists the hops and
-//! why one was not followed, and `response.url()` is the final URL. A `reqwest::Client` you
+//! the final response; [`RedirectChain::of`] lists the hops and why one was not followed,
+//! and `response.url()` is the final URL. A `reqwest::Client` you
 //! pass in keeps its own redirect setting: build it with `redirect::Policy::none()`, or
 //! reqwest follows redirects itself with the key on every hop (the crate logs a warning when
 //! it sees that happen). The tower and middleware front ends follow no redirects; see

@@ -346,16 +346,19 @@ pub struct RedirectHop {
 }
 
 /// The redirects behind one response of the [`Client`](crate::Client): every hop followed in
-/// the attempt that produced it, and why the chain stopped when the response is a redirect
-/// that was not followed. In the response's extensions; the final URL is `response.url()`.
+/// the attempt that produced it, why the chain stopped when the response is a redirect that
+/// was not followed, and whether the inner client redirected on its own. The final URL is
+/// `response.url()`.
 ///
 /// Each attempt starts again from the original URL, so the chain is the last attempt's only.
 ///
 /// ```
 /// use idempotent_retry::RedirectChain;
 ///
+/// // A response no redirect was involved in has the empty chain.
 /// let response = reqwest::Response::from(http::Response::new(""));
-/// assert!(RedirectChain::of(&response).is_none());
+/// let chain = RedirectChain::of(&response);
+/// assert!(chain.hops().is_empty() && chain.stopped().is_none());
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RedirectChain {
@@ -364,13 +367,28 @@ pub struct RedirectChain {
     inner_client_redirected: bool,
 }
 
+/// The chain of every response no redirect was involved in.
+static EMPTY: RedirectChain = RedirectChain {
+    hops: Vec::new(),
+    stopped: None,
+    inner_client_redirected: false,
+};
+
 impl RedirectChain {
-    /// The chain attached to a response of [`RequestBuilder::send`](crate::RequestBuilder::send).
-    /// `None` for a response replayed from a [`Ledger`](crate::Ledger), and for the other front
-    /// ends, which do not follow redirects.
+    /// The chain behind a response of [`RequestBuilder::send`](crate::RequestBuilder::send).
+    /// Empty when no redirect was involved, and for responses replayed from a
+    /// [`Ledger`](crate::Ledger) (nothing was sent) or from the other front ends (which follow
+    /// no redirects).
     #[must_use]
-    pub fn of(response: &reqwest::Response) -> Option<&RedirectChain> {
-        response.extensions().get::<RedirectChain>()
+    pub fn of(response: &reqwest::Response) -> &RedirectChain {
+        response
+            .extensions()
+            .get::<RedirectChain>()
+            .unwrap_or(&EMPTY)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.hops.is_empty() && self.stopped.is_none() && !self.inner_client_redirected
     }
 
     /// The redirects followed, in order; empty when the first response was final.
@@ -632,7 +650,10 @@ pub(crate) async fn follow(
                     );
                 }
                 let mut response = response;
-                response.extensions_mut().insert(chain);
+                // Only a chain with something in it costs an entry: `of` reads the rest as empty.
+                if !chain.is_empty() {
+                    response.extensions_mut().insert(chain);
+                }
                 return Ok(response);
             }
             Step::TooMany(limit) => {

@@ -167,8 +167,8 @@ impl RequestBuilder {
     /// The returned response carries a [`RetryReport`](crate::RetryReport) in its extensions. Every status that is
     /// not retried (2xx, most 4xx, 501, ...) is returned as `Ok`, as `reqwest` does.
     /// Redirects are followed by the client's [`RedirectPolicy`](crate::RedirectPolicy): the
-    /// response is the last hop's (`response.url()`), with a
-    /// [`RedirectChain`](crate::RedirectChain) in its extensions.
+    /// response is the last hop's (`response.url()`), and
+    /// [`RedirectChain::of`](crate::RedirectChain::of) lists the hops.
     ///
     /// # Errors
     ///

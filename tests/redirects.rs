@@ -95,9 +95,7 @@ fn redirect(status: u16, location: &str) -> Action {
 }
 
 fn chain(response: &reqwest::Response) -> RedirectChain {
-    RedirectChain::of(response)
-        .expect("every response of the client carries its redirect chain")
-        .clone()
+    RedirectChain::of(response).clone()
 }
 
 fn report(response: &reqwest::Response) -> RetryReport {
