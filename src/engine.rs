@@ -122,6 +122,19 @@ pub(crate) trait Transport<Q: RetryRequest> {
         &mut self,
         request: Q,
     ) -> impl Future<Output = Result<Self::Response, SendError>> + Send;
+
+    /// Sends one attempt, given the operation's request it was cloned from (`None` when the
+    /// body could not be cloned and the attempt is that request). A transport that may need
+    /// the request again within the attempt (the reqwest one, to follow a redirect) clones it
+    /// from `original` only when it must, instead of copying every attempt up front.
+    fn send_attempt(
+        &mut self,
+        request: Q,
+        original: Option<&Q>,
+    ) -> impl Future<Output = Result<Self::Response, SendError>> + Send {
+        let _ = original;
+        self.send(request)
+    }
 }
 
 /// Everything the engine needs that is shared by all operations of one front end.
@@ -436,9 +449,10 @@ impl<'s> Operation<'s> {
             let attempt_started = now.saturating_duration_since(self.state.started);
 
             let sent = if enforced {
-                transport.send(attempt).await
+                transport.send_attempt(attempt, original.as_ref()).await
             } else {
-                match tokio::time::timeout(budget, transport.send(attempt)).await {
+                let send = transport.send_attempt(attempt, original.as_ref());
+                match tokio::time::timeout(budget, send).await {
                     Ok(sent) => sent,
                     Err(elapsed) => Err(SendError::Failed {
                         kind: FailureKind::Timeout,

@@ -77,7 +77,15 @@ impl Transport<reqwest::Request> for ReqwestTransport<'_> {
     type Response = reqwest::Response;
 
     async fn send(&mut self, request: reqwest::Request) -> Result<reqwest::Response, SendError> {
-        crate::redirect::follow(self.0, request).await
+        crate::redirect::follow(self.0, request, None).await
+    }
+
+    async fn send_attempt(
+        &mut self,
+        request: reqwest::Request,
+        original: Option<&reqwest::Request>,
+    ) -> Result<reqwest::Response, SendError> {
+        crate::redirect::follow(self.0, request, original).await
     }
 }
 

@@ -585,23 +585,79 @@ fn strip_credentials(headers: &mut HeaderMap) {
     headers.remove("cookie2");
 }
 
+/// What is kept of a hop while it is sent, to build the next one from.
+enum Kept<'o> {
+    /// The operation's own request, which the engine keeps for later attempts: nothing is
+    /// copied unless a redirect comes back. `attempt` is this attempt's attempt-header value.
+    Original {
+        request: &'o reqwest::Request,
+        attempt: Option<HeaderValue>,
+    },
+    /// A copy made before sending: for later hops, and for a streamed body the engine could
+    /// not keep.
+    Copy(Box<Retained>),
+}
+
+impl Kept<'_> {
+    /// The URL the hop was sent to.
+    fn url(&self) -> &Url {
+        match self {
+            Kept::Original { request, .. } => request.url(),
+            Kept::Copy(copy) => copy.url(),
+        }
+    }
+
+    /// The request again, as this hop sent it.
+    fn into_retained(
+        self,
+        policy: &RedirectPolicy,
+        attempt_header: Option<&HeaderName>,
+    ) -> Retained {
+        match self {
+            Kept::Copy(copy) => *copy,
+            Kept::Original { request, attempt } => {
+                let mut copy = Retained::of(request, policy);
+                if let (Retained::Full(copy) | Retained::BodyLost(copy), Some(name), Some(value)) =
+                    (&mut copy, attempt_header, attempt)
+                {
+                    copy.headers_mut().insert(name.clone(), value);
+                }
+                copy
+            }
+        }
+    }
+}
+
 /// Sends one attempt through the client's `reqwest::Client` and follows its redirects by the
 /// client's [`RedirectPolicy`], all within the attempt's timeout (the request's own, set by
 /// the engine).
+///
+/// `original` is the operation's request the attempt was cloned from, when the engine has it:
+/// the first hop is then rebuilt from it only if a redirect comes back, so an attempt without
+/// redirects copies nothing.
 pub(crate) async fn follow(
     client: &ClientRef,
     mut request: reqwest::Request,
+    original: Option<&reqwest::Request>,
 ) -> Result<reqwest::Response, SendError> {
     let policy = &client.redirects;
     let settings = &*client.settings;
     let key_header = &settings.key_header;
     let started = settings.clock.now();
     let budget = request.timeout().copied();
-    let original = request.url().clone();
     let mut chain = RedirectChain::default();
     loop {
-        // A copy for the next hop, made before this one consumes a streamed body.
-        let copy = Retained::of(&request, policy);
+        let kept = match original {
+            Some(original) if chain.hops.is_empty() => Kept::Original {
+                request: original,
+                attempt: settings
+                    .attempt_header
+                    .as_ref()
+                    .and_then(|name| request.headers().get(name).cloned()),
+            },
+            // Made before this hop consumes a streamed body.
+            _ => Kept::Copy(Box::new(Retained::of(&request, policy))),
+        };
         let key = request.headers().get(key_header).cloned();
         if let Some(budget) = budget {
             let spent = settings.clock.now().saturating_duration_since(started);
@@ -630,15 +686,26 @@ pub(crate) async fn follow(
             }
         };
         chain.inner_client_redirected |=
-            warn_if_inner_redirected(copy.url(), response.url(), key.as_ref());
-        match next_step(
-            policy,
-            &original,
-            key_header,
-            chain.hops.len(),
-            &response,
-            copy,
-        ) {
+            warn_if_inner_redirected(kept.url(), response.url(), key.as_ref());
+        let step = if rewrite(response.status(), &Method::GET).is_none() {
+            // Not a redirect: the common case, decided without building anything.
+            Step::Final(None)
+        } else {
+            let first = chain
+                .hops
+                .first()
+                .map_or_else(|| kept.url().clone(), |hop| hop.from.clone());
+            let copy = kept.into_retained(policy, settings.attempt_header.as_ref());
+            next_step(
+                policy,
+                &first,
+                key_header,
+                chain.hops.len(),
+                &response,
+                copy,
+            )
+        };
+        match step {
             Step::Final(stopped) => {
                 chain.stopped = stopped;
                 if let Some(stop) = stopped {

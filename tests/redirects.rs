@@ -398,7 +398,13 @@ async fn a_307_then_a_503_is_retried_from_the_original_url_with_the_same_key() {
     bounded(async {
         let b = TestServer::start(vec![Action::status(503)], Action::ok("done")).await;
         let a = TestServer::start(vec![], redirect(307, &b.url("/target"))).await;
-        let response = client(RedirectPolicy::default().allow_key_to(&origin(&b)))
+        let client = Client::builder()
+            .policy(fast())
+            .redirects(RedirectPolicy::default().allow_key_to(&origin(&b)))
+            .attempt_header(http::HeaderName::from_static("x-attempt"))
+            .build()
+            .expect("valid client");
+        let response = client
             .post(a.url("/origin"))
             .idempotency_key(key("k_307_503"))
             .body(BODY)
@@ -413,6 +419,15 @@ async fn a_307_then_a_503_is_retried_from_the_original_url_with_the_same_key() {
         assert_eq!(a.keys(), vec![Some("k_307_503".into()); 2]);
         assert_eq!(b.keys(), vec![Some("k_307_503".into()); 2]);
         assert!(b.requests().iter().all(|r| r.body_str() == BODY));
+        // A hop belongs to its attempt: it carries that attempt's number.
+        assert_eq!(
+            a.keys_in("x-attempt"),
+            vec![Some("1".into()), Some("2".into())]
+        );
+        assert_eq!(
+            b.keys_in("x-attempt"),
+            vec![Some("1".into()), Some("2".into())]
+        );
         let report = report(&response);
         assert_eq!(report.attempts(), 2);
         assert_eq!(report.history()[0].failure, Some(FailureKind::ServerError));
