@@ -203,6 +203,7 @@
 //! | automatic keys for non-idempotent methods | on |
 //! | retry budget | on, one per client: 500 tokens, 5 per retry, 10 after a timeout |
 //! | ledger | none |
+//! | redirects (`Client`) | up to 10 per attempt; the key only to the original origin, never on a 303's `GET` |
 //!
 //! Match the window to the receiver: shorter than the time it keeps keys (PayPal's
 //! `PayPal-Request-Id`: 6 h, so `reconcile_window(Duration::from_secs(5 * 3600))` and
