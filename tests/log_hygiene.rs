@@ -2,52 +2,16 @@
 //! waits; never a request or response body, a credential header, a cookie, a path or a query
 //! string.
 //!
-//! A separate test binary with one global subscriber at TRACE for the crate's own targets (see
-//! `tests/observability.rs` for why a thread-local subscriber would miss events). Every secret
+//! The log is captured at every level of the crate's own targets (`support::logs`). Every secret
 //! below is a unique marker; the tests assert that the crate's own lines mention the key (so
 //! the capture works) and none of the markers.
 
 mod support;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use idempotent_retry::{Client, ErrorKind, IdempotencyKey, MemoryLedger, RetryPolicy};
 use support::*;
-
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("not poisoned").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Installs the global subscriber once (every level of the crate's own targets, spans included
-/// in each line); returns the shared log buffer.
-fn log() -> &'static Captured {
-    static LOG: OnceLock<Captured> = OnceLock::new();
-    LOG.get_or_init(|| {
-        let captured = Captured::default();
-        let writer = captured.clone();
-        tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_env_filter(tracing_subscriber::EnvFilter::new("idempotent_retry=trace"))
-            .with_ansi(false)
-            .init();
-        captured
-    })
-}
-
-fn everything_logged() -> String {
-    String::from_utf8(log().0.lock().expect("not poisoned").clone()).expect("utf-8")
-}
 
 /// Markers that must never reach the log. Each test appends its own suffix so parallel tests
 /// cannot vouch for each other.
@@ -68,7 +32,7 @@ fn secrets(tag: &str) -> Vec<String> {
 }
 
 fn assert_clean(tag: &str, key: &str) {
-    let logged = everything_logged();
+    let logged = log_text();
     let mine: Vec<&str> = logged.lines().filter(|l| l.contains(key)).collect();
     assert!(
         !mine.is_empty(),
@@ -125,7 +89,7 @@ async fn send_with_secrets(
 
 #[tokio::test]
 async fn retries_then_exhaustion_log_no_body_header_path_or_query() {
-    log();
+    capture_log();
     let tag = "_exhausted";
     let key = "log_hygiene_exhausted";
     let server = TestServer::start(
@@ -148,7 +112,7 @@ async fn retries_then_exhaustion_log_no_body_header_path_or_query() {
 
 #[tokio::test]
 async fn a_reused_key_logged_at_error_level_names_the_key_only() {
-    log();
+    capture_log();
     let tag = "_reused";
     let key = "log_hygiene_reused";
     let server = TestServer::start(
@@ -164,7 +128,7 @@ async fn a_reused_key_logged_at_error_level_names_the_key_only() {
         .await
         .expect("a 422 is a final answer");
     assert_eq!(response.status(), 422);
-    let logged = everything_logged();
+    let logged = log_text();
     assert!(
         logged
             .lines()
@@ -176,7 +140,7 @@ async fn a_reused_key_logged_at_error_level_names_the_key_only() {
 
 #[tokio::test]
 async fn a_ledger_replay_logs_no_saved_body() {
-    log();
+    capture_log();
     let tag = "_ledger";
     let key = "log_hygiene_ledger";
     let server = TestServer::start(

@@ -1,57 +1,15 @@
 //! Observability: a `tracing` span per operation (method, host, key) and an event per
 //! attempt (number, outcome class, delay and why).
 //!
-//! A separate test binary with one global subscriber: tracing caches per-callsite interest
-//! process-wide, so a thread-local subscriber in a binary whose other tests run concurrently
-//! would miss events now and then. Each test finds its own lines by its unique key.
+//! The log is captured by one global subscriber (`support::logs`); each test finds its own
+//! lines by its unique key.
 
 mod support;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use idempotent_retry::{Client, IdempotencyKey, MemoryLedger, RetryPolicy};
 use support::*;
-
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("not poisoned").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Installs the global subscriber once; returns the shared log buffer.
-fn log() -> &'static Captured {
-    static LOG: OnceLock<Captured> = OnceLock::new();
-    LOG.get_or_init(|| {
-        let captured = Captured::default();
-        let writer = captured.clone();
-        tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_max_level(tracing::Level::DEBUG)
-            .with_ansi(false)
-            .init();
-        captured
-    })
-}
-
-/// The log lines that mention `needle`.
-fn lines_with(needle: &str) -> Vec<String> {
-    let bytes = log().0.lock().expect("not poisoned").clone();
-    String::from_utf8(bytes)
-        .expect("utf-8")
-        .lines()
-        .filter(|l| l.contains(needle))
-        .map(str::to_owned)
-        .collect()
-}
 
 fn client() -> Client {
     Client::builder()
@@ -66,7 +24,7 @@ fn client() -> Client {
 
 #[tokio::test]
 async fn each_attempt_emits_an_event_inside_the_operation_span() {
-    log();
+    capture_log();
     let server = TestServer::start(vec![Action::status(503), Action::Reset], Action::ok("")).await;
     let key = IdempotencyKey::new("evt_trace_1").expect("valid");
     client()
@@ -75,7 +33,7 @@ async fn each_attempt_emits_an_event_inside_the_operation_span() {
         .send()
         .await
         .expect("ok");
-    let lines = lines_with("evt_trace_1");
+    let lines = log_lines_with("evt_trace_1");
     let retries: Vec<&String> = lines
         .iter()
         .filter(|l| l.contains("retrying with the same key"))
@@ -109,7 +67,7 @@ async fn each_attempt_emits_an_event_inside_the_operation_span() {
 
 #[tokio::test]
 async fn a_failed_operation_ends_with_a_warning() {
-    log();
+    capture_log();
     let server = TestServer::start(vec![], Action::status(503)).await;
     let key = IdempotencyKey::new("evt_trace_2").expect("valid");
     client()
@@ -119,7 +77,7 @@ async fn a_failed_operation_ends_with_a_warning() {
         .send()
         .await
         .expect_err("503");
-    let lines = lines_with("evt_trace_2");
+    let lines = log_lines_with("evt_trace_2");
     assert!(
         lines.iter().any(|l| l.contains("WARN")
             && l.contains("operation stopped")
@@ -130,7 +88,7 @@ async fn a_failed_operation_ends_with_a_warning() {
 
 #[tokio::test]
 async fn a_422_on_a_keyed_request_is_logged_as_an_error() {
-    log();
+    capture_log();
     let server = TestServer::start(vec![], Action::status(422)).await;
     let key = IdempotencyKey::new("evt_trace_3").expect("valid");
     let response = client()
@@ -140,7 +98,7 @@ async fn a_422_on_a_keyed_request_is_logged_as_an_error() {
         .await
         .expect("final");
     assert_eq!(response.status(), 422);
-    let lines = lines_with("evt_trace_3");
+    let lines = log_lines_with("evt_trace_3");
     assert!(
         lines
             .iter()
@@ -151,7 +109,7 @@ async fn a_422_on_a_keyed_request_is_logged_as_an_error() {
 
 #[tokio::test]
 async fn bodies_and_auth_headers_are_never_logged() {
-    log();
+    capture_log();
     let server = TestServer::start(vec![Action::status(503)], Action::ok("")).await;
     let key = IdempotencyKey::new("evt_trace_4").expect("valid");
     client()
@@ -162,9 +120,9 @@ async fn bodies_and_auth_headers_are_never_logged() {
         .send()
         .await
         .expect("ok");
-    assert!(!lines_with("evt_trace_4").is_empty());
-    assert!(lines_with("sk_live_secret_token").is_empty());
-    assert!(lines_with("4242424242424242").is_empty());
+    assert!(!log_lines_with("evt_trace_4").is_empty());
+    assert!(log_lines_with("sk_live_secret_token").is_empty());
+    assert!(log_lines_with("4242424242424242").is_empty());
 }
 
 /// The tower front end runs the same engine: the same span and events.
@@ -173,7 +131,7 @@ async fn bodies_and_auth_headers_are_never_logged() {
 async fn the_tower_service_emits_the_same_span_and_events() {
     use tower::ServiceExt;
 
-    log();
+    capture_log();
     let server = TestServer::start(vec![Action::status(503)], Action::ok("")).await;
     let layer = Client::builder()
         .policy(
@@ -191,7 +149,7 @@ async fn the_tower_service_emits_the_same_span_and_events() {
         http::HeaderValue::from_static("evt_trace_tower"),
     );
     service.oneshot(request).await.expect("ok");
-    let lines = lines_with("evt_trace_tower");
+    let lines = log_lines_with("evt_trace_tower");
     assert!(
         lines.iter().any(|l| l.contains("idempotent_request")
             && l.contains("attempt=1")
@@ -205,7 +163,7 @@ async fn the_tower_service_emits_the_same_span_and_events() {
 /// logged inside the operation's span too, with its method, host and key.
 #[tokio::test]
 async fn ledger_events_are_inside_the_operation_span() {
-    log();
+    capture_log();
     let server = TestServer::start_idempotent(vec![Action::status(503)], Action::ok("done")).await;
     let client = Client::builder()
         .policy(
@@ -233,7 +191,7 @@ async fn ledger_events_are_inside_the_operation_span() {
     send("b")
         .await
         .expect_err("the key is reused for another body");
-    let lines = lines_with("evt_trace_ledger");
+    let lines = log_lines_with("evt_trace_ledger");
     let span = r#"idempotent_request{method=POST host="127.0.0.1" key="evt_trace_ledger"}"#;
     for message in [
         "resuming an operation recorded in the ledger",

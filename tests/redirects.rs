@@ -11,8 +11,6 @@
 mod support;
 
 use std::future::Future;
-use std::io::Write;
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use futures_util::stream;
@@ -32,52 +30,13 @@ async fn bounded<F: Future>(test: F) -> F::Output {
         .expect("the test finished within its bound")
 }
 
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("not poisoned").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Installs the global subscriber once; returns the shared log buffer.
-fn log() -> &'static Captured {
-    static LOG: OnceLock<Captured> = OnceLock::new();
-    LOG.get_or_init(|| {
-        let captured = Captured::default();
-        let writer = captured.clone();
-        tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_max_level(tracing::Level::DEBUG)
-            .with_ansi(false)
-            .init();
-        captured
-    })
-}
-
-/// The log lines that mention `needle`.
-fn lines_with(needle: &str) -> Vec<String> {
-    let bytes = log().0.lock().expect("not poisoned").clone();
-    String::from_utf8(bytes)
-        .expect("utf-8")
-        .lines()
-        .filter(|l| l.contains(needle))
-        .map(str::to_owned)
-        .collect()
-}
-
 fn key(name: &str) -> IdempotencyKey {
     IdempotencyKey::new(name).expect("valid test key")
 }
 
 /// A client with the crate's own inner client (which follows no redirect by itself).
 fn client(redirects: RedirectPolicy) -> Client {
-    let _ = log();
+    capture_log();
     Client::builder()
         .policy(fast())
         .redirects(redirects)
@@ -611,7 +570,7 @@ async fn all_hops_share_the_attempt_timeout() {
 #[tokio::test]
 async fn a_caller_client_that_redirects_itself_is_detected_and_logged() {
     bounded(async {
-        let _ = log();
+        capture_log();
         let b = TestServer::start(vec![], Action::ok("elsewhere")).await;
         let a = TestServer::start(vec![], redirect(307, &b.url("/v1/secret-path?token=abc"))).await;
         // reqwest's default policy follows redirects before this crate sees them.
@@ -639,7 +598,7 @@ async fn a_caller_client_that_redirects_itself_is_detected_and_logged() {
         // What the detection is for: the key did reach the other origin.
         assert_eq!(b.keys(), vec![Some("k_inner_redirect".into())]);
 
-        let lines = lines_with("k_inner_redirect");
+        let lines = log_lines_with("k_inner_redirect");
         let warning = lines
             .iter()
             .find(|l| l.contains("WARN") && l.contains("followed a redirect itself"))
@@ -658,7 +617,7 @@ async fn the_middleware_detects_a_client_that_redirects_itself() {
     use idempotent_retry::IdempotentRetryMiddleware;
 
     bounded(async {
-        let _ = log();
+        capture_log();
         let b = TestServer::start(vec![], Action::ok("elsewhere")).await;
         let a = TestServer::start(vec![], redirect(308, &b.url("/other"))).await;
         let inner = reqwest::Client::builder()
@@ -677,7 +636,7 @@ async fn the_middleware_detects_a_client_that_redirects_itself() {
             .expect("the inner client followed");
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(b.keys(), vec![Some("k_middleware_redirect".into())]);
-        let lines = lines_with("k_middleware_redirect");
+        let lines = log_lines_with("k_middleware_redirect");
         let warning = lines
             .iter()
             .find(|l| l.contains("WARN") && l.contains("followed a redirect itself"))
@@ -703,7 +662,7 @@ async fn the_middleware_detects_a_client_that_redirects_itself() {
         assert_eq!(response.status(), StatusCode::PERMANENT_REDIRECT);
         assert_eq!(b.hits(), 1);
         assert!(
-            lines_with("k_middleware_strict")
+            log_lines_with("k_middleware_strict")
                 .iter()
                 .all(|l| !l.contains("followed a redirect itself"))
         );
@@ -826,7 +785,7 @@ mod follow_redirect_with_the_tower_layer {
 #[tokio::test]
 async fn a_response_that_was_not_redirected_is_never_reported_as_one() {
     bounded(async {
-        let _ = log();
+        capture_log();
         let a = TestServer::start(vec![], Action::ok("here")).await;
         let own = reqwest::Client::builder()
             .no_proxy()
@@ -859,7 +818,7 @@ async fn a_response_that_was_not_redirected_is_never_reported_as_one() {
                 assert!(!chain.inner_client_redirected(), "{target}");
                 assert!(chain.hops().is_empty(), "{target}");
                 assert!(
-                    lines_with(&name)
+                    log_lines_with(&name)
                         .iter()
                         .all(|l| !l.contains("followed a redirect itself")),
                     "{target}"

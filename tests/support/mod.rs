@@ -8,10 +8,12 @@
 
 #[cfg(all(feature = "tower", feature = "middleware"))]
 pub mod front;
+pub mod logs;
 pub mod policy;
 pub mod raw;
 pub mod server;
 
+pub use logs::*;
 pub use policy::*;
 pub use raw::*;
 pub use server::*;
