@@ -446,6 +446,7 @@ mod engine;
 mod error;
 mod exchange;
 mod extension;
+mod fuzz_support;
 mod key;
 mod keyed;
 mod ledger;
@@ -474,6 +475,8 @@ pub use client::{Client, ClientBuilder, IDEMPOTENCY_KEY};
 pub use engine::{RetryRequest, RetryResponse};
 pub use error::{Error, ErrorKind};
 pub use extension::WithoutIdempotencyKey;
+#[doc(hidden)]
+pub use fuzz_support::{DecideInput, DecideStep, decide_step};
 pub use key::{IdempotencyKey, InvalidKey, InvalidKeyReason};
 pub use keyed::{DerivationSecret, InvalidSecret};
 #[cfg(feature = "postgres")]

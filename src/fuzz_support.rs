@@ -1,0 +1,204 @@
+//! A door into the pure decision engine for the crate's fuzz targets (`fuzz/`) and property
+//! tests (`tests/properties.rs`), which drive whole operations on virtual time.
+//!
+//! Hidden from the docs and not covered by semver: it mirrors the engine's internal shape,
+//! which may change.
+
+use std::time::{Duration, SystemTime};
+
+use http::{HeaderMap, StatusCode};
+
+use crate::classify::FailureKind;
+use crate::policy::{Decision, Observed, OperationState, RetryPolicy, Stop, decide};
+use crate::report::WaitReason;
+use crate::time::{Clock, TokioClock};
+
+/// The operation as the engine sees it when one attempt has ended.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecideInput {
+    /// Attempts made so far, the one being decided on included.
+    pub attempts: u32,
+    /// Whether every attempt carries an idempotency key.
+    pub keyed: bool,
+    /// Whether the method is idempotent by definition.
+    pub idempotent_method: bool,
+    /// Whether the request body can be sent again.
+    pub replayable: bool,
+    /// Time since the first attempt started.
+    pub elapsed: Duration,
+}
+
+/// What the engine decided, with the stop reason flattened to a stable name.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecideStep {
+    /// The response is the answer.
+    Return,
+    /// Wait `delay`, then retry with the same key.
+    Retry {
+        /// What went wrong with the attempt.
+        kind: FailureKind,
+        /// The wait before the next attempt.
+        delay: Duration,
+        /// Why the wait is that long.
+        reason: WaitReason,
+    },
+    /// The operation ends with an error.
+    Stop {
+        /// What went wrong with the last attempt, if it failed.
+        kind: Option<FailureKind>,
+        /// `exhausted`, `window`, `retry_after_too_long`, `not_replayable`, `not_retry_safe`,
+        /// `fatal` or `budget_exhausted`.
+        why: &'static str,
+        /// For `retry_after_too_long`, what the server asked for.
+        asked: Option<Duration>,
+    },
+}
+
+/// Runs the decision engine once. `outcome` is the attempt's status and headers, or how its
+/// transport failed; `wall` is the wall-clock time an HTTP-date is measured from.
+///
+/// `None` only when `input.elapsed` is too large to be added to a monotonic instant on this
+/// platform (hundreds of billions of years), so the engine cannot be asked.
+#[doc(hidden)]
+pub fn decide_step<R: rand::Rng + ?Sized>(
+    policy: &RetryPolicy,
+    input: &DecideInput,
+    outcome: Result<(StatusCode, &HeaderMap), FailureKind>,
+    wall: SystemTime,
+    rng: &mut R,
+) -> Option<DecideStep> {
+    let started = TokioClock.now();
+    let now = started.checked_add(input.elapsed)?;
+    let state = OperationState {
+        started,
+        attempts: input.attempts,
+        keyed: input.keyed,
+        idempotent_method: input.idempotent_method,
+        replayable: input.replayable,
+    };
+    let observed = match outcome {
+        Ok((status, headers)) => Observed::Response { status, headers },
+        Err(kind) => Observed::Failure(kind),
+    };
+    Some(match decide(policy, &state, observed, now, wall, rng) {
+        Decision::Return => DecideStep::Return,
+        Decision::Retry {
+            kind,
+            delay,
+            reason,
+        } => DecideStep::Retry {
+            kind,
+            delay,
+            reason,
+        },
+        Decision::Stop { kind, stop } => {
+            let (why, asked) = match stop {
+                Stop::Exhausted => ("exhausted", None),
+                Stop::Window => ("window", None),
+                Stop::RetryAfterTooLong { asked } => ("retry_after_too_long", Some(asked)),
+                Stop::NotReplayable => ("not_replayable", None),
+                Stop::NotRetrySafe => ("not_retry_safe", None),
+                Stop::Fatal => ("fatal", None),
+                Stop::BudgetExhausted => ("budget_exhausted", None),
+            };
+            DecideStep::Stop { kind, why, asked }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use http::HeaderValue;
+
+    use super::*;
+    use crate::test_rng::ConstRng;
+
+    fn input(attempts: u32, elapsed: Duration) -> DecideInput {
+        DecideInput {
+            attempts,
+            keyed: true,
+            idempotent_method: false,
+            replayable: true,
+            elapsed,
+        }
+    }
+
+    #[test]
+    fn decide_step_mirrors_each_kind_of_decision() {
+        let policy = RetryPolicy::default().reconcile_window(Duration::from_secs(10));
+        let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let none = HeaderMap::new();
+        let unavailable = Ok((StatusCode::SERVICE_UNAVAILABLE, &none));
+        let mut top = ConstRng(u64::MAX);
+        assert_eq!(
+            decide_step(
+                &policy,
+                &input(1, Duration::ZERO),
+                unavailable,
+                wall,
+                &mut top
+            ),
+            Some(DecideStep::Retry {
+                kind: FailureKind::ServerError,
+                delay: Duration::from_millis(500),
+                reason: WaitReason::Backoff {
+                    ceiling: Duration::from_millis(500)
+                },
+            })
+        );
+        assert_eq!(
+            decide_step(
+                &policy,
+                &input(1, Duration::ZERO),
+                Ok((StatusCode::OK, &none)),
+                wall,
+                &mut top
+            ),
+            Some(DecideStep::Return)
+        );
+        // 9.6 s of the 10 s window gone: a 500 ms wait would cross its end.
+        assert_eq!(
+            decide_step(
+                &policy,
+                &input(1, Duration::from_millis(9600)),
+                unavailable,
+                wall,
+                &mut top
+            ),
+            Some(DecideStep::Stop {
+                kind: Some(FailureKind::ServerError),
+                why: "window",
+                asked: None,
+            })
+        );
+        let mut asked = HeaderMap::new();
+        asked.insert("retry-after", HeaderValue::from_static("61"));
+        assert_eq!(
+            decide_step(
+                &policy,
+                &input(1, Duration::ZERO),
+                Ok((StatusCode::TOO_MANY_REQUESTS, &asked)),
+                wall,
+                &mut top
+            ),
+            Some(DecideStep::Stop {
+                kind: Some(FailureKind::Throttled),
+                why: "retry_after_too_long",
+                asked: Some(Duration::from_secs(61)),
+            })
+        );
+        assert_eq!(
+            decide_step(
+                &policy,
+                &input(1, Duration::MAX),
+                unavailable,
+                wall,
+                &mut top
+            ),
+            None,
+            "an elapsed time no instant can hold"
+        );
+    }
+}
