@@ -56,8 +56,10 @@ for target in "${targets[@]}"; do
   final=$(grep -E '^#[0-9]+[[:space:]]' "$log" | tail -1 | grep -oE 'cov: [0-9]+ ft: [0-9]+' || true)
 
   # Keep only the inputs that add coverage: merge the grown corpus into a fresh directory.
+  # -use_counters=0 counts a covered edge once, not per hit-count bucket, which keeps every
+  # edge reached while dropping most inputs, so the committed corpus stays small.
   merged=$(mktemp -d "target/merge-$target.XXXXXX")
-  cargo fuzz run "$target" "$merged" "$corpus" -- -merge=1 >>"$log" 2>&1
+  cargo fuzz run "$target" "$merged" "$corpus" -- -merge=1 -use_counters=0 >>"$log" 2>&1
   rm -rf "$corpus"
   mv "$merged" "$corpus"
   size=$(find "$corpus" -type f | wc -l)
