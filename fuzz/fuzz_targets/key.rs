@@ -22,10 +22,10 @@ fuzz_target!(|data: &[u8]| {
     }
 
     // Bytes set directly as a header value: a key only if they are visible ASCII.
-    if let Ok(value) = HeaderValue::from_bytes(data) {
-        if let Ok(text) = value.to_str() {
-            assert_eq!(IdempotencyKey::new(text).is_ok(), is_valid(text.as_bytes()));
-        }
+    if let Ok(value) = HeaderValue::from_bytes(data)
+        && let Ok(text) = value.to_str()
+    {
+        assert_eq!(IdempotencyKey::new(text).is_ok(), is_valid(text.as_bytes()));
     }
 
     // The raw bytes as a JSON document: whatever deserializes as a key is a valid one, and is
@@ -75,7 +75,8 @@ fn check_text(text: &str) {
         Ok(key) => {
             assert!(valid, "accepted {text:?}");
             assert_eq!(key.as_str(), text);
-            assert_eq!(key.to_string(), text);
+            let displayed = key.to_string();
+            assert_eq!(displayed, text);
             assert_eq!(key.to_header_value().as_bytes(), text.as_bytes());
             assert_eq!(key.to_header_value().to_str().ok(), Some(text));
             let json = serde_json::to_string(&key).expect("a key serializes");
@@ -86,7 +87,7 @@ fn check_text(text: &str) {
             let back: IdempotencyKey = serde_json::from_str(&json).expect("a key deserializes");
             assert_eq!(back, key);
             assert_eq!(from_json.ok(), Some(key.clone()));
-            assert_eq!(IdempotencyKey::from_str(&key.to_string()), Ok(key.clone()));
+            assert_eq!(IdempotencyKey::from_str(&displayed), Ok(key.clone()));
             assert_eq!(key.into_string(), text);
         }
         Err(error) => {
