@@ -6,15 +6,16 @@
 //! `u32::MAX` attempts), hostile and repeated `Retry-After` headers, retry hints, unreplayable
 //! bodies and fatal failures in the decision engine; `requested_delay` against an independent
 //! reading of the header rules; key round trips through every representation; and
-//! `for_tool_call` agreeing across a canonical re-parse.
+//! `for_tool_call` (plain and secret-keyed) agreeing across a canonical re-parse.
 
 use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderValue, StatusCode};
 use idempotent_retry::{
-    DecideInput, DecideStep, FailureKind, IdempotencyKey, RetryPolicy, WaitReason, backoff_ceiling,
-    canonical_json, decide_step, parse_retry_after, parse_retry_after_ms, requested_delay,
+    DecideInput, DecideStep, DerivationSecret, FailureKind, IdempotencyKey, RetryPolicy,
+    WaitReason, backoff_ceiling, canonical_json, decide_step, parse_retry_after,
+    parse_retry_after_ms, requested_delay,
 };
 use proptest::prelude::*;
 use rand::SeedableRng;
@@ -219,7 +220,7 @@ fn run_operation(op: &Operation) -> Result<(), TestCaseError> {
         };
         if let Ok((status, _)) = observed {
             let code = status.as_u16();
-            let transient = matches!(code, 408 | 429 | 500 | 502..=504 | 506..=599)
+            let transient = matches!(code, 408 | 429 | 500 | 502..=504 | 506..=999)
                 || (code == 409 && op.keyed);
             let keyless_unsafe = !op.keyed && !op.idempotent_method;
             if hint == Some(false) || (hint.is_none() && (!transient || keyless_unsafe)) {
@@ -487,6 +488,11 @@ proptest! {
         prop_assert_eq!(
             IdempotencyKey::for_tool_call(&tool, &value),
             IdempotencyKey::for_tool_call(&tool, &reparsed)
+        );
+        let secret = DerivationSecret::new([0x5a; 32]).unwrap();
+        prop_assert_eq!(
+            secret.for_tool_call(&tool, &value),
+            secret.for_tool_call(&tool, &reparsed)
         );
         // serde_json's own spelling of the value canonicalizes the same way.
         let plain: serde_json::Value =

@@ -5,12 +5,12 @@
 //! denotes (so `1.0` and `1`, `-0.0` and `0`, and integers beyond 2^53 and their rounding
 //! compare equal, and nothing else does); canonicalizing the re-parsed value gives the same bytes
 //! (the canonical form is a fixed point); the form is also what re-serializing and re-parsing
-//! through `serde_json` gives; and `for_tool_call` gives the same key for the value and its
-//! re-parse.
+//! through `serde_json` gives; and `for_tool_call`, plain and secret-keyed, gives the same key
+//! for the value and its re-parse.
 
 #![no_main]
 
-use idempotent_retry::{IdempotencyKey, canonical_json};
+use idempotent_retry::{DerivationSecret, IdempotencyKey, canonical_json};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Number, Value};
 
@@ -35,6 +35,11 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(
         IdempotencyKey::for_tool_call("fuzz.tool", &value),
         IdempotencyKey::for_tool_call("fuzz.tool", &reparsed)
+    );
+    let secret = DerivationSecret::new([0x5a; 32]).expect("32 bytes is long enough");
+    assert_eq!(
+        secret.for_tool_call("fuzz.tool", &value),
+        secret.for_tool_call("fuzz.tool", &reparsed)
     );
 });
 
