@@ -98,6 +98,8 @@ fn outcome(wall_secs: u64) -> impl Strategy<Value = Outcome> {
             FailureKind::ConnectionReset,
             FailureKind::ConnectionClosed,
             FailureKind::Fatal,
+            FailureKind::TooManyRedirects,
+            FailureKind::RedirectTargetUnreachable,
         ])
         .prop_map(Outcome::Failure),
     ]
@@ -232,7 +234,7 @@ fn run_operation(op: &Operation) -> Result<(), TestCaseError> {
                 );
             }
         }
-        if observed == Err(FailureKind::Fatal) {
+        if observed.is_err_and(|kind| !kind.is_transient()) {
             prop_assert!(
                 matches!(step, DecideStep::Stop { why: "fatal", .. }),
                 "{:?}",
@@ -258,7 +260,7 @@ fn run_operation(op: &Operation) -> Result<(), TestCaseError> {
                         let stop_asked = stop_asked.expect("asked");
                         prop_assert!(stop_asked > op.max_retry_after || stop_asked >= remaining);
                     }
-                    "fatal" => prop_assert_eq!(observed.err(), Some(FailureKind::Fatal)),
+                    "fatal" => prop_assert!(observed.is_err_and(|kind| !kind.is_transient())),
                     "window" => {}
                     other => prop_assert!(false, "unexpected stop {}", other),
                 }
