@@ -445,3 +445,21 @@ async fn a_dropped_send_leaves_nothing_behind_tower_over_hyper() {
     });
     drop_sends_everywhere("tower over hyper", send, &sleeper).await;
 }
+
+#[cfg(feature = "middleware")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_send_leaves_nothing_behind_middleware() {
+    let _serial = SERIAL.lock().await;
+    let sleeper = CountingSleeper::default();
+    let middleware = settings(&sleeper).build_middleware().expect("valid");
+    let client = reqwest_middleware::ClientBuilder::new(unpooled_reqwest())
+        .with(middleware)
+        .build();
+    let send: SendFn = Arc::new(move |url: String| -> BoxFuture {
+        let request = client.post(url).body("{}");
+        Box::pin(async move {
+            let _ = request.send().await;
+        })
+    });
+    drop_sends_everywhere("middleware", send, &sleeper).await;
+}
