@@ -172,7 +172,10 @@
 //! [`FailureKind::RedirectTargetUnreachable`] (the request did leave, so the outcome is
 //! unknown). A 3xx without a usable `Location`, or whose streamed body cannot be resent, is
 //! the final response; [`RedirectChain::of`] lists the hops and why one was not followed,
-//! and `response.url()` is the final URL. A `reqwest::Client` you
+//! and `response.url()` is the final URL. With a [ledger](#durable-operations) the final hop's
+//! answer is what is saved; a 301, 302, 307 or 308 left unfollowed is recorded as not done
+//! (that server ran nothing), so a later run sends the operation again with the same key.
+//! A `reqwest::Client` you
 //! pass in keeps its own redirect setting: build it with `redirect::Policy::none()`, or
 //! reqwest follows redirects itself with the key on every hop (the crate logs a warning when
 //! it sees that happen). The tower and middleware front ends follow no redirects; see

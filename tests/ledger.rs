@@ -14,8 +14,8 @@ use std::sync::Mutex;
 use idempotent_retry::{
     AttemptUpdate, Claim, Claimed, Client, ErrorKind, FailureKind, Finish, IdempotencyKey,
     InProgressPolicy, Ledger, LedgerError, LedgerErrorKind, LedgerFuture, LedgerOptions,
-    LedgerVerdict, MemoryLedger, OperationEvent, OperationRecord, OperationStatus, RetryPolicy,
-    RetryReport,
+    LedgerVerdict, MemoryLedger, OperationEvent, OperationRecord, OperationStatus, RedirectPolicy,
+    RetryPolicy, RetryReport,
 };
 use support::*;
 use tokio::sync::Semaphore;
@@ -1178,4 +1178,84 @@ fn a_middleware_taken_from_a_client_with_a_ledger_is_refused() {
     assert_eq!(err.kind(), ErrorKind::Builder);
     let plain = Client::builder().build().expect("valid");
     assert!(plain.middleware().is_ok());
+}
+
+/// A redirect followed inside an attempt: the ledger saves the final hop's answer.
+#[tokio::test]
+async fn a_followed_redirect_saves_and_replays_the_final_answer() {
+    let server = TestServer::start(
+        vec![Action::status_with(307, &[("Location", "/v2/charges")])],
+        Action::respond(
+            201,
+            &[("Content-Type", "application/json")],
+            r#"{"id":"ch_7"}"#,
+        ),
+    )
+    .await;
+    let ledger = MemoryLedger::new();
+    let client = ledger_client(ledger.clone(), LedgerOptions::new(), fast());
+    let k = key("redirect-followed");
+
+    let first = post_keyed(&client, server.url("/v1/charges"), &k, "{}")
+        .await
+        .expect("the 307 is followed to the 201");
+    assert_eq!(first.status(), 201);
+    assert_eq!(first.url().path(), "/v2/charges");
+    assert_eq!(server.hits(), 2, "the request and its hop");
+    assert_eq!(
+        server.keys(),
+        vec![Some(k.to_string()), Some(k.to_string())],
+        "the same-origin 307 resends the key"
+    );
+    assert_eq!(row(&ledger, &k).await.status, OperationStatus::Succeeded);
+
+    let again = post_keyed(&client, server.url("/v1/charges"), &k, "{}")
+        .await
+        .expect("replayed");
+    assert!(RetryReport::of(&again).expect("report").is_replayed());
+    assert_eq!(again.status(), 201);
+    assert_eq!(again.text().await.expect("body"), r#"{"id":"ch_7"}"#);
+    assert_eq!(server.hits(), 2, "the replay sent nothing");
+}
+
+/// A redirect the policy would not follow ran nothing: the ledger must not replay the 3xx
+/// forever, so a later run allowed to follow it sends the operation, with the same key.
+#[tokio::test]
+async fn an_unfollowed_redirect_is_not_saved_as_done() {
+    let target = TestServer::start(vec![], Action::respond(201, &[], "charged")).await;
+    let origin = TestServer::start(
+        vec![],
+        Action::status_with(308, &[("Location", &target.url("/v1/charges"))]),
+    )
+    .await;
+    let ledger = MemoryLedger::new();
+    let k = key("redirect-refused");
+
+    let strict = ledger_client(ledger.clone(), LedgerOptions::new(), fast());
+    let refused = post_keyed(&strict, origin.url("/v1/charges"), &k, "{}")
+        .await
+        .expect("the 308 is the caller's answer");
+    assert_eq!(refused.status(), 308);
+    assert_eq!(target.hits(), 0, "the key did not go to the other origin");
+    assert_eq!(row(&ledger, &k).await.status, OperationStatus::FailedFinal);
+
+    let allowed_origin = target.url("");
+    let trusting = Client::builder()
+        .policy(fast())
+        .ledger(ledger.clone())
+        .redirects(RedirectPolicy::default().allow_key_to(allowed_origin.trim_end_matches('/')))
+        .build()
+        .expect("valid");
+    let done = post_keyed(&trusting, origin.url("/v1/charges"), &k, "{}")
+        .await
+        .expect("sent again and followed");
+    assert!(!RetryReport::of(&done).expect("report").is_replayed());
+    assert_eq!(done.status(), 201);
+    assert_eq!(origin.hits(), 2, "the second run sent the operation again");
+    assert_eq!(
+        target.keys(),
+        vec![Some(k.to_string())],
+        "with the same key"
+    );
+    assert_eq!(row(&ledger, &k).await.status, OperationStatus::Succeeded);
 }

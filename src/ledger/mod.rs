@@ -107,9 +107,12 @@ pub enum OperationStatus {
     /// will expire).
     InFlight,
     /// A final response below 400 arrived; it is saved and replayed instead of sending again.
+    /// A 301, 302, 307 or 308 left unfollowed (the redirect policy refused the hop) is not
+    /// one: that server ran nothing.
     Succeeded,
-    /// The last run ended with a final answer of 400 or more, or stopped when no attempt of
-    /// any run can have been executed. A later run with the same request sends it again.
+    /// The last run ended with a final answer of 400 or more or an unfollowed redirect, or
+    /// stopped when no attempt of any run can have been executed. A later run with the same
+    /// request sends it again.
     FailedFinal,
     /// A run stopped after an attempt that may have been executed (a timeout, a reset, a
     /// 5xx...). A later run goes on with the same key, inside the original window.

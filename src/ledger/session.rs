@@ -472,11 +472,7 @@ impl LedgerSession {
                 .collect(),
             body: saved_body,
         };
-        let outcome = if status.as_u16() < 400 {
-            OperationStatus::Succeeded
-        } else {
-            OperationStatus::FailedFinal
-        };
+        let outcome = outcome_of(status);
         let written = self.write(outcome, Some(saved)).await;
         let mut rebuilt = http::Response::builder()
             .status(status)
@@ -519,5 +515,25 @@ impl LedgerSession {
             response,
         };
         self.handle.ledger.finish(&finish).await
+    }
+}
+
+/// What a final response says about the operation. Below 400 it ran and is replayed from now
+/// on, except a redirect that was not followed (301, 302, 307, 308: the policy refused the
+/// hop, or it had no usable `Location`): that server only pointed elsewhere and ran nothing, so
+/// a later run, perhaps allowed to follow it, sends the operation again with the same key. A
+/// 303 points at the result of an operation that ran, so it counts as done.
+fn outcome_of(status: StatusCode) -> OperationStatus {
+    let unfollowed_redirect = matches!(
+        status,
+        StatusCode::MOVED_PERMANENTLY
+            | StatusCode::FOUND
+            | StatusCode::TEMPORARY_REDIRECT
+            | StatusCode::PERMANENT_REDIRECT
+    );
+    if status.as_u16() < 400 && !unfollowed_redirect {
+        OperationStatus::Succeeded
+    } else {
+        OperationStatus::FailedFinal
     }
 }
