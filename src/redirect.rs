@@ -962,6 +962,57 @@ mod tests {
     }
 
     #[test]
+    fn allowed_origins_are_normalized_before_they_are_compared() {
+        let original = url("https://api.test/v1/x");
+        let policy = RedirectPolicy::default()
+            .allow_key_to("HTTPS://EU.Api.Test:443")
+            .allow_key_to("http://[::1]:8080/")
+            .allow_key_to("http://127.0.0.1:80");
+        assert!(policy.validate().is_ok());
+        assert!(policy.allows_key_to(&original, &url("https://eu.api.test/v1/x")));
+        assert!(policy.allows_key_to(&original, &url("http://[0:0::1]:8080/y")));
+        assert!(policy.allows_key_to(&original, &url("http://127.0.0.1/z")));
+        assert!(!policy.allows_key_to(&original, &url("http://[::1]/y")));
+        assert!(!policy.allows_key_to(&original, &url("https://127.0.0.1/z")));
+        // An opaque origin is never the original's, so it matches nothing.
+        assert!(!policy.allows_key_to(&url("data:,x"), &url("data:,x")));
+    }
+
+    #[test]
+    fn the_build_error_names_the_first_origin_that_is_not_one() {
+        let err = RedirectPolicy::default()
+            .allow_key_to("https://ok.test/")
+            .allow_key_to("https://api.test/v1")
+            .allow_key_to("ftp://later.test")
+            .validate()
+            .expect_err("not an origin");
+        let text = err.to_string();
+        assert!(text.contains("https://api.test/v1"), "{text}");
+        assert!(!text.contains("ok.test"), "{text}");
+        assert!(!text.contains("later.test"), "{text}");
+    }
+
+    #[test]
+    fn every_reason_to_stop_reads_differently() {
+        let stops = [
+            RedirectStop::Disabled,
+            RedirectStop::MissingLocation,
+            RedirectStop::InvalidLocation,
+            RedirectStop::UnsupportedScheme,
+            RedirectStop::KeyToOtherOrigin,
+            RedirectStop::BodyNotReplayable,
+        ];
+        let texts: std::collections::HashSet<String> =
+            stops.iter().map(ToString::to_string).collect();
+        assert_eq!(texts.len(), stops.len(), "{texts:?}");
+        assert!(texts.iter().all(|text| !text.is_empty()), "{texts:?}");
+        assert_eq!(
+            RedirectStop::KeyToOtherOrigin.to_string(),
+            "the key may not go to the location's origin"
+        );
+    }
+
+    #[test]
     fn defaults_follow_ten_hops_and_none_follows_nothing() {
         assert_eq!(RedirectPolicy::new().max_hops(), Some(10));
         assert_eq!(RedirectPolicy::limited(3).max_hops(), Some(3));
