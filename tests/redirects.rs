@@ -16,8 +16,8 @@ use std::time::Duration;
 use futures_util::stream;
 use http::{Method, StatusCode};
 use idempotent_retry::{
-    Client, ErrorKind, FailureKind, IdempotencyKey, RedirectChain, RedirectPolicy, RedirectStop,
-    RetryReport,
+    Client, Clock, ErrorKind, FailureKind, IdempotencyKey, RedirectChain, RedirectPolicy,
+    RedirectStop, RetryReport, TokioClock,
 };
 use support::*;
 
@@ -825,6 +825,257 @@ async fn a_response_that_was_not_redirected_is_never_reported_as_one() {
                 );
             }
         }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_307_after_a_303_stays_a_keyless_get_built_from_the_previous_hop() {
+    bounded(async {
+        let b = TestServer::start(vec![], Action::ok("result")).await;
+        let a = TestServer::start(
+            vec![
+                redirect(303, "/v1/charges/ch_1"),
+                redirect(307, &b.url("/v1/charges/ch_1")),
+            ],
+            Action::ok("unused"),
+        )
+        .await;
+        let response = client(RedirectPolicy::default())
+            .post(a.url("/v1/charges"))
+            .idempotency_key(key("k_303_then_307"))
+            .bearer_auth("secret-token")
+            .header("Content-Type", "application/json")
+            .body(BODY)
+            .send()
+            .await
+            .expect("followed to the result");
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.url().as_str(), b.url("/v1/charges/ch_1"));
+
+        let requests = a.requests();
+        assert_eq!(requests.len(), 2);
+        assert_eq!(requests[1].method, "GET");
+        assert_eq!(requests[1].header("idempotency-key"), None);
+        // The 307 resends the GET the 303 asked for, not the original POST: still no key, no
+        // body, and (another origin) no credentials.
+        let requests = b.requests();
+        assert_eq!(requests.len(), 1);
+        let get = &requests[0];
+        assert_eq!(get.method, "GET");
+        assert!(get.body.is_empty());
+        for header in ["idempotency-key", "content-type", "authorization"] {
+            assert_eq!(
+                get.header(header),
+                None,
+                "{header} after the 303 and the 307"
+            );
+        }
+        let chain = chain(&response);
+        let hops: Vec<_> = chain
+            .hops()
+            .iter()
+            .map(|hop| (hop.status.as_u16(), hop.method.clone(), hop.key_sent))
+            .collect();
+        assert_eq!(
+            hops,
+            vec![(303, Method::GET, false), (307, Method::GET, false)]
+        );
+        assert_eq!(chain.hops()[1].from.as_str(), a.url("/v1/charges/ch_1"));
+        assert_eq!(chain.stopped(), None);
+        assert!(!chain.inner_client_redirected());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_key_may_return_to_the_original_origin_but_the_credentials_stay_dropped() {
+    bounded(async {
+        let a = TestServer::start(vec![], Action::ok("home")).await;
+        let b = TestServer::start(vec![], redirect(307, &a.url("/v1/home"))).await;
+        // The first answer names `b`, which had to exist first.
+        a.push_script(redirect(307, &b.url("/v1/hop")));
+        let response = client(RedirectPolicy::default().allow_key_to(&origin(&b)))
+            .post(a.url("/v1/charges"))
+            .idempotency_key(key("k_round_trip"))
+            .bearer_auth("secret-token")
+            .body(BODY)
+            .send()
+            .await
+            .expect("followed back home");
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.url().as_str(), a.url("/v1/home"));
+        // The key may go back to the original request's origin: it is checked against where
+        // the operation was sent, not against the hop that redirected last.
+        assert_eq!(a.keys(), vec![Some("k_round_trip".into()); 2]);
+        assert_eq!(b.keys(), vec![Some("k_round_trip".into())]);
+        let requests = a.requests();
+        assert_eq!(requests[1].method, "POST");
+        assert_eq!(requests[1].path, "/v1/home");
+        assert_eq!(requests[1].body_str(), BODY);
+        // Dropped when the chain left `a`, and not put back on the way home.
+        assert_eq!(
+            requests[0].header("authorization"),
+            Some("Bearer secret-token")
+        );
+        assert_eq!(b.requests()[0].header("authorization"), None);
+        assert_eq!(requests[1].header("authorization"), None);
+        let chain = chain(&response);
+        assert_eq!(chain.hops().len(), 2);
+        assert!(chain.hops().iter().all(|hop| hop.key_sent));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_later_hop_to_an_origin_not_allowed_stops_there() {
+    bounded(async {
+        let c = TestServer::start(vec![], Action::ok("not allowed")).await;
+        let b = TestServer::start(vec![], redirect(308, &c.url("/v1/charges"))).await;
+        let a = TestServer::start(vec![], redirect(307, &b.url("/v1/charges"))).await;
+        let response = client(RedirectPolicy::default().allow_key_to(&origin(&b)))
+            .post(a.url("/v1/charges"))
+            .idempotency_key(key("k_second_hop_denied"))
+            .body(BODY)
+            .send()
+            .await
+            .expect("the 308 is a final answer");
+        assert_eq!(response.status(), StatusCode::PERMANENT_REDIRECT);
+        assert_eq!(response.url().as_str(), b.url("/v1/charges"));
+        let chain = chain(&response);
+        assert_eq!(chain.hops().len(), 1);
+        assert_eq!(chain.stopped(), Some(RedirectStop::KeyToOtherOrigin));
+        assert_eq!(report(&response).attempts(), 1);
+        assert_eq!((a.hits(), b.hits(), c.hits()), (1, 1, 0));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_redirect_target_that_times_out_is_a_timeout() {
+    bounded(async {
+        let b = TestServer::start(vec![], Action::hang()).await;
+        let a = TestServer::start(vec![], redirect(307, &b.url("/slow"))).await;
+        let err = client(RedirectPolicy::default().allow_key_to(&origin(&b)))
+            .post(a.url("/x"))
+            .idempotency_key(key("k_target_timeout"))
+            .policy(fast().max_attempts(1).attempt_timeout(ms(2000)))
+            .body(BODY)
+            .send()
+            .await
+            .expect_err("the target never answers");
+        // Only a target that could not be reached at all is `RedirectTargetUnreachable`.
+        assert_eq!(err.failure(), Some(FailureKind::Timeout), "{err:?}");
+        assert!(err.is_outcome_unknown());
+        assert_eq!(err.idempotency_key(), Some(&key("k_target_timeout")));
+        assert_eq!((a.hits(), b.hits()), (1, 1));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_refused_connection_without_a_redirect_is_never_sent() {
+    bounded(async {
+        let err = client(RedirectPolicy::default())
+            .post(format!("http://{}/x", refused_addr()))
+            .idempotency_key(key("k_refused_direct"))
+            .policy(fast().max_attempts(1))
+            .body(BODY)
+            .send()
+            .await
+            .expect_err("nothing listens");
+        // No hop reached any server: the operation provably did not run.
+        assert_eq!(err.failure(), Some(FailureKind::Connect), "{err:?}");
+        assert!(!err.is_outcome_unknown());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_limit_of_zero_makes_every_followed_redirect_an_error() {
+    bounded(async {
+        let a = TestServer::start(vec![], redirect(307, "/next")).await;
+        let err = client(RedirectPolicy::limited(0))
+            .post(a.url("/x"))
+            .idempotency_key(key("k_limit_zero"))
+            .body(BODY)
+            .send()
+            .await
+            .expect_err("no hop is allowed");
+        assert_eq!(err.kind(), ErrorKind::TooManyRedirects);
+        assert_eq!(a.hits(), 1);
+        let source = std::error::Error::source(&err).map(ToString::to_string);
+        assert_eq!(
+            source.as_deref(),
+            Some("more than 0 redirects in one attempt")
+        );
+        // A redirect that would not be followed anyway is still the final response.
+        let b = TestServer::start(vec![], Action::status(307)).await;
+        let response = client(RedirectPolicy::limited(0))
+            .post(b.url("/x"))
+            .idempotency_key(key("k_limit_zero_final"))
+            .body(BODY)
+            .send()
+            .await
+            .expect("the 3xx is a final answer");
+        assert_eq!(
+            chain(&response).stopped(),
+            Some(RedirectStop::MissingLocation)
+        );
+    })
+    .await;
+}
+
+/// A clock that moves `step` forward each time it is read: time spent between hops without
+/// waiting on the real clock.
+#[derive(Debug)]
+struct SteppingClock {
+    start: tokio::time::Instant,
+    step: Duration,
+    reads: std::sync::atomic::AtomicU32,
+}
+
+impl Clock for SteppingClock {
+    fn now(&self) -> tokio::time::Instant {
+        let reads = self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.start + self.step * reads
+    }
+    fn wall(&self) -> std::time::SystemTime {
+        TokioClock::new().wall()
+    }
+}
+
+#[tokio::test]
+async fn a_hop_is_not_sent_once_the_attempt_time_is_spent() {
+    bounded(async {
+        let a = TestServer::start(vec![], redirect(307, "/next")).await;
+        // Each read of the clock is 3 s later: the first hop starts with 2 s of the 5 s
+        // attempt left, the second would start with none.
+        let client = Client::builder()
+            .policy(fast().max_attempts(1))
+            .clock(SteppingClock {
+                start: TokioClock::new().now(),
+                step: Duration::from_secs(3),
+                reads: std::sync::atomic::AtomicU32::new(0),
+            })
+            .build()
+            .expect("valid client");
+        let err = client
+            .post(a.url("/x"))
+            .idempotency_key(key("k_hop_budget"))
+            .body(BODY)
+            .send()
+            .await
+            .expect_err("the attempt's time ran out between hops");
+        assert_eq!(err.failure(), Some(FailureKind::Timeout), "{err:?}");
+        assert!(err.is_outcome_unknown());
+        assert_eq!(err.idempotency_key(), Some(&key("k_hop_budget")));
+        let source = std::error::Error::source(&err).map(ToString::to_string);
+        assert_eq!(
+            source.as_deref(),
+            Some("the attempt timed out while following redirects")
+        );
+        assert_eq!(a.hits(), 1, "the second hop was never sent");
     })
     .await;
 }

@@ -357,6 +357,11 @@ impl TestServer {
             .unwrap_or(0)
     }
 
+    /// Appends a step to the script, for answers that name a server started after this one.
+    pub fn push_script(&self, action: Action) {
+        self.shared.lock().script.push_back(action);
+    }
+
     /// Script steps not taken yet (the fallback not counted).
     pub fn script_left(&self) -> usize {
         self.shared.lock().script.len()
