@@ -1079,3 +1079,73 @@ async fn a_hop_is_not_sent_once_the_attempt_time_is_spent() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn redirect_logs_carry_the_key_and_origins_but_no_path_body_or_credentials() {
+    bounded(async {
+        let b = TestServer::start(vec![], Action::ok("elsewhere")).await;
+        let a = TestServer::start(
+            vec![redirect(307, &b.url("/v1/secret-path?token=abc"))],
+            Action::ok("unused"),
+        )
+        .await;
+        let response = client(RedirectPolicy::default().allow_key_to(&origin(&b)))
+            .post(a.url("/v1/charges"))
+            .idempotency_key(key("k_log_follow"))
+            .bearer_auth("secret-token")
+            .body(BODY)
+            .send()
+            .await
+            .expect("followed");
+        assert_eq!(response.status(), StatusCode::OK);
+        let lines = log_lines_with("k_log_follow");
+        let expected = format!(
+            "following a redirect key=\"k_log_follow\" status=307 from={} to={} method=POST \
+             key_sent=true",
+            origin(&a),
+            origin(&b)
+        );
+        assert_eq!(
+            lines.iter().filter(|l| l.contains(&expected)).count(),
+            1,
+            "{expected} in {lines:#?}"
+        );
+        for secret in ["secret-path", "token=abc", "secret-token", "amount"] {
+            assert!(lines.iter().all(|l| !l.contains(secret)), "{secret}");
+        }
+
+        // A redirect left unfollowed says why.
+        let denied = TestServer::start(vec![], redirect(308, "http://127.0.0.2:9/x")).await;
+        client(RedirectPolicy::default())
+            .post(denied.url("/x"))
+            .idempotency_key(key("k_log_denied"))
+            .body(BODY)
+            .send()
+            .await
+            .expect("the 308 is a final answer");
+        let lines = log_lines_with("k_log_denied");
+        assert!(
+            lines.iter().any(|l| l.contains(
+                "redirect not followed key=\"k_log_denied\" status=308 \
+                 why=the key may not go to the location's origin"
+            )),
+            "{lines:#?}"
+        );
+
+        // A request without a key logs an empty one.
+        let c = TestServer::start(vec![redirect(302, "/moved")], Action::ok("doc")).await;
+        client(RedirectPolicy::default())
+            .get(c.url("/doc"))
+            .send()
+            .await
+            .expect("followed");
+        let lines = log_lines_with(&format!("from={}", origin(&c)));
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("following a redirect key=\"\" status=302")),
+            "{lines:#?}"
+        );
+    })
+    .await;
+}
