@@ -239,7 +239,8 @@
 //! `FollowRedirect` keeps the key on its origin; for keyed requests that may be redirected,
 //! leave it out and handle the 3xx, or use [`Client`], which applies its [`RedirectPolicy`].
 //! Over `reqwest::Client`, build that client with `redirect::Policy::none()`: by default it
-//! follows redirects below the layer, with the key.
+//! follows redirects below the layer, with the key (the layer logs a warning with the key and
+//! both origins when the response comes from another URL than the one sent).
 //!
 //! ```
 //! # #[cfg(feature = "tower")]

@@ -670,6 +670,65 @@ async fn the_middleware_detects_a_client_that_redirects_itself() {
     .await;
 }
 
+#[cfg(feature = "tower")]
+#[tokio::test]
+async fn the_tower_layer_over_reqwest_detects_a_client_that_redirects_itself() {
+    use idempotent_retry::IdempotentRetryLayer;
+    use tower::{Layer, ServiceExt};
+
+    bounded(async {
+        capture_log();
+        let b = TestServer::start(vec![], Action::ok("elsewhere")).await;
+        let a = TestServer::start(vec![], redirect(308, &b.url("/other"))).await;
+        let post = |key: &str| {
+            let mut request =
+                reqwest::Request::new(Method::POST, a.url("/x").parse().expect("url"));
+            request.headers_mut().insert(
+                "Idempotency-Key",
+                http::HeaderValue::from_str(key).expect("valid"),
+            );
+            *request.body_mut() = Some(reqwest::Body::from(BODY));
+            request
+        };
+        let follows = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("valid reqwest client");
+        let response = IdempotentRetryLayer::new()
+            .layer(follows)
+            .oneshot(post("k_tower_redirect"))
+            .await
+            .expect("the inner client followed");
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(b.keys(), vec![Some("k_tower_redirect".into())]);
+        let lines = log_lines_with("k_tower_redirect");
+        let warning = lines
+            .iter()
+            .find(|l| l.contains("WARN") && l.contains("followed a redirect itself"))
+            .unwrap_or_else(|| panic!("a warning with the key: {lines:#?}"));
+        assert!(warning.contains(&origin(&b)), "{warning}");
+
+        let strict = reqwest::Client::builder()
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("valid reqwest client");
+        let response = IdempotentRetryLayer::new()
+            .layer(strict)
+            .oneshot(post("k_tower_strict"))
+            .await
+            .expect("the 308 is final");
+        assert_eq!(response.status(), StatusCode::PERMANENT_REDIRECT);
+        assert_eq!(b.hits(), 1);
+        assert!(
+            log_lines_with("k_tower_strict")
+                .iter()
+                .all(|l| !l.contains("followed a redirect itself"))
+        );
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn an_invalid_allowed_origin_fails_the_build() {
     let err = Client::builder()

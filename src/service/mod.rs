@@ -6,6 +6,7 @@
 mod future;
 mod layer;
 
+use std::any::Any;
 use std::fmt;
 use std::future::poll_fn;
 use std::sync::Arc;
@@ -124,6 +125,7 @@ where
             let transport = ServiceTransport {
                 service,
                 ready: true,
+                key_header: settings.key_header.clone(),
             };
             engine::execute(&settings, request, Overrides::default(), transport).await
         })
@@ -135,6 +137,8 @@ struct ServiceTransport<S> {
     service: S,
     /// Whether `poll_ready` has returned ready since the last call.
     ready: bool,
+    /// The key header, for the warning about an inner client that redirects on its own.
+    key_header: http::HeaderName,
 }
 
 impl<S, R> engine::Transport<R> for ServiceTransport<S>
@@ -165,10 +169,27 @@ where
                 .map_err(|err| send_error(err.into()))?;
         }
         self.ready = false;
-        self.service
+        // The layer follows no redirect, but a `reqwest::Client` under it may (reqwest's
+        // default), with the key on every hop. Only reqwest's types know their URL, so they
+        // are recognized by type rather than by widening the public request/response traits.
+        let sent = (&request as &dyn Any)
+            .downcast_ref::<reqwest::Request>()
+            .map(|request| {
+                let key = request.headers().get(&self.key_header).cloned();
+                (request.url().clone(), key)
+            });
+        let response = self
+            .service
             .call(request)
             .await
-            .map_err(|err| send_error(err.into()))
+            .map_err(|err| send_error(err.into()))?;
+        if let (Some((url, key)), Some(received)) = (
+            sent,
+            (&response as &dyn Any).downcast_ref::<reqwest::Response>(),
+        ) {
+            crate::redirect::warn_if_inner_redirected(&url, received.url(), key.as_ref());
+        }
+        Ok(response)
     }
 }
 
