@@ -49,6 +49,35 @@ fn origin(server: &TestServer) -> String {
     format!("http://{}", server.addr())
 }
 
+/// A reqwest client built by the caller: following redirects itself (reqwest's default), or
+/// with `Policy::none()`.
+fn caller_reqwest(follows_redirects: bool) -> reqwest::Client {
+    let builder = reqwest::Client::builder().no_proxy();
+    let builder = if follows_redirects {
+        builder
+    } else {
+        builder.redirect(reqwest::redirect::Policy::none())
+    };
+    builder.build().expect("valid reqwest client")
+}
+
+/// The warning that an inner client followed a redirect itself, logged with `key`.
+fn inner_redirect_warning(key: &str) -> String {
+    let lines = log_lines_with(key);
+    lines
+        .iter()
+        .find(|l| l.contains("WARN") && l.contains("followed a redirect itself"))
+        .cloned()
+        .unwrap_or_else(|| panic!("a warning with the key: {lines:#?}"))
+}
+
+/// Whether nothing logged with `key` says an inner client followed a redirect.
+fn no_inner_redirect_warning(key: &str) -> bool {
+    log_lines_with(key)
+        .iter()
+        .all(|l| !l.contains("followed a redirect itself"))
+}
+
 fn redirect(status: u16, location: &str) -> Action {
     Action::status_with(status, &[("Location", location)])
 }
@@ -574,10 +603,7 @@ async fn a_caller_client_that_redirects_itself_is_detected_and_logged() {
         let b = TestServer::start(vec![], Action::ok("elsewhere")).await;
         let a = TestServer::start(vec![], redirect(307, &b.url("/v1/secret-path?token=abc"))).await;
         // reqwest's default policy follows redirects before this crate sees them.
-        let own = reqwest::Client::builder()
-            .no_proxy()
-            .build()
-            .expect("valid reqwest client");
+        let own = caller_reqwest(true);
         let client = Client::builder()
             .policy(fast())
             .http(own)
@@ -598,11 +624,7 @@ async fn a_caller_client_that_redirects_itself_is_detected_and_logged() {
         // What the detection is for: the key did reach the other origin.
         assert_eq!(b.keys(), vec![Some("k_inner_redirect".into())]);
 
-        let lines = log_lines_with("k_inner_redirect");
-        let warning = lines
-            .iter()
-            .find(|l| l.contains("WARN") && l.contains("followed a redirect itself"))
-            .unwrap_or_else(|| panic!("a warning with the key: {lines:#?}"));
+        let warning = inner_redirect_warning("k_inner_redirect");
         assert!(warning.contains(&origin(&a)), "{warning}");
         assert!(warning.contains(&origin(&b)), "{warning}");
         assert!(!warning.contains("secret-path"), "only origins: {warning}");
@@ -620,10 +642,7 @@ async fn the_middleware_detects_a_client_that_redirects_itself() {
         capture_log();
         let b = TestServer::start(vec![], Action::ok("elsewhere")).await;
         let a = TestServer::start(vec![], redirect(308, &b.url("/other"))).await;
-        let inner = reqwest::Client::builder()
-            .no_proxy()
-            .build()
-            .expect("valid reqwest client");
+        let inner = caller_reqwest(true);
         let client = reqwest_middleware::ClientBuilder::new(inner)
             .with(IdempotentRetryMiddleware::new())
             .build();
@@ -636,19 +655,11 @@ async fn the_middleware_detects_a_client_that_redirects_itself() {
             .expect("the inner client followed");
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(b.keys(), vec![Some("k_middleware_redirect".into())]);
-        let lines = log_lines_with("k_middleware_redirect");
-        let warning = lines
-            .iter()
-            .find(|l| l.contains("WARN") && l.contains("followed a redirect itself"))
-            .unwrap_or_else(|| panic!("a warning with the key: {lines:#?}"));
+        let warning = inner_redirect_warning("k_middleware_redirect");
         assert!(warning.contains(&origin(&b)), "{warning}");
 
         // Built with `Policy::none()`, the client hands the 308 back and nothing is logged.
-        let strict = reqwest::Client::builder()
-            .no_proxy()
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .expect("valid reqwest client");
+        let strict = caller_reqwest(false);
         let client = reqwest_middleware::ClientBuilder::new(strict)
             .with(IdempotentRetryMiddleware::new())
             .build();
@@ -661,11 +672,7 @@ async fn the_middleware_detects_a_client_that_redirects_itself() {
             .expect("the 308 is final");
         assert_eq!(response.status(), StatusCode::PERMANENT_REDIRECT);
         assert_eq!(b.hits(), 1);
-        assert!(
-            log_lines_with("k_middleware_strict")
-                .iter()
-                .all(|l| !l.contains("followed a redirect itself"))
-        );
+        assert!(no_inner_redirect_warning("k_middleware_strict"));
     })
     .await;
 }
@@ -690,10 +697,7 @@ async fn the_tower_layer_over_reqwest_detects_a_client_that_redirects_itself() {
             *request.body_mut() = Some(reqwest::Body::from(BODY));
             request
         };
-        let follows = reqwest::Client::builder()
-            .no_proxy()
-            .build()
-            .expect("valid reqwest client");
+        let follows = caller_reqwest(true);
         let response = IdempotentRetryLayer::new()
             .layer(follows)
             .oneshot(post("k_tower_redirect"))
@@ -701,18 +705,10 @@ async fn the_tower_layer_over_reqwest_detects_a_client_that_redirects_itself() {
             .expect("the inner client followed");
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(b.keys(), vec![Some("k_tower_redirect".into())]);
-        let lines = log_lines_with("k_tower_redirect");
-        let warning = lines
-            .iter()
-            .find(|l| l.contains("WARN") && l.contains("followed a redirect itself"))
-            .unwrap_or_else(|| panic!("a warning with the key: {lines:#?}"));
+        let warning = inner_redirect_warning("k_tower_redirect");
         assert!(warning.contains(&origin(&b)), "{warning}");
 
-        let strict = reqwest::Client::builder()
-            .no_proxy()
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .expect("valid reqwest client");
+        let strict = caller_reqwest(false);
         let response = IdempotentRetryLayer::new()
             .layer(strict)
             .oneshot(post("k_tower_strict"))
@@ -720,11 +716,7 @@ async fn the_tower_layer_over_reqwest_detects_a_client_that_redirects_itself() {
             .expect("the 308 is final");
         assert_eq!(response.status(), StatusCode::PERMANENT_REDIRECT);
         assert_eq!(b.hits(), 1);
-        assert!(
-            log_lines_with("k_tower_strict")
-                .iter()
-                .all(|l| !l.contains("followed a redirect itself"))
-        );
+        assert!(no_inner_redirect_warning("k_tower_strict"));
     })
     .await;
 }
@@ -846,10 +838,7 @@ async fn a_response_that_was_not_redirected_is_never_reported_as_one() {
     bounded(async {
         capture_log();
         let a = TestServer::start(vec![], Action::ok("here")).await;
-        let own = reqwest::Client::builder()
-            .no_proxy()
-            .build()
-            .expect("valid reqwest client");
+        let own = caller_reqwest(true);
         let caller_built = Client::builder()
             .policy(fast())
             .http(own)
@@ -876,12 +865,7 @@ async fn a_response_that_was_not_redirected_is_never_reported_as_one() {
                 let chain = chain(&response);
                 assert!(!chain.inner_client_redirected(), "{target}");
                 assert!(chain.hops().is_empty(), "{target}");
-                assert!(
-                    log_lines_with(&name)
-                        .iter()
-                        .all(|l| !l.contains("followed a redirect itself")),
-                    "{target}"
-                );
+                assert!(no_inner_redirect_warning(&name), "{target}");
             }
         }
     })
