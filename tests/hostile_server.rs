@@ -32,6 +32,16 @@ async fn bounded<T>(what: &str, future: impl Future<Output = T>) -> T {
         .unwrap_or_else(|_| panic!("{what}: still running after {BOUND:?}"))
 }
 
+/// One keyed POST with an empty body, bounded by [`BOUND`].
+async fn post_keyed(
+    what: &str,
+    client: &Client,
+    url: String,
+    k: &IdempotencyKey,
+) -> Result<reqwest::Response, Error> {
+    bounded(what, client.post(url).idempotency_key(k.clone()).send()).await
+}
+
 /// Three attempts, millisecond backoff (below 5 ms), 5 s attempts, the default 60 s limit on
 /// `Retry-After` and 24 h window.
 fn policy() -> RetryPolicy {
@@ -398,15 +408,9 @@ async fn status_lines_hyper_refuses_are_retried_as_broken_connections() {
         let server = RawServer::start(Reply::head(status_line, &["Retry-After: 1"])).await;
         let (client, time) = virtual_client(policy());
         let k = key(status_line);
-        let err = bounded(
-            status_line,
-            client
-                .post(server.url("/x"))
-                .idempotency_key(k.clone())
-                .send(),
-        )
-        .await
-        .expect_err("no response at all");
+        let err = post_keyed(status_line, &client, server.url("/x"), &k)
+            .await
+            .expect_err("no response at all");
         assert_eq!(
             err.kind(),
             ErrorKind::AttemptsExhausted,
@@ -445,15 +449,9 @@ async fn a_head_that_never_ends_is_cut_off_and_retried() {
     .await;
     let (client, _) = virtual_client(policy());
     let k = key("endless head");
-    let err = bounded(
-        "endless head",
-        client
-            .post(server.url("/x"))
-            .idempotency_key(k.clone())
-            .send(),
-    )
-    .await
-    .expect_err("no head ever completes");
+    let err = post_keyed("endless head", &client, server.url("/x"), &k)
+        .await
+        .expect_err("no head ever completes");
     assert_eq!(err.kind(), ErrorKind::AttemptsExhausted, "{err}");
     assert_eq!(err.failure(), Some(FailureKind::ConnectionClosed));
     assert!(err.is_outcome_unknown());
@@ -493,15 +491,9 @@ async fn a_trickling_body_after_a_2xx_is_the_callers_read_bounded_by_the_attempt
     let server = RawServer::start(trickle()).await;
     let (client, time) = virtual_client(trickle_policy());
     let k = key("trickle");
-    let response = bounded(
-        "send",
-        client
-            .post(server.url("/x"))
-            .idempotency_key(k.clone())
-            .send(),
-    )
-    .await
-    .expect("the head is final: send returns it");
+    let response = post_keyed("send", &client, server.url("/x"), &k)
+        .await
+        .expect("the head is final: send returns it");
     assert_eq!(response.status(), 200);
     let report = RetryReport::of(&response).expect("report").clone();
     assert_eq!(report.attempts(), 1);
@@ -520,15 +512,9 @@ async fn a_trickling_body_on_a_503_does_not_hold_up_the_retries() {
     let server = RawServer::start(Reply::trickle(503, 1_000_000, ms(10))).await;
     let (client, _) = virtual_client(trickle_policy());
     let k = key("trickle 503");
-    let mut err = bounded(
-        "send",
-        client
-            .post(server.url("/x"))
-            .idempotency_key(k.clone())
-            .send(),
-    )
-    .await
-    .expect_err("503 on every attempt");
+    let mut err = post_keyed("send", &client, server.url("/x"), &k)
+        .await
+        .expect_err("503 on every attempt");
     // Decided on the head: the bodies were never waited for.
     assert_eq!(err.kind(), ErrorKind::AttemptsExhausted);
     assert!(err.is_outcome_unknown());
