@@ -1361,6 +1361,23 @@ async fn far_future_leases_and_retention_are_stored_in_sqlite() {
     .await;
 }
 
+/// Starts a keyed POST of `x` to `/` in its own task and returns once it has reached the
+/// server, so a second run with the same key finds the first one's lease.
+async fn first_run_in_flight(
+    client: &Client,
+    server: &TestServer,
+    key: &IdempotencyKey,
+) -> tokio::task::JoinHandle<Result<reqwest::Response, idempotent_retry::Error>> {
+    let first = {
+        let client = client.clone();
+        let url = server.url("/");
+        let key = key.clone();
+        tokio::spawn(async move { client.post(url).body("x").idempotency_key(key).send().await })
+    };
+    assert_eq!(server.wait_for_hits(1, Duration::from_secs(20)).await, 1);
+    first
+}
+
 #[tokio::test]
 async fn ledger_options_at_their_largest_keep_rows_and_leases_forever() {
     bounded(async {
@@ -1377,15 +1394,7 @@ async fn ledger_options_at_their_largest_keep_rows_and_leases_forever() {
             fast().reconcile_window(Duration::MAX),
         );
         let key = IdempotencyKey::new("ledger-max-1").expect("valid");
-        let first = {
-            let client = client.clone();
-            let url = server.url("/");
-            let key = key.clone();
-            tokio::spawn(
-                async move { client.post(url).body("x").idempotency_key(key).send().await },
-            )
-        };
-        assert_eq!(server.wait_for_hits(1, Duration::from_secs(20)).await, 1);
+        let first = first_run_in_flight(&client, &server, &key).await;
         // The first run's lease reaches "forever", not the present: a concurrent run with the
         // same key must not take the operation over and send it again.
         let err = client
@@ -1474,15 +1483,7 @@ async fn a_zero_poll_fails_at_once_and_a_huge_poll_is_cut_to_max_wait() {
                 fast(),
             );
             let key = IdempotencyKey::new("ledger-poll-1").expect("valid");
-            let first = {
-                let client = client.clone();
-                let url = server.url("/");
-                let key = key.clone();
-                tokio::spawn(
-                    async move { client.post(url).body("x").idempotency_key(key).send().await },
-                )
-            };
-            assert_eq!(server.wait_for_hits(1, Duration::from_secs(20)).await, 1);
+            let first = first_run_in_flight(&client, &server, &key).await;
             let err = client
                 .post(server.url("/"))
                 .body("x")
