@@ -8,7 +8,8 @@ use std::time::{Duration, SystemTime};
 use http::{HeaderMap, StatusCode};
 
 use crate::classify::FailureKind;
-use crate::policy::{Decision, Observed, OperationState, RetryPolicy, decide};
+use crate::decide::{Decision, Observed, OperationState, decide};
+use crate::policy::RetryPolicy;
 use crate::time::{Clock, TokioClock};
 
 /// Runs one decision (classification, limits, `Retry-After`, full-jitter backoff, window)

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::classify::FailureKind;
+use crate::decide::{Decision, Stop};
 use crate::error::Error;
 
 /// The numbers a [`RetryBudget`] runs on. `Copy`; validated by [`RetryBudget::with_config`].
@@ -330,42 +331,60 @@ impl RetryBudget {
             .map(|_| cost)
     }
 
+    /// Gives back what a retry that was never sent cost. The bucket never rises above its
+    /// capacity.
+    pub(crate) fn refund(&self, cost: u32) {
+        self.deposit(cost);
+    }
+
     /// Records that an operation ended with a final answer. `last_cost` is what the retry
     /// that produced it cost (refunded), or `None` when the first attempt succeeded (the
     /// success reward is deposited). The bucket never rises above its capacity.
     pub fn record_success(&self, last_cost: Option<u32>) {
-        let config = self.inner.config;
-        let deposit = last_cost.unwrap_or(config.success_reward);
+        self.deposit(last_cost.unwrap_or(self.inner.config.success_reward));
+    }
+
+    fn deposit(&self, tokens: u32) {
+        let capacity = self.inner.config.capacity;
         // `fetch_update` with a closure that always returns `Some` cannot fail.
         let _ = self
             .inner
             .tokens
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tokens| {
-                Some(tokens.saturating_add(deposit).min(config.capacity))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+                Some(now.saturating_add(tokens).min(capacity))
             });
     }
 }
 
-/// One operation's dealings with the budget, kept by the retry loop: the cost of its last
-/// retry, so a success refunds exactly that.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct BudgetTab {
+/// One operation's dealings with the budget, kept by the attempt loop: the cost of its last
+/// retry, so a success refunds exactly that, and whether that retry is still waiting to be
+/// sent. An operation dropped before a retry it paid for goes out (its caller gave up during
+/// the wait) gives the tokens back: a retry that never happened costs nothing.
+#[derive(Debug)]
+pub(crate) struct BudgetTab<'b> {
+    budget: Option<&'b RetryBudget>,
     last_cost: Option<u32>,
+    unsent: bool,
 }
 
-impl BudgetTab {
+impl<'b> BudgetTab<'b> {
+    /// A tab with `budget`, or with none (every retry goes ahead).
+    pub(crate) fn new(budget: Option<&'b RetryBudget>) -> Self {
+        BudgetTab {
+            budget,
+            last_cost: None,
+            unsent: false,
+        }
+    }
+
     /// Asks the budget to pay for the retry `decide` chose; a refusal turns the decision into
-    /// a stop. Without a budget every retry goes ahead.
-    pub(crate) fn admit(
-        &mut self,
-        budget: Option<&RetryBudget>,
-        decision: crate::policy::Decision,
-    ) -> crate::policy::Decision {
-        use crate::policy::{Decision, Stop};
-        match (budget, decision) {
+    /// a stop.
+    pub(crate) fn admit(&mut self, decision: Decision) -> Decision {
+        match (self.budget, decision) {
             (Some(budget), Decision::Retry { kind, .. }) => match budget.try_withdraw(kind) {
                 Some(cost) => {
                     self.last_cost = Some(cost);
+                    self.unsent = true;
                     decision
                 }
                 None => Decision::Stop {
@@ -377,10 +396,24 @@ impl BudgetTab {
         }
     }
 
+    /// The retry paid for is being sent: its cost is spent.
+    pub(crate) fn sending(&mut self) {
+        self.unsent = false;
+    }
+
     /// The operation ends with a final answer: refund its last retry or reward the success.
-    pub(crate) fn settle_success(self, budget: Option<&RetryBudget>) {
-        if let Some(budget) = budget {
+    pub(crate) fn settle_success(&mut self) {
+        self.unsent = false;
+        if let Some(budget) = self.budget {
             budget.record_success(self.last_cost);
+        }
+    }
+}
+
+impl Drop for BudgetTab<'_> {
+    fn drop(&mut self) {
+        if let (true, Some(budget), Some(cost)) = (self.unsent, self.budget, self.last_cost) {
+            budget.refund(cost);
         }
     }
 }
@@ -392,7 +425,6 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::policy::{Decision, Stop};
     use crate::report::WaitReason;
 
     fn retry(kind: FailureKind) -> Decision {
@@ -540,35 +572,62 @@ mod tests {
     fn tab_turns_a_refused_retry_into_a_stop_and_refunds_the_last_cost() {
         let config = RetryBudgetConfig::new().capacity(15);
         let budget = RetryBudget::with_config(config).expect("valid");
-        let mut tab = BudgetTab::default();
+        let mut tab = BudgetTab::new(Some(&budget));
         let decision = retry(FailureKind::Timeout);
-        assert_eq!(tab.admit(Some(&budget), decision), decision);
+        assert_eq!(tab.admit(decision), decision);
+        tab.sending();
         let decision = retry(FailureKind::ServerError);
-        assert_eq!(tab.admit(Some(&budget), decision), decision);
+        assert_eq!(tab.admit(decision), decision);
+        tab.sending();
         assert_eq!(budget.available(), 0);
         assert_eq!(
-            tab.admit(Some(&budget), retry(FailureKind::Throttled)),
+            tab.admit(retry(FailureKind::Throttled)),
             Decision::Stop {
                 kind: Some(FailureKind::Throttled),
                 stop: Stop::BudgetExhausted
             }
         );
-        tab.settle_success(Some(&budget));
+        tab.settle_success();
+        drop(tab);
         assert_eq!(budget.available(), 5, "the last retry's cost comes back");
 
+        let mut tab = BudgetTab::new(Some(&budget));
         let untouched = Decision::Return;
-        assert_eq!(tab.admit(Some(&budget), untouched), untouched);
+        assert_eq!(tab.admit(untouched), untouched);
+        let mut off = BudgetTab::new(None);
         assert_eq!(
-            tab.admit(None, retry(FailureKind::Timeout)),
+            off.admit(retry(FailureKind::Timeout)),
             retry(FailureKind::Timeout)
         );
         assert_eq!(budget.available(), 5);
-        BudgetTab::default().settle_success(Some(&budget));
+        tab.settle_success();
         assert_eq!(
             budget.available(),
             6,
             "a first-attempt success deposits the reward"
         );
+    }
+
+    #[test]
+    fn a_retry_dropped_before_it_is_sent_gives_its_tokens_back() {
+        let budget = RetryBudget::new();
+        for _ in 0..300 {
+            let mut tab = BudgetTab::new(Some(&budget));
+            assert_eq!(
+                tab.admit(retry(FailureKind::ServerError)),
+                retry(FailureKind::ServerError)
+            );
+            assert_eq!(budget.available(), 495);
+            // The caller gives up during the wait.
+            drop(tab);
+        }
+        assert_eq!(budget.available(), 500);
+        // A retry that went out keeps its cost until the operation ends.
+        let mut tab = BudgetTab::new(Some(&budget));
+        let _ = tab.admit(retry(FailureKind::ServerError));
+        tab.sending();
+        drop(tab);
+        assert_eq!(budget.available(), 495);
     }
 
     #[test]

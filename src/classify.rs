@@ -1,7 +1,7 @@
 //! Classification: what one attempt's outcome means for the operation.
 //!
 //! Classification is data, not control flow: an attempt becomes a [`FailureKind`] (or a final
-//! answer), and the decision engine in `policy.rs` turns that into a decision. Status and
+//! answer), and the decision in `decide.rs` turns that into a decision. Status and
 //! headers are classified before anyone reads the body, so a parsed error body can never change
 //! the decision. Transport errors are classified by their type and by walking their
 //! `source()` chain for `io::ErrorKind`s and hyper's error predicates, never by matching on

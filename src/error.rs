@@ -340,7 +340,7 @@ impl Error {
             ErrorKind::ReconcileWindow => {
                 f.write_str("reconcile window")?;
                 if let Some(window) = inner.window {
-                    write!(f, " of {window:?}")?;
+                    write!(f, " of {}", crate::readable::duration(window))?;
                 }
                 write!(
                     f,
@@ -353,7 +353,7 @@ impl Error {
             ErrorKind::RetryAfterTooLong => {
                 f.write_str("server asked to wait")?;
                 if let Some(asked) = inner.retry_after {
-                    write!(f, " {asked:?}")?;
+                    write!(f, " {}", crate::readable::duration(asked))?;
                 }
                 write!(f, ", longer than allowed, after {attempts} attempt{plural}")?;
             }

@@ -1,22 +1,134 @@
-//! The request and response types the engine works with, and the reqwest transport.
+//! The request and response types the engine works with ([`RetryRequest`], [`RetryResponse`])
+//! and their implementations for `reqwest` and `http` types, including what the ledger needs of
+//! them: a request's fingerprint, and a response's body saved and rebuilt.
 //!
 //! `reqwest::Request` enforces the attempt timeout itself (from connecting until the body has
 //! been read); `http::Request` has no such setting, so the engine bounds those attempts up to
 //! the response head.
+//!
+//! `http::Request<B>` and `http::Response<B>` are generic over any body; the ledger can read and
+//! build only bodies it knows. They are recognised by type (`Any`), because the traits cannot
+//! ask more of `B` without narrowing which services the tower front end wraps: see
+//! [`RetryRequest::fingerprint`] and [`RetryResponse::from_saved`] for the list.
 
+use std::any::Any;
+use std::error::Error as StdError;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use http::header::HeaderMap;
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderMap};
 use http::{Method, StatusCode};
+use http_body_util::combinators::{BoxBody, UnsyncBoxBody};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Body;
 
-use crate::classify::classify_reqwest_error;
-#[cfg(any(feature = "tower", feature = "middleware"))]
-use crate::classify::{FailureKind, classify_source_chain};
-use crate::client::ClientRef;
-#[cfg(any(feature = "tower", feature = "middleware"))]
-use crate::engine::BoxError;
-use crate::engine::{RetryRequest, RetryResponse, SendError, Transport};
-use crate::error::Error;
+use crate::ledger::RequestFingerprint;
+use crate::ledger::body::{Capped, read_capped};
+
+type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// A request type the retry engine can send once per attempt.
+///
+/// Implemented for `reqwest::Request` and for `http::Request<B>` with a cloneable body
+/// (`String`, `Bytes`, `http_body_util::Full<Bytes>`, ...). The tower front end accepts any
+/// request type that implements it.
+pub trait RetryRequest: Sized + Send + 'static {
+    /// The request method: it decides whether a key is minted and whether a keyless retry is
+    /// safe.
+    fn method(&self) -> &Method;
+
+    /// The target host, for the span, [per-host policies](crate::ClientBuilder::policy_for_host)
+    /// and the default [ledger scope](crate::RequestBuilder::ledger_scope).
+    fn host(&self) -> Option<&str>;
+
+    /// The request headers, where the key (and the optional attempt number) travel.
+    fn headers_mut(&mut self) -> &mut HeaderMap;
+
+    /// A copy to send as one attempt, or `None` when the body cannot be sent twice (the
+    /// request then gets one attempt, and a transient failure becomes
+    /// [`ErrorKind::BodyNotReplayable`](crate::ErrorKind::BodyNotReplayable)).
+    fn try_clone(&self) -> Option<Self>;
+
+    /// Asks the request to carry its own timeout for this attempt. Returns `false` when it
+    /// cannot; the engine then bounds the attempt itself, up to the response head.
+    fn set_timeout(&mut self, timeout: Duration) -> bool;
+
+    /// Extensions where a caller may put an [`IdempotencyKey`](crate::IdempotencyKey), a
+    /// [`RetryPolicy`](crate::RetryPolicy), [`WithoutIdempotencyKey`](crate::WithoutIdempotencyKey)
+    /// or a [`LedgerScope`](crate::LedgerScope) for this request only. `None` when the type has
+    /// none the engine can read.
+    fn extensions(&self) -> Option<&http::Extensions> {
+        None
+    }
+
+    /// What a [`Ledger`](crate::Ledger) records the request by: its method, URL and buffered
+    /// body ([`RequestFingerprint::new`]). `None` when the body is a stream that cannot be read
+    /// without consuming it, or the type cannot tell: a front end with a ledger then refuses the
+    /// keyed request with [`ErrorKind::Builder`](crate::ErrorKind::Builder) before claiming or
+    /// sending anything.
+    ///
+    /// `reqwest::Request` gives it unless its body is a stream. `http::Request<B>` gives it for
+    /// the body types `String`, `Vec<u8>`, `Bytes`, `&'static str`, `&'static [u8]`, `()`,
+    /// `http_body_util::Full<Bytes>` and `http_body_util::Empty<Bytes>`. The default is `None`.
+    fn fingerprint(&self) -> Option<RequestFingerprint> {
+        None
+    }
+}
+
+/// A response type the retry engine can classify and annotate.
+///
+/// Implemented for `reqwest::Response` and `http::Response<B>`.
+pub trait RetryResponse: Send + 'static {
+    /// The status.
+    fn status(&self) -> StatusCode;
+
+    /// The headers (for `Retry-After` and server retry hints).
+    fn headers(&self) -> &HeaderMap;
+
+    /// Where the final [`RetryReport`](crate::RetryReport) goes.
+    fn extensions_mut(&mut self) -> &mut http::Extensions;
+
+    /// Rebuilds a response a [`Ledger`](crate::Ledger) saved, to answer an operation that
+    /// already succeeded without sending it again. `None` when this type cannot be built from
+    /// bytes: a front end with a ledger then refuses keyed requests with
+    /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) before claiming or sending anything.
+    ///
+    /// `reqwest::Response` can always be rebuilt. `http::Response<B>` can for the body types
+    /// `String`, `Vec<u8>`, `Bytes`, `http_body_util::Full<Bytes>`, `reqwest::Body` and
+    /// `http_body_util::combinators::{BoxBody, UnsyncBoxBody}<Bytes, Box<dyn Error + Send +
+    /// Sync>>`; hyper's `Incoming` cannot (map it to one of those first, e.g. with tower's
+    /// `map_response` and `BodyExt::boxed`). The default is `None`.
+    fn from_saved(saved: http::Response<Bytes>) -> Option<Self>
+    where
+        Self: Sized,
+    {
+        let _ = saved;
+        None
+    }
+
+    /// Reads the body so the ledger can save it, no further than `max` bytes, and gives the
+    /// response back with a body that still yields every byte (`None` in place of the bytes
+    /// when the body is longer than `max`: it is then not saved, and a replay says so with
+    /// [`RetryReport::is_replay_body_missing`](crate::RetryReport::is_replay_body_missing)).
+    ///
+    /// # Errors
+    ///
+    /// The body's own error when it fails while being read (a cut connection, a timeout):
+    /// the response is then lost, and the operation ends with outcome unknown.
+    fn read_to_save(
+        self,
+        max: usize,
+    ) -> impl Future<Output = Result<(Self, Option<Bytes>), BoxError>> + Send
+    where
+        Self: Sized,
+    {
+        let _ = max;
+        std::future::ready(Ok((self, None)))
+    }
+}
 
 impl RetryRequest for reqwest::Request {
     fn method(&self) -> &Method {
@@ -39,6 +151,19 @@ impl RetryRequest for reqwest::Request {
         *self.timeout_mut() = Some(timeout);
         true
     }
+
+    fn fingerprint(&self) -> Option<RequestFingerprint> {
+        let body = match self.body() {
+            None => &[][..],
+            Some(body) => body.as_bytes()?,
+        };
+        Some(RequestFingerprint::new(
+            self.method(),
+            self.url().as_str(),
+            self.headers().get(CONTENT_TYPE),
+            body,
+        ))
+    }
 }
 
 impl RetryResponse for reqwest::Response {
@@ -53,39 +178,35 @@ impl RetryResponse for reqwest::Response {
     fn extensions_mut(&mut self) -> &mut http::Extensions {
         reqwest::Response::extensions_mut(self)
     }
-}
 
-/// Turns a reqwest error into the engine's view of a failed attempt.
-pub(crate) fn reqwest_send_error(err: reqwest::Error) -> SendError {
-    if err.is_builder() {
-        // reqwest refused the request before sending anything (an unsupported scheme, say): a
-        // configuration error, not an attempt.
-        SendError::Refused(Error::builder_from(err))
-    } else {
-        SendError::Failed {
-            kind: classify_reqwest_error(&err),
-            source: Box::new(err),
+    fn from_saved(saved: http::Response<Bytes>) -> Option<Self> {
+        Some(reqwest::Response::from(saved))
+    }
+
+    async fn read_to_save(mut self, max: usize) -> Result<(Self, Option<Bytes>), BoxError> {
+        use reqwest::ResponseBuilderExt as _;
+        // The report and the redirect chain go back on the rebuilt response.
+        let extensions = std::mem::take(self.extensions_mut());
+        let status = self.status();
+        let version = self.version();
+        let headers = self.headers().clone();
+        let url = self.url().clone();
+        let (body, saved) = match read_capped(reqwest::Body::from(self), max).await? {
+            Capped::Whole(bytes) => (reqwest::Body::from(bytes.clone()), Some(bytes)),
+            Capped::Over(rest) => (reqwest::Body::wrap(rest), None),
+        };
+        let mut builder = http::Response::builder()
+            .status(status)
+            .version(version)
+            .url(url);
+        if let Some(slot) = builder.headers_mut() {
+            *slot = headers;
         }
-    }
-}
-
-/// Sends each attempt with the client's `reqwest::Client`, following redirects by the client's
-/// [`RedirectPolicy`](crate::RedirectPolicy) (`redirect.rs`).
-pub(crate) struct ReqwestTransport<'a>(pub(crate) &'a ClientRef);
-
-impl Transport<reqwest::Request> for ReqwestTransport<'_> {
-    type Response = reqwest::Response;
-
-    async fn send(&mut self, request: reqwest::Request) -> Result<reqwest::Response, SendError> {
-        crate::redirect::follow(self.0, request, None).await
-    }
-
-    async fn send_attempt(
-        &mut self,
-        request: reqwest::Request,
-        original: Option<&reqwest::Request>,
-    ) -> Result<reqwest::Response, SendError> {
-        crate::redirect::follow(self.0, request, original).await
+        let mut rebuilt = builder
+            .body(body)
+            .expect("every part comes from a valid response");
+        rebuilt.extensions_mut().extend(extensions);
+        Ok((reqwest::Response::from(rebuilt), saved))
     }
 }
 
@@ -113,6 +234,16 @@ impl<B: Clone + Send + 'static> RetryRequest for http::Request<B> {
     fn extensions(&self) -> Option<&http::Extensions> {
         Some(http::Request::extensions(self))
     }
+
+    fn fingerprint(&self) -> Option<RequestFingerprint> {
+        let body = buffered_body(self.body())?;
+        Some(RequestFingerprint::new(
+            http::Request::method(self),
+            &self.uri().to_string(),
+            self.headers().get(CONTENT_TYPE),
+            &body,
+        ))
+    }
 }
 
 impl<B: Send + 'static> RetryResponse for http::Response<B> {
@@ -127,47 +258,178 @@ impl<B: Send + 'static> RetryResponse for http::Response<B> {
     fn extensions_mut(&mut self) -> &mut http::Extensions {
         http::Response::extensions_mut(self)
     }
+
+    fn from_saved(saved: http::Response<Bytes>) -> Option<Self> {
+        let (parts, bytes) = saved.into_parts();
+        Some(http::Response::from_parts(
+            parts,
+            body_from_bytes::<B>(bytes)?,
+        ))
+    }
+
+    async fn read_to_save(self, max: usize) -> Result<(Self, Option<Bytes>), BoxError> {
+        let (parts, body) = self.into_parts();
+        let (body, saved) = read_body_to_save(body, max).await?;
+        Ok((http::Response::from_parts(parts, body), saved))
+    }
 }
 
-/// Classifies an error from another layer (a tower service, a middleware below ours).
-#[cfg(any(feature = "tower", feature = "middleware"))]
-pub(crate) fn send_error(err: BoxError) -> SendError {
-    if let Some(reqwest) = err.downcast_ref::<reqwest::Error>()
-        && reqwest.is_builder()
-    {
-        return SendError::Refused(Error::builder_from_boxed(err));
-    }
-    SendError::Failed {
-        kind: classify_boxed(&*err),
-        source: err,
+/// `value` as a `T`, when `B` is `T`; otherwise `value` back. Moves, never copies.
+fn cast<B: 'static, T: 'static>(value: B) -> Result<T, B> {
+    let mut slot = Some(value);
+    match (&mut slot as &mut dyn Any).downcast_mut::<Option<T>>() {
+        Some(same) => Ok(same.take().expect("the slot was just filled")),
+        None => Err(slot.expect("the slot is untouched when the types differ")),
     }
 }
 
-/// Classifies an error of unknown type: a reqwest error anywhere in the chain is classified as
-/// the client classifies it; a timeout layer's `Elapsed` is a timeout; hyper-util's connect
-/// errors never left; otherwise the chain's `io` and hyper errors decide, and anything
-/// unrecognised is fatal (not retried: the safe reading of an unknown failure).
-#[cfg(any(feature = "tower", feature = "middleware"))]
-pub(crate) fn classify_boxed(err: &(dyn std::error::Error + 'static)) -> FailureKind {
-    let mut current = Some(err);
-    while let Some(e) = current {
-        if let Some(reqwest) = e.downcast_ref::<reqwest::Error>() {
-            return classify_reqwest_error(reqwest);
-        }
-        if e.is::<tokio::time::error::Elapsed>() {
-            return FailureKind::Timeout;
-        }
-        #[cfg(feature = "tower")]
-        if e.is::<tower::timeout::error::Elapsed>() {
-            return FailureKind::Timeout;
-        }
-        #[cfg(feature = "tower")]
-        if let Some(legacy) = e.downcast_ref::<hyper_util::client::legacy::Error>()
-            && legacy.is_connect()
-        {
-            return FailureKind::Connect;
-        }
-        current = e.source();
+/// The bytes of a request body the ledger knows how to read without consuming it.
+fn buffered_body<B: Clone + 'static>(body: &B) -> Option<Bytes> {
+    let any = body as &dyn Any;
+    if let Some(bytes) = any.downcast_ref::<Bytes>() {
+        return Some(bytes.clone());
     }
-    classify_source_chain(err).unwrap_or(FailureKind::Fatal)
+    if let Some(text) = any.downcast_ref::<String>() {
+        return Some(Bytes::copy_from_slice(text.as_bytes()));
+    }
+    if let Some(bytes) = any.downcast_ref::<Vec<u8>>() {
+        return Some(Bytes::copy_from_slice(bytes));
+    }
+    if let Some(text) = any.downcast_ref::<&'static str>() {
+        return Some(Bytes::from_static(text.as_bytes()));
+    }
+    if let Some(bytes) = any.downcast_ref::<&'static [u8]>() {
+        return Some(Bytes::from_static(bytes));
+    }
+    if any.is::<()>() || any.is::<Empty<Bytes>>() {
+        return Some(Bytes::new());
+    }
+    if let Some(full) = any.downcast_ref::<Full<Bytes>>() {
+        return ready_bytes(full.clone());
+    }
+    None
+}
+
+/// The data of a body whose frames are all ready at once (`Full`): polled with a waker that
+/// is never woken, so a body that would wait gives `None` instead of blocking.
+fn ready_bytes<B: Body<Data = Bytes> + Unpin>(mut body: B) -> Option<Bytes> {
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut data = Vec::new();
+    loop {
+        match Pin::new(&mut body).poll_frame(&mut cx) {
+            Poll::Ready(None) => return Some(Bytes::from(data)),
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Ok(chunk) = frame.into_data() {
+                    data.extend_from_slice(&chunk);
+                }
+            }
+            Poll::Ready(Some(Err(_))) | Poll::Pending => return None,
+        }
+    }
+}
+
+/// A response body of type `B` holding `bytes`, for the body types the ledger can build.
+fn body_from_bytes<B: 'static>(bytes: Bytes) -> Option<B> {
+    let bytes = match cast::<Bytes, B>(bytes) {
+        Ok(body) => return Some(body),
+        Err(bytes) => bytes,
+    };
+    let full = || Full::new(bytes.clone()).map_err(|never| match never {});
+    let built: Box<dyn Any> = if is::<B, String>() {
+        Box::new(String::from_utf8(bytes.to_vec()).ok()?)
+    } else if is::<B, Vec<u8>>() {
+        Box::new(bytes.to_vec())
+    } else if is::<B, Full<Bytes>>() {
+        Box::new(Full::new(bytes))
+    } else if is::<B, reqwest::Body>() {
+        Box::new(reqwest::Body::from(bytes))
+    } else if is::<B, BoxBody<Bytes, BoxError>>() {
+        Box::new(BoxBody::<Bytes, BoxError>::new(full()))
+    } else if is::<B, UnsyncBoxBody<Bytes, BoxError>>() {
+        Box::new(UnsyncBoxBody::<Bytes, BoxError>::new(full()))
+    } else {
+        return None;
+    };
+    built.downcast::<B>().ok().map(|body| *body)
+}
+
+fn is<B: 'static, T: 'static>() -> bool {
+    std::any::TypeId::of::<B>() == std::any::TypeId::of::<T>()
+}
+
+/// Reads a response body of a type the ledger knows, up to `max` bytes; gives back a body that
+/// still yields every byte, and the bytes when they fit.
+async fn read_body_to_save<B: Send + 'static>(
+    body: B,
+    max: usize,
+) -> Result<(B, Option<Bytes>), BoxError> {
+    let fits = |bytes: &[u8]| (bytes.len() <= max).then(|| Bytes::copy_from_slice(bytes));
+    let body = match cast::<B, Bytes>(body) {
+        Ok(bytes) => {
+            let saved = (bytes.len() <= max).then(|| bytes.clone());
+            return Ok((back(bytes), saved));
+        }
+        Err(body) => body,
+    };
+    let body = match cast::<B, String>(body) {
+        Ok(text) => {
+            let saved = fits(text.as_bytes());
+            return Ok((back(text), saved));
+        }
+        Err(body) => body,
+    };
+    let body = match cast::<B, Vec<u8>>(body) {
+        Ok(bytes) => {
+            let saved = fits(&bytes);
+            return Ok((back(bytes), saved));
+        }
+        Err(body) => body,
+    };
+    let body = match cast::<B, Full<Bytes>>(body) {
+        Ok(full) => {
+            let bytes = full.collect().await.map(|whole| whole.to_bytes())?;
+            let saved = (bytes.len() <= max).then(|| bytes.clone());
+            return Ok((back(Full::new(bytes)), saved));
+        }
+        Err(body) => body,
+    };
+    let body = match cast::<B, reqwest::Body>(body) {
+        Ok(body) => {
+            return Ok(match read_capped(body, max).await? {
+                Capped::Whole(bytes) => (back(reqwest::Body::from(bytes.clone())), Some(bytes)),
+                Capped::Over(rest) => (back(reqwest::Body::wrap(rest)), None),
+            });
+        }
+        Err(body) => body,
+    };
+    let body = match cast::<B, BoxBody<Bytes, BoxError>>(body) {
+        Ok(body) => {
+            return Ok(match read_capped(body, max).await? {
+                Capped::Whole(bytes) => {
+                    let whole = Full::new(bytes.clone()).map_err(|never| match never {});
+                    (back(BoxBody::new(whole)), Some(bytes))
+                }
+                Capped::Over(rest) => (back(BoxBody::new(rest)), None),
+            });
+        }
+        Err(body) => body,
+    };
+    match cast::<B, UnsyncBoxBody<Bytes, BoxError>>(body) {
+        Ok(body) => Ok(match read_capped(body, max).await? {
+            Capped::Whole(bytes) => {
+                let whole = Full::new(bytes.clone()).map_err(|never| match never {});
+                (back(UnsyncBoxBody::new(whole)), Some(bytes))
+            }
+            Capped::Over(rest) => (back(UnsyncBoxBody::new(rest)), None),
+        }),
+        // A body type the ledger cannot read: passed back untouched, nothing saved.
+        Err(body) => Ok((body, None)),
+    }
+}
+
+/// A body of a known type, back as the response's own type `B` it was cast from.
+fn back<T: 'static, B: 'static>(body: T) -> B {
+    cast::<T, B>(body)
+        .ok()
+        .expect("a body is cast back to the type it was cast from")
 }

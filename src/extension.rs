@@ -6,12 +6,13 @@
 //! | [`IdempotencyKey`] | [`idempotency_key`](crate::RequestBuilder::idempotency_key) |
 //! | [`RetryPolicy`] | [`policy`](crate::RequestBuilder::policy) |
 //! | [`WithoutIdempotencyKey`] | [`without_idempotency_key`](crate::RequestBuilder::without_idempotency_key) |
+//! | [`LedgerScope`] | [`ledger_scope`](crate::RequestBuilder::ledger_scope) |
 
 use http::Extensions;
 
-use crate::engine::Overrides;
 use crate::key::IdempotencyKey;
 use crate::policy::RetryPolicy;
+use crate::settings::Overrides;
 
 /// Marks one request as taking no automatic key: the extension form of
 /// [`RequestBuilder::without_idempotency_key`](crate::RequestBuilder::without_idempotency_key),
@@ -40,6 +41,42 @@ use crate::policy::RetryPolicy;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct WithoutIdempotencyKey;
 
+/// The operation's scope in the [`Ledger`](crate::Ledger) for one request (`stripe.charge`,
+/// `agent.send_email`): the extension form of
+/// [`RequestBuilder::ledger_scope`](crate::RequestBuilder::ledger_scope), for the tower service
+/// (an `http::Request`'s extensions) and the `reqwest-middleware` middleware
+/// (`.with_extension(LedgerScope::new("stripe.charge"))`). It names what kind of operation the
+/// key belongs to and which retention applies
+/// ([`LedgerOptions::scope_retention`](crate::LedgerOptions::scope_retention)).
+///
+/// Default, without it: the request's host.
+///
+/// # Examples
+///
+/// ```
+/// use idempotent_retry::LedgerScope;
+///
+/// let mut request = http::Request::post("https://api.example.com/v1/charges")
+///     .body(String::from("{}"))
+///     .expect("valid request");
+/// request.extensions_mut().insert(LedgerScope::new("stripe.charge"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LedgerScope(String);
+
+impl LedgerScope {
+    /// A scope named `scope`.
+    pub fn new(scope: impl Into<String>) -> Self {
+        LedgerScope(scope.into())
+    }
+
+    /// The scope's name.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
 impl Overrides {
     /// The options a request carries in `extensions`.
     pub(crate) fn from_extensions(extensions: &Extensions) -> Self {
@@ -50,18 +87,7 @@ impl Overrides {
                 .map(|WithoutIdempotencyKey| false),
             policy: extensions.get::<RetryPolicy>().copied(),
             timeout: None,
-            ledger: None,
-        }
-    }
-
-    /// Each option from `self`, else from `fallback`.
-    pub(crate) fn or(self, fallback: Overrides) -> Self {
-        Overrides {
-            key: self.key.or(fallback.key),
-            auto_key: self.auto_key.or(fallback.auto_key),
-            policy: self.policy.or(fallback.policy),
-            timeout: self.timeout.or(fallback.timeout),
-            ledger: self.ledger.or(fallback.ledger),
+            scope: extensions.get::<LedgerScope>().map(|scope| scope.0.clone()),
         }
     }
 }
@@ -80,7 +106,9 @@ mod tests {
         ext.insert(key.clone());
         ext.insert(WithoutIdempotencyKey);
         ext.insert(RetryPolicy::default().max_attempts(2));
+        ext.insert(LedgerScope::new("stripe.charge"));
         let given = Overrides::from_extensions(&ext);
+        assert_eq!(given.scope.as_deref(), Some("stripe.charge"));
         assert_eq!(given.key.as_ref(), Some(&key));
         assert_eq!(given.auto_key, Some(false));
         assert_eq!(given.policy, Some(RetryPolicy::default().max_attempts(2)));

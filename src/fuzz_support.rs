@@ -9,7 +9,8 @@ use std::time::{Duration, SystemTime};
 use http::{HeaderMap, StatusCode};
 
 use crate::classify::FailureKind;
-use crate::policy::{Decision, Observed, OperationState, RetryPolicy, Stop, decide};
+use crate::decide::{Decision, Observed, OperationState, Stop, decide};
+use crate::policy::RetryPolicy;
 use crate::report::WaitReason;
 use crate::time::{Clock, TokioClock};
 

@@ -476,7 +476,7 @@ fn update_length_prefixed<U: Update>(out: &mut U, bytes: &[u8]) {
     out.update(bytes);
 }
 
-fn push_hex(text: &mut String, byte: u8) {
+pub(crate) fn push_hex(text: &mut String, byte: u8) {
     text.push(char::from(HEX_DIGITS[usize::from(byte >> 4)]));
     text.push(char::from(HEX_DIGITS[usize::from(byte & 0x0f)]));
 }

@@ -446,6 +446,7 @@ mod budget;
 mod canonical;
 mod classify;
 mod client;
+mod decide;
 mod engine;
 mod error;
 mod exchange;
@@ -457,17 +458,20 @@ mod ledger;
 #[cfg(feature = "middleware")]
 mod middleware;
 mod observe;
+mod outcome;
 mod policy;
-mod redirect;
+mod readable;
 mod report;
-mod request;
 mod retry_after;
 #[cfg(feature = "tower")]
 mod service;
+mod settings;
 #[cfg(feature = "testkit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub mod testkit;
 mod time;
+mod transport;
+mod window;
 
 pub use backoff::{backoff_ceiling, full_jitter};
 #[doc(hidden)]
@@ -475,10 +479,13 @@ pub use bench_support::decide_once;
 pub use budget::{RetryBudget, RetryBudgetConfig};
 pub use canonical::canonical_json;
 pub use classify::FailureKind;
-pub use client::{Client, ClientBuilder, IDEMPOTENCY_KEY};
-pub use engine::{RetryRequest, RetryResponse};
+pub use client::{
+    Client, ClientBuilder, IDEMPOTENCY_KEY, RedirectChain, RedirectHop, RedirectPolicy,
+    RedirectStop, RequestBuilder,
+};
 pub use error::{Error, ErrorKind};
-pub use extension::WithoutIdempotencyKey;
+pub use exchange::{RetryRequest, RetryResponse};
+pub use extension::{LedgerScope, WithoutIdempotencyKey};
 #[doc(hidden)]
 pub use fuzz_support::{DecideInput, DecideStep, decide_step};
 pub use key::{IdempotencyKey, InvalidKey, InvalidKeyReason};
@@ -489,15 +496,14 @@ pub use ledger::PostgresLedger;
 pub use ledger::SqliteLedger;
 pub use ledger::{
     AttemptUpdate, Claim, Claimed, Finish, InProgressPolicy, Ledger, LedgerError, LedgerErrorKind,
-    LedgerFuture, LedgerOptions, MemoryLedger, OperationRecord, OperationStatus, SavedResponse,
+    LedgerFuture, LedgerOptions, MemoryLedger, OperationRecord, OperationStatus,
+    RequestFingerprint, SavedResponse,
 };
 #[cfg(feature = "middleware")]
 pub use middleware::IdempotentRetryMiddleware;
 pub use observe::{AttemptEvent, LedgerVerdict, Observer, OperationEvent};
 pub use policy::RetryPolicy;
-pub use redirect::{RedirectChain, RedirectHop, RedirectPolicy, RedirectStop};
 pub use report::{AttemptRecord, RetryReport, Wait, WaitReason};
-pub use request::RequestBuilder;
 pub use retry_after::{parse_retry_after, parse_retry_after_ms, requested_delay};
 #[cfg(feature = "tower")]
 pub use service::{IdempotentRetry, IdempotentRetryLayer, ResponseFuture};

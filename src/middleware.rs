@@ -7,10 +7,11 @@ use std::sync::Arc;
 use http::Extensions;
 use reqwest_middleware::Next;
 
-use crate::client::{Client, ClientBuilder};
-use crate::engine::{self, Overrides, SendError, Settings, Transport};
+use crate::client::{Client, ClientBuilder, warn_if_inner_redirected};
+use crate::engine;
 use crate::error::Error;
-use crate::exchange::{reqwest_send_error, send_error};
+use crate::settings::{Overrides, Settings};
+use crate::transport::{SendError, Transport, reqwest_send_error, send_error};
 
 /// A `reqwest-middleware` [`Middleware`](reqwest_middleware::Middleware) that sends each request
 /// as one logical operation: one key, settled before the first attempt; the middleware below
@@ -74,9 +75,8 @@ impl ClientBuilder {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) when a policy is invalid, the
-    /// attempt header is the key header, or a [`ledger`](Self::ledger) is set (only
-    /// [`Client`](crate::Client) records operations in a ledger).
+    /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) when a policy is invalid or the
+    /// attempt header is the key header.
     pub fn build_middleware(self) -> Result<IdempotentRetryMiddleware, Error> {
         Ok(IdempotentRetryMiddleware {
             settings: Arc::new(self.into_settings()?),
@@ -86,34 +86,23 @@ impl ClientBuilder {
 
 impl Client {
     /// A `reqwest-middleware` middleware sharing this client's settings (policies, key header,
-    /// observer, clock, sleeper, RNG and retry budget).
-    ///
-    /// # Errors
-    ///
-    /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) when the client has a
-    /// [`Ledger`](crate::Ledger): the middleware could not claim, record or replay operations,
-    /// and one that silently ran without the ledger would send what the ledger would have
-    /// refused or replayed. Build the middleware from a [`ClientBuilder`] without a ledger.
+    /// observer, clock, sleeper, RNG, retry budget and [`Ledger`](crate::Ledger)).
     ///
     /// # Examples
     ///
     /// ```
-    /// use idempotent_retry::{Client, ErrorKind, MemoryLedger};
+    /// use idempotent_retry::{Client, MemoryLedger};
     ///
-    /// let client = Client::builder().build()?;
-    /// let middleware = client.middleware()?;
+    /// let client = Client::builder().ledger(MemoryLedger::new()).build()?;
     /// let _with_retries = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
-    ///     .with(middleware)
+    ///     .with(client.middleware())
     ///     .build();
-    ///
-    /// let ledgered = Client::builder().ledger(MemoryLedger::new()).build()?;
-    /// assert_eq!(ledgered.middleware().map(drop).unwrap_err().kind(), ErrorKind::Builder);
     /// # Ok::<(), idempotent_retry::Error>(())
     /// ```
-    pub fn middleware(&self) -> Result<IdempotentRetryMiddleware, Error> {
-        Ok(IdempotentRetryMiddleware {
-            settings: self.front_end_settings()?,
-        })
+    pub fn middleware(&self) -> IdempotentRetryMiddleware {
+        IdempotentRetryMiddleware {
+            settings: self.front_end_settings(),
+        }
     }
 }
 
@@ -175,7 +164,7 @@ impl Transport<reqwest::Request> for NextTransport<'_, '_> {
         let key = request.headers().get(self.key_header).cloned();
         match self.next.clone().run(request, self.extensions).await {
             Ok(response) => {
-                crate::redirect::warn_if_inner_redirected(&sent, response.url(), key.as_ref());
+                warn_if_inner_redirected(&sent, response.url(), key.as_ref());
                 Ok(response)
             }
             Err(reqwest_middleware::Error::Reqwest(err)) => Err(reqwest_send_error(err)),

@@ -11,7 +11,6 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 
 use crate::classify::FailureKind;
-use crate::client::ClientBuilder;
 use crate::error::ErrorKind;
 use crate::key::IdempotencyKey;
 
@@ -20,7 +19,7 @@ use crate::key::IdempotencyKey;
 /// Both methods do nothing by default; implement the ones you need. Install it with
 /// [`ClientBuilder::observer`](crate::ClientBuilder::observer); the tower layer and the
 /// middleware built from the same builder call it too. For a single callback, a closure is
-/// enough: [`ClientBuilder::on_attempt`], [`ClientBuilder::on_operation`].
+/// enough: [`ClientBuilder::on_attempt`](crate::ClientBuilder::on_attempt), [`ClientBuilder::on_operation`](crate::ClientBuilder::on_operation).
 ///
 /// # Examples
 ///
@@ -168,78 +167,6 @@ pub enum LedgerVerdict {
     Refused,
 }
 
-impl ClientBuilder {
-    /// Calls `f` after every attempt, with the same [`AttemptEvent`] an [`Observer`] gets: the
-    /// closure form of [`Observer::on_attempt`]. It runs inside the retry loop, so it must be
-    /// quick and must not block.
-    ///
-    /// Observers add up: `f` is called along with every other observer and callback given to
-    /// this builder, in the order they were given. The client, the tower layer and the
-    /// middleware built from this builder all call it.
-    ///
-    /// Default: none.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use std::sync::atomic::{AtomicU32, Ordering};
-    /// use std::time::Duration;
-    /// use idempotent_retry::{Client, RetryPolicy};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let retries = Arc::new(AtomicU32::new(0));
-    /// let unknown = Arc::new(AtomicU32::new(0));
-    /// let (r, u) = (Arc::clone(&retries), Arc::clone(&unknown));
-    /// let client = Client::builder()
-    ///     .policy(RetryPolicy::default().max_attempts(3).base_delay(Duration::from_millis(1)))
-    ///     .on_attempt(move |event| {
-    ///         if event.delay.is_some() {
-    ///             r.fetch_add(1, Ordering::Relaxed);
-    ///         }
-    ///     })
-    ///     .on_operation(move |event| {
-    ///         if event.outcome_unknown {
-    ///             u.fetch_add(1, Ordering::Relaxed);
-    ///         }
-    ///     })
-    ///     .build()?;
-    ///
-    /// // Nothing listens on this port: every attempt is refused, so nothing can have run.
-    /// let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    /// let err = client
-    ///     .post(format!("http://127.0.0.1:{port}/"))
-    ///     .send()
-    ///     .await
-    ///     .expect_err("connection refused");
-    /// assert_eq!(err.attempts(), 3);
-    /// assert_eq!(retries.load(Ordering::Relaxed), 2);
-    /// assert_eq!(unknown.load(Ordering::Relaxed), 0);
-    /// # Ok(()) }
-    /// ```
-    pub fn on_attempt<F>(self, f: F) -> Self
-    where
-        F: Fn(&AttemptEvent<'_>) + Send + Sync + 'static,
-    {
-        self.observer(OnAttempt(f))
-    }
-
-    /// Calls `f` once at the end of every operation, with the same [`OperationEvent`] an
-    /// [`Observer`] gets: the closure form of [`Observer::on_operation`]. Quick and
-    /// non-blocking, as for [`on_attempt`](Self::on_attempt), whose example shows both.
-    ///
-    /// Observers add up, as for [`on_attempt`](Self::on_attempt).
-    ///
-    /// Default: none.
-    pub fn on_operation<F>(self, f: F) -> Self
-    where
-        F: Fn(&OperationEvent<'_>) + Send + Sync + 'static,
-    {
-        self.observer(OnOperation(f))
-    }
-}
-
 /// Two observers, called in the order they were added.
 #[derive(Debug)]
 pub(crate) struct Chain(pub(crate) Arc<dyn Observer>, pub(crate) Arc<dyn Observer>);
@@ -256,8 +183,8 @@ impl Observer for Chain {
     }
 }
 
-/// A closure given to [`ClientBuilder::on_attempt`].
-struct OnAttempt<F>(F);
+/// A closure given to [`ClientBuilder::on_attempt`](crate::ClientBuilder::on_attempt).
+pub(crate) struct OnAttempt<F>(pub(crate) F);
 
 impl<F> fmt::Debug for OnAttempt<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -274,8 +201,8 @@ where
     }
 }
 
-/// A closure given to [`ClientBuilder::on_operation`].
-struct OnOperation<F>(F);
+/// A closure given to [`ClientBuilder::on_operation`](crate::ClientBuilder::on_operation).
+pub(crate) struct OnOperation<F>(pub(crate) F);
 
 impl<F> fmt::Debug for OnOperation<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -13,14 +13,14 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use hyper::body::{Body as _, Bytes, Frame, SizeHint};
+use hyper::body::{Body, Bytes, Frame, SizeHint};
 
 /// A body read up to a cap.
-pub(crate) enum Capped {
+pub(crate) enum Capped<B> {
     /// The whole body, no longer than the cap.
     Whole(Bytes),
     /// A body longer than the cap: the bytes read so far, then the rest, not read yet.
-    Over(reqwest::Body),
+    Over(Prefixed<B>),
 }
 
 /// Reads `body` until it ends or holds more than `cap` bytes.
@@ -28,10 +28,10 @@ pub(crate) enum Capped {
 /// # Errors
 ///
 /// The body's own error (a timeout, a connection cut) while reading up to the cap.
-pub(crate) async fn read_capped(
-    mut body: reqwest::Body,
-    cap: usize,
-) -> Result<Capped, reqwest::Error> {
+pub(crate) async fn read_capped<B>(mut body: B, cap: usize) -> Result<Capped<B>, B::Error>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
     let mut read = Vec::new();
     loop {
         let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
@@ -45,28 +45,28 @@ pub(crate) async fn read_capped(
         read.extend_from_slice(&data);
         if read.len() > cap {
             let head = Some(Bytes::from(read));
-            return Ok(Capped::Over(reqwest::Body::wrap(Prefixed {
-                head,
-                rest: body,
-            })));
+            return Ok(Capped::Over(Prefixed { head, rest: body }));
         }
     }
 }
 
 /// The bytes already read, then the rest of the body.
-struct Prefixed {
+pub(crate) struct Prefixed<B> {
     head: Option<Bytes>,
-    rest: reqwest::Body,
+    rest: B,
 }
 
-impl hyper::body::Body for Prefixed {
+impl<B> Body for Prefixed<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
     type Data = Bytes;
-    type Error = reqwest::Error;
+    type Error = B::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, reqwest::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         if let Some(head) = self.head.take() {
             return Poll::Ready(Some(Ok(Frame::data(head))));
         }
@@ -111,7 +111,10 @@ mod tests {
         reqwest::Body::wrap(Chunks(chunks.iter().map(|c| Bytes::from(*c)).collect()))
     }
 
-    async fn collect(mut body: reqwest::Body) -> Vec<u8> {
+    async fn collect<B: Body<Data = Bytes> + Unpin>(mut body: B) -> Vec<u8>
+    where
+        B::Error: std::fmt::Debug,
+    {
         let mut out = Vec::new();
         while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
         {

@@ -1,61 +1,103 @@
 //! The request fingerprint: what "the same request" means to the ledger.
 
-use http::header::CONTENT_TYPE;
+use http::{HeaderValue, Method};
 use sha2::{Digest, Sha256};
+
+use crate::key::push_hex;
 
 /// Domain tag, so a fingerprint never hashes the same bytes as a derived key.
 const TAG: &[u8] = b"idempotent-retry:request:v1";
 
-/// SHA-256 (64 lowercase hex digits) of the request's method, URL (without fragment) and
-/// body, each length-prefixed. A JSON body (`application/json` or `+json`) that parses is
-/// hashed in RFC 8785 canonical form, so member order and number spelling do not make two
-/// spellings of one request look different. Headers are left out on purpose: credentials
-/// rotate between restarts, and the key header is the key itself.
+/// What "the same request" means to a [`Ledger`](crate::Ledger): the SHA-256 of a request's
+/// method, full URL (without fragment) and buffered body, each length-prefixed.
 ///
-/// `None` when the body is a stream, which cannot be read without consuming it.
-pub(crate) fn request_fingerprint(request: &reqwest::Request) -> Option<String> {
-    let body: Vec<u8> = match request.body() {
-        None => Vec::new(),
-        Some(body) => {
-            let bytes = body.as_bytes()?;
-            canonical_body(request, bytes).unwrap_or_else(|| bytes.to_vec())
-        }
-    };
-    let mut url = request.url().clone();
-    url.set_fragment(None);
-    let mut hasher = Sha256::new();
-    hasher.update(TAG);
-    for part in [
-        request.method().as_str().as_bytes(),
-        url.as_str().as_bytes(),
-        &body,
-    ] {
-        let len = u64::try_from(part.len()).unwrap_or(u64::MAX);
-        hasher.update(len.to_be_bytes());
-        hasher.update(part);
-    }
-    let digest = hasher.finalize();
-    let mut hex = String::with_capacity(64);
-    for byte in digest.iter() {
-        hex.push(char::from(b"0123456789abcdef"[usize::from(byte >> 4)]));
-        hex.push(char::from(b"0123456789abcdef"[usize::from(byte & 0x0f)]));
-    }
-    Some(hex)
+/// A JSON body (`application/json` or `+json`) that parses is hashed in RFC 8785 canonical
+/// form, so member order and number spelling do not make two spellings of one request look
+/// different. Headers are left out on purpose: credentials rotate between restarts, and the
+/// key header is the key itself. Every front end computes it the same way, so a request sent
+/// through the [`Client`](crate::Client), the tower service or the middleware has one
+/// fingerprint, and rows written by one are recognised by the others.
+///
+/// A request type of your own gives it through
+/// [`RetryRequest::fingerprint`](crate::RetryRequest::fingerprint).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RequestFingerprint {
+    hex: String,
+    /// The URL as normalized, for a replayed `reqwest::Response` to report.
+    url: Option<reqwest::Url>,
 }
 
-fn canonical_body(request: &reqwest::Request, bytes: &[u8]) -> Option<Vec<u8>> {
-    let content_type = request.headers().get(CONTENT_TYPE)?.to_str().ok()?;
+impl RequestFingerprint {
+    /// The fingerprint of a request with this method, URL, `Content-Type` and body. A URL
+    /// that parses as an absolute URL is normalized first (as `reqwest` spells it, fragment
+    /// dropped), so `http://x` and `http://x/` are one target.
+    pub fn new(
+        method: &Method,
+        url: &str,
+        content_type: Option<&HeaderValue>,
+        body: &[u8],
+    ) -> Self {
+        let normalized = reqwest::Url::parse(url).ok().map(|mut url| {
+            url.set_fragment(None);
+            url
+        });
+        let url = normalized.as_ref().map_or(url, reqwest::Url::as_str);
+        let canonical = canonical_body(content_type, body);
+        let body = canonical.as_deref().unwrap_or(body);
+        let mut hasher = Sha256::new();
+        hasher.update(TAG);
+        for part in [method.as_str().as_bytes(), url.as_bytes(), body] {
+            let len = u64::try_from(part.len()).unwrap_or(u64::MAX);
+            hasher.update(len.to_be_bytes());
+            hasher.update(part);
+        }
+        let mut hex = String::with_capacity(64);
+        for byte in hasher.finalize() {
+            push_hex(&mut hex, byte);
+        }
+        RequestFingerprint {
+            hex,
+            url: normalized,
+        }
+    }
+
+    /// The 64 lowercase hex digits stored in the ledger's `fingerprint` column.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.hex
+    }
+
+    /// The normalized URL, when the request's URL was absolute.
+    pub(crate) fn url(&self) -> Option<&reqwest::Url> {
+        self.url.as_ref()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn into_string(self) -> String {
+        self.hex
+    }
+}
+
+fn canonical_body(content_type: Option<&HeaderValue>, bytes: &[u8]) -> Option<Vec<u8>> {
+    let content_type = content_type?.to_str().ok()?;
     let essence = content_type.split(';').next()?.trim().to_ascii_lowercase();
     if essence != "application/json" && !essence.ends_with("+json") {
         return None;
     }
     let value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
-    Some(crate::canonical_json(&value).into_bytes())
+    Some(crate::canonical::canonical_json(&value).into_bytes())
 }
 
 #[cfg(test)]
 mod tests {
+    use http::header::CONTENT_TYPE;
+
     use super::*;
+    use crate::exchange::RetryRequest;
+
+    fn request_fingerprint(request: &reqwest::Request) -> Option<String> {
+        request.fingerprint().map(RequestFingerprint::into_string)
+    }
 
     fn request(method: &str, url: &str, body: Option<(&str, &str)>) -> reqwest::Request {
         let client = reqwest::Client::new();

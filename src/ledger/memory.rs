@@ -113,7 +113,7 @@ impl MemoryLedger {
 pub(crate) fn may_take_over(row: &OperationRecord, claim: &Claim) -> bool {
     row.fingerprint == claim.fingerprint
         && row.status != OperationStatus::Succeeded
-        && row.first_attempt_at > claim.window_cutoff
+        && crate::window::is_open(row.first_attempt_at, claim.window_cutoff)
         && (row.status != OperationStatus::InFlight
             || row.lease_expires_at.is_none_or(|until| until <= claim.now))
 }

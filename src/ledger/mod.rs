@@ -71,7 +71,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, SystemTime};
 
-mod body;
+pub(crate) mod body;
 #[cfg(test)]
 mod conformance;
 mod error;
@@ -87,12 +87,12 @@ mod sql;
 mod sqlite;
 
 pub use error::{LedgerError, LedgerErrorKind};
-pub(crate) use fingerprint::request_fingerprint;
+pub use fingerprint::RequestFingerprint;
 pub use memory::MemoryLedger;
 pub use options::{InProgressPolicy, LedgerOptions};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresLedger;
-pub(crate) use session::{Begin, LedgerHandle, LedgerSession, begin_operation, finished};
+pub(crate) use session::{Begin, LedgerHandle, LedgerRun, Operation, can_replay, claim};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteLedger;
 
@@ -391,11 +391,6 @@ pub(crate) fn later(at: SystemTime, by: Duration) -> SystemTime {
     at.checked_add(by).map_or(cap, |sum| sum.min(cap))
 }
 
-/// Subtracts a duration from a time, saturating at the epoch.
-pub(crate) fn earlier(at: SystemTime, by: Duration) -> SystemTime {
-    at.checked_sub(by).unwrap_or(SystemTime::UNIX_EPOCH)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -427,11 +422,6 @@ mod tests {
         assert_eq!(later(now, Duration::from_secs(u64::MAX / 2)), forever);
         assert_eq!(later(forever, Duration::MAX), forever);
         assert_eq!(later(forever, Duration::from_secs(1)), forever);
-        assert_eq!(
-            earlier(now, Duration::MAX),
-            SystemTime::UNIX_EPOCH,
-            "earlier saturates at the epoch"
-        );
     }
 
     #[test]

@@ -1,26 +1,31 @@
-//! The client's side of the ledger: claim before the first attempt, record after each, finish
-//! at the end. Three calls, so they can move into any retry loop.
+//! A run's side of the ledger: claim before the first attempt, record after each, finish at
+//! the end, release if abandoned. Generic over the front end's request and response types
+//! (through [`RetryResponse`]), so every front end gets the same claim and the same replay;
+//! the engine (`engine/mod.rs`) calls these stages, this file never calls the engine.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
+use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
-use reqwest::ResponseBuilderExt;
 
-use super::body::{Capped, read_capped};
 use super::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerOptions, OperationRecord,
-    OperationStatus, SavedResponse, earlier, later, request_fingerprint,
+    OperationStatus, RequestFingerprint, SavedResponse, later,
 };
-use crate::classify::{FailureKind, classify_source_chain};
-use crate::engine::Settings;
+use crate::classify::FailureKind;
 use crate::error::{Error, ErrorKind};
+use crate::exchange::RetryResponse;
 use crate::key::IdempotencyKey;
-use crate::observe::{LedgerVerdict, OperationEvent};
-use crate::policy::RetryPolicy;
+use crate::outcome::Exposure;
+use crate::readable::{duration as human, rfc3339};
 use crate::report::RetryReport;
+use crate::time::{Clock, Sleeper};
+use crate::window;
 
-/// A client's ledger and how it uses it.
+/// A front end's ledger and how it uses it.
 #[derive(Debug, Clone)]
 pub(crate) struct LedgerHandle {
     pub(crate) ledger: Arc<dyn Ledger>,
@@ -31,200 +36,122 @@ pub(crate) struct LedgerHandle {
 /// run finished or its lease lapsed in that instant).
 const CLAIM_ROUNDS: u32 = 3;
 
-/// What to do after consulting the ledger.
+/// What the claim settled.
 #[derive(Debug)]
-pub(crate) enum Begin {
-    /// No ledger, or no key to record the operation by: send as usual.
-    Unledgered,
+pub(crate) enum Begin<R> {
     /// This run holds the operation: send, recording each attempt.
-    Proceed(LedgerSession),
+    Proceed(LedgerRun),
     /// The operation already succeeded: its saved response, nothing sent.
-    Replay(reqwest::Response),
+    Replay(R),
 }
 
-/// A run that holds an operation's lease.
+/// What a claim needs to know of the operation.
 #[derive(Debug)]
-pub(crate) struct LedgerSession {
+pub(crate) struct Operation<'a> {
+    pub(crate) key: &'a IdempotencyKey,
+    pub(crate) scope: String,
+    pub(crate) fingerprint: RequestFingerprint,
+    /// The policy's reconcile window, counted from the operation's first attempt.
+    pub(crate) window: Duration,
+    pub(crate) attempt_timeout: Duration,
+}
+
+/// A run that holds an operation's lease. Dropped before [`finish`](Self::finish) has written
+/// the outcome (the caller's future was dropped: a timeout around `send`, a `select!`), it
+/// releases the lease at once on a spawned task, recording whether an attempt may have reached
+/// the server, so the next run with the key goes ahead instead of waiting the lease out.
+#[derive(Debug)]
+pub(crate) struct LedgerRun {
     handle: LedgerHandle,
     key: IdempotencyKey,
     owner: String,
     first_attempt_at: SystemTime,
-    /// An earlier run may have executed the operation.
-    prior_unknown: bool,
     attempt_timeout: Duration,
+    /// Whether the operation may have run, as the attempt loop reports it.
+    pub(crate) exposure: Exposure,
+    /// The outcome is written (or the write was refused): nothing to release on drop.
+    settled: bool,
 }
 
-/// Claims the operation before its first attempt. Nothing is sent unless this returns
-/// `Proceed` (or `Unledgered`). When the ledger settles the operation here (a replay, a
-/// refusal, a failed claim), the observer is told, as the engine tells it at the end of a run.
-pub(crate) async fn begin_operation(
-    client: &Settings,
-    request: &reqwest::Request,
-    key: Option<&IdempotencyKey>,
-    scope: Option<String>,
-    policy: &RetryPolicy,
-    attempt_timeout: Duration,
-) -> Result<Begin, Error> {
-    let begun = claim_operation(client, request, key, scope, policy, attempt_timeout).await;
-    settled_at_claim(client, request, &begun);
-    begun
-}
-
-/// Hook point: tells the observer about an operation the ledger settled before any attempt.
-fn settled_at_claim(client: &Settings, request: &reqwest::Request, begun: &Result<Begin, Error>) {
-    let Some(observer) = &client.observer else {
-        return;
-    };
-    let method = request.method();
-    let host = request.url().host_str();
-    let event = match begun {
-        Ok(Begin::Unledgered | Begin::Proceed(_)) => return,
-        Ok(Begin::Replay(response)) => OperationEvent {
-            key: RetryReport::of(response).and_then(RetryReport::idempotency_key),
-            method,
-            host,
-            attempts: 0,
-            status: Some(response.status()),
-            error: None,
-            outcome_unknown: false,
-            elapsed: Duration::ZERO,
-            ledger_verdict: Some(LedgerVerdict::Replayed),
-        },
-        Err(err) => OperationEvent {
-            key: err.idempotency_key(),
-            method,
-            host,
-            attempts: 0,
-            status: err.status(),
-            error: Some(err.kind()),
-            outcome_unknown: err.is_outcome_unknown(),
-            elapsed: Duration::ZERO,
-            ledger_verdict: Some(LedgerVerdict::Refused),
-        },
-    };
-    observer.on_operation(&event);
-}
-
-/// Hook point: tells the observer how a run that held the claim ended, once the ledger's
-/// finish has settled what the caller gets (it may turn a response into an
-/// [`ErrorKind::Ledger`] error, or mark an error's outcome unknown because of an earlier run).
-pub(crate) fn finished(
-    client: &Settings,
-    method: &http::Method,
-    host: Option<&str>,
-    result: &Result<reqwest::Response, Error>,
-) {
-    let Some(observer) = &client.observer else {
-        return;
-    };
-    let event = match result {
-        Ok(response) => {
-            let report = RetryReport::of(response);
-            OperationEvent {
-                key: report.and_then(RetryReport::idempotency_key),
-                method,
-                host,
-                attempts: report.map_or(0, RetryReport::attempts),
-                status: Some(response.status()),
-                error: None,
-                outcome_unknown: false,
-                elapsed: report.map_or(Duration::ZERO, RetryReport::elapsed),
-                ledger_verdict: None,
-            }
-        }
-        Err(err) => OperationEvent {
-            key: err.idempotency_key(),
-            method,
-            host,
-            attempts: err.attempts(),
-            status: err.status(),
-            error: Some(err.kind()),
-            outcome_unknown: err.is_outcome_unknown(),
-            elapsed: err.elapsed(),
-            ledger_verdict: None,
-        },
-    };
-    observer.on_operation(&event);
-}
-
-async fn claim_operation(
-    client: &Settings,
-    request: &reqwest::Request,
-    key: Option<&IdempotencyKey>,
-    scope: Option<String>,
-    policy: &RetryPolicy,
-    attempt_timeout: Duration,
-) -> Result<Begin, Error> {
-    let (Some(handle), Some(key)) = (&client.ledger, key) else {
-        return Ok(Begin::Unledgered);
-    };
-    let Some(fingerprint) = request_fingerprint(request) else {
-        return Err(Error::builder(
-            "a request recorded in a ledger needs a buffered body (a stream cannot be fingerprinted)",
-        ));
-    };
+/// Claims the operation before its first attempt. Nothing may be sent unless this returns
+/// `Proceed`. A row this run may not take answers here, with nothing sent: the saved response
+/// (`Replay`), or `KeyReuse`, `InProgress`, `ReconcileWindow`, `Ledger`.
+///
+/// # Errors
+///
+/// As above; each error carries the key.
+pub(crate) async fn claim<R: RetryResponse>(
+    handle: &LedgerHandle,
+    clock: &dyn Clock,
+    sleeper: &dyn Sleeper,
+    operation: Operation<'_>,
+) -> Result<Begin<R>, Error> {
+    let Operation {
+        key,
+        scope,
+        fingerprint,
+        window,
+        attempt_timeout,
+    } = operation;
     let options = &handle.options;
-    let scope = scope.unwrap_or_else(|| request.url().host_str().unwrap_or("").to_owned());
-    let window = policy.get_reconcile_window();
     let retention = options.retention_for(&scope).max(window.saturating_mul(2));
     let owner = format!("{}/{}", options.worker, IdempotencyKey::random());
     let mut waited = Duration::ZERO;
     let mut rounds = 0;
     loop {
-        let now = client.clock.wall();
+        let now = clock.wall();
         let claim = Claim {
             key: key.as_str().to_owned(),
             scope: scope.clone(),
-            fingerprint: fingerprint.clone(),
+            fingerprint: fingerprint.as_str().to_owned(),
             owner: owner.clone(),
             now,
             lease_until: later(now, attempt_timeout.saturating_add(options.lease_slack)),
             expires_at: later(now, retention),
-            window_cutoff: earlier(now, window),
+            window_cutoff: window::cutoff(now, window),
         };
-        let claimed = handle.ledger.claim(&claim).await.map_err(|source| {
-            Error::ledger(
-                RetryReport::new(Some(key.clone())),
-                false,
-                "could not claim the operation; nothing was sent",
-                source,
-            )
-        })?;
+        let cutoff = claim.window_cutoff;
+        let claimed = claim_detached(&handle.ledger, claim)
+            .await
+            .map_err(|source| {
+                Error::ledger(
+                    RetryReport::new(Some(key.clone())),
+                    false,
+                    "could not claim the operation; nothing was sent",
+                    source,
+                )
+            })?;
         let existing = match claimed {
             Claimed::New(record) => {
-                return Ok(Begin::Proceed(session(
+                return Ok(Begin::Proceed(LedgerRun::new(
                     handle,
                     key,
                     owner,
                     &record,
-                    false,
+                    Exposure::default(),
                     attempt_timeout,
                 )));
             }
             Claimed::TakenOver { record, previous } => {
-                let prior_unknown = matches!(
-                    previous,
-                    OperationStatus::Unknown | OperationStatus::InFlight
-                );
                 tracing::info!(
                     key = key.as_str(),
                     previous = previous.as_str(),
                     attempts = record.attempts,
                     "resuming an operation recorded in the ledger"
                 );
-                return Ok(Begin::Proceed(session(
+                return Ok(Begin::Proceed(LedgerRun::new(
                     handle,
                     key,
                     owner,
                     &record,
-                    prior_unknown,
+                    Exposure::after(previous),
                     attempt_timeout,
                 )));
             }
             Claimed::Existing(record) => record,
         };
         let report = RetryReport::new(Some(key.clone()));
-        if existing.fingerprint != fingerprint {
+        if existing.fingerprint != fingerprint.as_str() {
             tracing::error!(
                 key = key.as_str(),
                 scope = existing.scope.as_str(),
@@ -238,39 +165,42 @@ async fn claim_operation(
             ));
         }
         if existing.status == OperationStatus::Succeeded {
-            return replay(&existing, request, key).map(Begin::Replay);
+            return replay(&existing, &fingerprint, key).map(Begin::Replay);
         }
-        let unresolved = matches!(
-            existing.status,
-            OperationStatus::Unknown | OperationStatus::InFlight
-        );
-        if existing.first_attempt_at <= claim.window_cutoff {
+        let unresolved = Exposure::after(existing.status).is_unknown();
+        if !window::is_open(existing.first_attempt_at, cutoff) {
             return Err(
                 Error::operation(ErrorKind::ReconcileWindow, report, unresolved)
                     .with_window(window)
                     .with_message(format!(
-                        "first attempted {} ago",
-                        humantime_ago(now, existing.first_attempt_at)
+                        "first attempted at {}, {} ago",
+                        rfc3339(existing.first_attempt_at),
+                        human(
+                            now.duration_since(existing.first_attempt_at)
+                                .unwrap_or_default()
+                        )
                     )),
             );
         }
-        let live_lease = existing.status == OperationStatus::InFlight
-            && existing.lease_expires_at.is_some_and(|until| until > now);
-        if live_lease {
+        let lease = existing
+            .lease_expires_at
+            .filter(|until| existing.status == OperationStatus::InFlight && *until > now);
+        if let Some(until) = lease {
             if let super::InProgressPolicy::Wait { poll, max_wait } = options.in_progress
                 && waited < max_wait
                 && !poll.is_zero()
             {
                 let step = poll.min(max_wait - waited);
-                client.sleeper.sleep(step).await;
+                sleeper.sleep(step).await;
                 waited += step;
                 continue;
             }
             return Err(
                 Error::operation(ErrorKind::InProgress, report, true).with_message(format!(
-                    "held by {} until {} ms after the epoch; nothing was sent",
-                    existing.lease_owner.as_deref().unwrap_or("?"),
-                    existing.lease_expires_at.map_or(0, super::to_millis)
+                    "held by {} until {} ({} from now); nothing was sent",
+                    holder(existing.lease_owner.as_deref()),
+                    rfc3339(until),
+                    human(until.duration_since(now).unwrap_or_default()),
                 )),
             );
         }
@@ -283,34 +213,70 @@ async fn claim_operation(
     }
 }
 
-fn session(
-    handle: &LedgerHandle,
-    key: &IdempotencyKey,
-    owner: String,
-    record: &OperationRecord,
-    prior_unknown: bool,
-    attempt_timeout: Duration,
-) -> LedgerSession {
-    LedgerSession {
-        handle: handle.clone(),
-        key: key.clone(),
-        owner,
-        first_attempt_at: record.first_attempt_at,
-        prior_unknown,
-        attempt_timeout,
+/// Runs the ledger's claim so that it is never lost: polled here first (an in-memory ledger
+/// answers at once, with no task spawned), and if it has to wait, finished on a task of its
+/// own. When the caller is dropped while the claim is in flight, that task still learns what
+/// the claim did and releases a lease it took, so the row is not left held by a run that is
+/// gone.
+async fn claim_detached(ledger: &Arc<dyn Ledger>, claim: Claim) -> Result<Claimed, LedgerError> {
+    let detached = Arc::clone(ledger);
+    let mut pending = Box::pin(async move {
+        let claimed = detached.claim(&claim).await;
+        (claimed, claim, detached)
+    });
+    let first = std::future::poll_fn(|cx| Poll::Ready(pending.as_mut().poll(cx))).await;
+    if let Poll::Ready((claimed, _, _)) = first {
+        return claimed;
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (claimed, claim, ledger) = pending.await;
+        if let Err(Ok(taken)) = tx.send(claimed) {
+            release_unused_claim(&*ledger, &claim, &taken).await;
+        }
+    });
+    rx.await
+        .unwrap_or_else(|_| Err(LedgerError::unavailable("the ledger's claim task ended")))
+}
+
+/// Gives back a lease the claim took for a caller that has gone, leaving the row as it found
+/// it: a new row as not executed, a row taken over with the status it had.
+async fn release_unused_claim(ledger: &dyn Ledger, claim: &Claim, claimed: &Claimed) {
+    let status = match claimed {
+        Claimed::New(_) => OperationStatus::FailedFinal,
+        Claimed::TakenOver { previous, .. } => {
+            Exposure::unresolved_status(Exposure::after(*previous).is_unknown())
+        }
+        Claimed::Existing(_) => return,
+    };
+    let finish = Finish {
+        key: claim.key.clone(),
+        owner: claim.owner.clone(),
+        status,
+        response: None,
+    };
+    if let Err(err) = ledger.finish(&finish).await {
+        tracing::warn!(key = claim.key.as_str(), error = %err, "could not release an abandoned claim; its lease will lapse");
     }
 }
 
-fn humantime_ago(now: SystemTime, then: SystemTime) -> String {
-    format!("{:?}", now.duration_since(then).unwrap_or_default())
+/// The lease holder as a person reads it: the worker's name (set with
+/// [`LedgerOptions::worker`]) and the run's token.
+fn holder(owner: Option<&str>) -> String {
+    match owner.and_then(|owner| owner.rsplit_once('/')) {
+        Some((worker, run)) => format!("worker {worker} (run {run})"),
+        None => format!("worker {}", owner.unwrap_or("unknown")),
+    }
 }
 
-/// The saved response of a succeeded operation, as a response; no request is sent.
-fn replay(
+/// The saved response of a succeeded operation, as the front end's response; no request is
+/// sent.
+fn replay<R: RetryResponse>(
     record: &OperationRecord,
-    request: &reqwest::Request,
+    fingerprint: &RequestFingerprint,
     key: &IdempotencyKey,
-) -> Result<reqwest::Response, Error> {
+) -> Result<R, Error> {
+    use reqwest::ResponseBuilderExt as _;
     let corrupt = |what: String| {
         Error::ledger(
             RetryReport::new(Some(key.clone())),
@@ -326,9 +292,11 @@ fn replay(
     };
     let status = StatusCode::from_u16(saved.status)
         .map_err(|_| corrupt(format!("saved status {} is not a status", saved.status)))?;
-    let mut builder = http::Response::builder()
-        .status(status)
-        .url(request.url().clone());
+    let mut builder = http::Response::builder().status(status);
+    if let Some(url) = fingerprint.url() {
+        // A `reqwest::Response` built from this reports the request's URL.
+        builder = builder.url(url.clone());
+    }
     for (name, value) in &saved.headers {
         let name = HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| corrupt(format!("saved header name {name:?} is invalid")))?;
@@ -336,11 +304,15 @@ fn replay(
             .map_err(|_| corrupt(format!("saved header value {value:?} is invalid")))?;
         builder = builder.header(name, value);
     }
-    let body = saved.body.clone().unwrap_or_default();
-    let response = builder
+    let body = saved.body.clone().map(Bytes::from).unwrap_or_default();
+    let rebuilt = builder
         .body(body)
         .map_err(|err| corrupt(format!("saved response cannot be rebuilt: {err}")))?;
-    let mut response = reqwest::Response::from(response);
+    let mut response = R::from_saved(rebuilt).ok_or_else(|| {
+        corrupt(format!(
+            "the saved body of {key} cannot be rebuilt as this front end's response body"
+        ))
+    })?;
     let mut report = RetryReport::new(Some(key.clone()));
     report.replayed = true;
     report.replay_body_missing = saved.body.is_none();
@@ -353,15 +325,36 @@ fn replay(
     Ok(response)
 }
 
-impl LedgerSession {
-    /// The policy for this run: its reconcile window shortened by the time that passed since
-    /// the operation's first attempt, in earlier runs included.
-    pub(crate) fn remaining_window(&self, policy: RetryPolicy, now: SystemTime) -> RetryPolicy {
-        let spent = now
-            .duration_since(self.first_attempt_at)
-            .unwrap_or_default();
-        let window = policy.get_reconcile_window();
-        policy.reconcile_window(window.saturating_sub(spent))
+/// Whether the front end's response type can be rebuilt from a saved response, so a run may
+/// claim an operation whose success it must later be able to replay.
+pub(crate) fn can_replay<R: RetryResponse>() -> bool {
+    R::from_saved(http::Response::new(Bytes::new())).is_some()
+}
+
+impl LedgerRun {
+    fn new(
+        handle: &LedgerHandle,
+        key: &IdempotencyKey,
+        owner: String,
+        record: &OperationRecord,
+        exposure: Exposure,
+        attempt_timeout: Duration,
+    ) -> Self {
+        LedgerRun {
+            handle: handle.clone(),
+            key: key.clone(),
+            owner,
+            first_attempt_at: record.first_attempt_at,
+            attempt_timeout,
+            exposure,
+            settled: false,
+        }
+    }
+
+    /// What this run has left of the operation's reconcile window of `length`: the window
+    /// counts from the first attempt, in earlier runs included.
+    pub(crate) fn window_left(&self, length: Duration, now: SystemTime) -> Duration {
+        window::left_after_earlier_runs(length, self.first_attempt_at, now)
     }
 
     /// Records one attempt that just ended, and renews the lease past the wait and the next
@@ -388,32 +381,28 @@ impl LedgerSession {
     /// up to [`LedgerOptions::max_body`] (a longer one is handed back unread past that point
     /// and not saved), then handed back. When the outcome cannot be written, the caller gets an
     /// [`ErrorKind::Ledger`] error carrying the key (and the response, when there was one).
-    pub(crate) async fn finish(
-        &self,
-        result: Result<reqwest::Response, Error>,
-    ) -> Result<reqwest::Response, Error> {
+    pub(crate) async fn finish<R: RetryResponse>(
+        mut self,
+        result: Result<R, Error>,
+    ) -> Result<R, Error> {
         match result {
             Ok(response) => self.finish_response(response).await,
             Err(err) => self.finish_error(err).await,
         }
     }
 
-    async fn finish_error(&self, mut err: Error) -> Result<reqwest::Response, Error> {
-        if self.prior_unknown {
+    async fn finish_error<R: RetryResponse>(&mut self, mut err: Error) -> Result<R, Error> {
+        if self.exposure.earlier() {
             err.mark_outcome_unknown();
         }
-        let status = if err.is_outcome_unknown() {
-            OperationStatus::Unknown
-        } else {
-            OperationStatus::FailedFinal
-        };
+        let status = Exposure::unresolved_status(err.is_outcome_unknown());
         match self.write(status, None).await {
             Ok(()) => Err(err),
             // The run already failed over the ledger: that error says it all.
             Err(_) if err.kind() == ErrorKind::Ledger => Err(err),
             Err(source) => {
                 let unknown = err.is_outcome_unknown();
-                let response = err.take_response();
+                let response = err.take_response_as::<R>();
                 let message = format!("the operation's outcome ({err}) could not be recorded");
                 let ledger_err = Error::ledger(err.report().clone(), unknown, message, source);
                 Err(match response {
@@ -424,41 +413,35 @@ impl LedgerSession {
         }
     }
 
-    async fn finish_response(
-        &self,
-        mut response: reqwest::Response,
-    ) -> Result<reqwest::Response, Error> {
+    async fn finish_response<R: RetryResponse>(&mut self, response: R) -> Result<R, Error> {
+        let mut response = response;
         let report = response
             .extensions_mut()
             .remove::<RetryReport>()
             .unwrap_or_else(|| RetryReport::new(Some(self.key.clone())));
         let status = response.status();
-        let version = response.version();
-        let url = response.url().clone();
-        let headers = response.headers().clone();
-        let options = &self.handle.options;
-        // Read no more than the ledger saves: a longer body goes back to the caller unread
-        // past the cap, and is not saved.
-        let (saved_body, body) =
-            match read_capped(reqwest::Body::from(response), options.max_body).await {
-                Ok(Capped::Whole(bytes)) => (Some(bytes.to_vec()), reqwest::Body::from(bytes)),
-                Ok(Capped::Over(body)) => (None, body),
-                Err(source) => {
-                    // The server answered, but the answer was cut or stalled: it may well have run.
-                    let failure = if source.is_timeout() {
-                        FailureKind::Timeout
-                    } else {
-                        classify_source_chain(&source).unwrap_or(FailureKind::ConnectionClosed)
-                    };
-                    let err = Error::operation(ErrorKind::Transport, report, true)
-                        .with_failure(Some(failure))
-                        .with_source(source);
-                    return self.finish_error(err).await;
-                }
-            };
+        let max_body = self.handle.options.max_body;
+        let (mut response, saved_body) = match response.read_to_save(max_body).await {
+            Ok(read) => read,
+            Err(source) => {
+                // The server answered, but the answer was cut or stalled: it may well have run.
+                let failure = match source.downcast_ref::<reqwest::Error>() {
+                    Some(err) if err.is_timeout() => FailureKind::Timeout,
+                    _ => crate::classify::classify_source_chain(&*source)
+                        .unwrap_or(FailureKind::ConnectionClosed),
+                };
+                let err = Error::operation(ErrorKind::Transport, report, true)
+                    .with_failure(Some(failure))
+                    .with_source(source);
+                return self.finish_error(err).await;
+            }
+        };
+        let headers = response.headers();
         let saved = SavedResponse {
             status: status.as_u16(),
-            headers: options
+            headers: self
+                .handle
+                .options
                 .saved_headers
                 .iter()
                 .flat_map(|name| {
@@ -470,28 +453,13 @@ impl LedgerSession {
                     })
                 })
                 .collect(),
-            body: saved_body,
+            body: saved_body.map(|bytes| bytes.to_vec()),
         };
-        let outcome = outcome_of(status);
-        let written = self.write(outcome, Some(saved)).await;
-        let mut rebuilt = http::Response::builder()
-            .status(status)
-            .version(version)
-            .url(url);
-        if let Some(slot) = rebuilt.headers_mut() {
-            *slot = headers;
-        }
-        let mut rebuilt = match rebuilt.body(body) {
-            Ok(rebuilt) => reqwest::Response::from(rebuilt),
-            // Unreachable: every part came from a valid response.
-            Err(err) => {
-                return Err(Error::operation(ErrorKind::Transport, report, true).with_source(err));
-            }
-        };
+        let written = self.write(outcome_of(status), Some(saved)).await;
         match written {
             Ok(()) => {
-                rebuilt.extensions_mut().insert(report);
-                Ok(rebuilt)
+                response.extensions_mut().insert(report);
+                Ok(response)
             }
             Err(source) => Err(Error::ledger(
                 report,
@@ -499,12 +467,12 @@ impl LedgerSession {
                 "the response arrived but could not be recorded",
                 source,
             )
-            .with_response(status, rebuilt)),
+            .with_response(status, response)),
         }
     }
 
     async fn write(
-        &self,
+        &mut self,
         status: OperationStatus,
         response: Option<SavedResponse>,
     ) -> Result<(), LedgerError> {
@@ -514,7 +482,48 @@ impl LedgerSession {
             status,
             response,
         };
-        self.handle.ledger.finish(&finish).await
+        let written = self.handle.ledger.finish(&finish).await;
+        self.settled = true;
+        written
+    }
+}
+
+impl Drop for LedgerRun {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        // The run was abandoned before its outcome was written. Release the lease now, so the
+        // next run with the key goes ahead with the same key and window; a process that dies
+        // without getting here is still covered by the lease lapsing.
+        let unknown = self.exposure.is_unknown();
+        let finish = Finish {
+            key: self.key.as_str().to_owned(),
+            owner: std::mem::take(&mut self.owner),
+            status: Exposure::unresolved_status(unknown),
+            response: None,
+        };
+        tracing::info!(
+            key = finish.key.as_str(),
+            outcome_unknown = unknown,
+            "operation abandoned by its caller; releasing its lease"
+        );
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let ledger = Arc::clone(&self.handle.ledger);
+        runtime.spawn(async move {
+            match ledger.finish(&finish).await {
+                Ok(()) => {}
+                // The outcome was written after all, or another run took the row over.
+                Err(err) if err.kind() == super::LedgerErrorKind::LeaseLost => {}
+                Err(err) => tracing::warn!(
+                    key = finish.key.as_str(),
+                    error = %err,
+                    "could not release an abandoned operation; its lease will lapse"
+                ),
+            }
+        });
     }
 }
 

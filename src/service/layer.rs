@@ -3,10 +3,10 @@
 use std::fmt;
 use std::sync::Arc;
 
+use super::IdempotentRetry;
 use crate::client::ClientBuilder;
-use crate::engine::Settings;
 use crate::error::Error;
-use crate::service::IdempotentRetry;
+use crate::settings::Settings;
 
 /// Wraps a service in [`IdempotentRetry`]: one key per logical request, the crate's retry
 /// rules for every attempt.
@@ -79,9 +79,8 @@ impl ClientBuilder {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) when a policy is invalid, the
-    /// attempt header is the key header, or a [`ledger`](Self::ledger) is set (only
-    /// [`Client`](crate::Client) records operations in a ledger).
+    /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) when a policy is invalid or the
+    /// attempt header is the key header.
     pub fn build_layer(self) -> Result<IdempotentRetryLayer, Error> {
         Ok(IdempotentRetryLayer::from_settings(Arc::new(
             self.into_settings()?,
@@ -91,30 +90,24 @@ impl ClientBuilder {
 
 impl crate::Client {
     /// A tower layer sharing this client's settings (policies, key header, observer, clock,
-    /// sleeper, RNG and retry budget), for services other than this client.
-    ///
-    /// # Errors
-    ///
-    /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) when the client has a
-    /// [`Ledger`](crate::Ledger): the layer could not claim, record or replay operations, and
-    /// a layer that silently ran without the ledger would send what the ledger would have
-    /// refused or replayed. Build the layer from a [`ClientBuilder`] without a ledger instead.
+    /// sleeper, RNG, retry budget and [`Ledger`](crate::Ledger)), for services other than this
+    /// client. Operations sent through the layer and through the client are one set: a key
+    /// claimed by one is in progress, replayed or refused for the other.
     ///
     /// # Examples
     ///
     /// ```
-    /// use idempotent_retry::{Client, ErrorKind, MemoryLedger};
+    /// use idempotent_retry::{Client, MemoryLedger};
+    /// use tower::ServiceBuilder;
     ///
-    /// let client = Client::builder().build()?;
-    /// let _layer = client.layer()?;
-    ///
-    /// let ledgered = Client::builder().ledger(MemoryLedger::new()).build()?;
-    /// assert_eq!(ledgered.layer().map(drop).unwrap_err().kind(), ErrorKind::Builder);
+    /// let client = Client::builder().ledger(MemoryLedger::new()).build()?;
+    /// let service = ServiceBuilder::new()
+    ///     .layer(client.layer())
+    ///     .service(reqwest::Client::new());
+    /// # drop(service);
     /// # Ok::<(), idempotent_retry::Error>(())
     /// ```
-    pub fn layer(&self) -> Result<IdempotentRetryLayer, Error> {
-        Ok(IdempotentRetryLayer::from_settings(
-            self.front_end_settings()?,
-        ))
+    pub fn layer(&self) -> IdempotentRetryLayer {
+        IdempotentRetryLayer::from_settings(self.front_end_settings())
     }
 }

@@ -12,9 +12,12 @@ use std::future::poll_fn;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::engine::{self, BoxError, Overrides, RetryRequest, RetryResponse, SendError, Settings};
+use crate::client::warn_if_inner_redirected;
+use crate::engine;
 use crate::error::Error;
-use crate::exchange::send_error;
+use crate::exchange::{RetryRequest, RetryResponse};
+use crate::settings::{Overrides, Settings};
+use crate::transport::{BoxError, SendError, Transport, send_error};
 
 pub use future::ResponseFuture;
 pub use layer::IdempotentRetryLayer;
@@ -141,7 +144,7 @@ struct ServiceTransport<S> {
     key_header: http::HeaderName,
 }
 
-impl<S, R> engine::Transport<R> for ServiceTransport<S>
+impl<S, R> Transport<R> for ServiceTransport<S>
 where
     R: RetryRequest,
     S: tower::Service<R> + Send,
@@ -187,7 +190,7 @@ where
             sent,
             (&response as &dyn Any).downcast_ref::<reqwest::Response>(),
         ) {
-            crate::redirect::warn_if_inner_redirected(&url, received.url(), key.as_ref());
+            warn_if_inner_redirected(&url, received.url(), key.as_ref());
         }
         Ok(response)
     }
@@ -195,21 +198,7 @@ where
 
 #[cfg(test)]
 mod tests {
-    use std::io;
-
     use super::*;
-    use crate::classify::FailureKind;
-    use crate::exchange::classify_boxed;
-
-    #[test]
-    fn unknown_errors_are_fatal_and_known_shapes_are_found_anywhere() {
-        let plain: BoxError = "something odd".into();
-        assert_eq!(classify_boxed(&*plain), FailureKind::Fatal);
-        let reset: BoxError = Box::new(io::Error::from(io::ErrorKind::ConnectionReset));
-        assert_eq!(classify_boxed(&*reset), FailureKind::ConnectionReset);
-        let elapsed: BoxError = Box::new(tower::timeout::error::Elapsed::new());
-        assert_eq!(classify_boxed(&*elapsed), FailureKind::Timeout);
-    }
 
     #[test]
     fn service_and_layer_are_clone_send_sync() {

@@ -6,6 +6,7 @@
 // The test server records real arrival times; only the crate itself must read time through `Clock`.
 #![allow(clippy::disallowed_methods)]
 
+pub mod crash;
 #[cfg(all(feature = "tower", feature = "middleware"))]
 pub mod front;
 pub mod logs;
@@ -13,6 +14,7 @@ pub mod policy;
 pub mod raw;
 pub mod server;
 
+pub use crash::*;
 pub use logs::*;
 pub use policy::*;
 pub use raw::*;

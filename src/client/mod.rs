@@ -1,4 +1,12 @@
-//! The client: a `reqwest::Client` plus a retry policy, a key header and the time sources.
+//! The reqwest front end: [`Client`] (a `reqwest::Client` plus the shared settings) and its
+//! [`ClientBuilder`], which also builds the tower layer and the middleware. Its requests
+//! (`request.rs`) run through the engine's pipeline with the reqwest transport
+//! (`transport.rs`), which follows redirects by the client's own rules (`redirect/`).
+
+mod redirect;
+mod request;
+mod shared;
+mod transport;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -10,14 +18,17 @@ use rand::rngs::StdRng;
 use reqwest::IntoUrl;
 
 use crate::budget::RetryBudget;
-use crate::engine::Settings;
 use crate::error::Error;
 use crate::ledger::{Ledger, LedgerHandle, LedgerOptions};
-use crate::observe::Observer;
+use crate::observe::{AttemptEvent, Chain, Observer, OnAttempt, OnOperation, OperationEvent};
 use crate::policy::RetryPolicy;
-use crate::redirect::RedirectPolicy;
-use crate::request::RequestBuilder;
+use crate::settings::{Jitter, Settings};
 use crate::time::{Clock, Sleeper, TokioClock, TokioSleeper};
+
+pub(crate) use redirect::warn_if_inner_redirected;
+pub use redirect::{RedirectChain, RedirectHop, RedirectPolicy, RedirectStop};
+pub use request::RequestBuilder;
+use shared::ClientRef;
 
 /// The default idempotency key header.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -46,25 +57,6 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 #[derive(Clone, Debug)]
 pub struct Client {
     pub(crate) inner: Arc<ClientRef>,
-}
-
-pub(crate) struct ClientRef {
-    pub(crate) http: reqwest::Client,
-    pub(crate) settings: Arc<Settings>,
-    /// The redirects the client follows itself (the other front ends follow none).
-    pub(crate) redirects: RedirectPolicy,
-}
-
-/// Where jitter comes from: the thread-local RNG, or one seeded RNG shared by all clones.
-pub(crate) enum Jitter {
-    Thread,
-    Seeded(Box<Mutex<StdRng>>),
-}
-
-impl fmt::Debug for ClientRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.settings.debug_as("Client", f)
-    }
 }
 
 impl Client {
@@ -195,34 +187,20 @@ impl Client {
     /// (everything but `GET`, `HEAD`, `OPTIONS`, `PUT`, `DELETE`, `TRACE`) get a random key
     /// unless one is given.
     pub fn request<U: IntoUrl>(&self, method: Method, url: U) -> RequestBuilder {
-        RequestBuilder::new(self.clone(), self.inner.http.request(method, url))
+        RequestBuilder::new(
+            Arc::clone(&self.inner),
+            self.inner.http.request(method, url),
+        )
     }
 }
 
 #[cfg(any(feature = "tower", feature = "middleware"))]
 impl Client {
-    /// This client's settings, for a tower layer or a middleware to share.
-    ///
-    /// # Errors
-    ///
-    /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) when the client has a ledger.
-    pub(crate) fn front_end_settings(&self) -> Result<Arc<Settings>, Error> {
-        if self.inner.settings.ledger.is_some() {
-            return Err(ledger_unsupported());
-        }
-        Ok(Arc::clone(&self.inner.settings))
+    /// This client's settings, for a tower layer or a middleware to share (its ledger
+    /// included).
+    pub(crate) fn front_end_settings(&self) -> Arc<Settings> {
+        Arc::clone(&self.inner.settings)
     }
-}
-
-/// The refusal of a front end asked to use a ledger. The claim and the saved response need the
-/// reqwest front end's request and response types; a front end that silently did not record
-/// would be worse than one that refuses.
-#[cfg(any(feature = "tower", feature = "middleware"))]
-fn ledger_unsupported() -> Error {
-    Error::builder(
-        "a ledger is supported by Client only, not by the tower or middleware front ends: \
-         build the layer or middleware from a ClientBuilder without one",
-    )
 }
 
 /// Configures a [`Client`].
@@ -414,7 +392,7 @@ impl ClientBuilder {
     pub fn observer(mut self, observer: impl Observer) -> Self {
         let added: Arc<dyn Observer> = Arc::new(observer);
         self.observer = Some(match self.observer.take() {
-            Some(earlier) => Arc::new(crate::observe::Chain(earlier, added)),
+            Some(earlier) => Arc::new(Chain(earlier, added)),
             None => added,
         });
         self
@@ -463,11 +441,15 @@ impl ClientBuilder {
     /// restarts, a finished operation is replayed instead of sent, and two workers sharing the
     /// ledger never send one key at the same time. See [`Ledger`] for what is recorded.
     ///
-    /// The ledger serves this crate's [`Client`] only: the claim fingerprints the buffered
-    /// `reqwest` body and the finish saves the `reqwest` response. Building a tower layer or a
-    /// middleware from a builder with a ledger is an
-    /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) error, and so is taking one from a
-    /// client that has a ledger (`Client::layer`, `Client::middleware`).
+    /// Every front end built from this builder uses it the same way: the [`Client`], the
+    /// tower layer ([`build_layer`](Self::build_layer)) and the `reqwest-middleware` middleware
+    /// ([`build_middleware`](Self::build_middleware)), and those taken from a client
+    /// (`Client::layer`, `Client::middleware`) share its ledger. The claim fingerprints the
+    /// request's buffered body and a replay rebuilds the front end's own response type; a
+    /// request or response type that cannot be (a streamed body, hyper's `Incoming`) is refused
+    /// with [`ErrorKind::Builder`](crate::ErrorKind::Builder) before anything is claimed or
+    /// sent (see [`RetryRequest::fingerprint`](crate::RetryRequest::fingerprint) and
+    /// [`RetryResponse::from_saved`](crate::RetryResponse::from_saved)).
     ///
     /// Default: none.
     pub fn ledger(mut self, ledger: impl Ledger) -> Self {
@@ -491,10 +473,77 @@ impl ClientBuilder {
     #[cfg(any(feature = "tower", feature = "middleware"))]
     pub(crate) fn into_settings(self) -> Result<Settings, Error> {
         self.validate()?;
-        if self.ledger.is_some() {
-            return Err(ledger_unsupported());
-        }
         Ok(self.settings_unchecked())
+    }
+
+    /// Calls `f` after every attempt, with the same [`AttemptEvent`] an [`Observer`] gets: the
+    /// closure form of [`Observer::on_attempt`]. It runs inside the retry loop, so it must be
+    /// quick and must not block.
+    ///
+    /// Observers add up: `f` is called along with every other observer and callback given to
+    /// this builder, in the order they were given. The client, the tower layer and the
+    /// middleware built from this builder all call it.
+    ///
+    /// Default: none.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicU32, Ordering};
+    /// use std::time::Duration;
+    /// use idempotent_retry::{Client, RetryPolicy};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let retries = Arc::new(AtomicU32::new(0));
+    /// let unknown = Arc::new(AtomicU32::new(0));
+    /// let (r, u) = (Arc::clone(&retries), Arc::clone(&unknown));
+    /// let client = Client::builder()
+    ///     .policy(RetryPolicy::default().max_attempts(3).base_delay(Duration::from_millis(1)))
+    ///     .on_attempt(move |event| {
+    ///         if event.delay.is_some() {
+    ///             r.fetch_add(1, Ordering::Relaxed);
+    ///         }
+    ///     })
+    ///     .on_operation(move |event| {
+    ///         if event.outcome_unknown {
+    ///             u.fetch_add(1, Ordering::Relaxed);
+    ///         }
+    ///     })
+    ///     .build()?;
+    ///
+    /// // Nothing listens on this port: every attempt is refused, so nothing can have run.
+    /// let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    /// let err = client
+    ///     .post(format!("http://127.0.0.1:{port}/"))
+    ///     .send()
+    ///     .await
+    ///     .expect_err("connection refused");
+    /// assert_eq!(err.attempts(), 3);
+    /// assert_eq!(retries.load(Ordering::Relaxed), 2);
+    /// assert_eq!(unknown.load(Ordering::Relaxed), 0);
+    /// # Ok(()) }
+    /// ```
+    pub fn on_attempt<F>(self, f: F) -> Self
+    where
+        F: Fn(&AttemptEvent<'_>) + Send + Sync + 'static,
+    {
+        self.observer(OnAttempt(f))
+    }
+
+    /// Calls `f` once at the end of every operation, with the same [`OperationEvent`] an
+    /// [`Observer`] gets: the closure form of [`Observer::on_operation`]. Quick and
+    /// non-blocking, as for [`on_attempt`](Self::on_attempt), whose example shows both.
+    ///
+    /// Observers add up, as for [`on_attempt`](Self::on_attempt).
+    ///
+    /// Default: none.
+    pub fn on_operation<F>(self, f: F) -> Self
+    where
+        F: Fn(&OperationEvent<'_>) + Send + Sync + 'static,
+    {
+        self.observer(OnOperation(f))
     }
 
     pub(crate) fn settings_unchecked(self) -> Settings {

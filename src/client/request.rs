@@ -1,4 +1,5 @@
-//! A request under construction; `send` hands it to the retry engine (`engine.rs`).
+//! A request under construction; `send` hands it to the engine's pipeline (`engine/mod.rs`)
+//! with the reqwest transport.
 
 use std::fmt;
 use std::sync::Arc;
@@ -6,15 +7,14 @@ use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::Serialize;
-use tracing::Instrument;
 
-use crate::client::Client;
-use crate::engine::{self, Overrides};
+use super::shared::ClientRef;
+use super::transport::ReqwestTransport;
+use crate::engine;
 use crate::error::Error;
-use crate::exchange::ReqwestTransport;
 use crate::key::IdempotencyKey;
-use crate::ledger::{Begin, begin_operation, finished};
 use crate::policy::RetryPolicy;
+use crate::settings::Overrides;
 
 /// A request being built; [`send`](Self::send) runs it as one logical operation.
 ///
@@ -22,7 +22,7 @@ use crate::policy::RetryPolicy;
 /// that fails to serialize) are deferred to [`send`](Self::send).
 #[must_use = "a RequestBuilder does nothing until you `send` it"]
 pub struct RequestBuilder {
-    client: Client,
+    client: Arc<ClientRef>,
     inner: reqwest::RequestBuilder,
     key: Option<IdempotencyKey>,
     auto_key: bool,
@@ -45,8 +45,8 @@ impl fmt::Debug for RequestBuilder {
 }
 
 impl RequestBuilder {
-    pub(crate) fn new(client: Client, inner: reqwest::RequestBuilder) -> Self {
-        let auto_key = client.inner.settings.auto_keys;
+    pub(crate) fn new(client: Arc<ClientRef>, inner: reqwest::RequestBuilder) -> Self {
+        let auto_key = client.settings.auto_keys;
         RequestBuilder {
             client,
             inner,
@@ -202,89 +202,20 @@ impl RequestBuilder {
             timeout,
             scope,
         } = self;
-        if let Some(policy) = &policy {
-            policy.validate()?;
-        } else {
-            client.inner.settings.policy.validate()?;
-        }
-        if timeout.is_some_and(|timeout| timeout.is_zero()) {
-            return Err(Error::builder("the request's timeout must be positive"));
-        }
-        let mut request = inner.build().map_err(Error::builder_from)?;
-        let settings = &client.inner.settings;
-        if settings.ledger.is_none() {
-            let overrides = Overrides {
-                key,
-                auto_key: Some(auto_key),
-                policy,
-                timeout,
-                ledger: None,
-            };
-            return engine::execute(
-                settings,
-                request,
-                overrides,
-                ReqwestTransport(&client.inner),
-            )
-            .await;
-        }
-        // With a ledger the key is settled here, before the claim; the engine finds the same
-        // key in the header and keeps it.
-        let method = request.method().clone();
-        let key = engine::attach_key(
-            request.headers_mut(),
-            &method,
-            &settings.key_header,
+        let request = inner.build().map_err(Error::builder_from)?;
+        let overrides = Overrides {
             key,
-            auto_key,
-        )?;
-        // The claim, the attempts and the finish all run in the operation's span, so every
-        // ledger event is logged with the operation's method, host and key.
-        let span = engine::operation_span(&method, request.url().host_str(), key.as_ref());
-        let host = request.url().host_str().map(str::to_owned);
-        let policy = settings.policy_for(policy, request.url().host_str());
-        let attempt_timeout = timeout.unwrap_or(policy.get_attempt_timeout());
-        let ledgered = async {
-            let begun = begin_operation(
-                settings,
-                &request,
-                key.as_ref(),
-                scope,
-                &policy,
-                attempt_timeout,
-            )
-            .await?;
-            let (policy, session) = match begun {
-                Begin::Replay(response) => return Ok(response),
-                Begin::Unledgered => (policy, None),
-                Begin::Proceed(session) => (
-                    session.remaining_window(policy, settings.clock.wall()),
-                    Some(Arc::new(session)),
-                ),
-            };
-            let overrides = Overrides {
-                key,
-                auto_key: Some(auto_key),
-                policy: Some(policy),
-                timeout,
-                ledger: session.clone(),
-            };
-            let result = engine::execute_in_span(
-                settings,
-                request,
-                overrides,
-                ReqwestTransport(&client.inner),
-            )
-            .await;
-            match session {
-                Some(session) => {
-                    let result = session.finish(result).await;
-                    finished(settings, &method, host.as_deref(), &result);
-                    result
-                }
-                None => result,
-            }
+            auto_key: Some(auto_key),
+            policy,
+            timeout,
+            scope,
         };
-        ledgered.instrument(span).await
+        engine::execute(
+            &client.settings,
+            request,
+            overrides,
+            ReqwestTransport(&client),
+        )
+        .await
     }
 }

@@ -1,41 +1,15 @@
-//! Redirects, followed by the crate itself so the key goes only where the caller sends it.
-//!
-//! `reqwest`'s own redirect support cannot do this: its policy sees neither the method nor the
-//! headers, and across origins it strips only credentials, so an idempotency key would travel
-//! to any origin a server names, and along on the `GET` that follows a 303. The
-//! [`Client`](crate::Client) therefore builds its inner `reqwest::Client` with
-//! `redirect::Policy::none()` and follows hops here, inside one attempt, by these rules:
-//!
-//! | status | next request | body and payload headers | key |
-//! |---|---|---|---|
-//! | 301, 302 on a `POST` | `GET` | dropped | dropped |
-//! | 301, 302 on any other method | same method | kept | kept |
-//! | 303 | `GET` (`HEAD` stays `HEAD`) | dropped | dropped |
-//! | 307, 308 | same method | kept | kept |
-//!
-//! A hop that keeps the key (the operation itself is resent) is followed to the original
-//! request's origin, and to another origin only when the [`RedirectPolicy`] allows it; a hop
-//! that drops the key is a plain read and is followed anywhere. Credentials (`Authorization`,
-//! `Cookie`, `Proxy-Authorization`, `WWW-Authenticate`) are removed as soon as a hop leaves the
-//! origin it was sent to, as reqwest does. The pure parts (origins, `Location`, the method
-//! rewrite) are plain functions with unit tests; [`follow`] is the loop.
+//! [`RedirectPolicy`] and the rules it applies: origins, `Location` resolution, the method
+//! rewrite, and why a redirect is left unfollowed ([`RedirectStop`]). Pure functions.
 
-use std::error::Error as StdError;
 use std::fmt;
-use std::time::Duration;
 
-use http::header::{
-    AUTHORIZATION, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, HeaderMap, HeaderName,
-    HeaderValue, LOCATION, PROXY_AUTHORIZATION, TRANSFER_ENCODING, WWW_AUTHENTICATE,
-};
+#[cfg(test)]
+use http::header::HeaderValue;
+use http::header::{HeaderMap, LOCATION};
 use http::{Method, StatusCode};
 use reqwest::Url;
 
-use crate::classify::FailureKind;
-use crate::client::ClientRef;
-use crate::engine::SendError;
 use crate::error::Error;
-use crate::exchange::reqwest_send_error;
 
 /// The default number of redirects followed in one attempt (reqwest's default too).
 const DEFAULT_MAX_HOPS: u32 = 10;
@@ -54,7 +28,7 @@ const DEFAULT_MAX_HOPS: u32 = 10;
 ///   same body, same key. They are followed to the origin of the original request and to the
 ///   origins this policy allows; a redirect that would carry the key to any other origin is
 ///   not followed, and the caller gets the 3xx itself as the final response
-///   ([`RedirectChain::stopped`] says why). A streamed body that cannot be sent twice stops
+///   ([`RedirectChain::stopped`](crate::RedirectChain::stopped) says why). A streamed body that cannot be sent twice stops
 ///   there too.
 /// - Across origins, credentials (`Authorization`, `Cookie`, `Proxy-Authorization`,
 ///   `WWW-Authenticate`) are removed whatever this policy allows, as reqwest does. No `Referer`
@@ -75,7 +49,7 @@ const DEFAULT_MAX_HOPS: u32 = 10;
 /// reqwest's default follows up to 10 redirects with the key on every hop, to any origin:
 /// build it with `.redirect(reqwest::redirect::Policy::none())`. When the inner client follows
 /// a redirect anyway, the crate logs a warning (key, both origins) and sets
-/// [`RedirectChain::inner_client_redirected`].
+/// [`RedirectChain::inner_client_redirected`](crate::RedirectChain::inner_client_redirected).
 ///
 /// # Default
 ///
@@ -99,14 +73,14 @@ const DEFAULT_MAX_HOPS: u32 = 10;
 #[must_use]
 pub struct RedirectPolicy {
     /// `None`: no redirect is followed.
-    max_hops: Option<u32>,
+    pub(super) max_hops: Option<u32>,
     /// Origins (ASCII serialization, `scheme://host[:port]`) the key may go to besides the
     /// original request's.
-    key_origins: Vec<String>,
+    pub(super) key_origins: Vec<String>,
     /// The key may go to any origin.
-    key_to_any_origin: bool,
+    pub(super) key_to_any_origin: bool,
     /// The first origin given that is not one, reported by `ClientBuilder::build`.
-    invalid_origin: Option<String>,
+    pub(super) invalid_origin: Option<String>,
 }
 
 impl Default for RedirectPolicy {
@@ -226,7 +200,7 @@ pub(crate) fn same_origin(a: &Url, b: &Url) -> bool {
 
 /// Whether two URLs name the same request target on the same origin. The fragment is never
 /// sent and reqwest moves user info into `Authorization`, so neither counts.
-fn same_target(a: &Url, b: &Url) -> bool {
+pub(super) fn same_target(a: &Url, b: &Url) -> bool {
     a.scheme() == b.scheme()
         && a.host_str() == b.host_str()
         && a.port_or_known_default() == b.port_or_known_default()
@@ -325,427 +299,6 @@ impl fmt::Display for RedirectStop {
             RedirectStop::KeyToOtherOrigin => "the key may not go to the location's origin",
             RedirectStop::BodyNotReplayable => "the streamed body cannot be sent again",
         })
-    }
-}
-
-/// One redirect the [`Client`](crate::Client) followed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RedirectHop {
-    /// The redirect's status (301, 302, 303, 307 or 308).
-    pub status: StatusCode,
-    /// The URL that answered with the redirect.
-    pub from: Url,
-    /// Where the next request went.
-    pub to: Url,
-    /// The next request's method.
-    pub method: Method,
-    /// Whether the next request carried the idempotency key (it resent the operation and the
-    /// operation had a key).
-    pub key_sent: bool,
-}
-
-/// The redirects behind one response of the [`Client`](crate::Client): every hop followed in
-/// the attempt that produced it, why the chain stopped when the response is a redirect that
-/// was not followed, and whether the inner client redirected on its own. The final URL is
-/// `response.url()`.
-///
-/// Each attempt starts again from the original URL, so the chain is the last attempt's only.
-///
-/// ```
-/// use idempotent_retry::RedirectChain;
-///
-/// // A response no redirect was involved in has the empty chain.
-/// let response = reqwest::Response::from(http::Response::new(""));
-/// let chain = RedirectChain::of(&response);
-/// assert!(chain.hops().is_empty() && chain.stopped().is_none());
-/// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RedirectChain {
-    hops: Vec<RedirectHop>,
-    stopped: Option<RedirectStop>,
-    inner_client_redirected: bool,
-}
-
-/// The chain of every response no redirect was involved in.
-static EMPTY: RedirectChain = RedirectChain {
-    hops: Vec::new(),
-    stopped: None,
-    inner_client_redirected: false,
-};
-
-impl RedirectChain {
-    /// The chain behind a response of [`RequestBuilder::send`](crate::RequestBuilder::send).
-    /// Empty when no redirect was involved, and for responses replayed from a
-    /// [`Ledger`](crate::Ledger) (nothing was sent) or from the other front ends (which follow
-    /// no redirects).
-    #[must_use]
-    pub fn of(response: &reqwest::Response) -> &RedirectChain {
-        response
-            .extensions()
-            .get::<RedirectChain>()
-            .unwrap_or(&EMPTY)
-    }
-
-    fn is_empty(&self) -> bool {
-        self.hops.is_empty() && self.stopped.is_none() && !self.inner_client_redirected
-    }
-
-    /// The redirects followed, in order; empty when the first response was final.
-    #[must_use]
-    pub fn hops(&self) -> &[RedirectHop] {
-        &self.hops
-    }
-
-    /// Why the response, a redirect, was not followed; `None` when it is not a redirect this
-    /// crate follows (or it is not a 3xx).
-    #[must_use]
-    pub fn stopped(&self) -> Option<RedirectStop> {
-        self.stopped
-    }
-
-    /// Whether the inner `reqwest::Client` followed a redirect itself (its response URL was
-    /// not the URL sent), outside these rules: the key may have gone to another origin. Build
-    /// the client with `redirect::Policy::none()`.
-    #[must_use]
-    pub fn inner_client_redirected(&self) -> bool {
-        self.inner_client_redirected
-    }
-}
-
-/// One redirect more than the policy allows.
-#[derive(Debug)]
-struct TooManyRedirects {
-    limit: u32,
-}
-
-impl fmt::Display for TooManyRedirects {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "more than {} redirects in one attempt", self.limit)
-    }
-}
-
-impl StdError for TooManyRedirects {}
-
-/// The attempt's time ran out between two hops.
-#[derive(Debug)]
-struct HopsTimedOut;
-
-impl fmt::Display for HopsTimedOut {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("the attempt timed out while following redirects")
-    }
-}
-
-impl StdError for HopsTimedOut {}
-
-/// Logs, once per response, that the inner client followed a redirect on its own. Only
-/// origins are logged, never paths or queries. Returns whether it did.
-pub(crate) fn warn_if_inner_redirected(
-    sent: &Url,
-    received: &Url,
-    key: Option<&HeaderValue>,
-) -> bool {
-    if same_target(sent, received) {
-        return false;
-    }
-    tracing::warn!(
-        key = key_text(key),
-        from = %sent.origin().ascii_serialization(),
-        to = %received.origin().ascii_serialization(),
-        "the inner reqwest client followed a redirect itself, with every header: build it with \
-         redirect::Policy::none() so the key stays on its origin"
-    );
-    true
-}
-
-/// The key as logged: empty when there is none (a key is visible ASCII by construction).
-fn key_text(key: Option<&HeaderValue>) -> &str {
-    key.and_then(|value| value.to_str().ok()).unwrap_or("")
-}
-
-/// What is kept of a request while it is sent: a full copy for the next hop, one without its
-/// streamed body, or (when no redirect is followed) only its URL.
-enum Retained {
-    Full(reqwest::Request),
-    BodyLost(reqwest::Request),
-    Url(Url),
-}
-
-impl Retained {
-    fn of(request: &reqwest::Request, policy: &RedirectPolicy) -> Retained {
-        if policy.max_hops.is_none() {
-            return Retained::Url(request.url().clone());
-        }
-        match request.try_clone() {
-            Some(copy) => Retained::Full(copy),
-            None => {
-                let mut copy =
-                    reqwest::Request::new(request.method().clone(), request.url().clone());
-                *copy.headers_mut() = request.headers().clone();
-                *copy.version_mut() = request.version();
-                Retained::BodyLost(copy)
-            }
-        }
-    }
-
-    /// The URL the request was sent to.
-    fn url(&self) -> &Url {
-        match self {
-            Retained::Full(request) | Retained::BodyLost(request) => request.url(),
-            Retained::Url(url) => url,
-        }
-    }
-}
-
-/// What to do with a response.
-enum Step {
-    /// Return it; `Some` when it is a redirect left unfollowed.
-    Final(Option<RedirectStop>),
-    /// One redirect more than allowed.
-    TooMany(u32),
-    /// Send this request next.
-    Follow(Box<(reqwest::Request, RedirectHop)>),
-}
-
-/// Decides what follows `response` (status, headers, URL), given a copy of the request that
-/// produced it.
-fn next_step(
-    policy: &RedirectPolicy,
-    original: &Url,
-    key_header: &HeaderName,
-    hops_so_far: usize,
-    response: &reqwest::Response,
-    copy: Retained,
-) -> Step {
-    let status = response.status();
-    let (sent, limit) = match (&copy, policy.max_hops) {
-        (Retained::Full(request) | Retained::BodyLost(request), Some(limit)) => (request, limit),
-        // Only `none()` keeps no copy.
-        (Retained::Url(_), _) | (_, None) => {
-            return Step::Final(rewrite(status, &Method::GET).map(|_| RedirectStop::Disabled));
-        }
-    };
-    let Some(Rewrite { method, resend }) = rewrite(status, sent.method()) else {
-        return Step::Final(None);
-    };
-    let current = response.url();
-    let to = match resolve_location(current, response.headers()) {
-        Ok(to) => to,
-        Err(stop) => return Step::Final(Some(stop)),
-    };
-    let keyed = sent.headers().contains_key(key_header);
-    if resend && keyed && !policy.allows_key_to(original, &to) {
-        return Step::Final(Some(RedirectStop::KeyToOtherOrigin));
-    }
-    let mut next = match copy {
-        Retained::Full(request) => request,
-        Retained::BodyLost(_) if resend => {
-            return Step::Final(Some(RedirectStop::BodyNotReplayable));
-        }
-        Retained::BodyLost(request) => request,
-        Retained::Url(_) => return Step::Final(Some(RedirectStop::Disabled)),
-    };
-    if u32::try_from(hops_so_far).unwrap_or(u32::MAX) >= limit {
-        return Step::TooMany(limit);
-    }
-    if !resend {
-        *next.body_mut() = None;
-        let headers = next.headers_mut();
-        for name in [
-            CONTENT_TYPE,
-            CONTENT_LENGTH,
-            CONTENT_ENCODING,
-            TRANSFER_ENCODING,
-        ] {
-            headers.remove(name);
-        }
-        headers.remove(key_header);
-    }
-    if !same_origin(current, &to) {
-        strip_credentials(next.headers_mut());
-    }
-    *next.method_mut() = method.clone();
-    *next.url_mut() = to.clone();
-    let hop = RedirectHop {
-        status,
-        from: current.clone(),
-        to,
-        method,
-        key_sent: next.headers().contains_key(key_header),
-    };
-    Step::Follow(Box::new((next, hop)))
-}
-
-/// Removes what reqwest removes when a redirect leaves the origin.
-fn strip_credentials(headers: &mut HeaderMap) {
-    for name in [AUTHORIZATION, COOKIE, PROXY_AUTHORIZATION, WWW_AUTHENTICATE] {
-        headers.remove(name);
-    }
-    headers.remove("cookie2");
-}
-
-/// What is kept of a hop while it is sent, to build the next one from.
-enum Kept<'o> {
-    /// The operation's own request, which the engine keeps for later attempts: nothing is
-    /// copied unless a redirect comes back. `attempt` is this attempt's attempt-header value.
-    Original {
-        request: &'o reqwest::Request,
-        attempt: Option<HeaderValue>,
-    },
-    /// A copy made before sending: for later hops, and for a streamed body the engine could
-    /// not keep.
-    Copy(Box<Retained>),
-}
-
-impl Kept<'_> {
-    /// The URL the hop was sent to.
-    fn url(&self) -> &Url {
-        match self {
-            Kept::Original { request, .. } => request.url(),
-            Kept::Copy(copy) => copy.url(),
-        }
-    }
-
-    /// The request again, as this hop sent it.
-    fn into_retained(
-        self,
-        policy: &RedirectPolicy,
-        attempt_header: Option<&HeaderName>,
-    ) -> Retained {
-        match self {
-            Kept::Copy(copy) => *copy,
-            Kept::Original { request, attempt } => {
-                let mut copy = Retained::of(request, policy);
-                if let (Retained::Full(copy) | Retained::BodyLost(copy), Some(name), Some(value)) =
-                    (&mut copy, attempt_header, attempt)
-                {
-                    copy.headers_mut().insert(name.clone(), value);
-                }
-                copy
-            }
-        }
-    }
-}
-
-/// Sends one attempt through the client's `reqwest::Client` and follows its redirects by the
-/// client's [`RedirectPolicy`], all within the attempt's timeout (the request's own, set by
-/// the engine).
-///
-/// `original` is the operation's request the attempt was cloned from, when the engine has it:
-/// the first hop is then rebuilt from it only if a redirect comes back, so an attempt without
-/// redirects copies nothing.
-pub(crate) async fn follow(
-    client: &ClientRef,
-    mut request: reqwest::Request,
-    original: Option<&reqwest::Request>,
-) -> Result<reqwest::Response, SendError> {
-    let policy = &client.redirects;
-    let settings = &*client.settings;
-    let key_header = &settings.key_header;
-    let started = settings.clock.now();
-    let budget = request.timeout().copied();
-    let mut chain = RedirectChain::default();
-    loop {
-        let kept = match original {
-            Some(original) if chain.hops.is_empty() => Kept::Original {
-                request: original,
-                attempt: settings
-                    .attempt_header
-                    .as_ref()
-                    .and_then(|name| request.headers().get(name).cloned()),
-            },
-            // Made before this hop consumes a streamed body.
-            _ => Kept::Copy(Box::new(Retained::of(&request, policy))),
-        };
-        let key = request.headers().get(key_header).cloned();
-        if let Some(budget) = budget {
-            let spent = settings.clock.now().saturating_duration_since(started);
-            let left = budget.saturating_sub(spent);
-            if left == Duration::ZERO {
-                return Err(SendError::Failed {
-                    kind: FailureKind::Timeout,
-                    source: Box::new(HopsTimedOut),
-                });
-            }
-            *request.timeout_mut() = Some(left);
-        }
-        let response = match client.http.execute(request).await {
-            Ok(response) => response,
-            Err(err) => {
-                let mut failed = reqwest_send_error(err);
-                if let SendError::Failed { kind, .. } = &mut failed
-                    && !chain.hops.is_empty()
-                    && kind.never_sent()
-                {
-                    // The request reached the server that redirected it, so this is no
-                    // proof that the operation never ran.
-                    *kind = FailureKind::RedirectTargetUnreachable;
-                }
-                return Err(failed);
-            }
-        };
-        chain.inner_client_redirected |=
-            warn_if_inner_redirected(kept.url(), response.url(), key.as_ref());
-        let step = if rewrite(response.status(), &Method::GET).is_none() {
-            // Not a redirect: the common case, decided without building anything.
-            Step::Final(None)
-        } else {
-            let first = chain
-                .hops
-                .first()
-                .map_or_else(|| kept.url().clone(), |hop| hop.from.clone());
-            let copy = kept.into_retained(policy, settings.attempt_header.as_ref());
-            next_step(
-                policy,
-                &first,
-                key_header,
-                chain.hops.len(),
-                &response,
-                copy,
-            )
-        };
-        match step {
-            Step::Final(stopped) => {
-                chain.stopped = stopped;
-                if let Some(stop) = stopped {
-                    tracing::debug!(
-                        key = key_text(key.as_ref()),
-                        status = response.status().as_u16(),
-                        why = %stop,
-                        "redirect not followed"
-                    );
-                }
-                let mut response = response;
-                // Only a chain with something in it costs an entry: `of` reads the rest as empty.
-                if !chain.is_empty() {
-                    response.extensions_mut().insert(chain);
-                }
-                return Ok(response);
-            }
-            Step::TooMany(limit) => {
-                return Err(SendError::Failed {
-                    kind: FailureKind::TooManyRedirects,
-                    source: Box::new(TooManyRedirects { limit }),
-                });
-            }
-            Step::Follow(follow) => {
-                let (next, hop) = *follow;
-                tracing::debug!(
-                    key = key_text(key.as_ref()),
-                    status = hop.status.as_u16(),
-                    from = %hop.from.origin().ascii_serialization(),
-                    to = %hop.to.origin().ascii_serialization(),
-                    method = %hop.method,
-                    key_sent = hop.key_sent,
-                    "following a redirect"
-                );
-                chain.hops.push(hop);
-                // Release the redirect's connection before the next hop.
-                drop(response);
-                request = next;
-            }
-        }
     }
 }
 

@@ -1,0 +1,593 @@
+//! The pure decision every front end shares: what follows one attempt.
+//!
+//! [`decide`] takes the policy, the operation's state so far, what the last attempt produced,
+//! the current times and an RNG, and returns a [`Decision`]. It reads no clock, sleeps never and
+//! has no I/O: the engine's attempt loop feeds it and carries out what it says. Classification
+//! lives in `classify.rs`, delays in `backoff.rs` and `retry_after.rs`, the window rule in
+//! `window.rs`; this file only combines them with the policy's limits.
+
+use std::time::{Duration, SystemTime};
+
+use http::{HeaderMap, StatusCode};
+use tokio::time::Instant;
+
+use crate::backoff::{backoff_ceiling, full_jitter};
+use crate::classify::{FailureKind, StatusClass, classify_status, should_retry_hint};
+use crate::policy::RetryPolicy;
+use crate::report::WaitReason;
+use crate::retry_after::requested_delay;
+use crate::window;
+
+/// One logical operation's state, as the decision engine sees it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OperationState {
+    /// When the first attempt started.
+    pub(crate) started: Instant,
+    /// Attempts made so far, the one being decided on included.
+    pub(crate) attempts: u32,
+    /// Whether every attempt carries an idempotency key.
+    pub(crate) keyed: bool,
+    /// Whether the method is idempotent by definition (RFC 9110 9.2.2).
+    pub(crate) idempotent_method: bool,
+    /// Whether the request can be sent again (its body can be cloned).
+    pub(crate) replayable: bool,
+}
+
+/// What the last attempt produced.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Observed<'a> {
+    Response {
+        status: StatusCode,
+        headers: &'a HeaderMap,
+    },
+    Failure(FailureKind),
+}
+
+/// What to do after an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub(crate) enum Decision {
+    /// The response is the answer: hand it to the caller.
+    Return,
+    /// Wait, then send another attempt with the same key.
+    Retry {
+        kind: FailureKind,
+        delay: Duration,
+        reason: WaitReason,
+    },
+    /// End the operation with an error.
+    Stop {
+        kind: Option<FailureKind>,
+        stop: Stop,
+    },
+}
+
+/// Why an operation stopped without a final answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// `max_attempts` reached.
+    Exhausted,
+    /// The next wait would end past the reconcile window.
+    Window,
+    /// The server asked for a wait longer than allowed or than the window has left.
+    RetryAfterTooLong { asked: Duration },
+    /// A retry was due but the body cannot be sent again.
+    NotReplayable,
+    /// A transport failure after the request may have reached the server, on a request with
+    /// neither a key nor an idempotent method: resending could repeat the side effect.
+    NotRetrySafe,
+    /// A transport failure that retrying cannot fix.
+    Fatal,
+    /// A retry was due but the client's retry budget could not pay for it.
+    BudgetExhausted,
+}
+
+/// Decides what follows an attempt. Pure: same inputs, same decision.
+pub(crate) fn decide<R: rand::Rng + ?Sized>(
+    policy: &RetryPolicy,
+    state: &OperationState,
+    observed: Observed<'_>,
+    now: Instant,
+    wall: SystemTime,
+    rng: &mut R,
+) -> Decision {
+    let (kind, asked, server_said_retry) = match observed {
+        Observed::Response { status, headers } => {
+            match classify_status(status, headers, state.keyed) {
+                StatusClass::Final => return Decision::Return,
+                StatusClass::Retry(kind) => (
+                    kind,
+                    requested_delay(headers, wall),
+                    should_retry_hint(headers) == Some(true),
+                ),
+            }
+        }
+        Observed::Failure(kind) if !kind.is_transient() => {
+            return Decision::Stop {
+                kind: Some(kind),
+                stop: Stop::Fatal,
+            };
+        }
+        Observed::Failure(kind) => (kind, None, false),
+    };
+    let stop = |stop| Decision::Stop {
+        kind: Some(kind),
+        stop,
+    };
+
+    // Without a key, a non-idempotent request is sent again only when it provably never
+    // left, or when the server itself says a retry is safe.
+    if !state.keyed && !state.idempotent_method && !kind.never_sent() && !server_said_retry {
+        return match observed {
+            Observed::Response { .. } => Decision::Return,
+            Observed::Failure(_) => stop(Stop::NotRetrySafe),
+        };
+    }
+    if state.attempts >= policy.get_max_attempts() {
+        return stop(Stop::Exhausted);
+    }
+    if !state.replayable {
+        return stop(Stop::NotReplayable);
+    }
+    let remaining = window::remaining(policy.get_reconcile_window(), state.started, now);
+    if let Some(asked) = asked
+        && (asked > policy.get_max_retry_after() || !window::wait_fits(asked, remaining))
+    {
+        return stop(Stop::RetryAfterTooLong { asked });
+    }
+    let retry = state.attempts.saturating_sub(1);
+    let backoff = full_jitter(retry, policy.get_base_delay(), policy.get_max_delay(), rng);
+    let (delay, reason) = match asked {
+        Some(asked) if asked >= backoff => (asked, WaitReason::RetryAfter { asked }),
+        _ => (
+            backoff,
+            WaitReason::Backoff {
+                ceiling: backoff_ceiling(retry, policy.get_base_delay(), policy.get_max_delay()),
+            },
+        ),
+    };
+    // The next attempt must start strictly before the window ends.
+    if !window::wait_fits(delay, remaining) {
+        return stop(Stop::Window);
+    }
+    Decision::Retry {
+        kind,
+        delay,
+        reason,
+    }
+}
+
+/// The timeout for an attempt starting at `now`: the per-attempt timeout, shortened so the
+/// without a key.
+pub(crate) fn is_idempotent_method(method: &http::Method) -> bool {
+    use http::Method;
+    [
+        Method::GET,
+        Method::HEAD,
+        Method::OPTIONS,
+        Method::PUT,
+        Method::DELETE,
+        Method::TRACE,
+    ]
+    .contains(method)
+}
+
+#[cfg(test)]
+mod tests {
+    use http::HeaderValue;
+    use proptest::prelude::*;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    use super::*;
+
+    use crate::test_rng::ConstRng;
+
+    const MAX: u64 = u64::MAX;
+    static NO_HEADERS: std::sync::LazyLock<HeaderMap> = std::sync::LazyLock::new(HeaderMap::new);
+
+    fn t0() -> Instant {
+        crate::time::Clock::now(&crate::time::TokioClock)
+    }
+
+    fn wall() -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000)
+    }
+
+    fn state(attempts: u32, keyed: bool, idempotent: bool) -> OperationState {
+        OperationState {
+            started: t0(),
+            attempts,
+            keyed,
+            idempotent_method: idempotent,
+            replayable: true,
+        }
+    }
+
+    fn status(code: u16, headers: &HeaderMap) -> Observed<'_> {
+        Observed::Response {
+            status: StatusCode::from_u16(code).expect("valid status in test"),
+            headers,
+        }
+    }
+
+    fn run(policy: &RetryPolicy, state: &OperationState, observed: Observed<'_>) -> Decision {
+        decide(
+            policy,
+            state,
+            observed,
+            state.started,
+            wall(),
+            &mut ConstRng(MAX),
+        )
+    }
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(*name, HeaderValue::from_static(value));
+        }
+        map
+    }
+
+    #[test]
+    fn final_statuses_are_returned() {
+        let policy = RetryPolicy::default();
+        for code in [200, 201, 204, 302, 400, 404, 422, 501, 505] {
+            assert_eq!(
+                run(&policy, &state(1, true, false), status(code, &NO_HEADERS)),
+                Decision::Return,
+                "{code}"
+            );
+        }
+    }
+
+    #[test]
+    fn server_error_retries_with_full_jitter_ceiling() {
+        let policy = RetryPolicy::default();
+        let decision = run(&policy, &state(1, true, false), status(503, &NO_HEADERS));
+        assert_eq!(
+            decision,
+            Decision::Retry {
+                kind: FailureKind::ServerError,
+                delay: Duration::from_millis(500),
+                reason: WaitReason::Backoff {
+                    ceiling: Duration::from_millis(500)
+                },
+            }
+        );
+        // The third retry's ceiling is 500 ms * 2^3; a zero word draws zero.
+        let decision = decide(
+            &policy,
+            &state(4, true, false),
+            status(503, &NO_HEADERS),
+            t0(),
+            wall(),
+            &mut ConstRng(0),
+        );
+        assert_eq!(
+            decision,
+            Decision::Retry {
+                kind: FailureKind::ServerError,
+                delay: Duration::ZERO,
+                reason: WaitReason::Backoff {
+                    ceiling: Duration::from_secs(4)
+                },
+            }
+        );
+    }
+
+    #[test]
+    fn seeded_rng_gives_a_reproducible_delay_sequence() {
+        let policy = RetryPolicy::default();
+        let delays = |seed| {
+            let mut rng = StdRng::seed_from_u64(seed);
+            (1..5)
+                .map(|n| {
+                    let s = state(n, true, false);
+                    match decide(
+                        &policy,
+                        &s,
+                        status(503, &NO_HEADERS),
+                        s.started,
+                        wall(),
+                        &mut rng,
+                    ) {
+                        Decision::Retry { delay, .. } => delay,
+                        other => panic!("expected a retry, got {other:?}"),
+                    }
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(delays(7), delays(7));
+        assert_ne!(delays(7), delays(8));
+    }
+
+    #[test]
+    fn stops_after_max_attempts() {
+        let policy = RetryPolicy::default().max_attempts(3);
+        assert!(matches!(
+            run(&policy, &state(2, true, false), status(503, &NO_HEADERS)),
+            Decision::Retry { .. }
+        ));
+        assert_eq!(
+            run(&policy, &state(3, true, false), status(503, &NO_HEADERS)),
+            Decision::Stop {
+                kind: Some(FailureKind::ServerError),
+                stop: Stop::Exhausted
+            }
+        );
+    }
+
+    #[test]
+    fn retry_after_is_a_floor() {
+        let policy = RetryPolicy::default();
+        let h = headers(&[("retry-after", "2")]);
+        assert_eq!(
+            run(&policy, &state(1, true, false), status(429, &h)),
+            Decision::Retry {
+                kind: FailureKind::Throttled,
+                delay: Duration::from_secs(2),
+                reason: WaitReason::RetryAfter {
+                    asked: Duration::from_secs(2)
+                },
+            }
+        );
+        // Backoff above the asked delay wins: retry 4 draws up to 8 s.
+        let h = headers(&[("retry-after-ms", "10")]);
+        let policy = policy.max_attempts(10);
+        match run(&policy, &state(5, true, false), status(503, &h)) {
+            Decision::Retry { delay, reason, .. } => {
+                assert_eq!(delay, Duration::from_secs(8));
+                assert!(matches!(reason, WaitReason::Backoff { .. }));
+            }
+            other => panic!("expected a retry, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn retry_after_too_long_stops_at_once() {
+        let policy = RetryPolicy::default();
+        let h = headers(&[("retry-after", "61")]);
+        assert_eq!(
+            run(&policy, &state(1, true, false), status(429, &h)),
+            Decision::Stop {
+                kind: Some(FailureKind::Throttled),
+                stop: Stop::RetryAfterTooLong {
+                    asked: Duration::from_secs(61)
+                }
+            }
+        );
+        // Within max_retry_after but past the window's end.
+        let policy = RetryPolicy::default().reconcile_window(Duration::from_secs(30));
+        let h = headers(&[("retry-after", "30")]);
+        assert_eq!(
+            run(&policy, &state(1, true, false), status(503, &h)),
+            Decision::Stop {
+                kind: Some(FailureKind::ServerError),
+                stop: Stop::RetryAfterTooLong {
+                    asked: Duration::from_secs(30)
+                }
+            }
+        );
+        // Garbage is absent, not zero: plain backoff.
+        let h = headers(&[("retry-after", "soon")]);
+        assert!(matches!(
+            run(&policy, &state(1, true, false), status(503, &h)),
+            Decision::Retry {
+                reason: WaitReason::Backoff { .. },
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn never_waits_past_the_window() {
+        let policy = RetryPolicy::default().reconcile_window(Duration::from_secs(10));
+        let s = state(1, true, false);
+        // 9.6 s in, 400 ms left: a 500 ms wait would cross the end.
+        let now = s.started + Duration::from_millis(9600);
+        let decision = decide(
+            &policy,
+            &s,
+            status(503, &NO_HEADERS),
+            now,
+            wall(),
+            &mut ConstRng(MAX),
+        );
+        assert_eq!(
+            decision,
+            Decision::Stop {
+                kind: Some(FailureKind::ServerError),
+                stop: Stop::Window
+            }
+        );
+        // With a zero draw the wait fits.
+        let decision = decide(
+            &policy,
+            &s,
+            status(503, &NO_HEADERS),
+            now,
+            wall(),
+            &mut ConstRng(0),
+        );
+        assert!(matches!(decision, Decision::Retry { .. }));
+    }
+
+    #[test]
+    fn keyless_non_idempotent_requests_are_resent_only_when_never_sent() {
+        let policy = RetryPolicy::default();
+        let post = state(1, false, false);
+        for code in [429, 503] {
+            assert_eq!(
+                run(&policy, &post, status(code, &NO_HEADERS)),
+                Decision::Return
+            );
+        }
+        assert_eq!(
+            run(
+                &policy,
+                &post,
+                Observed::Failure(FailureKind::ConnectionReset)
+            ),
+            Decision::Stop {
+                kind: Some(FailureKind::ConnectionReset),
+                stop: Stop::NotRetrySafe
+            }
+        );
+        assert_eq!(
+            run(&policy, &post, Observed::Failure(FailureKind::Timeout)),
+            Decision::Stop {
+                kind: Some(FailureKind::Timeout),
+                stop: Stop::NotRetrySafe
+            }
+        );
+        for kind in [FailureKind::Connect, FailureKind::Dns] {
+            assert!(matches!(
+                run(&policy, &post, Observed::Failure(kind)),
+                Decision::Retry { .. }
+            ));
+        }
+        // The server may say a retry is safe.
+        let h = headers(&[("x-should-retry", "true")]);
+        assert!(matches!(
+            run(&policy, &post, status(503, &h)),
+            Decision::Retry { .. }
+        ));
+        // Idempotent methods retry without a key.
+        let get = state(1, false, true);
+        assert!(matches!(
+            run(
+                &policy,
+                &get,
+                Observed::Failure(FailureKind::ConnectionReset)
+            ),
+            Decision::Retry { .. }
+        ));
+    }
+
+    #[test]
+    fn conflict_is_retried_only_with_a_key() {
+        let policy = RetryPolicy::default();
+        assert!(matches!(
+            run(&policy, &state(1, true, false), status(409, &NO_HEADERS)),
+            Decision::Retry {
+                kind: FailureKind::InProgress,
+                ..
+            }
+        ));
+        assert_eq!(
+            run(&policy, &state(1, false, true), status(409, &NO_HEADERS)),
+            Decision::Return
+        );
+    }
+
+    #[test]
+    fn unreplayable_bodies_and_fatal_errors_stop() {
+        let policy = RetryPolicy::default();
+        let mut s = state(1, true, false);
+        s.replayable = false;
+        assert_eq!(
+            run(&policy, &s, status(503, &NO_HEADERS)),
+            Decision::Stop {
+                kind: Some(FailureKind::ServerError),
+                stop: Stop::NotReplayable
+            }
+        );
+        assert_eq!(run(&policy, &s, status(200, &NO_HEADERS)), Decision::Return);
+        assert_eq!(
+            run(
+                &policy,
+                &state(1, true, false),
+                Observed::Failure(FailureKind::Fatal)
+            ),
+            Decision::Stop {
+                kind: Some(FailureKind::Fatal),
+                stop: Stop::Fatal
+            }
+        );
+    }
+
+    fn outcome() -> impl Strategy<Value = (Option<u16>, Option<FailureKind>, Option<u64>)> {
+        let kinds = prop::sample::select(vec![
+            FailureKind::Dns,
+            FailureKind::Connect,
+            FailureKind::Timeout,
+            FailureKind::ConnectionReset,
+            FailureKind::ConnectionClosed,
+        ]);
+        prop_oneof![
+            (
+                prop::sample::select(vec![200u16, 400, 408, 409, 422, 429, 500, 502, 503, 504]),
+                prop::option::of(0u64..200_000)
+            )
+                .prop_map(|(code, ms)| (Some(code), None, ms)),
+            kinds.prop_map(|k| (None, Some(k), None)),
+        ]
+    }
+
+    proptest! {
+        /// Simulates whole operations on a virtual clock: whatever the server does, the engine
+        /// never exceeds max_attempts, never waits past the window, and never waits longer
+        /// than the cap unless the server asked for it within the limit.
+        #[test]
+        fn operations_respect_every_limit(
+            outcomes in prop::collection::vec(outcome(), 1..40),
+            max_attempts in 1u32..12,
+            base_ms in 0u64..2_000,
+            cap_ms in 0u64..60_000,
+            window_ms in 1u64..300_000,
+            seed in any::<u64>(),
+            keyed in any::<bool>(),
+            idempotent in any::<bool>(),
+            attempt_ms in 1u64..5_000,
+        ) {
+            let base = Duration::from_millis(base_ms.min(cap_ms));
+            let policy = RetryPolicy::default()
+                .max_attempts(max_attempts)
+                .base_delay(base)
+                .max_delay(Duration::from_millis(cap_ms))
+                .reconcile_window(Duration::from_millis(window_ms));
+            let mut rng = StdRng::seed_from_u64(seed);
+            let started = t0();
+            let mut now = started;
+            let mut st = OperationState { started, attempts: 0, keyed, idempotent_method: idempotent, replayable: true };
+            for (code, failure, retry_after_ms) in outcomes {
+                // An attempt may only start inside the window.
+                prop_assert!(now < started + policy.get_reconcile_window());
+                st.attempts += 1;
+                prop_assert!(st.attempts <= max_attempts);
+                now += Duration::from_millis(attempt_ms).min(
+                    (started + policy.get_reconcile_window()).saturating_duration_since(now));
+                let mut h = HeaderMap::new();
+                if let Some(ms) = retry_after_ms {
+                    h.insert("retry-after-ms", HeaderValue::from(ms));
+                }
+                let observed = match (code, failure) {
+                    (Some(code), _) => status(code, &h),
+                    (None, Some(kind)) => Observed::Failure(kind),
+                    (None, None) => unreachable!(),
+                };
+                match decide(&policy, &st, observed, now, wall(), &mut rng) {
+                    Decision::Retry { delay, reason, .. } => {
+                        match reason {
+                            WaitReason::Backoff { ceiling } => {
+                                prop_assert!(delay <= ceiling);
+                                prop_assert!(delay <= policy.get_max_delay());
+                            }
+                            WaitReason::RetryAfter { asked } => {
+                                prop_assert_eq!(delay, asked);
+                                prop_assert!(asked <= policy.get_max_retry_after());
+                            }
+                        }
+                        now += delay;
+                        prop_assert!(now < started + policy.get_reconcile_window());
+                        // A retry never goes out unsafely.
+                        prop_assert!(keyed || idempotent || failure.is_some_and(FailureKind::never_sent));
+                    }
+                    Decision::Return | Decision::Stop { .. } => break,
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,468 @@
+//! The attempts stage: send, classify, decide, wait, with the same key on every attempt.
+//!
+//! One named step per point where an outside concern plugs in:
+//!
+//! - right after `decide`: the [retry budget](crate::RetryBudget) pays for a retry or turns it
+//!   into a stop ([`BudgetTab::admit`]), so the attempt is recorded with what really happens;
+//! - [`Attempts::record_attempt`]: the ledger records the attempt and renews the lease;
+//! - [`Attempts::attempt_ended`]: one attempt's outcome and the decision about it are known
+//!   (the report and the observers' `on_attempt`);
+//! - [`Attempts::retry_decided`]: a retry is about to wait;
+//! - `Attempts::finish_with_*`: the stage's result is final. The operation's end (the ledger's
+//!   finish, the observers' `on_operation`) belongs to the pipeline in `mod.rs`.
+
+use std::time::Duration;
+
+use http::header::HeaderValue;
+use http::{Method, StatusCode};
+use tokio::time::Instant;
+
+use crate::budget::BudgetTab;
+use crate::classify::FailureKind;
+use crate::decide::{Decision, Observed, OperationState, Stop, decide, is_idempotent_method};
+use crate::error::{Error, ErrorKind};
+use crate::exchange::{RetryRequest, RetryResponse};
+use crate::key::IdempotencyKey;
+use crate::ledger::{LedgerError, LedgerRun};
+use crate::observe::AttemptEvent;
+use crate::outcome::Exposure;
+use crate::policy::RetryPolicy;
+use crate::report::{AttemptRecord, RetryReport, Wait};
+use crate::settings::{Jitter, Settings};
+use crate::transport::{BoxError, SendError, Transport};
+use crate::window;
+
+/// One logical operation's attempts in flight: its policy, state and report.
+pub(super) struct Attempts<'s> {
+    settings: &'s Settings,
+    method: &'s Method,
+    host: Option<&'s str>,
+    policy: RetryPolicy,
+    attempt_timeout: Duration,
+    state: OperationState,
+    report: RetryReport,
+    /// Whether the operation may have run, when no ledger run keeps it.
+    exposure: Exposure,
+    ledger: Option<&'s LedgerRun>,
+    budget_tab: BudgetTab<'s>,
+}
+
+/// What the engine keeps of one attempt's result until it has decided.
+struct Outcome<R> {
+    result: Result<R, (FailureKind, BoxError)>,
+    status: Option<StatusCode>,
+}
+
+impl<'s> Attempts<'s> {
+    /// The key is settled and in the request; nothing has been sent. `policy` is the run's
+    /// (with a ledger, its window is what earlier runs left).
+    pub(super) fn begin(
+        settings: &'s Settings,
+        method: &'s Method,
+        host: Option<&'s str>,
+        key: Option<IdempotencyKey>,
+        policy: RetryPolicy,
+        attempt_timeout: Duration,
+        ledger: Option<&'s LedgerRun>,
+    ) -> Self {
+        let started = settings.clock.now();
+        Attempts {
+            settings,
+            method,
+            host,
+            policy,
+            attempt_timeout,
+            state: OperationState {
+                started,
+                attempts: 0,
+                keyed: key.is_some(),
+                idempotent_method: is_idempotent_method(method),
+                // Until a clone fails: then the request goes out once, as it is.
+                replayable: true,
+            },
+            report: RetryReport::new(key),
+            exposure: Exposure::default(),
+            ledger,
+            budget_tab: BudgetTab::new(settings.budget.as_ref()),
+        }
+    }
+
+    /// What is known of whether the operation ran: the ledger run's, when there is one, so an
+    /// abandoned run records it.
+    fn exposure(&self) -> &Exposure {
+        self.ledger.map_or(&self.exposure, |run| &run.exposure)
+    }
+
+    /// The loop: send, classify, decide, wait; the same key on every attempt.
+    pub(super) async fn run<Q, T>(
+        mut self,
+        request: Q,
+        mut transport: T,
+    ) -> Result<T::Response, Error>
+    where
+        Q: RetryRequest,
+        T: Transport<Q>,
+    {
+        let mut original = Some(request);
+        loop {
+            if let Err(source) = transport.ready().await {
+                return Err(self.finish_not_ready(source));
+            }
+            let now = self.settings.clock.now();
+            let Some(budget) = window::attempt_budget(
+                self.policy.get_reconcile_window(),
+                self.attempt_timeout,
+                self.state.started,
+                now,
+            ) else {
+                self.report.elapsed = now.saturating_duration_since(self.state.started);
+                return Err(Error::operation(
+                    ErrorKind::ReconcileWindow,
+                    self.report.clone(),
+                    self.exposure().is_unknown(),
+                )
+                .with_window(self.policy.get_reconcile_window()));
+            };
+            let mut attempt = match original.as_ref().and_then(RetryRequest::try_clone) {
+                Some(copy) => copy,
+                None => {
+                    self.state.replayable = false;
+                    // `decide` stops before a second attempt of a request that cannot be
+                    // cloned, so the request is still here for its one attempt.
+                    original
+                        .take()
+                        .expect("a request that cannot be cloned is sent only once")
+                }
+            };
+            let enforced = attempt.set_timeout(budget);
+            self.state.attempts += 1;
+            let number = self.state.attempts;
+            if let Some(name) = &self.settings.attempt_header {
+                attempt
+                    .headers_mut()
+                    .insert(name.clone(), HeaderValue::from(number));
+            }
+            let attempt_started = now.saturating_duration_since(self.state.started);
+
+            self.budget_tab.sending();
+            self.exposure().sending();
+            let sent = if enforced {
+                transport.send_attempt(attempt, original.as_ref()).await
+            } else {
+                let send = transport.send_attempt(attempt, original.as_ref());
+                match tokio::time::timeout(budget, send).await {
+                    Ok(sent) => sent,
+                    Err(elapsed) => Err(SendError::Failed {
+                        kind: FailureKind::Timeout,
+                        source: Box::new(elapsed),
+                    }),
+                }
+            };
+            let result = match sent {
+                Ok(response) => {
+                    self.exposure().answered();
+                    Ok(response)
+                }
+                Err(SendError::Failed { kind, source }) => {
+                    self.exposure().failed(kind);
+                    Err((kind, source))
+                }
+                Err(SendError::Refused(err)) => {
+                    self.exposure().not_sent();
+                    return Err(err);
+                }
+            };
+            let outcome = Outcome {
+                status: result.as_ref().ok().map(RetryResponse::status),
+                result,
+            };
+            let decided_at = self.settings.clock.now();
+            let decision = self.decide(&outcome, decided_at);
+            let decision = self.budget_tab.admit(decision);
+            if let (
+                Ok(_),
+                Decision::Retry { kind, .. }
+                | Decision::Stop {
+                    kind: Some(kind), ..
+                },
+            ) = (&outcome.result, &decision)
+            {
+                // A response that is not the answer: its status says whether it may have run.
+                self.exposure().failed(*kind);
+            }
+            self.report.attempts = number;
+            self.report.elapsed = decided_at.saturating_duration_since(self.state.started);
+            if let Some(source) = self.record_attempt(&decision).await {
+                return Err(self.finish_unrecorded(number, attempt_started, outcome, source));
+            }
+
+            match decision {
+                Decision::Return => {
+                    self.attempt_ended(number, attempt_started, outcome.status, None, None);
+                    let response = outcome
+                        .result
+                        .expect("`decide` returns `Return` only for responses");
+                    return Ok(self.finish_with_response(response, number));
+                }
+                Decision::Retry {
+                    kind,
+                    delay,
+                    reason,
+                } => {
+                    let wait = Wait { delay, reason };
+                    self.attempt_ended(
+                        number,
+                        attempt_started,
+                        outcome.status,
+                        Some(kind),
+                        Some(wait),
+                    );
+                    self.retry_decided(number, kind, outcome.status, wait);
+                    // Release the connection before sleeping.
+                    drop(outcome);
+                    self.settings.sleeper.sleep(delay).await;
+                }
+                Decision::Stop { kind, stop } => {
+                    self.attempt_ended(number, attempt_started, outcome.status, kind, None);
+                    return Err(self.finish_with_stop(stop, kind, outcome, number));
+                }
+            }
+        }
+    }
+
+    /// Feeds the attempt's outcome to the pure decision.
+    fn decide<R: RetryResponse>(&self, outcome: &Outcome<R>, decided_at: Instant) -> Decision {
+        let observed = match &outcome.result {
+            Ok(response) => Observed::Response {
+                status: response.status(),
+                headers: response.headers(),
+            },
+            Err((kind, _)) => Observed::Failure(*kind),
+        };
+        let settings = self.settings;
+        match &settings.rng {
+            Jitter::Thread => decide(
+                &self.policy,
+                &self.state,
+                observed,
+                decided_at,
+                settings.clock.wall(),
+                &mut rand::rng(),
+            ),
+            Jitter::Seeded(rng) => {
+                let mut rng = match rng.lock() {
+                    Ok(guard) => guard,
+                    Err(poisoned) => poisoned.into_inner(),
+                };
+                decide(
+                    &self.policy,
+                    &self.state,
+                    observed,
+                    decided_at,
+                    settings.clock.wall(),
+                    &mut *rng,
+                )
+            }
+        }
+    }
+
+    /// Hook point: one attempt has ended and the decision about it is made.
+    fn attempt_ended(
+        &mut self,
+        number: u32,
+        started: Duration,
+        status: Option<StatusCode>,
+        failure: Option<FailureKind>,
+        wait: Option<Wait>,
+    ) {
+        if let Some(observer) = &self.settings.observer {
+            observer.on_attempt(&AttemptEvent {
+                key: self.report.idempotency_key(),
+                method: self.method,
+                host: self.host,
+                attempt: number,
+                status,
+                failure,
+                delay: wait.map(|w| w.delay),
+                elapsed: self.report.elapsed,
+            });
+        }
+        self.report.history.push(AttemptRecord {
+            number,
+            started,
+            status,
+            failure,
+            wait,
+        });
+    }
+
+    /// Hook point: the attempt is written to the ledger (counted, lease renewed past the wait
+    /// and the next attempt). Returns the ledger's error when it could not be.
+    async fn record_attempt(&self, decision: &Decision) -> Option<LedgerError> {
+        let run = self.ledger?;
+        let wait = match decision {
+            Decision::Retry { delay, .. } => Some(*delay),
+            Decision::Return | Decision::Stop { .. } => None,
+        };
+        run.record_attempt(self.settings.clock.wall(), wait)
+            .await
+            .err()
+    }
+
+    /// Hook point (failure): an attempt was made but could not be recorded. The caller gets
+    /// the key, the response if there was one, and "outcome unknown" whenever this or an
+    /// earlier attempt may have run; the claim stays in the ledger, so the next run resumes.
+    fn finish_unrecorded<R: RetryResponse>(
+        mut self,
+        number: u32,
+        started: Duration,
+        outcome: Outcome<R>,
+        source: LedgerError,
+    ) -> Error {
+        let failure = outcome.result.as_ref().err().map(|(kind, _)| *kind);
+        self.attempt_ended(number, started, outcome.status, failure, None);
+        let message = "an attempt was made but could not be recorded";
+        let unknown = self.exposure().is_unknown();
+        let err = match outcome.result {
+            // A response arrived: the receiver saw the operation.
+            Ok(response) => Error::ledger(self.report.clone(), true, message, source)
+                .with_response(response.status(), response),
+            Err((kind, _)) => Error::ledger(self.report.clone(), unknown, message, source)
+                .with_failure(Some(kind)),
+        };
+        tracing::warn!(
+            key = err.idempotency_key().map_or("", IdempotencyKey::as_str),
+            attempt = number,
+            outcome_unknown = err.is_outcome_unknown(),
+            error = %err,
+            "attempt not recorded in the ledger"
+        );
+        err
+    }
+
+    /// Hook point: a retry is decided and about to wait.
+    fn retry_decided(
+        &mut self,
+        number: u32,
+        kind: FailureKind,
+        status: Option<StatusCode>,
+        wait: Wait,
+    ) {
+        tracing::info!(
+            attempt = number,
+            outcome = kind.as_str(),
+            status = status.map(|s| s.as_u16()),
+            delay_ms = u64::try_from(wait.delay.as_millis()).unwrap_or(u64::MAX),
+            why = %wait.reason,
+            "attempt failed, retrying with the same key"
+        );
+    }
+
+    /// Hook point (success): the response is the answer.
+    fn finish_with_response<R: RetryResponse>(mut self, mut response: R, attempts: u32) -> R {
+        self.budget_tab.settle_success();
+        log_final(response.status(), self.report.idempotency_key(), attempts);
+        response.extensions_mut().insert(self.report);
+        response
+    }
+
+    /// Hook point (failure): the operation ends without a final answer.
+    fn finish_with_stop<R: RetryResponse>(
+        self,
+        stop: Stop,
+        kind: Option<FailureKind>,
+        outcome: Outcome<R>,
+        number: u32,
+    ) -> Error {
+        let err = stop_error(
+            stop,
+            kind,
+            self.report.clone(),
+            self.exposure().is_unknown(),
+            &self.policy,
+        )
+        .with_failure(kind);
+        let err = match outcome.result {
+            Ok(response) => err.with_response(response.status(), response),
+            Err((_, source)) => err.with_source(source),
+        };
+        tracing::warn!(
+            key = err.idempotency_key().map_or("", IdempotencyKey::as_str),
+            attempt = number,
+            outcome = kind.map_or("final", FailureKind::as_str),
+            outcome_unknown = err.is_outcome_unknown(),
+            error = %err,
+            "operation stopped"
+        );
+        err
+    }
+
+    /// The transport failed its readiness check before the next attempt: nothing more was
+    /// sent, so the outcome is unknown only if an earlier attempt may have run.
+    fn finish_not_ready(&mut self, source: BoxError) -> Error {
+        self.report.elapsed = self
+            .settings
+            .clock
+            .now()
+            .saturating_duration_since(self.state.started);
+        let err = Error::operation(
+            ErrorKind::Transport,
+            self.report.clone(),
+            self.exposure().is_unknown(),
+        )
+        .with_failure(Some(FailureKind::Fatal))
+        .with_source(source);
+        tracing::warn!(
+            key = err.idempotency_key().map_or("", IdempotencyKey::as_str),
+            attempt = self.state.attempts,
+            outcome_unknown = err.is_outcome_unknown(),
+            error = %err,
+            "the inner service cannot take another attempt; operation stopped"
+        );
+        err
+    }
+}
+
+fn stop_error(
+    stop: Stop,
+    kind: Option<FailureKind>,
+    report: RetryReport,
+    unknown: bool,
+    policy: &RetryPolicy,
+) -> Error {
+    match stop {
+        Stop::Fatal if kind == Some(FailureKind::TooManyRedirects) => {
+            Error::operation(ErrorKind::TooManyRedirects, report, unknown)
+        }
+        Stop::Exhausted => Error::operation(ErrorKind::AttemptsExhausted, report, unknown),
+        Stop::Window => Error::operation(ErrorKind::ReconcileWindow, report, unknown)
+            .with_window(policy.get_reconcile_window()),
+        Stop::RetryAfterTooLong { asked } => {
+            Error::operation(ErrorKind::RetryAfterTooLong, report, unknown).with_retry_after(asked)
+        }
+        Stop::NotReplayable => Error::operation(ErrorKind::BodyNotReplayable, report, unknown),
+        Stop::NotRetrySafe | Stop::Fatal => Error::operation(ErrorKind::Transport, report, unknown),
+        Stop::BudgetExhausted => Error::operation(ErrorKind::BudgetExhausted, report, unknown),
+    }
+}
+
+/// Logs the final response; a 422 on a keyed request (the key reused with another payload, a
+/// client bug) at error level, with the key on the event itself so warn/error filters keep it.
+fn log_final(status: StatusCode, key: Option<&IdempotencyKey>, attempts: u32) {
+    if let Some(key) = key
+        && status == StatusCode::UNPROCESSABLE_ENTITY
+    {
+        tracing::error!(
+            key = key.as_str(),
+            attempt = attempts,
+            status = status.as_u16(),
+            "422 on a keyed request: the key was reused with a different payload"
+        );
+    } else {
+        tracing::debug!(
+            attempt = attempts,
+            status = status.as_u16(),
+            "final response"
+        );
+    }
+}

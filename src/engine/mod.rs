@@ -1,0 +1,229 @@
+//! The operation pipeline every front end drives: one sequence of stages, owned here.
+//!
+//! A front end (the reqwest [`Client`](crate::Client), the tower service, the
+//! `reqwest-middleware` middleware) differs from the others only in how one attempt is sent:
+//! it implements [`Transport`] for that step, its request and response types implement
+//! [`RetryRequest`] and [`RetryResponse`], and it calls [`execute`]. Everything else happens
+//! here, once:
+//!
+//! 1. **settle** (`settle.rs`): the request's overrides, the policy, the key written into the
+//!    request before any attempt exists;
+//! 2. **claim** (`ledger/session.rs`, with a ledger and a key): the fingerprint, the claim under
+//!    a lease, or an answer with nothing sent (the saved response replayed, `KeyReuse`,
+//!    `InProgress`, `ReconcileWindow`); the run's window is what earlier runs left of it;
+//! 3. **attempts** (`attempts.rs`): send, classify, decide, pay the budget, record the attempt,
+//!    wait;
+//! 4. **finish** (`ledger/session.rs`): the outcome and the saved response written, the lease
+//!    released; a run dropped before this releases its lease on a spawned task;
+//! 5. **observe** ([`operation_ended`]): the observers hear how the operation ended, once,
+//!    after the ledger has settled what the caller gets.
+//!
+//! Every stage runs inside the operation's `idempotent_request` span.
+
+mod attempts;
+mod settle;
+
+use std::time::Duration;
+
+use http::Method;
+use tracing::Instrument;
+
+use crate::error::Error;
+use crate::exchange::{RetryRequest, RetryResponse};
+use crate::key::IdempotencyKey;
+use crate::ledger::{self, Begin, LedgerHandle};
+use crate::observe::{LedgerVerdict, OperationEvent};
+use crate::report::RetryReport;
+use crate::settings::{Overrides, Settings};
+use crate::transport::Transport;
+
+use attempts::Attempts;
+use settle::Settled;
+
+/// Runs one logical operation through every stage.
+///
+/// # Errors
+///
+/// Whatever stopped the operation, as an [`Error`] with its kind, key and outcome.
+pub(crate) async fn execute<Q, T>(
+    settings: &Settings,
+    mut request: Q,
+    overrides: Overrides,
+    transport: T,
+) -> Result<T::Response, Error>
+where
+    Q: RetryRequest,
+    T: Transport<Q>,
+{
+    let settled = settle::settle(settings, &mut request, overrides)?;
+    let span = operation_span(&settled.method, request.host(), settled.key.as_ref());
+    run(settings, request, settled, transport)
+        .instrument(span)
+        .await
+}
+
+/// The `tracing` span one operation runs in: method, host and key.
+fn operation_span(
+    method: &Method,
+    host: Option<&str>,
+    key: Option<&IdempotencyKey>,
+) -> tracing::Span {
+    tracing::info_span!(
+        "idempotent_request",
+        method = %method,
+        host = host.unwrap_or(""),
+        key = key.map_or("", IdempotencyKey::as_str),
+    )
+}
+
+/// The stages after settle.
+async fn run<Q, T>(
+    settings: &Settings,
+    request: Q,
+    settled: Settled,
+    transport: T,
+) -> Result<T::Response, Error>
+where
+    Q: RetryRequest,
+    T: Transport<Q>,
+{
+    let host = request.host().map(str::to_owned);
+    let (mut result, verdict) = match (&settings.ledger, &settled.key) {
+        (Some(handle), Some(key)) => {
+            let key = key.clone();
+            ledgered(
+                settings,
+                handle,
+                &key,
+                request,
+                &settled,
+                host.as_deref(),
+                transport,
+            )
+            .await
+        }
+        _ => {
+            let attempts = Attempts::begin(
+                settings,
+                &settled.method,
+                host.as_deref(),
+                settled.key.clone(),
+                settled.policy,
+                settled.attempt_timeout,
+                None,
+            );
+            (attempts.run(request, transport).await, None)
+        }
+    };
+    operation_ended(
+        settings,
+        &settled.method,
+        host.as_deref(),
+        &mut result,
+        verdict,
+    );
+    result
+}
+
+/// Claim, attempts and finish, for a keyed operation with a ledger. Returns how the ledger
+/// settled it when nothing was sent.
+async fn ledgered<Q, T>(
+    settings: &Settings,
+    handle: &LedgerHandle,
+    key: &IdempotencyKey,
+    request: Q,
+    settled: &Settled,
+    host: Option<&str>,
+    transport: T,
+) -> (Result<T::Response, Error>, Option<LedgerVerdict>)
+where
+    Q: RetryRequest,
+    T: Transport<Q>,
+{
+    let refused = |err: Error| (Err(err), Some(LedgerVerdict::Refused));
+    let Some(fingerprint) = request.fingerprint() else {
+        return refused(Error::builder(
+            "a request recorded in a ledger needs a buffered body (a stream, or a body type the \
+             ledger cannot read, cannot be fingerprinted); nothing was sent",
+        ));
+    };
+    if !ledger::can_replay::<T::Response>() {
+        return refused(Error::builder(
+            "a ledger replays completed operations, and this front end's response body type \
+             cannot be rebuilt from saved bytes (hyper's Incoming, say: map it to Full<Bytes> or \
+             a BoxBody first); nothing was sent",
+        ));
+    }
+    let window = settled.policy.get_reconcile_window();
+    let operation = ledger::Operation {
+        key,
+        scope: settled
+            .scope
+            .clone()
+            .unwrap_or_else(|| host.unwrap_or("").to_owned()),
+        fingerprint,
+        window,
+        attempt_timeout: settled.attempt_timeout,
+    };
+    let run = match ledger::claim(handle, &*settings.clock, &*settings.sleeper, operation).await {
+        Ok(Begin::Proceed(run)) => run,
+        Ok(Begin::Replay(response)) => return (Ok(response), Some(LedgerVerdict::Replayed)),
+        Err(err) => return refused(err),
+    };
+    // The window counts from the operation's first attempt, in earlier runs included: this
+    // run has what is left (zero ends it before its first attempt, with `ReconcileWindow`).
+    let left = run.window_left(window, settings.clock.wall());
+    let attempts = Attempts::begin(
+        settings,
+        &settled.method,
+        host,
+        Some(key.clone()),
+        settled.policy.reconcile_window(left),
+        settled.attempt_timeout,
+        Some(&run),
+    );
+    let result = attempts.run(request, transport).await;
+    (run.finish(result).await, None)
+}
+
+/// The observe stage: tells the observers how the operation ended, once its result is final.
+fn operation_ended<R: RetryResponse>(
+    settings: &Settings,
+    method: &Method,
+    host: Option<&str>,
+    result: &mut Result<R, Error>,
+    ledger_verdict: Option<LedgerVerdict>,
+) {
+    let Some(observer) = &settings.observer else {
+        return;
+    };
+    let event = match result {
+        Ok(response) => {
+            let status = response.status();
+            let report = response.extensions_mut().get::<RetryReport>();
+            OperationEvent {
+                key: report.and_then(RetryReport::idempotency_key),
+                method,
+                host,
+                attempts: report.map_or(0, RetryReport::attempts),
+                status: Some(status),
+                error: None,
+                outcome_unknown: false,
+                elapsed: report.map_or(Duration::ZERO, RetryReport::elapsed),
+                ledger_verdict,
+            }
+        }
+        Err(err) => OperationEvent {
+            key: err.idempotency_key(),
+            method,
+            host,
+            attempts: err.attempts(),
+            status: err.status(),
+            error: Some(err.kind()),
+            outcome_unknown: err.is_outcome_unknown(),
+            elapsed: err.elapsed(),
+            ledger_verdict,
+        },
+    };
+    observer.on_operation(&event);
+}

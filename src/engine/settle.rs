@@ -1,0 +1,105 @@
+//! The settle stage: what one request asks for (its overrides, from the front end and its
+//! extensions), the policy that applies, and the operation's key, written into the request
+//! once, before the first attempt exists: every attempt is a clone of this request.
+
+use std::time::Duration;
+
+use http::Method;
+use http::header::{HeaderMap, HeaderName};
+
+use crate::decide::is_idempotent_method;
+use crate::error::Error;
+use crate::exchange::RetryRequest;
+use crate::key::IdempotencyKey;
+use crate::policy::RetryPolicy;
+use crate::settings::{Overrides, Settings};
+
+/// One operation, settled: nothing about it changes from here on.
+#[derive(Debug)]
+pub(super) struct Settled {
+    pub(super) method: Method,
+    pub(super) policy: RetryPolicy,
+    pub(super) key: Option<IdempotencyKey>,
+    pub(super) attempt_timeout: Duration,
+    pub(super) scope: Option<String>,
+}
+
+/// Settles `request` as one operation.
+///
+/// # Errors
+///
+/// [`ErrorKind::Builder`](crate::ErrorKind::Builder) for an invalid policy, a zero timeout,
+/// a key header set twice or two different keys; [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey)
+/// for a key header that is not a valid key. Nothing has been sent.
+pub(super) fn settle<Q: RetryRequest>(
+    settings: &Settings,
+    request: &mut Q,
+    overrides: Overrides,
+) -> Result<Settled, Error> {
+    let overrides = match request.extensions() {
+        Some(ext) => overrides.or(Overrides::from_extensions(ext)),
+        None => overrides,
+    };
+    let policy = settings.policy_for(overrides.policy, request.host());
+    policy.validate()?;
+    if overrides.timeout.is_some_and(|timeout| timeout.is_zero()) {
+        return Err(Error::builder("the request's timeout must be positive"));
+    }
+    let method = request.method().clone();
+    let key = attach_key(
+        request.headers_mut(),
+        &method,
+        &settings.key_header,
+        overrides.key,
+        overrides.auto_key.unwrap_or(settings.auto_keys),
+    )?;
+    Ok(Settled {
+        method,
+        policy,
+        key,
+        attempt_timeout: overrides.timeout.unwrap_or(policy.get_attempt_timeout()),
+        scope: overrides.scope,
+    })
+}
+
+/// Settles the operation's key and puts it in the request's headers.
+fn attach_key(
+    headers: &mut HeaderMap,
+    method: &Method,
+    header: &HeaderName,
+    explicit: Option<IdempotencyKey>,
+    auto_key: bool,
+) -> Result<Option<IdempotencyKey>, Error> {
+    let mut values = headers.get_all(header).iter();
+    let from_header = match (values.next(), values.next()) {
+        (None, _) => None,
+        (Some(_), Some(_)) => {
+            return Err(Error::builder(format!(
+                "the {header} header is set more than once"
+            )));
+        }
+        // The raw bytes are checked, so a value with obs-text (bytes 0x80 and up) or a tab is
+        // refused with the offending byte and its index, like any other invalid key.
+        (Some(value), None) => Some(
+            IdempotencyKey::from_header_bytes(value.as_bytes())
+                .map_err(|reason| Error::invalid_key(reason, "set in a header"))?,
+        ),
+    };
+    let in_header = from_header.is_some();
+    let key = match (explicit, from_header) {
+        (Some(explicit), Some(header_key)) if explicit != header_key => {
+            return Err(Error::builder(format!(
+                "two different idempotency keys: one given, another in the {header} header"
+            )));
+        }
+        (Some(key), _) | (None, Some(key)) => key,
+        (None, None) if auto_key && !is_idempotent_method(method) => IdempotencyKey::random(),
+        (None, None) => return Ok(None),
+    };
+    // A key the caller put in the header stays exactly as given (its bytes are the key's, and
+    // its sensitivity flag is kept); only a key from elsewhere is written in.
+    if !in_header {
+        headers.insert(header.clone(), key.to_header_value());
+    }
+    Ok(Some(key))
+}

@@ -1,0 +1,135 @@
+//! Whether an operation may have run: the outcome-unknown rule, in one place.
+//!
+//! An operation that ends without a final answer is *outcome unknown* when the receiver may have
+//! executed it: some attempt of this run may have reached it and run (a timeout after sending,
+//! a reset, a 5xx: [`FailureKind::may_have_executed`]), an attempt was on its way when the run
+//! was abandoned, or an earlier run recorded in the ledger left it unresolved. Otherwise (only
+//! connect and DNS failures, a refusal before sending) it is *definitely not done*. The engine
+//! reports each attempt here; the error flags and the ledger's status are read from here.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::classify::FailureKind;
+use crate::ledger::OperationStatus;
+
+/// What is known, so far, of whether one operation may have been executed.
+///
+/// Shared between the attempt loop, which reports each attempt, and the ledger's run, which
+/// reads it when the run is abandoned mid-flight; atomics, so both can hold it across awaits.
+#[derive(Debug, Default)]
+pub(crate) struct Exposure {
+    /// An earlier run left the operation unresolved.
+    earlier: bool,
+    /// An attempt of this run may have been executed.
+    executed: AtomicBool,
+    /// An attempt is on its way: if the run ends now, it may have arrived.
+    sending: AtomicBool,
+}
+
+impl Exposure {
+    /// A run that follows one the ledger recorded with `previous` status.
+    pub(crate) fn after(previous: OperationStatus) -> Self {
+        Exposure {
+            earlier: matches!(
+                previous,
+                OperationStatus::Unknown | OperationStatus::InFlight
+            ),
+            ..Exposure::default()
+        }
+    }
+
+    /// An attempt is being sent.
+    pub(crate) fn sending(&self) {
+        self.sending.store(true, Ordering::Relaxed);
+    }
+
+    /// The attempt being sent failed this way.
+    pub(crate) fn failed(&self, kind: FailureKind) {
+        self.sending.store(false, Ordering::Relaxed);
+        if kind.may_have_executed() {
+            self.executed.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The attempt was refused before anything went out (a malformed request).
+    pub(crate) fn not_sent(&self) {
+        self.sending.store(false, Ordering::Relaxed);
+    }
+
+    /// The attempt being sent got a response; what it means is decided next
+    /// ([`failed`](Self::failed) with the status's kind when it is retried or stops the
+    /// operation: a 503 may have run, a 429 did not).
+    pub(crate) fn answered(&self) {
+        self.sending.store(false, Ordering::Relaxed);
+    }
+
+    /// Whether the operation may have been executed (by this run or an earlier one).
+    pub(crate) fn is_unknown(&self) -> bool {
+        self.earlier
+            || self.executed.load(Ordering::Relaxed)
+            || self.sending.load(Ordering::Relaxed)
+    }
+
+    /// Whether an earlier run left the operation unresolved.
+    pub(crate) fn earlier(&self) -> bool {
+        self.earlier
+    }
+
+    /// The status a run that ends without a final answer leaves in the ledger: `Unknown` when
+    /// the operation may have run, `FailedFinal` when it certainly did not.
+    pub(crate) fn unresolved_status(unknown: bool) -> OperationStatus {
+        if unknown {
+            OperationStatus::Unknown
+        } else {
+            OperationStatus::FailedFinal
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_attempts_that_never_left_keep_an_operation_definitely_not_done() {
+        let fresh = Exposure::default();
+        assert!(!fresh.is_unknown());
+        fresh.sending();
+        assert!(fresh.is_unknown(), "an attempt on its way may arrive");
+        fresh.failed(FailureKind::Connect);
+        assert!(!fresh.is_unknown(), "a refused connect never left");
+        fresh.sending();
+        fresh.failed(FailureKind::Timeout);
+        assert!(fresh.is_unknown());
+        fresh.sending();
+        fresh.failed(FailureKind::Dns);
+        assert!(fresh.is_unknown(), "once unknown, always unknown");
+
+        let answered = Exposure::default();
+        answered.sending();
+        answered.answered();
+        assert!(!answered.is_unknown(), "a response is judged by its status");
+        answered.failed(FailureKind::Throttled);
+        assert!(!answered.is_unknown(), "a 429 did not run");
+        answered.failed(FailureKind::ServerError);
+        assert!(answered.is_unknown(), "a 5xx may have run");
+    }
+
+    #[test]
+    fn an_unresolved_earlier_run_makes_every_later_end_unknown() {
+        for (previous, earlier) in [
+            (OperationStatus::Unknown, true),
+            (OperationStatus::InFlight, true),
+            (OperationStatus::FailedFinal, false),
+        ] {
+            let run = Exposure::after(previous);
+            assert_eq!(run.is_unknown(), earlier, "{previous}");
+            assert_eq!(run.earlier(), earlier);
+        }
+        assert_eq!(Exposure::unresolved_status(true), OperationStatus::Unknown);
+        assert_eq!(
+            Exposure::unresolved_status(false),
+            OperationStatus::FailedFinal
+        );
+    }
+}
