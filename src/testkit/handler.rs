@@ -4,16 +4,25 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use serde::de::DeserializeOwned;
 
-use super::receiver::Shared;
 use super::wire::find_header;
 
 /// A boxed handler future.
 pub(crate) type HandlerFuture = Pin<Box<dyn Future<Output = Reply> + Send + 'static>>;
 /// A boxed handler.
 pub(crate) type BoxHandler = Arc<dyn Fn(Delivery) -> HandlerFuture + Send + Sync + 'static>;
+
+/// Where a [`Delivery`] counts its effect. A delivery needs one thing from the receiver, the
+/// count, so it gets only that: the handler API then depends on no part of the receiver, and
+/// the receiver's state stays behind its own methods.
+pub(crate) trait EffectRecorder: Send + Sync {
+    /// Counts one effect under `key` (`None`: keyless) and returns its number across the
+    /// receiver (1 for the first effect).
+    fn record_effect(&self, key: Option<&str>) -> u64;
+}
 
 /// One delivery the handler runs for: a request whose key was just claimed, a keyless request,
 /// or one event of a batch.
@@ -27,8 +36,9 @@ pub struct Delivery {
     pub(crate) path: String,
     pub(crate) headers: Vec<(String, String)>,
     pub(crate) body: Vec<u8>,
-    pub(crate) recorder: Arc<Shared>,
-    pub(crate) run: Arc<std::sync::atomic::AtomicU32>,
+    pub(crate) recorder: Arc<dyn EffectRecorder>,
+    /// Effects this run recorded: what settles the key once the handler returns.
+    pub(crate) run: Arc<AtomicU32>,
 }
 
 impl fmt::Debug for Delivery {
@@ -93,7 +103,7 @@ impl Delivery {
     /// across the receiver (1 for the first effect). Call it where the real handler would
     /// perform the effect: send the email, charge the card.
     pub fn record_effect(&self) -> u64 {
-        self.run.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.run.fetch_add(1, Ordering::SeqCst);
         self.recorder.record_effect(self.key.as_deref())
     }
 }

@@ -33,7 +33,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::fault::{Fault, When};
-use super::handler::{BoxHandler, Delivery, HandlerFuture, Reply};
+use super::handler::{BoxHandler, Delivery, EffectRecorder, HandlerFuture, Reply};
 use super::wire::{self, Incoming, find_header};
 use crate::time::{Clock, TokioClock};
 
@@ -650,7 +650,7 @@ impl Receiver {
     }
 }
 
-pub(crate) struct Shared {
+struct Shared {
     started: Instant,
     key_header: String,
     scope: String,
@@ -681,6 +681,18 @@ struct Row {
     saved: Option<SavedResponse>,
 }
 
+impl EffectRecorder for Shared {
+    fn record_effect(&self, key: Option<&str>) -> u64 {
+        let mut st = self.lock();
+        st.effects += 1;
+        match key {
+            Some(key) => *st.effects_by_key.entry(key.to_owned()).or_default() += 1,
+            None => st.keyless_effects += 1,
+        }
+        st.effects
+    }
+}
+
 /// What the idempotency check says about one delivery.
 enum Admission {
     Run,
@@ -693,16 +705,6 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panicking test thread must not turn every later call into a panic.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub(crate) fn record_effect(&self, key: Option<&str>) -> u64 {
-        let mut st = self.lock();
-        st.effects += 1;
-        match key {
-            Some(key) => *st.effects_by_key.entry(key.to_owned()).or_default() += 1,
-            None => st.keyless_effects += 1,
-        }
-        st.effects
     }
 
     /// Logs the arrival and takes its scripted fault.
