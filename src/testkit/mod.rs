@@ -79,12 +79,14 @@ mod deterministic;
 mod fault;
 mod handler;
 mod receiver;
+mod records;
 mod wire;
 
 pub use deterministic::{RecordingSleeper, fixed_key, loopback_http, seeded_rng};
 pub use fault::{Canned, Fault, RetryAfter, When};
 pub use handler::{Delivery, Reply};
-pub use receiver::{
-    Arrival, Compensated, Compensation, ForgetError, KeyRecord, KeyStatus, Outcome,
-    REPLAYED_HEADER, Receiver, ReceiverBuilder, SavedResponse, Violation,
+pub use receiver::{REPLAYED_HEADER, Receiver, ReceiverBuilder};
+pub use records::{
+    Arrival, Compensated, Compensation, ForgetError, KeyRecord, KeyStatus, Outcome, SavedResponse,
+    Violation,
 };
