@@ -80,6 +80,7 @@ mod fault;
 mod handler;
 mod receiver;
 mod records;
+mod state;
 mod wire;
 
 pub use deterministic::{RecordingSleeper, fixed_key, loopback_http, seeded_rng};

@@ -1,43 +1,41 @@
-//! The idempotent loopback receiver: claims, saved responses, fault scripts, effect counts.
+//! The public `Receiver`, its builder, and the serve loop that takes one connection from the
+//! request read to the answer written. The per-key bookkeeping the loop drives is in
+//! `state.rs`; the values a test reads back are in `records.rs`.
 //!
 //! One request, start to finish:
 //!
 //! 1. The accept loop (`wire::accept_loop`) runs each connection on its own task; the request
 //!    is read completely (`wire::read_request`), logged as an `Arrival` (number, key attempt)
-//!    and its scripted fault, if any, is taken, all under one lock.
+//!    and its scripted fault, if any, is taken, all under one lock (`Shared::arrive`).
 //! 2. A fault that acts before the handler (reset, close, canned status) ends it there.
-//! 3. Otherwise `admit` looks the key up and claims it in the same critical section: new or
-//!    `failed` -> `in_progress` and run; `in_progress` -> 409; `completed` -> replay; another
-//!    fingerprint -> 422. Keyless requests always run. In batch mode each event id goes
-//!    through the same `admit`.
+//! 3. Otherwise `Shared::admit` looks the key up and claims it in the same critical section:
+//!    new or `failed` -> `in_progress` and run; `in_progress` -> 409; `completed` -> replay;
+//!    another fingerprint -> 422. Keyless requests always run. In batch mode each event id
+//!    goes through the same `admit`.
 //! 4. The handler runs in its own task (a panic becomes a 500) and calls `record_effect` for
-//!    its effect; `finish` settles the row: an effect means `completed` with the reply saved;
-//!    no effect and a 5xx means `failed`; `release_key` on a row with effects is refused and
-//!    kept as a `Violation`.
+//!    its effect; `Shared::finish` settles the row: an effect means `completed` with the reply
+//!    saved; no effect and a 5xx means `failed`; `release_key` on a row with effects is refused
+//!    and kept as a `Violation`.
 //! 5. The answer goes out, unless a reset or a stall after commit was scripted.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicU32;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
 use tokio::io::BufReader;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Notify;
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 
 use super::fault::{Fault, When};
-use super::handler::{BoxHandler, Delivery, EffectRecorder, HandlerFuture, Reply};
+use super::handler::{BoxHandler, Delivery, HandlerFuture, Reply};
 use super::records::{
-    Arrival, Compensated, Compensation, ForgetError, KeyRecord, KeyStatus, Outcome, SavedResponse,
-    Violation,
+    Arrival, Compensated, Compensation, ForgetError, KeyRecord, Outcome, Violation,
 };
+use super::state::{Admission, Shared, fingerprint};
 use super::wire::{self, Incoming, find_header};
 use crate::time::{Clock, TokioClock};
 
@@ -95,7 +93,7 @@ pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
 /// ```
 pub struct Receiver {
     addr: SocketAddr,
-    shared: Arc<Shared>,
+    serving: Arc<Serving>,
     task: JoinHandle<()>,
 }
 
@@ -103,9 +101,9 @@ impl fmt::Debug for Receiver {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Receiver")
             .field("addr", &self.addr)
-            .field("scope", &self.shared.scope)
-            .field("key_header", &self.shared.key_header)
-            .field("batch_id", &self.shared.batch_id)
+            .field("scope", &self.shared().scope())
+            .field("key_header", &self.serving.key_header)
+            .field("batch_id", &self.serving.batch_id)
             .finish_non_exhaustive()
     }
 }
@@ -207,20 +205,21 @@ impl ReceiverBuilder {
                 })
             })
         });
-        let shared = Arc::new(Shared {
-            started: TokioClock.now(),
+        let serving = Arc::new(Serving {
             key_header: self.key_header,
-            scope: self.scope,
             batch_id: self.batch_id,
             handler,
-            changed: Notify::new(),
-            state: Mutex::default(),
+            shared: Arc::new(Shared::new(self.scope)),
         });
         let task = tokio::spawn({
-            let shared = shared.clone();
-            wire::accept_loop(listener, move |stream| serve(shared.clone(), stream))
+            let serving = serving.clone();
+            wire::accept_loop(listener, move |stream| serve(serving.clone(), stream))
         });
-        Ok(Receiver { addr, shared, task })
+        Ok(Receiver {
+            addr,
+            serving,
+            task,
+        })
     }
 }
 
@@ -260,87 +259,61 @@ impl Receiver {
     /// Scripts `fault` for the delivery `when` picks. A later script for the same delivery
     /// replaces an earlier one.
     pub fn inject(&self, when: When, fault: Fault) {
-        let mut st = self.shared.lock();
-        match when {
-            When::Request(n) => {
-                st.by_request.insert(n, fault);
-            }
-            When::KeyAttempt { key, attempt } => {
-                st.by_key.insert((key, attempt), fault);
-            }
-        }
+        self.shared().inject(when, fault);
     }
 
     /// Side effects recorded in total, keyed or not.
     #[must_use]
     pub fn effects(&self) -> u64 {
-        self.shared.lock().effects
+        self.shared().effects()
     }
 
     /// Side effects recorded under `key` (in batch mode: an event id).
     #[must_use]
     pub fn effects_for(&self, key: &str) -> u64 {
-        self.shared
-            .lock()
-            .effects_by_key
-            .get(key)
-            .copied()
-            .unwrap_or(0)
+        self.shared().effects_for(key)
     }
 
     /// Side effects recorded by keyless requests.
     #[must_use]
     pub fn keyless_effects(&self) -> u64 {
-        self.shared.lock().keyless_effects
+        self.shared().keyless_effects()
     }
 
     /// Requests read completely so far.
     #[must_use]
     pub fn arrivals(&self) -> u64 {
-        self.shared.lock().arrivals.len() as u64
+        self.shared().arrivals()
     }
 
     /// Every request read completely, in arrival order.
     #[must_use]
     pub fn log(&self) -> Vec<Arrival> {
-        self.shared.lock().arrivals.clone()
+        self.shared().log()
     }
 
     /// The key header's value of each request, in arrival order.
     #[must_use]
     pub fn keys(&self) -> Vec<Option<String>> {
-        self.shared
-            .lock()
-            .arrivals
-            .iter()
-            .map(|a| a.key.clone())
-            .collect()
+        self.shared().keys()
     }
 
     /// What the receiver keeps for `key`, if anything.
     #[must_use]
     pub fn record(&self, key: &str) -> Option<KeyRecord> {
-        let st = self.shared.lock();
-        let row = st.rows.get(key)?;
-        Some(KeyRecord {
-            scope: self.shared.scope.clone(),
-            fingerprint: hex(&row.fingerprint),
-            status: row.status,
-            response: row.saved.clone(),
-            effects: st.effects_by_key.get(key).copied().unwrap_or(0),
-        })
+        self.shared().record(key)
     }
 
     /// Misuses caught so far.
     #[must_use]
     pub fn violations(&self) -> Vec<Violation> {
-        self.shared.lock().violations.clone()
+        self.shared().violations()
     }
 
     /// Keys forgotten with a compensating record.
     #[must_use]
     pub fn compensations(&self) -> Vec<Compensated> {
-        self.shared.lock().compensated.clone()
+        self.shared().compensations()
     }
 
     /// Forgets `key`, so the next delivery with it runs the handler as new.
@@ -356,35 +329,7 @@ impl Receiver {
     /// - [`ForgetError::InProgress`]: its handler is running.
     /// - [`ForgetError::UnknownKey`]: no such key.
     pub fn forget(&self, key: &str, compensation: Option<Compensation>) -> Result<(), ForgetError> {
-        let mut st = self.shared.lock();
-        let effects = st.effects_by_key.get(key).copied().unwrap_or(0);
-        match st.rows.get(key).map(|row| row.status) {
-            None => Err(ForgetError::UnknownKey {
-                key: key.to_owned(),
-            }),
-            Some(KeyStatus::InProgress) => Err(ForgetError::InProgress {
-                key: key.to_owned(),
-            }),
-            Some(_) if effects > 0 => match compensation {
-                None => Err(ForgetError::EffectCommitted {
-                    key: key.to_owned(),
-                    effects,
-                }),
-                Some(compensation) => {
-                    st.rows.remove(key);
-                    st.compensated.push(Compensated {
-                        key: key.to_owned(),
-                        effects,
-                        compensation,
-                    });
-                    Ok(())
-                }
-            },
-            Some(_) => {
-                st.rows.remove(key);
-                Ok(())
-            }
-        }
+        self.shared().forget(key, compensation)
     }
 
     /// Waits until at least `n` requests have arrived, or `within` has passed; returns how many
@@ -393,7 +338,7 @@ impl Receiver {
         let wait = async {
             loop {
                 // Register before checking, so an arrival in between is not missed.
-                let notified = self.shared.changed.notified();
+                let notified = self.shared().changed();
                 if self.arrivals() >= n {
                     return;
                 }
@@ -406,20 +351,18 @@ impl Receiver {
 }
 
 impl Receiver {
+    fn shared(&self) -> &Shared {
+        &self.serving.shared
+    }
+
     /// Waits until every request that has arrived has been dealt with (no handler running, no
     /// [`Outcome::Pending`]), or `within` has passed; returns whether it is idle. Counts read
     /// after an idle receiver are final until the next request.
     pub async fn wait_until_idle(&self, within: Duration) -> bool {
-        let idle = || {
-            self.shared
-                .lock()
-                .arrivals
-                .iter()
-                .all(|a| a.outcome != Outcome::Pending)
-        };
+        let idle = || self.shared().idle();
         let wait = async {
             loop {
-                let notified = self.shared.changed.notified();
+                let notified = self.shared().changed();
                 if idle() {
                     return;
                 }
@@ -431,178 +374,21 @@ impl Receiver {
     }
 }
 
-struct Shared {
-    started: Instant,
+/// What every connection task works with: how to find a request's key, the handler, and the
+/// receiver's state. The configuration lives here rather than in [`Shared`], which holds only
+/// what changes as requests come in.
+struct Serving {
     key_header: String,
-    scope: String,
     batch_id: Option<String>,
     handler: BoxHandler,
-    /// Woken on every arrival and every outcome.
-    changed: Notify,
-    state: Mutex<State>,
+    shared: Arc<Shared>,
 }
 
-#[derive(Default)]
-struct State {
-    arrivals: Vec<Arrival>,
-    by_request: HashMap<u64, Fault>,
-    by_key: HashMap<(String, u32), Fault>,
-    key_attempts: HashMap<String, u32>,
-    rows: HashMap<String, Row>,
-    effects: u64,
-    effects_by_key: HashMap<String, u64>,
-    keyless_effects: u64,
-    violations: Vec<Violation>,
-    compensated: Vec<Compensated>,
-}
-
-struct Row {
-    fingerprint: [u8; 32],
-    status: KeyStatus,
-    saved: Option<SavedResponse>,
-}
-
-impl EffectRecorder for Shared {
-    fn record_effect(&self, key: Option<&str>) -> u64 {
-        let mut st = self.lock();
-        st.effects += 1;
-        match key {
-            Some(key) => *st.effects_by_key.entry(key.to_owned()).or_default() += 1,
-            None => st.keyless_effects += 1,
-        }
-        st.effects
-    }
-}
-
-/// What the idempotency check says about one delivery.
-enum Admission {
-    Run,
-    InProgress,
-    Mismatch,
-    Replay(SavedResponse),
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A panicking test thread must not turn every later call into a panic.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Logs the arrival and takes its scripted fault.
-    fn arrive(&self, req: &Incoming, key: Option<&str>) -> (u64, Option<Fault>) {
-        let at = TokioClock.now().saturating_duration_since(self.started);
-        let mut st = self.lock();
-        let number = st.arrivals.len() as u64 + 1;
-        let key_attempt = match key {
-            Some(key) => {
-                let count = st.key_attempts.entry(key.to_owned()).or_default();
-                *count += 1;
-                *count
-            }
-            None => 0,
-        };
-        let fault = st
-            .by_request
-            .remove(&number)
-            .or_else(|| key.and_then(|key| st.by_key.remove(&(key.to_owned(), key_attempt))));
-        st.arrivals.push(Arrival {
-            number,
-            at,
-            method: req.method.clone(),
-            path: req.path.clone(),
-            key: key.map(str::to_owned),
-            key_attempt,
-            fault: fault.clone(),
-            outcome: Outcome::Pending,
-            answer_fault: None,
-        });
-        drop(st);
-        self.changed.notify_waiters();
-        (number, fault)
-    }
-
-    fn update(&self, number: u64, change: impl FnOnce(&mut Arrival)) {
-        let mut st = self.lock();
-        let index = number.checked_sub(1).and_then(|i| usize::try_from(i).ok());
-        if let Some(arrival) = index.and_then(|i| st.arrivals.get_mut(i)) {
-            change(arrival);
-        }
-    }
-
-    fn set_outcome(&self, number: u64, outcome: Outcome) {
-        self.update(number, |arrival| arrival.outcome = outcome);
-        self.changed.notify_waiters();
-    }
-
-    fn set_answer_fault(&self, number: u64, what: String) {
-        self.update(number, |arrival| arrival.answer_fault = Some(what));
-    }
-
-    /// The idempotency check: lookup and claim under one lock.
-    fn admit(&self, key: &str, fingerprint: [u8; 32]) -> Admission {
-        let mut st = self.lock();
-        match st.rows.get_mut(key) {
-            Some(row) if row.fingerprint != fingerprint => Admission::Mismatch,
-            Some(row) => match row.status {
-                KeyStatus::InProgress => Admission::InProgress,
-                KeyStatus::Completed => match &row.saved {
-                    Some(saved) => Admission::Replay(saved.clone()),
-                    // Completed rows always carry their response; be safe anyway.
-                    None => Admission::InProgress,
-                },
-                KeyStatus::Failed => {
-                    row.status = KeyStatus::InProgress;
-                    Admission::Run
-                }
-            },
-            None => {
-                st.rows.insert(
-                    key.to_owned(),
-                    Row {
-                        fingerprint,
-                        status: KeyStatus::InProgress,
-                        saved: None,
-                    },
-                );
-                Admission::Run
-            }
-        }
-    }
-
-    /// Settles a claimed key after its handler returned.
-    fn finish(&self, key: &str, request: u64, reply: &Reply, effects: u64) {
-        let mut st = self.lock();
-        let committed = st.effects_by_key.get(key).copied().unwrap_or(0);
-        if reply.release_key {
-            if committed == 0 {
-                st.rows.remove(key);
-                return;
-            }
-            st.violations.push(Violation::ReleasedCommittedKey {
-                key: key.to_owned(),
-                request,
-                effects: committed,
-            });
-        }
-        let Some(row) = st.rows.get_mut(key) else {
-            return;
-        };
-        if effects == 0 && reply.status >= 500 {
-            row.status = KeyStatus::Failed;
-        } else {
-            row.status = KeyStatus::Completed;
-            row.saved = Some(SavedResponse {
-                status: reply.status,
-                headers: reply.headers.clone(),
-                body: reply.body.clone(),
-            });
-        }
-    }
-
+impl Serving {
     /// Runs the handler for one delivery; a panicking handler answers 500 and records what it
     /// recorded before panicking.
     async fn run_handler(
-        self: &Arc<Self>,
+        &self,
         number: u64,
         key: Option<String>,
         req: &Incoming,
@@ -616,43 +402,16 @@ impl Shared {
             path: req.path.clone(),
             headers: req.headers.clone(),
             body,
-            recorder: self.clone(),
+            recorder: self.shared.clone(),
             run: run.clone(),
         };
         let reply = match tokio::spawn((self.handler)(delivery)).await {
             Ok(reply) => reply,
             Err(_) => Reply::json(500, &serde_json::json!({"error": "the handler panicked"})),
         };
-        (
-            reply,
-            u64::from(run.load(std::sync::atomic::Ordering::SeqCst)),
-        )
+        (reply, u64::from(run.load(Ordering::SeqCst)))
     }
 }
-
-fn hex(bytes: &[u8]) -> String {
-    use fmt::Write as _;
-    bytes.iter().fold(String::new(), |mut out, b| {
-        let _ = write!(out, "{b:02x}");
-        out
-    })
-}
-
-/// SHA-256 of the method, the target and the body, length-prefixed; a JSON body in its RFC 8785
-/// canonical form, so member order and number spelling do not make two requests differ.
-fn fingerprint(method: &str, path: &str, body: &[u8]) -> [u8; 32] {
-    let canonical = serde_json::from_slice::<serde_json::Value>(body)
-        .ok()
-        .map(|json| crate::canonical_json(&json));
-    let body = canonical.as_ref().map_or(body, |c| c.as_bytes());
-    let mut hasher = Sha256::new();
-    for part in [method.as_bytes(), path.as_bytes(), body] {
-        hasher.update((part.len() as u64).to_be_bytes());
-        hasher.update(part);
-    }
-    hasher.finalize().into()
-}
-
 /// The answer to send, once the receiver knows it.
 struct Answer {
     status: u16,
@@ -670,7 +429,8 @@ impl Answer {
     }
 }
 
-async fn serve(shared: Arc<Shared>, stream: TcpStream) {
+async fn serve(serving: Arc<Serving>, stream: TcpStream) {
+    let shared = &serving.shared;
     let _ = stream.set_nodelay(true);
     let mut reader = BufReader::new(stream);
     // A client that hangs up mid-request or sends garbage: dropped, not logged.
@@ -678,11 +438,11 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream) {
         return;
     };
     let mut stream = reader.into_inner();
-    let key = match &shared.batch_id {
+    let key = match &serving.batch_id {
         Some(_) => None,
-        None => find_header(&req.headers, &shared.key_header).map(str::to_owned),
+        None => find_header(&req.headers, &serving.key_header).map(str::to_owned),
     };
-    let (number, fault) = shared.arrive(&req, key.as_deref());
+    let (number, fault) = shared.arrive(&req.method, &req.path, key.as_deref());
     let head_only = req.method.eq_ignore_ascii_case("HEAD");
 
     match &fault {
@@ -703,14 +463,14 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream) {
     }
     if let Some(Fault::SlowHandler(delay)) = &fault {
         // Before the claim for a batch (it has no single key); after it otherwise (below).
-        if shared.batch_id.is_some() {
+        if serving.batch_id.is_some() {
             tokio::time::sleep(*delay).await;
         }
     }
 
-    let (outcome, answer) = match &shared.batch_id {
-        Some(field) => handle_batch(&shared, number, &req, field).await,
-        None => handle_one(&shared, number, key, &req, fault.as_ref()).await,
+    let (outcome, answer) = match &serving.batch_id {
+        Some(field) => handle_batch(&serving, number, &req, field).await,
+        None => handle_one(&serving, number, key, &req, fault.as_ref()).await,
     };
     shared.set_outcome(number, outcome);
 
@@ -756,7 +516,7 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream) {
 }
 
 async fn handle_one(
-    shared: &Arc<Shared>,
+    serving: &Serving,
     number: u64,
     key: Option<String>,
     req: &Incoming,
@@ -770,20 +530,23 @@ async fn handle_one(
         if let Some(delay) = slow {
             tokio::time::sleep(delay).await;
         }
-        let (reply, effects) = shared
+        let (reply, effects) = serving
             .run_handler(number, None, req, req.body.clone())
             .await;
         return ran(reply, effects);
     };
-    match shared.admit(&key, fingerprint(&req.method, &req.path, &req.body)) {
+    match serving
+        .shared
+        .admit(&key, fingerprint(&req.method, &req.path, &req.body))
+    {
         Admission::Run => {
             if let Some(delay) = slow {
                 tokio::time::sleep(delay).await;
             }
-            let (reply, effects) = shared
+            let (reply, effects) = serving
                 .run_handler(number, Some(key.clone()), req, req.body.clone())
                 .await;
-            shared.finish(&key, number, &reply, effects);
+            serving.shared.finish(&key, number, &reply, effects);
             ran(reply, effects)
         }
         Admission::Replay(saved) => {
@@ -830,7 +593,7 @@ fn ran(reply: Reply, effects: u64) -> (Outcome, Answer) {
 }
 
 async fn handle_batch(
-    shared: &Arc<Shared>,
+    serving: &Serving,
     number: u64,
     req: &Incoming,
     field: &str,
@@ -865,13 +628,16 @@ async fn handle_batch(
     let (mut processed, mut duplicates, mut failed) = (0, 0, false);
     for (id, event) in events {
         let body = event.to_string().into_bytes();
-        match shared.admit(&id, fingerprint("EVENT", field, &body)) {
+        match serving
+            .shared
+            .admit(&id, fingerprint("EVENT", field, &body))
+        {
             Admission::Run => {
-                let (reply, effects) = shared
+                let (reply, effects) = serving
                     .run_handler(number, Some(id.clone()), req, body)
                     .await;
                 failed |= effects == 0 && reply.status >= 500;
-                shared.finish(&id, number, &reply, effects);
+                serving.shared.finish(&id, number, &reply, effects);
                 processed += 1;
             }
             Admission::Replay(_) | Admission::InProgress | Admission::Mismatch => duplicates += 1,
@@ -886,40 +652,4 @@ async fn handle_batch(
         },
         Answer::json(status, &summary),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fingerprints_ignore_json_spelling_but_not_content_or_target() {
-        let a = fingerprint("POST", "/v1/charges", br#"{"amount":500,"currency":"eur"}"#);
-        let b = fingerprint(
-            "POST",
-            "/v1/charges",
-            br#"{ "currency": "eur", "amount": 5e2 }"#,
-        );
-        assert_eq!(a, b);
-        assert_ne!(a, fingerprint("POST", "/v1/charges", br#"{"amount":501}"#));
-        assert_ne!(
-            a,
-            fingerprint("PUT", "/v1/charges", br#"{"amount":500,"currency":"eur"}"#)
-        );
-        assert_ne!(
-            a,
-            fingerprint("POST", "/v1/refunds", br#"{"amount":500,"currency":"eur"}"#)
-        );
-        // Length prefixes keep the parts apart.
-        assert_ne!(
-            fingerprint("POST", "/ab", b"c"),
-            fingerprint("POST", "/a", b"bc")
-        );
-        // Not JSON: the raw bytes count.
-        assert_ne!(
-            fingerprint("POST", "/", b"x "),
-            fingerprint("POST", "/", b"x")
-        );
-        assert_eq!(hex(&a).len(), 64);
-    }
 }
