@@ -18,53 +18,7 @@
 //! `SqliteLedger` (feature `sqlite`; one machine) and `PostgresLedger` (feature `postgres`; a
 //! fleet of workers sharing one table).
 //!
-//! # Schema
-//!
-//! One table, created by the SQL ledgers' `migrate` function. Times are milliseconds since the
-//! Unix epoch, read from the client's [`Clock`](crate::Clock) (so workers sharing a table
-//! should have synchronized clocks; leases tolerate skew well below the lease slack).
-//!
-//! ```sql
-//! CREATE TABLE IF NOT EXISTS idempotent_operations (
-//!     key               TEXT PRIMARY KEY,   -- the idempotency key
-//!     scope             TEXT NOT NULL,      -- e.g. 'stripe.charge'; by default the host
-//!     fingerprint       TEXT NOT NULL,      -- SHA-256 (hex) of the canonical request
-//!     status            TEXT NOT NULL,      -- in_flight | succeeded | failed_final | unknown
-//!     attempts          INTEGER NOT NULL,   -- attempts recorded, over every run
-//!     first_attempt_at  BIGINT NOT NULL,    -- start of the reconcile window
-//!     last_attempt_at   BIGINT,
-//!     lease_owner       TEXT,               -- set while in flight
-//!     lease_expires_at  BIGINT,
-//!     response_status   INTEGER,            -- the final response, when there was one
-//!     response_headers  TEXT,               -- JSON array of [name, value] pairs
-//!     response_body     BLOB,               -- BYTEA in PostgreSQL; NULL if over the limit
-//!     expires_at        BIGINT NOT NULL     -- when purge_expired may delete the row
-//! );
-//! CREATE INDEX IF NOT EXISTS idempotent_operations_expires_at
-//!     ON idempotent_operations (expires_at);
-//! ```
-//!
-//! # Incident queries
-//!
-//! "Did we charge twice?" A logical charge has one key, so one row: look for the *same
-//! request* under *several keys* that the receiver accepted, which is what a fresh key per
-//! retry (the bug this crate exists to prevent) leaves behind. "What is still unresolved?"
-//! Every row that is not finished, or whose lease lapsed mid-flight. One query answers both
-//! (PostgreSQL; in SQLite replace `to_timestamp(x / 1000.0)` with
-//! `datetime(x / 1000, 'unixepoch')`):
-//!
-//! ```sql
-//! SELECT scope, fingerprint, status,
-//!        count(*)               AS keys,
-//!        array_agg(key)         AS which_keys,   -- group_concat(key) in SQLite
-//!        sum(attempts)          AS attempts,
-//!        to_timestamp(min(first_attempt_at) / 1000.0) AS first_seen
-//! FROM idempotent_operations
-//! GROUP BY scope, fingerprint, status
-//! HAVING (status = 'succeeded' AND count(*) > 1)   -- the same request succeeded twice
-//!     OR status IN ('unknown', 'in_flight')        -- still unresolved: reconcile by key
-//! ORDER BY first_seen;
-//! ```
+//! The [`Ledger`] docs give the SQL ledgers' schema and queries for incidents.
 
 use std::fmt;
 use std::future::Future;
@@ -284,6 +238,54 @@ pub struct Finish {
 ///
 /// [`MemoryLedger`] is the reference implementation; the `Ledger` conformance tests run every
 /// implementation through the same cases.
+///
+/// # Schema
+///
+/// One table, created by the SQL ledgers' `migrate` function. Times are milliseconds since the
+/// Unix epoch, read from the client's [`Clock`](crate::Clock) (so workers sharing a table
+/// should have synchronized clocks; leases tolerate skew well below the lease slack).
+///
+/// ```sql
+/// CREATE TABLE IF NOT EXISTS idempotent_operations (
+///     key               TEXT PRIMARY KEY,   -- the idempotency key
+///     scope             TEXT NOT NULL,      -- e.g. 'stripe.charge'; by default the host
+///     fingerprint       TEXT NOT NULL,      -- SHA-256 (hex) of the canonical request
+///     status            TEXT NOT NULL,      -- in_flight | succeeded | failed_final | unknown
+///     attempts          INTEGER NOT NULL,   -- attempts recorded, over every run
+///     first_attempt_at  BIGINT NOT NULL,    -- start of the reconcile window
+///     last_attempt_at   BIGINT,
+///     lease_owner       TEXT,               -- set while in flight
+///     lease_expires_at  BIGINT,
+///     response_status   INTEGER,            -- the final response, when there was one
+///     response_headers  TEXT,               -- JSON array of [name, value] pairs
+///     response_body     BLOB,               -- BYTEA in PostgreSQL; NULL if over the limit
+///     expires_at        BIGINT NOT NULL     -- when purge_expired may delete the row
+/// );
+/// CREATE INDEX IF NOT EXISTS idempotent_operations_expires_at
+///     ON idempotent_operations (expires_at);
+/// ```
+///
+/// # Incident queries
+///
+/// "Did we charge twice?" A logical charge has one key, so one row: look for the *same
+/// request* under *several keys* that the receiver accepted, which is what a fresh key per
+/// retry (the bug this crate exists to prevent) leaves behind. "What is still unresolved?"
+/// Every row that is not finished, or whose lease lapsed mid-flight. One query answers both
+/// (PostgreSQL; in SQLite replace `to_timestamp(x / 1000.0)` with
+/// `datetime(x / 1000, 'unixepoch')`):
+///
+/// ```sql
+/// SELECT scope, fingerprint, status,
+///        count(*)               AS keys,
+///        array_agg(key)         AS which_keys,   -- group_concat(key) in SQLite
+///        sum(attempts)          AS attempts,
+///        to_timestamp(min(first_attempt_at) / 1000.0) AS first_seen
+/// FROM idempotent_operations
+/// GROUP BY scope, fingerprint, status
+/// HAVING (status = 'succeeded' AND count(*) > 1)   -- the same request succeeded twice
+///     OR status IN ('unknown', 'in_flight')        -- still unresolved: reconcile by key
+/// ORDER BY first_seen;
+/// ```
 pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// Claims the operation: inserts its row if absent (the insert is the lock), or takes over
     /// a row that may be taken (see [`Claimed::TakenOver`]), or returns the row unchanged.
