@@ -13,7 +13,8 @@ pub enum LedgerErrorKind {
     /// database, a full disk, an I/O error. Usually transient.
     Unavailable,
     /// The storage holds something this crate cannot read: a file that is not a database, a
-    /// table with another shape, a row with an impossible value.
+    /// table with another shape, a row with an impossible value, a schema version newer than
+    /// this release knows (see the [schema docs](crate::Ledger#schema)).
     Corrupt,
     /// The run's lease lapsed and another run took the operation over.
     LeaseLost,

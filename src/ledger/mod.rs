@@ -241,9 +241,10 @@ pub struct Finish {
 ///
 /// # Schema
 ///
-/// One table, created by the SQL ledgers' `migrate` function. Times are milliseconds since the
-/// Unix epoch, read from the client's [`Clock`](crate::Clock) (so workers sharing a table
-/// should have synchronized clocks; leases tolerate skew well below the lease slack).
+/// One table (and in PostgreSQL a one-row version table), created by the SQL ledgers'
+/// `migrate` function. Times are milliseconds since the Unix epoch, read from the client's
+/// [`Clock`](crate::Clock) (so workers sharing a table should have synchronized clocks; leases
+/// tolerate skew well below the lease slack).
 ///
 /// ```sql
 /// CREATE TABLE IF NOT EXISTS idempotent_operations (
@@ -263,7 +264,32 @@ pub struct Finish {
 /// );
 /// CREATE INDEX IF NOT EXISTS idempotent_operations_expires_at
 ///     ON idempotent_operations (expires_at);
+/// -- PostgreSQL only: the schema version, in one row (SQLite uses PRAGMA user_version)
+/// CREATE TABLE IF NOT EXISTS idempotent_operations_schema (version INTEGER NOT NULL);
 /// ```
+///
+/// ## Versions
+///
+/// This is **schema version 1**, and the store records its version: an SQLite file in its
+/// `PRAGMA user_version` (so the file is the ledger's own: nothing else should set that
+/// pragma), a PostgreSQL database in the one row of `idempotent_operations_schema`.
+/// `SqliteLedger::schema_version` and `PostgresLedger::schema_version` read it. `migrate`
+/// (which `SqliteLedger::open` runs on every start) compares it with the version this release
+/// knows:
+///
+/// - **none recorded** (0): a new store gets the table, the index and version 1; a store made
+///   by the 0.1 `migrate`, which recorded no version, is checked to have every column and
+///   stamped version 1, its rows untouched;
+/// - **older**: the steps from there to the current version run, one version at a time;
+/// - **the same**: nothing changes, so `migrate` may run on every start;
+/// - **newer** (a later release wrote the store): [`LedgerErrorKind::Corrupt`], with both
+///   versions in the message, and nothing changes; upgrade idempotent-retry to use the store.
+///
+/// Each step runs in a transaction of its own that reads the version again first and records
+/// the version it reaches (`BEGIN IMMEDIATE` in SQLite; in PostgreSQL under a
+/// transaction-scoped advisory lock, `pg_advisory_xact_lock`), so processes migrating at once
+/// wait for each other and run each step once, and a failed step leaves the store at the
+/// version before it.
 ///
 /// # Incident queries
 ///

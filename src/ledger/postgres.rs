@@ -4,9 +4,12 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, Config, NoTls, Row};
+use tokio_postgres::{Client, Config, IsolationLevel, NoTls, Row};
 
-use super::sql::{COLUMNS, RawRow, TABLE, index, probe, response_columns, schema};
+use super::sql::{
+    COLUMNS, Dialect, RawRow, SCHEMA_VERSION, TABLE, VERSION_TABLE, next_step, probe,
+    response_columns, shape_error, version_from,
+};
 use super::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, OperationRecord,
     OperationStatus, to_millis,
@@ -71,35 +74,44 @@ impl PostgresLedger {
         Ok(ledger)
     }
 
-    /// Creates the table and its index if they do not exist (see the schema in the
-    /// [`Ledger`] docs), under an advisory lock so workers starting together do not collide,
-    /// and checks that an existing table has every column.
+    /// Brings the database to the crate's schema version, creating the table, its index and
+    /// the version table in a new database, and checks that the table has every column. Safe
+    /// to run on every start and from many workers at once: each step runs in a transaction
+    /// of its own under an advisory lock, on a separate connection. What it does with older
+    /// and newer databases is in the [schema docs](super::Ledger#schema).
     ///
     /// # Errors
     ///
     /// [`LedgerErrorKind::Corrupt`](super::LedgerErrorKind::Corrupt) when a table of another
-    /// shape has the name; [`LedgerErrorKind::Unavailable`](super::LedgerErrorKind::Unavailable)
-    /// when the statements fail (no connection, no permission to create tables).
+    /// shape has the name, or the schema version is newer than this release knows (the
+    /// database is left as it was);
+    /// [`LedgerErrorKind::Unavailable`](super::LedgerErrorKind::Unavailable) when the
+    /// statements fail (no connection, no permission to create tables).
     pub async fn migrate(&self) -> Result<(), LedgerError> {
-        let client = self.client().await?;
-        let created = client
-            .batch_execute(&format!(
-                "BEGIN; SELECT pg_advisory_xact_lock({MIGRATION_LOCK}); {}; {}; COMMIT;",
-                schema("BYTEA"),
-                index()
-            ))
-            .await;
-        if let Err(err) = created {
-            // A failed batch leaves its transaction open: end it, so the connection stays
-            // usable (a failure here changes nothing: the first error is the one to report).
-            let _ = client.batch_execute("ROLLBACK").await;
-            return Err(database(err, "cannot create the table"));
-        }
-        client.prepare(&probe()).await.map_err(|err| {
-            LedgerError::corrupt(format!("table {TABLE} exists with another shape"))
-                .with_source(err)
-        })?;
-        Ok(())
+        // A connection of its own: the shared one pipelines other tasks' statements, which
+        // would run inside the migration's transactions, under its lock.
+        let mut client = self.connect_new().await?;
+        while apply_next_step(&mut client).await? {}
+        client
+            .prepare(&probe())
+            .await
+            .map(drop)
+            .map_err(|err| shape_error().with_source(err))
+    }
+
+    /// The schema version the database is at, from the one row of the
+    /// `idempotent_operations_schema` table: 0 when that table does not exist (a database not
+    /// migrated yet, or migrated by the 0.1 `migrate`, which recorded no version), which
+    /// [`migrate`](Self::migrate) brings up to date.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerErrorKind::Corrupt`](super::LedgerErrorKind::Corrupt) when the version table
+    /// holds other than one row, or a negative version;
+    /// [`LedgerErrorKind::Unavailable`](super::LedgerErrorKind::Unavailable) when the database
+    /// cannot be read.
+    pub async fn schema_version(&self) -> Result<u32, LedgerError> {
+        read_version(&*self.client().await?).await
     }
 
     /// The live connection, or a new one when there is none or it closed.
@@ -109,6 +121,16 @@ impl PostgresLedger {
         {
             return Ok(client);
         }
+        let client = Arc::new(self.connect_new().await?);
+        *self
+            .client
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(client.clone());
+        Ok(client)
+    }
+
+    /// A new connection, driven by a task of its own until the client is dropped.
+    async fn connect_new(&self) -> Result<Client, LedgerError> {
         let (client, connection) = self
             .config
             .connect(NoTls)
@@ -119,11 +141,6 @@ impl PostgresLedger {
                 tracing::debug!(error = %err, "ledger connection ended");
             }
         });
-        let client = Arc::new(client);
-        *self
-            .client
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(client.clone());
         Ok(client)
     }
 
@@ -224,15 +241,110 @@ impl PostgresLedger {
     }
 }
 
+/// Runs the step the database is due, in one transaction with the version it reaches; false
+/// when none is due.
+async fn apply_next_step(client: &mut Client) -> Result<bool, LedgerError> {
+    // READ COMMITTED whatever the database's default: each statement after the lock then sees
+    // what the worker before committed. Under REPEATABLE READ the snapshot would date from
+    // before the wait, and a second worker would find no version and run the step again.
+    let tx = client
+        .build_transaction()
+        .isolation_level(IsolationLevel::ReadCommitted)
+        .start()
+        .await
+        .map_err(|err| database(err, "cannot begin the migration"))?;
+    // Held to the end of the transaction: a second worker waits here, then reads the version
+    // this one committed and has nothing to do. Without it, two workers could both find no
+    // version and both run a step (and `CREATE TABLE IF NOT EXISTS` itself is not safe against
+    // a concurrent create). An error return drops `tx`, which rolls back: a refused or failed
+    // step leaves the database as it was.
+    tx.batch_execute(&format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"))
+        .await
+        .map_err(|err| database(err, "cannot lock the migration"))?;
+    let Some(step) = next_step(read_version(tx.client()).await?)? else {
+        tx.rollback()
+            .await
+            .map_err(|err| database(err, "cannot end the migration"))?;
+        return Ok(false);
+    };
+    for statement in (step.statements)(Dialect::Postgres) {
+        tx.batch_execute(&statement).await.map_err(|err| {
+            if is_shape(&err) {
+                shape_error().with_source(err)
+            } else {
+                database(err, "cannot migrate")
+            }
+        })?;
+    }
+    // The columns the crate reads are those of the latest version only.
+    if step.to() == SCHEMA_VERSION {
+        tx.prepare(&probe())
+            .await
+            .map_err(|err| shape_error().with_source(err))?;
+    }
+    tx.batch_execute(&format!(
+        "CREATE TABLE IF NOT EXISTS {VERSION_TABLE} (version INTEGER NOT NULL); \
+         DELETE FROM {VERSION_TABLE}; \
+         INSERT INTO {VERSION_TABLE} (version) VALUES ({})",
+        step.to()
+    ))
+    .await
+    .map_err(|err| database(err, "cannot record the schema version"))?;
+    tx.commit()
+        .await
+        .map_err(|err| database(err, "cannot commit the migration"))?;
+    Ok(true)
+}
+
+/// The version in the version table, or 0 when there is none. Two statements, not one
+/// transaction: [`PostgresLedger::migrate`] calls it under its lock, and a bare read that
+/// races a migration sees either version, both true.
+async fn read_version(client: &Client) -> Result<u32, LedgerError> {
+    let exists: bool = client
+        .query_one(
+            &format!("SELECT to_regclass('{VERSION_TABLE}') IS NOT NULL"),
+            &[],
+        )
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(|err| database(err, "cannot read the schema version"))?;
+    if !exists {
+        return Ok(0);
+    }
+    let rows = client
+        .query(&format!("SELECT version FROM {VERSION_TABLE}"), &[])
+        .await
+        .map_err(|err| database(err, "cannot read the schema version"))?;
+    match rows.as_slice() {
+        [row] => {
+            let stored: i32 = row.try_get(0).map_err(|err| {
+                LedgerError::corrupt(format!("cannot decode the version in {VERSION_TABLE}"))
+                    .with_source(err)
+            })?;
+            version_from(i64::from(stored))
+        }
+        _ => Err(LedgerError::corrupt(format!(
+            "table {VERSION_TABLE} holds {} rows, not one",
+            rows.len()
+        ))),
+    }
+}
+
+/// Whether the error says the storage has another shape than this crate wrote: a missing
+/// table or column, a column of another type.
+fn is_shape(err: &tokio_postgres::Error) -> bool {
+    err.code().is_some_and(|code| {
+        *code == SqlState::UNDEFINED_TABLE
+            || *code == SqlState::UNDEFINED_COLUMN
+            || *code == SqlState::DATATYPE_MISMATCH
+    })
+}
+
 /// Classifies a PostgreSQL error: a missing table or column means the storage is not what
 /// this crate wrote; everything else (a lost connection, a refused login, a full disk) means
 /// it is unavailable.
 fn database(err: tokio_postgres::Error, what: &str) -> LedgerError {
-    let shape = err.code().is_some_and(|code| {
-        *code == SqlState::UNDEFINED_TABLE
-            || *code == SqlState::UNDEFINED_COLUMN
-            || *code == SqlState::DATATYPE_MISMATCH
-    });
+    let shape = is_shape(&err);
     let message = if err.is_closed() {
         format!("{what}: the connection is closed")
     } else {
@@ -383,6 +495,106 @@ mod tests {
         ledger.migrate().await.expect("migrate");
         let prefix = format!("conformance-{}", crate::IdempotencyKey::random());
         conformance::check(&ledger, &prefix).await;
+    }
+
+    /// A new database on the test server, so a test sees no other test's tables; its URL and
+    /// a plain client on it.
+    async fn fresh_database(base: &str) -> (String, Client) {
+        let (admin, connection) = tokio_postgres::connect(base, NoTls)
+            .await
+            .expect("connect to the test server");
+        tokio::spawn(connection);
+        let name = format!(
+            "ir_unit_{}",
+            crate::IdempotencyKey::random().as_str().replace('-', "")
+        );
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("create a database");
+        let (prefix, _) = base.rsplit_once('/').expect("URL ends with /database");
+        let url = format!("{prefix}/{name}");
+        let (client, connection) = tokio_postgres::connect(&url, NoTls)
+            .await
+            .expect("connect to the new database");
+        tokio::spawn(connection);
+        (url, client)
+    }
+
+    #[tokio::test]
+    async fn a_new_database_gets_one_version_row_and_a_second_migrate_keeps_it() {
+        let Some(base) = url() else { return };
+        let (url, plain) = fresh_database(&base).await;
+        let ledger = PostgresLedger::connect(&url).await.expect("connect");
+        assert_eq!(ledger.schema_version().await.expect("version"), 0);
+        ledger.migrate().await.expect("migrate");
+        ledger.migrate().await.expect("again");
+        assert_eq!(
+            ledger.schema_version().await.expect("version"),
+            SCHEMA_VERSION
+        );
+        let rows = plain
+            .query(&format!("SELECT version FROM {VERSION_TABLE}"), &[])
+            .await
+            .expect("read");
+        let versions: Vec<i32> = rows.iter().map(|row| row.get(0)).collect();
+        assert_eq!(versions, vec![1]);
+    }
+
+    #[tokio::test]
+    async fn a_version_table_without_exactly_one_valid_row_is_corrupt() {
+        let Some(base) = url() else { return };
+        let (url, plain) = fresh_database(&base).await;
+        let ledger = PostgresLedger::connect(&url).await.expect("connect");
+        ledger.migrate().await.expect("migrate");
+        for (contents, says) in [
+            ("DELETE FROM {t}", "holds 0 rows"),
+            ("INSERT INTO {t} VALUES (1), (1)", "holds 2 rows"),
+            ("DELETE FROM {t}; INSERT INTO {t} VALUES (-1)", "-1"),
+        ] {
+            plain
+                .batch_execute(&contents.replace("{t}", VERSION_TABLE))
+                .await
+                .expect("rewrite the version table");
+            for err in [
+                ledger.schema_version().await.expect_err("read"),
+                ledger.migrate().await.expect_err("migrate"),
+            ] {
+                assert_eq!(err.kind(), LedgerErrorKind::Corrupt, "{err}");
+                assert!(err.to_string().contains(says), "{err}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_newer_version_is_refused_and_the_database_left_as_it_was() {
+        let Some(base) = url() else { return };
+        let (url, plain) = fresh_database(&base).await;
+        let newer = i32::try_from(SCHEMA_VERSION + 1).expect("small");
+        plain
+            .batch_execute(&format!(
+                "CREATE TABLE {VERSION_TABLE} (version INTEGER NOT NULL); \
+                 INSERT INTO {VERSION_TABLE} VALUES ({newer})"
+            ))
+            .await
+            .expect("stamp");
+        let ledger = PostgresLedger::connect(&url).await.expect("connect");
+        let err = ledger.migrate().await.expect_err("newer");
+        assert_eq!(err.kind(), LedgerErrorKind::Corrupt, "{err}");
+        assert!(
+            err.to_string().contains("upgrade idempotent-retry"),
+            "{err}"
+        );
+        let exists: bool = plain
+            .query_one(&format!("SELECT to_regclass('{TABLE}') IS NOT NULL"), &[])
+            .await
+            .expect("look")
+            .get(0);
+        assert!(!exists, "no table was created");
+        assert_eq!(
+            ledger.schema_version().await.expect("version"),
+            SCHEMA_VERSION + 1
+        );
     }
 
     #[tokio::test]

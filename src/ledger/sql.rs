@@ -1,17 +1,115 @@
-//! What the SQL ledgers share: the table, the column list, and turning a row into a record.
+//! What the SQL ledgers share: the table, the column list, the schema version and the steps
+//! that reach it, and turning a row into a record.
 
 use super::{LedgerError, OperationRecord, OperationStatus, SavedResponse, from_millis};
 
 /// The ledger's table.
 pub(crate) const TABLE: &str = "idempotent_operations";
 
+/// The schema version this crate reads and writes: the table shape [`schema`] creates is
+/// version 1. A change to the shape raises it by one and appends a step to [`STEPS`].
+pub(crate) const SCHEMA_VERSION: u32 = 1;
+
+/// Where PostgreSQL keeps the version: a table of one row (SQLite uses `PRAGMA user_version`).
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) const VERSION_TABLE: &str = "idempotent_operations_schema";
+
+/// The SQL details a migration step may depend on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    Sqlite,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    Postgres,
+}
+
+impl Dialect {
+    /// The type of a byte-string column.
+    fn bytes_type(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "BLOB",
+            Dialect::Postgres => "BYTEA",
+        }
+    }
+}
+
+/// One migration step: the statements that take a store from version `from` to `from + 1`.
+/// Version 0 is a store with no version recorded: a new one, or one created by the 0.1
+/// `migrate`, which did not record a version.
+///
+/// Each step runs in a transaction of its own that also records the version it reaches, so a
+/// store is always at a version whose shape it has, even when a later step fails.
+#[derive(Debug)]
+pub(crate) struct Step {
+    /// The version the step starts from.
+    pub(crate) from: u32,
+    /// The statements, in order, for a dialect.
+    pub(crate) statements: fn(Dialect) -> Vec<String>,
+}
+
+impl Step {
+    /// The version the step reaches.
+    pub(crate) fn to(&self) -> u32 {
+        self.from + 1
+    }
+}
+
+/// Every step, oldest first: `STEPS[n]` goes from version `n` to `n + 1`, so the last one ends
+/// at [`SCHEMA_VERSION`].
+pub(crate) const STEPS: &[Step] = &[Step {
+    from: 0,
+    // `IF NOT EXISTS` makes one step serve both kinds of version-0 store: a new one gets the
+    // table and the index; a 0.1 one already has both and keeps its rows. Either way the
+    // caller then checks the columns with [`probe`] before recording version 1.
+    statements: |dialect| vec![schema(dialect.bytes_type()), index()],
+}];
+
+// A version without its step (or a step past the version) would leave stores stamped with a
+// version whose shape they do not have.
+const _: () = assert!(STEPS.len() == SCHEMA_VERSION as usize);
+
+/// The step a store at version `found` takes next, or `None` when it is at [`SCHEMA_VERSION`].
+///
+/// # Errors
+///
+/// [`LedgerErrorKind::Corrupt`](super::LedgerErrorKind::Corrupt) when `found` is newer than
+/// this crate knows: a later release wrote the store, and this one cannot tell what its rows
+/// mean.
+pub(crate) fn next_step(found: u32) -> Result<Option<&'static Step>, LedgerError> {
+    if found > SCHEMA_VERSION {
+        return Err(LedgerError::corrupt(format!(
+            "schema version {found} is newer than {SCHEMA_VERSION}, the latest this release \
+             of idempotent-retry knows: upgrade idempotent-retry to use this store (it was left \
+             unchanged)"
+        )));
+    }
+    // `STEPS[n]` starts from version `n` (a test checks it), and `found` is at most the
+    // number of steps, where `get` gives `None`.
+    Ok(usize::try_from(found).ok().and_then(|n| STEPS.get(n)))
+}
+
+/// A stored version that cannot be one (SQLite's `user_version` and PostgreSQL's `INTEGER`
+/// are signed).
+pub(crate) fn version_from(stored: i64) -> Result<u32, LedgerError> {
+    u32::try_from(stored)
+        .map_err(|_| LedgerError::corrupt(format!("schema version {stored} is not a version")))
+}
+
+/// The error for a table that lacks a column this crate reads.
+pub(crate) fn shape_error() -> LedgerError {
+    LedgerError::corrupt(format!(
+        "table {TABLE} is missing or exists with another shape than schema version \
+         {SCHEMA_VERSION}"
+    ))
+}
+
 /// The columns, in the order [`RawRow`] expects them.
 pub(crate) const COLUMNS: &str = "key, scope, fingerprint, status, attempts, first_attempt_at, \
      last_attempt_at, lease_owner, lease_expires_at, response_status, response_headers, \
      response_body, expires_at";
 
-/// The schema, with the body column's type (`BLOB` or `BYTEA`) filled in.
-pub(crate) fn schema(bytes_type: &str) -> String {
+/// The version-1 table, with the body column's type (`BLOB` or `BYTEA`) filled in.
+fn schema(bytes_type: &str) -> String {
     format!(
         "CREATE TABLE IF NOT EXISTS {TABLE} (
             key               TEXT PRIMARY KEY,
@@ -32,7 +130,7 @@ pub(crate) fn schema(bytes_type: &str) -> String {
 }
 
 /// The index on `expires_at`, for purges.
-pub(crate) fn index() -> String {
+fn index() -> String {
     format!("CREATE INDEX IF NOT EXISTS {TABLE}_expires_at ON {TABLE} (expires_at)")
 }
 
@@ -156,6 +254,52 @@ mod tests {
             Some(r#"[["content-type","text/plain"]]"#)
         );
         assert_eq!(body.as_deref(), Some(&b"ok"[..]));
+    }
+
+    #[test]
+    fn steps_run_in_order_from_no_version_to_the_current_one() {
+        for (n, step) in STEPS.iter().enumerate() {
+            assert_eq!(
+                usize::try_from(step.from).ok(),
+                Some(n),
+                "step {n} out of order"
+            );
+        }
+        // Following the steps from "no version" reaches the current version, one at a time.
+        let mut version = 0;
+        while let Some(step) = next_step(version).expect("known") {
+            assert_eq!(step.from, version);
+            version = step.to();
+        }
+        assert_eq!(version, SCHEMA_VERSION);
+        for dialect in [Dialect::Sqlite, Dialect::Postgres] {
+            let statements = (STEPS[0].statements)(dialect);
+            assert!(
+                statements[0].contains(dialect.bytes_type()),
+                "{statements:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_newer_version_is_refused_and_names_both_versions() {
+        let err = next_step(SCHEMA_VERSION + 1).expect_err("newer");
+        assert_eq!(err.kind(), LedgerErrorKind::Corrupt);
+        let message = err.to_string();
+        for part in [
+            format!("schema version {}", SCHEMA_VERSION + 1),
+            format!("newer than {SCHEMA_VERSION},"),
+            "upgrade idempotent-retry".to_owned(),
+        ] {
+            assert!(message.contains(&part), "{message:?} lacks {part:?}");
+        }
+        assert!(!message.ends_with('.'), "{message:?}");
+        assert_eq!(
+            version_from(-1).expect_err("negative").kind(),
+            LedgerErrorKind::Corrupt
+        );
+        assert_eq!(version_from(i64::from(u32::MAX) + 1).ok(), None);
+        assert_eq!(version_from(1).ok(), Some(1));
     }
 
     #[test]

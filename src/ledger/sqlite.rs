@@ -7,7 +7,10 @@ use std::time::{Duration, SystemTime};
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
 
 use super::memory::may_take_over;
-use super::sql::{COLUMNS, RawRow, TABLE, index, probe, response_columns, schema};
+use super::sql::{
+    COLUMNS, Dialect, RawRow, SCHEMA_VERSION, TABLE, next_step, probe, response_columns,
+    shape_error, version_from,
+};
 use super::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, OperationRecord,
     to_millis,
@@ -99,24 +102,35 @@ impl SqliteLedger {
         .await
     }
 
-    /// Creates the table and its index if they do not exist (see the schema in the
-    /// [`Ledger`] docs). Safe to run on every start.
+    /// Brings the file to the crate's schema version, creating the table and its index in a
+    /// new file, and checks that the table has every column. Safe to run on every start, and
+    /// from several processes at once. What it does with older and newer files is in the
+    /// [schema docs](super::Ledger#schema).
     ///
     /// # Errors
     ///
-    /// As for [`open`](Self::open).
+    /// [`LedgerErrorKind::Corrupt`](super::LedgerErrorKind::Corrupt) when the file is not an
+    /// SQLite database, its table has another shape, or its schema version is newer than this
+    /// release knows (the file is left as it was);
+    /// [`LedgerErrorKind::Unavailable`](super::LedgerErrorKind::Unavailable) when it cannot be
+    /// written (a read-only file system, another process holding the write lock past the
+    /// [busy timeout](Self::set_busy_timeout)).
     pub async fn migrate(&self) -> Result<(), LedgerError> {
-        self.with(|conn| {
-            conn.execute_batch(&schema("BLOB"))
-                .map_err(|err| storage(err, "cannot create the table"))?;
-            conn.prepare(&probe()).map_err(|err| {
-                LedgerError::corrupt(format!("table {TABLE} exists with another shape"))
-                    .with_source(err)
-            })?;
-            conn.execute_batch(&index())
-                .map_err(|err| storage(err, "cannot create the index"))
-        })
-        .await
+        self.with(migrate_in).await
+    }
+
+    /// The schema version the file is at, from its `PRAGMA user_version` (0 when none is
+    /// recorded). [`open`](Self::open) migrates, so this is the crate's version unless the file
+    /// changed since (a newer release migrated it, say).
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerErrorKind::Corrupt`](super::LedgerErrorKind::Corrupt) when the file is not an
+    /// SQLite database or holds a negative version;
+    /// [`LedgerErrorKind::Unavailable`](super::LedgerErrorKind::Unavailable) when it cannot be
+    /// read.
+    pub async fn schema_version(&self) -> Result<u32, LedgerError> {
+        self.with(|conn| read_version(conn)).await
     }
 
     async fn with<T: Send + 'static>(
@@ -159,6 +173,61 @@ fn storage(err: rusqlite::Error, what: &str) -> LedgerError {
         },
     };
     error.with_source(err)
+}
+
+/// The file's `PRAGMA user_version`, as a schema version.
+fn read_version(conn: &Connection) -> Result<u32, LedgerError> {
+    let stored: i64 = conn
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(|err| storage(err, "cannot read the schema version"))?;
+    version_from(stored)
+}
+
+/// Fails unless the table has every column the crate reads.
+fn check_shape(conn: &Connection) -> Result<(), LedgerError> {
+    conn.prepare(&probe())
+        .map(drop)
+        .map_err(|err| shape_error().with_source(err))
+}
+
+fn migrate_in(conn: &mut Connection) -> Result<(), LedgerError> {
+    // A plain read decides whether to take the write lock: most calls find the file current
+    // (`open` migrates on every start), and a newer file is refused before anything is written.
+    while next_step(read_version(conn)?)?.is_some() {
+        apply_next_step(conn)?;
+    }
+    check_shape(conn)
+}
+
+/// Runs the step the file is due, if it still is once the write lock is held, in one
+/// transaction with the version it reaches.
+fn apply_next_step(conn: &mut Connection) -> Result<(), LedgerError> {
+    // IMMEDIATE takes the write lock before the version is read again: of two processes
+    // migrating at once, the second waits here and then finds the step done, so no step runs
+    // twice. A step, its check and its version commit together or not at all.
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|err| storage(err, "cannot begin the migration"))?;
+    let Some(step) = next_step(read_version(&tx)?)? else {
+        return Ok(());
+    };
+    for statement in (step.statements)(Dialect::Sqlite) {
+        if let Err(err) = tx.execute_batch(&statement) {
+            // A statement over a table of another shape (the index on a missing column,
+            // say) fails; name the shape, not the statement. A failed statement does not end
+            // an SQLite transaction, so the check can still run.
+            check_shape(&tx)?;
+            return Err(storage(err, "cannot migrate"));
+        }
+    }
+    // The columns the crate reads are those of the latest version only.
+    if step.to() == SCHEMA_VERSION {
+        check_shape(&tx)?;
+    }
+    tx.pragma_update(None, "user_version", step.to())
+        .map_err(|err| storage(err, "cannot record the schema version"))?;
+    tx.commit()
+        .map_err(|err| storage(err, "cannot commit the migration"))
 }
 
 fn read_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
@@ -337,6 +406,7 @@ mod tests {
     use super::*;
     use crate::LedgerErrorKind;
     use crate::ledger::conformance;
+    use crate::ledger::sql::STEPS;
 
     #[tokio::test]
     async fn sqlite_ledger_conforms() {
@@ -374,6 +444,100 @@ mod tests {
         }
     }
 
+    fn user_version(path: &Path) -> i64 {
+        Connection::open(path)
+            .expect("open")
+            .pragma_query_value(None, "user_version", |row| row.get(0))
+            .expect("user_version")
+    }
+
+    #[tokio::test]
+    async fn a_new_file_is_at_the_current_version_and_a_second_migrate_changes_nothing() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("new.db");
+        let ledger = SqliteLedger::open(&path).await.expect("open");
+        assert_eq!(
+            ledger.schema_version().await.expect("version"),
+            SCHEMA_VERSION
+        );
+        assert_eq!(user_version(&path), i64::from(SCHEMA_VERSION));
+        // SQLite bumps the schema cookie on every change to the schema, and `total_changes`
+        // counts the rows this connection changed.
+        let state = |conn: &mut Connection| {
+            let cookie: i64 = conn
+                .pragma_query_value(None, "schema_version", |row| row.get(0))
+                .map_err(|err| storage(err, "cookie"))?;
+            Ok((cookie, conn.total_changes()))
+        };
+        let before = ledger.with(state).await.expect("state");
+        ledger.migrate().await.expect("again");
+        assert_eq!(ledger.with(state).await.expect("state"), before);
+        assert_eq!(
+            ledger.schema_version().await.expect("version"),
+            SCHEMA_VERSION
+        );
+    }
+
+    #[tokio::test]
+    async fn a_file_without_a_version_is_checked_and_stamped_with_its_rows_kept() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("old.db");
+        let conn = Connection::open(&path).expect("open");
+        for statement in (STEPS[0].statements)(Dialect::Sqlite) {
+            conn.execute_batch(&statement).expect("0.1 schema");
+        }
+        conn.execute_batch(&format!(
+            "INSERT INTO {TABLE} (key, scope, fingerprint, status, attempts, \
+             first_attempt_at, expires_at) VALUES ('k', 's', 'f', 'unknown', 2, 1000, 9000)"
+        ))
+        .expect("a row");
+        drop(conn);
+        assert_eq!(user_version(&path), 0);
+        let ledger = SqliteLedger::open(&path).await.expect("open");
+        assert_eq!(
+            ledger.schema_version().await.expect("version"),
+            SCHEMA_VERSION
+        );
+        let row = ledger.get("k").await.expect("read").expect("row kept");
+        assert_eq!((row.attempts, row.scope.as_str()), (2, "s"));
+    }
+
+    #[tokio::test]
+    async fn a_newer_version_is_refused_and_the_file_left_as_it_was() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("newer.db");
+        let newer = SCHEMA_VERSION + 1;
+        Connection::open(&path)
+            .expect("open")
+            .pragma_update(None, "user_version", newer)
+            .expect("stamp");
+        let err = SqliteLedger::open(&path).await.expect_err("newer");
+        assert_eq!(err.kind(), LedgerErrorKind::Corrupt, "{err}");
+        assert!(
+            err.to_string().contains("upgrade idempotent-retry"),
+            "{err}"
+        );
+        assert_eq!(user_version(&path), i64::from(newer));
+        let tables: i64 = Connection::open(&path)
+            .expect("open")
+            .query_row("SELECT count(*) FROM sqlite_master", [], |row| row.get(0))
+            .expect("count");
+        assert_eq!(tables, 0, "no table was created");
+    }
+
+    #[tokio::test]
+    async fn a_negative_version_is_corrupt() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("negative.db");
+        Connection::open(&path)
+            .expect("open")
+            .pragma_update(None, "user_version", -3)
+            .expect("stamp");
+        let err = SqliteLedger::open(&path).await.expect_err("negative");
+        assert_eq!(err.kind(), LedgerErrorKind::Corrupt, "{err}");
+        assert!(err.to_string().contains("-3"), "{err}");
+    }
+
     #[tokio::test]
     async fn a_table_of_another_shape_is_refused_with_a_typed_error() {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -387,5 +551,6 @@ mod tests {
         let err = SqliteLedger::open(&path).await.expect_err("another shape");
         assert_eq!(err.kind(), LedgerErrorKind::Corrupt, "{err}");
         assert!(err.to_string().contains("another shape"), "{err}");
+        assert_eq!(user_version(&path), 0, "not stamped");
     }
 }
