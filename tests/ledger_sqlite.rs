@@ -1,16 +1,17 @@
 //! The SQLite ledger across restarts and faults, against real loopback servers: a new client
 //! on the same file keeps the key, the window and the outcome; a broken or locked file gives
-//! typed errors and never an unrecorded request.
+//! typed errors and never an unrecorded request; `migrate` upgrades a file without a schema
+//! version and refuses one from a newer release.
 #![cfg(feature = "sqlite")]
 
 mod support;
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use idempotent_retry::{
-    Client, ErrorKind, IdempotencyKey, Ledger, LedgerOptions, OperationStatus, RetryPolicy,
-    RetryReport, SqliteLedger,
+    Client, ErrorKind, IdempotencyKey, Ledger, LedgerErrorKind, LedgerOptions, MemoryLedger,
+    OperationRecord, OperationStatus, RetryPolicy, RetryReport, SqliteLedger,
 };
 use support::*;
 
@@ -350,4 +351,233 @@ async fn a_restart_after_a_lost_answer_charges_once_and_then_replays_from_the_fi
     assert_eq!(replay.text().await.expect("body"), r#"{"effect":1}"#);
     assert_eq!(receiver.arrivals(), arrivals, "no request at all");
     assert_eq!(receiver.effects(), 1);
+}
+
+/// The table and index exactly as the 0.1 `migrate` created them; it recorded no schema version.
+const DDL_0_1: &str = "
+CREATE TABLE IF NOT EXISTS idempotent_operations (
+    key               TEXT PRIMARY KEY,
+    scope             TEXT NOT NULL,
+    fingerprint       TEXT NOT NULL,
+    status            TEXT NOT NULL,
+    attempts          INTEGER NOT NULL,
+    first_attempt_at  BIGINT NOT NULL,
+    last_attempt_at   BIGINT,
+    lease_owner       TEXT,
+    lease_expires_at  BIGINT,
+    response_status   INTEGER,
+    response_headers  TEXT,
+    response_body     BLOB,
+    expires_at        BIGINT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idempotent_operations_expires_at
+    ON idempotent_operations (expires_at);";
+
+fn millis(at: SystemTime) -> i64 {
+    let since = at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("after 1970");
+    i64::try_from(since.as_millis()).expect("fits")
+}
+
+/// The file's `user_version` and its schema cookie (which SQLite bumps on every DDL change),
+/// and how many rows the ledger's table holds, read with a connection of the test's own.
+fn file_state(path: &Path) -> (i64, i64, i64) {
+    let conn = rusqlite::Connection::open(path).expect("open");
+    let pragma = |name: &str| -> i64 {
+        conn.pragma_query_value(None, name, |row| row.get(0))
+            .expect("pragma")
+    };
+    let rows = conn
+        .query_row("SELECT count(*) FROM idempotent_operations", [], |row| {
+            row.get(0)
+        })
+        .expect("count");
+    (pragma("user_version"), pragma("schema_version"), rows)
+}
+
+#[tokio::test]
+async fn a_new_file_is_at_schema_version_1_and_migrating_again_changes_nothing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("operations.db");
+    let ledger = SqliteLedger::open(&path).await.expect("open");
+    assert_eq!(ledger.schema_version().await.expect("version"), 1);
+    let before = file_state(&path);
+    assert_eq!(before.0, 1, "the version is in user_version");
+    ledger.migrate().await.expect("migrate again");
+    ledger.migrate().await.expect("and again");
+    let reopened = SqliteLedger::open(&path).await.expect("reopen");
+    assert_eq!(reopened.schema_version().await.expect("version"), 1);
+    assert_eq!(file_state(&path), before, "no statement changed the file");
+}
+
+/// The row a 0.1 process left (outcome unknown after two 503s) is still the same operation
+/// after the upgrade: the next run claims it under the same key and window and finishes it.
+#[tokio::test]
+async fn a_file_made_by_the_0_1_migrate_is_upgraded_and_its_row_claimed_and_finished() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("operations.db");
+    let server = TestServer::start_idempotent(
+        vec![Action::status(503), Action::status(503)],
+        Action::ok("charged"),
+    )
+    .await;
+    let time = VirtualTime::new();
+    let body = serde_json::json!({"order": 17, "amount": 100});
+
+    // The first run, on a ledger that keeps the same record as the SQL ones, gives the row its
+    // real fingerprint; it is then written into a file made with the 0.1 DDL by hand.
+    let memory = MemoryLedger::new();
+    let client = Client::builder()
+        .policy(policy())
+        .clock(time.clone())
+        .sleeper(time.clone())
+        .ledger(memory.clone())
+        .build()
+        .expect("valid policy");
+    let err = client
+        .post(server.url("/charges"))
+        .idempotency_key(charge_key())
+        .json(&body)
+        .send()
+        .await
+        .expect_err("two 503s");
+    assert!(err.is_outcome_unknown());
+    let left: OperationRecord = memory
+        .get(charge_key().as_str())
+        .await
+        .expect("read")
+        .expect("row");
+    assert_eq!((left.status, left.attempts), (OperationStatus::Unknown, 2));
+    let conn = rusqlite::Connection::open(&path).expect("open");
+    conn.execute_batch(DDL_0_1).expect("the 0.1 schema");
+    conn.execute(
+        "INSERT INTO idempotent_operations (key, scope, fingerprint, status, attempts, \
+         first_attempt_at, last_attempt_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        rusqlite::params![
+            left.key,
+            left.scope,
+            left.fingerprint,
+            left.status.as_str(),
+            left.attempts,
+            millis(left.first_attempt_at),
+            left.last_attempt_at.map(millis),
+            millis(left.expires_at),
+        ],
+    )
+    .expect("the 0.1 row");
+    drop(conn);
+    assert_eq!(file_state(&path).0, 0, "no version recorded");
+
+    // A new release opens the file ten minutes later: stamped, the row as it was.
+    time.advance(Duration::from_secs(600));
+    let (client, ledger) = process(&path, &time).await;
+    assert_eq!(ledger.schema_version().await.expect("version"), 1);
+    let row = ledger
+        .get(charge_key().as_str())
+        .await
+        .expect("read")
+        .expect("the row survived");
+    assert_eq!(
+        (&row.fingerprint, row.status, row.attempts),
+        (&left.fingerprint, OperationStatus::Unknown, 2)
+    );
+    assert_eq!(millis(row.first_attempt_at), millis(left.first_attempt_at));
+
+    let response = client
+        .post(server.url("/charges"))
+        .idempotency_key(charge_key())
+        .json(&body)
+        .send()
+        .await
+        .expect("the upgraded row is claimed and the third attempt succeeds");
+    assert_eq!(response.text().await.expect("body"), "charged");
+    let row = ledger
+        .get(charge_key().as_str())
+        .await
+        .expect("read")
+        .expect("row");
+    assert_eq!((row.status, row.attempts), (OperationStatus::Succeeded, 3));
+    assert_eq!(millis(row.first_attempt_at), millis(left.first_attempt_at));
+    assert_eq!(server.keys(), vec![Some(charge_key().to_string()); 3]);
+    assert_eq!(server.effects(), 1);
+}
+
+#[tokio::test]
+async fn a_file_from_a_newer_release_is_refused_with_both_versions_and_left_as_it_was() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("operations.db");
+    let server = TestServer::start(vec![], Action::ok("ok")).await;
+    let time = VirtualTime::new();
+    let (client, ledger) = process(&path, &time).await;
+    client
+        .post(server.url("/x"))
+        .idempotency_key(charge_key())
+        .send()
+        .await
+        .expect("healthy");
+    drop((client, ledger));
+    // What a release with schema version 2 would leave.
+    rusqlite::Connection::open(&path)
+        .expect("open")
+        .pragma_update(None, "user_version", 2)
+        .expect("stamp version 2");
+    let before = file_state(&path);
+
+    let err = SqliteLedger::open(&path).await.expect_err("too new");
+    assert_eq!(err.kind(), LedgerErrorKind::Corrupt, "{err}");
+    assert_eq!(
+        err.to_string(),
+        "ledger storage is corrupt: schema version 2 is newer than 1, the latest this release \
+         of idempotent-retry knows: upgrade idempotent-retry to use this store (it was left \
+         unchanged)"
+    );
+    assert_eq!(
+        file_state(&path),
+        before,
+        "version, schema and rows untouched"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledgers_migrating_a_0_1_file_at_once_all_succeed_and_keep_its_rows() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("operations.db");
+    let conn = rusqlite::Connection::open(&path).expect("open");
+    conn.execute_batch(DDL_0_1).expect("the 0.1 schema");
+    conn.execute(
+        "INSERT INTO idempotent_operations (key, scope, fingerprint, status, attempts, \
+         first_attempt_at, expires_at) VALUES ('k', 's', 'f', 'failed_final', 1, 1000, 9000)",
+        [],
+    )
+    .expect("a 0.1 row");
+    let mut ledgers = Vec::new();
+    for _ in 0..4 {
+        ledgers.push(SqliteLedger::open(&path).await.expect("open"));
+    }
+    for round in 0..5 {
+        // Back to "no version recorded" under ledgers already open, so the calls that overlap
+        // are `migrate` alone, each on its own connection.
+        conn.pragma_update(None, "user_version", 0).expect("reset");
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(ledgers.len()));
+        let mut migrations = tokio::task::JoinSet::new();
+        for ledger in &ledgers {
+            let (ledger, barrier) = (ledger.clone(), barrier.clone());
+            migrations.spawn(async move {
+                barrier.wait().await;
+                ledger.migrate().await
+            });
+        }
+        while let Some(migrated) = migrations.join_next().await {
+            migrated
+                .expect("task")
+                .unwrap_or_else(|err| panic!("round {round}: {err}"));
+        }
+        assert_eq!(file_state(&path).0, 1);
+        let row = ledgers[0].get("k").await.expect("read").expect("row kept");
+        assert_eq!(
+            (row.status, row.attempts),
+            (OperationStatus::FailedFinal, 1)
+        );
+    }
 }
