@@ -1,5 +1,6 @@
 //! The PostgreSQL ledger as a fleet uses it, against a real server and real loopback
-//! receivers: workers racing for one key, a connection lost mid-operation, the incident query.
+//! receivers: workers racing for one key, a connection lost mid-operation, the incident query,
+//! and `migrate` on new, 0.1 and newer databases, from many workers at once.
 //!
 //! Needs `IDEMPOTENT_RETRY_PG_URL` (`.ci/run` starts a server and sets it). Without it the tests
 //! are skipped, except under `CI`, where they fail.
@@ -7,11 +8,11 @@
 
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use idempotent_retry::{
-    Client, ErrorKind, IdempotencyKey, InProgressPolicy, Ledger as _, LedgerOptions,
-    OperationStatus, PostgresLedger, RetryPolicy, RetryReport,
+    Client, ErrorKind, IdempotencyKey, InProgressPolicy, Ledger, LedgerErrorKind, LedgerOptions,
+    MemoryLedger, OperationStatus, PostgresLedger, RetryPolicy, RetryReport,
 };
 use support::*;
 use tokio_postgres::NoTls;
@@ -359,4 +360,258 @@ async fn the_incident_query_finds_double_charges_and_unresolved_operations() {
             ),
         ]
     );
+}
+
+/// The table and index exactly as the 0.1 `migrate` created them; it recorded no schema version.
+const DDL_0_1: &str = "
+CREATE TABLE IF NOT EXISTS idempotent_operations (
+    key               TEXT PRIMARY KEY,
+    scope             TEXT NOT NULL,
+    fingerprint       TEXT NOT NULL,
+    status            TEXT NOT NULL,
+    attempts          INTEGER NOT NULL,
+    first_attempt_at  BIGINT NOT NULL,
+    last_attempt_at   BIGINT,
+    lease_owner       TEXT,
+    lease_expires_at  BIGINT,
+    response_status   INTEGER,
+    response_headers  TEXT,
+    response_body     BYTEA,
+    expires_at        BIGINT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idempotent_operations_expires_at
+    ON idempotent_operations (expires_at);";
+
+fn millis(at: SystemTime) -> i64 {
+    let since = at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("after 1970");
+    i64::try_from(since.as_millis()).expect("fits")
+}
+
+/// A plain client on `url`, for looking at the tables from outside the ledger.
+async fn inspector(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    client
+}
+
+/// Every row of the version table, each with its `xmin` (the transaction that last wrote it),
+/// so a rewrite of the same version shows.
+async fn version_rows(client: &tokio_postgres::Client) -> Vec<(i32, String)> {
+    client
+        .query(
+            "SELECT version, xmin::text FROM idempotent_operations_schema",
+            &[],
+        )
+        .await
+        .expect("read the version table")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_new_database_is_at_schema_version_1_and_migrating_again_changes_nothing() {
+    let Some(base) = base_url() else { return };
+    let url = fresh_database(&base).await;
+    let ledger = PostgresLedger::connect(&url).await.expect("connect");
+    assert_eq!(
+        ledger.schema_version().await.expect("version"),
+        0,
+        "nothing yet"
+    );
+    ledger.migrate().await.expect("migrate");
+    assert_eq!(ledger.schema_version().await.expect("version"), 1);
+    let plain = inspector(&url).await;
+    let before = version_rows(&plain).await;
+    assert_eq!(before.len(), 1);
+    assert_eq!(before[0].0, 1);
+    ledger.migrate().await.expect("migrate again");
+    let other = PostgresLedger::connect(&url).await.expect("connect");
+    other.migrate().await.expect("another worker's migrate");
+    assert_eq!(
+        version_rows(&plain).await,
+        before,
+        "the version row was not rewritten"
+    );
+    assert_eq!(other.schema_version().await.expect("version"), 1);
+}
+
+/// A client that sends once per run, on `ledger` and the shared virtual timeline.
+fn one_attempt_client(ledger: impl Ledger, time: &VirtualTime) -> Client {
+    Client::builder()
+        .policy(
+            RetryPolicy::default()
+                .max_attempts(1)
+                .attempt_timeout(Duration::from_secs(5)),
+        )
+        .clock(time.clone())
+        .sleeper(time.clone())
+        .ledger(ledger)
+        .build()
+        .expect("valid policy")
+}
+
+/// The row a 0.1 worker left (outcome unknown after a 503) is still the same operation after
+/// the upgrade: the next run claims it under the same key and window and finishes it.
+#[tokio::test]
+async fn a_database_made_by_the_0_1_migrate_is_upgraded_and_its_row_claimed_and_finished() {
+    let Some(base) = base_url() else { return };
+    let url = fresh_database(&base).await;
+    let server =
+        TestServer::start_idempotent(vec![Action::status(503)], Action::ok("charged")).await;
+    let time = VirtualTime::new();
+    let key = IdempotencyKey::derive("tests.pg", &["upgrade"]);
+    // The first run, on a ledger that keeps the same record as the SQL ones, gives the row its
+    // real fingerprint; it is then written into a database made with the 0.1 DDL by hand.
+    let memory = MemoryLedger::new();
+    let err = one_attempt_client(memory.clone(), &time)
+        .post(server.url("/charges"))
+        .idempotency_key(key.clone())
+        .body("charge")
+        .send()
+        .await
+        .expect_err("one 503");
+    assert!(err.is_outcome_unknown());
+    let left = memory.get(key.as_str()).await.expect("read").expect("row");
+    assert_eq!((left.status, left.attempts), (OperationStatus::Unknown, 1));
+    let plain = inspector(&url).await;
+    plain.batch_execute(DDL_0_1).await.expect("the 0.1 schema");
+    plain
+        .execute(
+            "INSERT INTO idempotent_operations (key, scope, fingerprint, status, attempts, \
+             first_attempt_at, last_attempt_at, expires_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            &[
+                &left.key,
+                &left.scope,
+                &left.fingerprint,
+                &left.status.as_str(),
+                &i32::try_from(left.attempts).expect("small"),
+                &millis(left.first_attempt_at),
+                &left.last_attempt_at.map(millis),
+                &millis(left.expires_at),
+            ],
+        )
+        .await
+        .expect("the 0.1 row");
+
+    // A new release's worker migrates ten minutes later: stamped, the row as it was.
+    time.advance(Duration::from_secs(600));
+    let ledger = PostgresLedger::connect(&url).await.expect("connect");
+    assert_eq!(ledger.schema_version().await.expect("version"), 0);
+    ledger.migrate().await.expect("upgrade");
+    assert_eq!(ledger.schema_version().await.expect("version"), 1);
+    assert_eq!(version_rows(&plain).await.len(), 1);
+    let row = ledger
+        .get(key.as_str())
+        .await
+        .expect("read")
+        .expect("the row survived");
+    assert_eq!(
+        (&row.fingerprint, row.status, row.attempts),
+        (&left.fingerprint, OperationStatus::Unknown, 1)
+    );
+
+    let response = one_attempt_client(ledger.clone(), &time)
+        .post(server.url("/charges"))
+        .idempotency_key(key.clone())
+        .body("charge")
+        .send()
+        .await
+        .expect("the upgraded row is claimed and the second attempt succeeds");
+    assert_eq!(response.text().await.expect("body"), "charged");
+    let row = ledger.get(key.as_str()).await.expect("read").expect("row");
+    assert_eq!((row.status, row.attempts), (OperationStatus::Succeeded, 2));
+    assert_eq!(millis(row.first_attempt_at), millis(left.first_attempt_at));
+    assert_eq!(server.keys(), vec![Some(key.to_string()); 2]);
+    assert_eq!(server.effects(), 1);
+}
+
+#[tokio::test]
+async fn a_database_from_a_newer_release_is_refused_with_both_versions_and_left_as_it_was() {
+    let Some(base) = base_url() else { return };
+    let url = fresh_database(&base).await;
+    let server = TestServer::start(vec![], Action::ok("ok")).await;
+    let client = worker(&url, "w", InProgressPolicy::Fail).await;
+    client
+        .post(server.url("/x"))
+        .idempotency_key(IdempotencyKey::derive("tests.pg", &["newer"]))
+        .send()
+        .await
+        .expect("healthy");
+    // What a release with schema version 2 would leave.
+    let plain = inspector(&url).await;
+    plain
+        .batch_execute("UPDATE idempotent_operations_schema SET version = 2")
+        .await
+        .expect("stamp version 2");
+    let before = version_rows(&plain).await;
+    let tables = "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()";
+    let table_count: i64 = plain.query_one(tables, &[]).await.expect("tables").get(0);
+
+    let ledger = PostgresLedger::connect(&url).await.expect("connect");
+    let err = ledger.migrate().await.expect_err("too new");
+    assert_eq!(err.kind(), LedgerErrorKind::Corrupt, "{err}");
+    assert_eq!(
+        err.to_string(),
+        "ledger storage is corrupt: schema version 2 is newer than 1, the latest this release \
+         of idempotent-retry knows: upgrade idempotent-retry to use this store (it was left \
+         unchanged)"
+    );
+    assert_eq!(ledger.schema_version().await.expect("version"), 2);
+    assert_eq!(
+        version_rows(&plain).await,
+        before,
+        "the version row untouched"
+    );
+    let after: i64 = plain.query_one(tables, &[]).await.expect("tables").get(0);
+    assert_eq!(after, table_count, "no table created");
+    let rows: i64 = plain
+        .query_one("SELECT count(*) FROM idempotent_operations", &[])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(rows, 1, "the row kept");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_migrating_a_new_database_at_once_all_succeed_and_leave_one_version_row() {
+    let Some(base) = base_url() else { return };
+    // A round per isolation level a database may default to, each on a new database: the
+    // migration must not depend on the default.
+    for isolation in ["read committed", "repeatable read", "serializable"] {
+        let url = fresh_database(&base).await;
+        let database = url.rsplit_once('/').expect("database").1;
+        inspector(&base)
+            .await
+            .batch_execute(&format!(
+                "ALTER DATABASE {database} SET default_transaction_isolation = '{isolation}'"
+            ))
+            .await
+            .expect("set the default isolation");
+        let mut ledgers = Vec::new();
+        for _ in 0..6 {
+            ledgers.push(PostgresLedger::connect(&url).await.expect("connect"));
+        }
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(ledgers.len()));
+        let mut migrations = tokio::task::JoinSet::new();
+        for ledger in ledgers {
+            let barrier = barrier.clone();
+            migrations.spawn(async move {
+                barrier.wait().await;
+                ledger.migrate().await.map(|()| ledger)
+            });
+        }
+        while let Some(migrated) = migrations.join_next().await {
+            let ledger = migrated
+                .expect("task")
+                .unwrap_or_else(|err| panic!("{isolation}: {err:?}"));
+            assert_eq!(ledger.schema_version().await.expect("version"), 1);
+        }
+        let rows = version_rows(&inspector(&url).await).await;
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert_eq!(rows[0].0, 1);
+    }
 }
