@@ -540,6 +540,32 @@ async fn a_file_from_a_newer_release_is_refused_with_both_versions_and_left_as_i
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_migrating_a_new_file_at_once_all_succeed() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Many rounds, each on a new file, so the opens really overlap in some of them.
+    for round in 0..20 {
+        let path = dir.path().join(format!("operations-{round}.db"));
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(4));
+        let mut opens = tokio::task::JoinSet::new();
+        for _ in 0..4 {
+            let (path, barrier) = (path.clone(), barrier.clone());
+            opens.spawn(async move {
+                barrier.wait().await;
+                SqliteLedger::open(&path).await
+            });
+        }
+        while let Some(opened) = opens.join_next().await {
+            let ledger = opened
+                .expect("task")
+                .expect("every open migrates or finds it done");
+            assert_eq!(ledger.schema_version().await.expect("version"), 1);
+            assert_eq!(ledger.get("none").await.expect("usable"), None);
+        }
+        assert_eq!(file_state(&path).0, 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ledgers_migrating_a_0_1_file_at_once_all_succeed_and_keep_its_rows() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("operations.db");

@@ -64,8 +64,7 @@ impl SqliteLedger {
             let conn = Connection::open(&opened).map_err(|err| storage(err, "cannot open"))?;
             conn.busy_timeout(DEFAULT_BUSY_TIMEOUT)
                 .map_err(|err| storage(err, "cannot configure"))?;
-            conn.pragma_update(None, "journal_mode", "WAL")
-                .map_err(|err| storage(err, "cannot enable WAL"))?;
+            enable_wal(&conn)?;
             conn.pragma_update(None, "synchronous", "FULL")
                 .map_err(|err| storage(err, "cannot configure"))?;
             Ok(conn)
@@ -148,6 +147,25 @@ impl SqliteLedger {
             f(&mut conn)
         })
         .await
+    }
+}
+
+/// Puts the file in WAL mode (a no-op when it is already).
+fn enable_wal(conn: &Connection) -> Result<(), LedgerError> {
+    // Processes opening a new file at once all try to switch it, and SQLite refuses the ones
+    // that find the switch under way with SQLITE_BUSY at once, without the busy timeout (it
+    // would deadlock otherwise). Taking and dropping the write lock waits, within the timeout,
+    // for the switch to end; trying again then finds the file in WAL mode already.
+    let mut tries = 0;
+    loop {
+        match conn.pragma_update(None, "journal_mode", "WAL") {
+            Err(err) if err.sqlite_error_code() == Some(ErrorCode::DatabaseBusy) && tries < 3 => {
+                tries += 1;
+                conn.execute_batch("BEGIN IMMEDIATE; ROLLBACK")
+                    .map_err(|err| storage(err, "cannot enable WAL"))?;
+            }
+            done => return done.map_err(|err| storage(err, "cannot enable WAL")),
+        }
     }
 }
 
