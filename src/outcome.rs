@@ -56,11 +56,14 @@ impl Exposure {
         self.sending.store(false, Ordering::Relaxed);
     }
 
-    /// The attempt being sent got a response; what it means is decided next
-    /// ([`failed`](Self::failed) with the status's kind when it is retried or stops the
-    /// operation: a 503 may have run, a 429 did not).
-    pub(crate) fn answered(&self) {
+    /// The attempt being sent got a response, judged by its status: `None` when it is the
+    /// operation's final answer (the receiver has dealt with the operation), else the kind it
+    /// was classified as (a 503 may have run, a 429 did not).
+    pub(crate) fn answered(&self, retryable: Option<FailureKind>) {
         self.sending.store(false, Ordering::Relaxed);
+        if retryable.is_none_or(FailureKind::may_have_executed) {
+            self.executed.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Whether the operation may have been executed (by this run or an earlier one).
@@ -107,12 +110,18 @@ mod tests {
 
         let answered = Exposure::default();
         answered.sending();
-        answered.answered();
-        assert!(!answered.is_unknown(), "a response is judged by its status");
-        answered.failed(FailureKind::Throttled);
+        answered.answered(Some(FailureKind::Throttled));
         assert!(!answered.is_unknown(), "a 429 did not run");
-        answered.failed(FailureKind::ServerError);
+        answered.sending();
+        answered.answered(Some(FailureKind::ServerError));
         assert!(answered.is_unknown(), "a 5xx may have run");
+        let done = Exposure::default();
+        done.sending();
+        done.answered(None);
+        assert!(
+            done.is_unknown(),
+            "a final answer: the receiver dealt with it"
+        );
     }
 
     #[test]

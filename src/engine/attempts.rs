@@ -159,10 +159,7 @@ impl<'s> Attempts<'s> {
                 }
             };
             let result = match sent {
-                Ok(response) => {
-                    self.exposure().answered();
-                    Ok(response)
-                }
+                Ok(response) => Ok(response),
                 Err(SendError::Failed { kind, source }) => {
                     self.exposure().failed(kind);
                     Err((kind, source))
@@ -179,16 +176,13 @@ impl<'s> Attempts<'s> {
             let decided_at = self.settings.clock.now();
             let decision = self.decide(&outcome, decided_at);
             let decision = self.budget_tab.admit(decision);
-            if let (
-                Ok(_),
-                Decision::Retry { kind, .. }
-                | Decision::Stop {
-                    kind: Some(kind), ..
-                },
-            ) = (&outcome.result, &decision)
-            {
-                // A response that is not the answer: its status says whether it may have run.
-                self.exposure().failed(*kind);
+            if outcome.result.is_ok() {
+                // A response is judged by its status: the answer, or a retried or final kind.
+                self.exposure().answered(match decision {
+                    Decision::Return => None,
+                    Decision::Retry { kind, .. } => Some(kind),
+                    Decision::Stop { kind, .. } => kind,
+                });
             }
             self.report.attempts = number;
             self.report.elapsed = decided_at.saturating_duration_since(self.state.started);

@@ -34,6 +34,7 @@ mod memory;
 mod options;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod release;
 mod session;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;

@@ -96,6 +96,9 @@ pub(crate) async fn claim<R: RetryResponse>(
     let options = &handle.options;
     let retention = options.retention_for(&scope).max(window.saturating_mul(2));
     let owner = format!("{}/{}", options.worker, IdempotencyKey::random());
+    // A run of this key abandoned in this process a moment ago may still be giving its lease
+    // back: let it, so this run finds the row free.
+    super::release::settled(key.as_str()).await;
     let mut waited = Duration::ZERO;
     let mut rounds = 0;
     loop {
@@ -232,7 +235,14 @@ async fn claim_detached(ledger: &Arc<dyn Ledger>, claim: Claim) -> Result<Claime
     tokio::spawn(async move {
         let (claimed, claim, ledger) = pending.await;
         if let Err(Ok(taken)) = tx.send(claimed) {
+            // The caller is gone: give the lease back, registered as any release is.
+            let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+            let key = claim.key.clone();
+            super::release::spawn(key, async move {
+                let _ = done_rx.await;
+            });
             release_unused_claim(&*ledger, &claim, &taken).await;
+            let _ = done_tx.send(());
         }
     });
     rx.await
@@ -508,11 +518,9 @@ impl Drop for LedgerRun {
             outcome_unknown = unknown,
             "operation abandoned by its caller; releasing its lease"
         );
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         let ledger = Arc::clone(&self.handle.ledger);
-        runtime.spawn(async move {
+        let key = finish.key.clone();
+        super::release::spawn(key, async move {
             match ledger.finish(&finish).await {
                 Ok(()) => {}
                 // The outcome was written after all, or another run took the row over.
