@@ -334,7 +334,6 @@ fn body_from_bytes<B: 'static>(bytes: Bytes) -> Option<B> {
         Ok(body) => return Some(body),
         Err(bytes) => bytes,
     };
-    let full = || Full::new(bytes.clone()).map_err(|never| match never {});
     let built: Box<dyn Any> = if is::<B, String>() {
         Box::new(String::from_utf8(bytes.to_vec()).ok()?)
     } else if is::<B, Vec<u8>>() {
@@ -344,13 +343,18 @@ fn body_from_bytes<B: 'static>(bytes: Bytes) -> Option<B> {
     } else if is::<B, reqwest::Body>() {
         Box::new(reqwest::Body::from(bytes))
     } else if is::<B, BoxBody<Bytes, BoxError>>() {
-        Box::new(BoxBody::<Bytes, BoxError>::new(full()))
+        Box::new(BoxBody::<Bytes, BoxError>::new(whole_body(bytes)))
     } else if is::<B, UnsyncBoxBody<Bytes, BoxError>>() {
-        Box::new(UnsyncBoxBody::<Bytes, BoxError>::new(full()))
+        Box::new(UnsyncBoxBody::<Bytes, BoxError>::new(whole_body(bytes)))
     } else {
         return None;
     };
     built.downcast::<B>().ok().map(|body| *body)
+}
+
+/// `bytes` as a body with the boxed bodies' error type (it never fails).
+fn whole_body(bytes: Bytes) -> impl Body<Data = Bytes, Error = BoxError> + Send + Sync + Unpin {
+    Full::new(bytes).map_err(|never| -> BoxError { match never {} })
 }
 
 fn is<B: 'static, T: 'static>() -> bool {
@@ -406,10 +410,10 @@ async fn read_body_to_save<B: Send + 'static>(
         Ok(body) => {
             return Ok(match read_capped(body, max).await? {
                 Capped::Whole(bytes) => {
-                    let whole = Full::new(bytes.clone()).map_err(|never| match never {});
-                    (back(BoxBody::new(whole)), Some(bytes))
+                    let whole = BoxBody::<Bytes, BoxError>::new(whole_body(bytes.clone()));
+                    (back(whole), Some(bytes))
                 }
-                Capped::Over(rest) => (back(BoxBody::new(rest)), None),
+                Capped::Over(rest) => (back(BoxBody::<Bytes, BoxError>::new(rest)), None),
             });
         }
         Err(body) => body,
@@ -417,10 +421,10 @@ async fn read_body_to_save<B: Send + 'static>(
     match cast::<B, UnsyncBoxBody<Bytes, BoxError>>(body) {
         Ok(body) => Ok(match read_capped(body, max).await? {
             Capped::Whole(bytes) => {
-                let whole = Full::new(bytes.clone()).map_err(|never| match never {});
-                (back(UnsyncBoxBody::new(whole)), Some(bytes))
+                let whole = UnsyncBoxBody::<Bytes, BoxError>::new(whole_body(bytes.clone()));
+                (back(whole), Some(bytes))
             }
-            Capped::Over(rest) => (back(UnsyncBoxBody::new(rest)), None),
+            Capped::Over(rest) => (back(UnsyncBoxBody::<Bytes, BoxError>::new(rest)), None),
         }),
         // A body type the ledger cannot read: passed back untouched, nothing saved.
         Err(body) => Ok((body, None)),

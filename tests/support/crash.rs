@@ -24,3 +24,20 @@ where
     // The "process" dies here: no destructor of `work` runs.
     std::mem::forget(work);
 }
+
+/// Polls `work` until `until` completes, then drops it: a caller that gives up (its own
+/// timeout, a `select!`), at exactly the point `until` marks. Panics if `work` finishes first.
+pub async fn drop_when<W, U>(work: W, until: U)
+where
+    W: Future,
+    W::Output: std::fmt::Debug,
+    U: Future,
+{
+    let mut work = Box::pin(work);
+    tokio::select! {
+        biased;
+        _ = until => {}
+        done = &mut work => panic!("the work finished before it was dropped: {done:?}"),
+    }
+    drop(work);
+}

@@ -1,19 +1,21 @@
 //! The crate's front ends behind one small trait, so each behavioural case is written once and
 //! run against every one of them: the `Client`, the tower service over `reqwest::Client`, the
-//! tower service over a hyper client (`http::Request`), and the `reqwest-middleware` middleware.
+//! tower service over a hyper client (`http::Request`, with hyper's own response body or with
+//! it boxed, which a ledger can save and rebuild), and the `reqwest-middleware` middleware.
 
 use std::future::Future;
 use std::pin::Pin;
 
 use bytes::Bytes;
 use http::Method;
+use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idempotent_retry::{
-    Client, ClientBuilder, Error, IdempotencyKey, IdempotentRetry, RetryPolicy, RetryReport,
-    WithoutIdempotencyKey,
+    Client, ClientBuilder, Error, IdempotencyKey, IdempotentRetry, LedgerScope, RetryPolicy,
+    RetryReport, WithoutIdempotencyKey,
 };
 use tower::{Service, ServiceBuilder, ServiceExt};
 
@@ -31,6 +33,10 @@ pub struct Call {
     pub auto_key: bool,
     /// Send the body as a stream of chunks (not replayable).
     pub streamed: bool,
+    /// The operation's scope in the ledger.
+    pub scope: Option<String>,
+    /// A `Content-Type` header.
+    pub content_type: Option<&'static str>,
 }
 
 impl Call {
@@ -43,6 +49,8 @@ impl Call {
             policy: None,
             auto_key: true,
             streamed: false,
+            scope: None,
+            content_type: None,
         }
     }
 
@@ -77,6 +85,51 @@ impl Call {
     pub fn streamed(mut self) -> Call {
         self.streamed = true;
         self
+    }
+
+    pub fn scope(mut self, scope: impl Into<String>) -> Call {
+        self.scope = Some(scope.into());
+        self
+    }
+
+    /// A JSON body, with its content type.
+    pub fn json(mut self, body: impl Into<String>) -> Call {
+        self.body = body.into();
+        self.content_type = Some("application/json");
+        self
+    }
+}
+
+/// Which front end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Client,
+    TowerReqwest,
+    /// hyper's `Incoming` body: a ledger cannot rebuild it.
+    TowerHyper,
+    /// hyper's body boxed (`BoxBody<Bytes, BoxError>`): a ledger saves and rebuilds it.
+    TowerHyperBoxed,
+    Middleware,
+}
+
+impl Kind {
+    /// Every front end a ledger works with.
+    pub const LEDGERED: [Kind; 4] = [
+        Kind::Client,
+        Kind::TowerReqwest,
+        Kind::TowerHyperBoxed,
+        Kind::Middleware,
+    ];
+
+    /// The front end of this kind, with these settings.
+    pub fn build(self, settings: ClientBuilder) -> Box<dyn FrontEnd> {
+        match self {
+            Kind::Client => Box::new(ClientFront(settings.build().expect("valid settings"))),
+            Kind::TowerReqwest => Box::new(TowerReqwest::new(settings)),
+            Kind::TowerHyper => Box::new(TowerHyper::new(settings)),
+            Kind::TowerHyperBoxed => Box::new(TowerHyperBoxed::new(settings)),
+            Kind::Middleware => Box::new(Middleware::new(settings)),
+        }
     }
 }
 
@@ -177,6 +230,12 @@ fn reqwest_request(call: &Call) -> reqwest::Request {
         call.url.parse().expect("valid url in test"),
     );
     *request.body_mut() = Some(reqwest_body(call));
+    if let Some(content_type) = call.content_type {
+        request.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static(content_type),
+        );
+    }
     request
 }
 
@@ -193,6 +252,12 @@ impl FrontEnd for ClientFront {
         Box::pin(async move {
             let body = reqwest_body(&call);
             let mut builder = self.0.request(call.method, call.url).body(body);
+            if let Some(content_type) = call.content_type {
+                builder = builder.header(http::header::CONTENT_TYPE, content_type);
+            }
+            if let Some(scope) = call.scope {
+                builder = builder.ledger_scope(scope);
+            }
             if let Some(key) = call.key {
                 builder = builder.idempotency_key(key);
             }
@@ -239,7 +304,7 @@ impl FrontEnd for TowerReqwest {
         let mut service = self.0.clone();
         Box::pin(async move {
             assert!(
-                call.policy.is_none() && call.auto_key,
+                call.policy.is_none() && call.auto_key && call.scope.is_none(),
                 "no per-request options here"
             );
             let mut request = reqwest_request(&call);
@@ -277,6 +342,31 @@ async fn hyper_body(response: HyperResponse) -> String {
     String::from_utf8(body.to_vec()).expect("utf-8 body")
 }
 
+/// The call as an `http::Request<Full<Bytes>>`, its options in the extensions.
+fn hyper_request(call: Call) -> http::Request<Full<Bytes>> {
+    assert!(!call.streamed, "a Full<Bytes> body cannot be streamed");
+    let mut builder = http::Request::builder().method(call.method).uri(call.url);
+    if let Some(content_type) = call.content_type {
+        builder = builder.header(http::header::CONTENT_TYPE, content_type);
+    }
+    let mut request = builder
+        .body(Full::new(Bytes::from(call.body)))
+        .expect("valid request in test");
+    if let Some(key) = call.key {
+        request.extensions_mut().insert(key);
+    }
+    if let Some(policy) = call.policy {
+        request.extensions_mut().insert(policy);
+    }
+    if !call.auto_key {
+        request.extensions_mut().insert(WithoutIdempotencyKey);
+    }
+    if let Some(scope) = call.scope {
+        request.extensions_mut().insert(LedgerScope::new(scope));
+    }
+    request
+}
+
 impl TowerHyper {
     fn new(settings: ClientBuilder) -> Self {
         let hyper = HyperClient::builder(TokioExecutor::new()).build_http();
@@ -299,21 +389,7 @@ impl FrontEnd for TowerHyper {
     fn send(&self, call: Call) -> BoxFuture<'_, Result<Reply, Error>> {
         let mut service = self.0.clone();
         Box::pin(async move {
-            assert!(!call.streamed, "a Full<Bytes> body cannot be streamed");
-            let mut request = http::Request::builder()
-                .method(call.method)
-                .uri(call.url)
-                .body(Full::new(Bytes::from(call.body)))
-                .expect("valid request in test");
-            if let Some(key) = call.key {
-                request.extensions_mut().insert(key);
-            }
-            if let Some(policy) = call.policy {
-                request.extensions_mut().insert(policy);
-            }
-            if !call.auto_key {
-                request.extensions_mut().insert(WithoutIdempotencyKey);
-            }
+            let request = hyper_request(call);
             let response = service.ready().await?.call(request).await?;
             let report = RetryReport::from_extensions(response.extensions())
                 .cloned()
@@ -335,6 +411,81 @@ impl FrontEnd for TowerHyper {
             assert!(err.take_response().is_none());
             let response = err.take_response_as::<HyperResponse>()?;
             Some((response.status().as_u16(), hyper_body(response).await))
+        })
+    }
+}
+
+// The tower service over a hyper client whose response body is boxed:
+// `http::Response<BoxBody<Bytes, BoxError>>` out, which a ledger can save and rebuild.
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Boxed = http::Response<BoxBody<Bytes, BoxError>>;
+
+fn boxed(response: HyperResponse) -> Boxed {
+    response.map(|body| body.map_err(BoxError::from).boxed())
+}
+
+type BoxedHyper = tower::util::MapResponse<Hyper, fn(HyperResponse) -> Boxed>;
+
+struct TowerHyperBoxed(IdempotentRetry<BoxedHyper>);
+
+impl TowerHyperBoxed {
+    fn new(settings: ClientBuilder) -> Self {
+        let hyper = HyperClient::builder(TokioExecutor::new()).build_http();
+        let layer = settings.build_layer().expect("valid settings");
+        let to_boxed: fn(HyperResponse) -> Boxed = boxed;
+        TowerHyperBoxed(
+            ServiceBuilder::new()
+                .layer(layer)
+                .map_response(to_boxed)
+                .service(hyper),
+        )
+    }
+}
+
+/// A boxed response's whole body, as UTF-8.
+async fn boxed_body(response: Boxed) -> String {
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    String::from_utf8(body.to_vec()).expect("utf-8 body")
+}
+
+impl FrontEnd for TowerHyperBoxed {
+    fn name(&self) -> &'static str {
+        "tower over hyper, body boxed"
+    }
+
+    fn takes_streamed_body(&self) -> bool {
+        false
+    }
+
+    fn send(&self, call: Call) -> BoxFuture<'_, Result<Reply, Error>> {
+        let mut service = self.0.clone();
+        Box::pin(async move {
+            let request = hyper_request(call);
+            let response = service.ready().await?.call(request).await?;
+            let report = RetryReport::from_extensions(response.extensions())
+                .cloned()
+                .expect("every response carries a report");
+            let status = response.status().as_u16();
+            let headers = response.headers().clone();
+            Ok(Reply {
+                status,
+                headers,
+                body: boxed_body(response).await,
+                report,
+            })
+        })
+    }
+
+    fn take_last<'a>(&'a self, err: &'a mut Error) -> BoxFuture<'a, Option<(u16, String)>> {
+        Box::pin(async move {
+            let response = err.take_response_as::<Boxed>()?;
+            Some((response.status().as_u16(), boxed_body(response).await))
         })
     }
 }
@@ -367,6 +518,12 @@ impl FrontEnd for Middleware {
         Box::pin(async move {
             let body = reqwest_body(&call);
             let mut builder = self.0.request(call.method, call.url).body(body);
+            if let Some(content_type) = call.content_type {
+                builder = builder.header(http::header::CONTENT_TYPE, content_type);
+            }
+            if let Some(scope) = call.scope {
+                builder = builder.with_extension(LedgerScope::new(scope));
+            }
             if let Some(key) = call.key {
                 builder = builder.with_extension(key);
             }
