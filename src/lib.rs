@@ -349,9 +349,14 @@
 //! `PostgresLedger` (feature `postgres`) a fleet sharing one table. A ledger failure is
 //! [`ErrorKind::Ledger`]: before the first attempt nothing is sent; after an attempt, the
 //! error carries the key and says whether the outcome is unknown, and the claim left behind
-//! lets the next run resume. The ledger serves the [`Client`] (it fingerprints and saves
-//! `reqwest` bodies); see [`ClientBuilder::ledger`] for the other front ends, and [`Ledger`]
-//! for the schema and the incident query.
+//! lets the next run resume. Every front end runs the same claim, record and finish: the
+//! [`Client`], the tower layer and the `reqwest-middleware` middleware built from one
+//! [`ClientBuilder`] with a ledger (see [`ClientBuilder::ledger`] for the request and response
+//! types each can fingerprint and replay). A `send` whose future is dropped (a timeout around
+//! it, a `select!`) gives its lease back at once, recording whether an attempt may have reached
+//! the server, so the next run of the key goes ahead straight away with the same key and
+//! window; a process that dies is covered by the lease lapsing. [`Ledger`] has the schema and
+//! the incident query.
 //!
 //! ```
 //! use idempotent_retry::{Client, IdempotencyKey, MemoryLedger, RetryReport};

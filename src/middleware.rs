@@ -30,6 +30,13 @@ use crate::transport::{SendError, Transport, reqwest_send_error, send_error};
 /// see [`WithoutIdempotencyKey`](crate::WithoutIdempotencyKey)) on the `ClientWithMiddleware`'s
 /// request builder, or the key header.
 ///
+/// **Ledger**: built from a [`ClientBuilder`] with a [`Ledger`](crate::Ledger) (or taken from
+/// such a [`Client`] with [`Client::middleware`]), it claims, records and finishes each keyed
+/// request as the client does, and answers a completed one with its saved response without
+/// running the rest of the chain. `.with_extension(LedgerScope::new(..))`
+/// ([`LedgerScope`](crate::LedgerScope)) names the operation's scope. A dropped request gives
+/// its claim back at once, as [`RequestBuilder::send`](crate::RequestBuilder::send) describes.
+///
 /// **Errors** come back as `reqwest_middleware::Error::Middleware` wrapping this crate's
 /// [`Error`]; get it back with [`Error::from_middleware`] or [`Error::from_middleware_mut`].
 ///

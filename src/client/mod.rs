@@ -620,7 +620,7 @@ impl ClientBuilder {
         let http = match self.http.take() {
             Some(http) => http,
             // `reqwest::Client::new()` would panic here; the builder reports the error instead.
-            // Redirects are this crate's to follow (see `redirect.rs`).
+            // Redirects are this crate's to follow (see `redirect/`).
             None => reqwest::Client::builder()
                 .redirect(reqwest::redirect::Policy::none())
                 .build()

@@ -192,6 +192,14 @@ impl RequestBuilder {
     ///   [`RetryReport::is_replayed`](crate::RetryReport::is_replayed) set, and nothing is sent.
     ///
     /// Each error says whether the outcome is unknown and carries the key.
+    ///
+    /// # Cancellation
+    ///
+    /// Dropping the future (a timeout around `send`, a `select!`) stops the operation where it
+    /// is. A retry paid for and not yet sent gives its tokens back to the
+    /// [`RetryBudget`](crate::RetryBudget); with a [`Ledger`](crate::Ledger), the claim is given
+    /// back on a spawned task, recorded as outcome unknown if an attempt may have reached the
+    /// server, so the next `send` with the key goes ahead at once with the same key and window.
     pub async fn send(self) -> Result<reqwest::Response, Error> {
         let RequestBuilder {
             client,

@@ -240,6 +240,21 @@ pub struct Finish {
 /// [`MemoryLedger`] is the reference implementation; the `Ledger` conformance tests run every
 /// implementation through the same cases.
 ///
+/// # One run of an operation
+///
+/// Every front end drives the same stages against it (`docs/ARCHITECTURE.md` names them):
+/// [`claim`](Self::claim) before the first attempt, under a lease;
+/// [`record_attempt`](Self::record_attempt) after each attempt, renewing the lease past the
+/// wait and the next attempt; [`finish`](Self::finish) with the outcome, clearing the lease. A
+/// run its caller abandons (the future dropped: a timeout around the send, a `select!`) calls
+/// [`finish`](Self::finish) on a spawned task with [`OperationStatus::Unknown`] when an attempt
+/// may have reached the server, [`OperationStatus::FailedFinal`] when none can have, so the
+/// next run takes the row over at once with the original `first_attempt_at`; in the same
+/// process the next claim of the key first waits for that write. A run dropped while its claim
+/// is in flight gives the lease back the same way once the claim lands. A process that dies
+/// runs none of this: its lease lapses after the attempt timeout plus
+/// [`LedgerOptions::lease_slack`], which also says what clock skew between workers can do.
+///
 /// # Schema
 ///
 /// One table (and in PostgreSQL a one-row version table), created by the SQL ledgers'

@@ -55,10 +55,20 @@ pub use layer::IdempotentRetryLayer;
 /// response head** only: the body is read after the operation has returned, under no limit
 /// of this crate, so bound that read yourself.
 ///
+/// **Ledger**: with a [`Ledger`](crate::Ledger) in the settings, each keyed request is claimed,
+/// recorded and finished as the [`Client`](crate::Client) does it. The request's body must be
+/// one the ledger can fingerprint and the response's one it can rebuild to replay
+/// ([`RetryRequest::fingerprint`], [`RetryResponse::from_saved`]): over a hyper client, map
+/// hyper's `Incoming` to a `BoxBody` first. Otherwise the request is refused with
+/// [`ErrorKind::Builder`](crate::ErrorKind::Builder) and nothing is claimed or sent.
+///
 /// **Cancellation**: dropping the [`ResponseFuture`] (a timeout outside the layer, a
 /// `select!`) drops the attempt in flight or the wait, and the future's copy of the inner
-/// service with any readiness it reserved (a `ConcurrencyLimit` permit); nothing is spawned.
-/// The caller then has no report: treat the outcome as unknown and reconcile by key.
+/// service with any readiness it reserved (a `ConcurrencyLimit` permit). A retry it had paid
+/// for and not yet sent gives its tokens back to the budget; with a ledger, the claim is given
+/// back on a spawned task, recorded as outcome unknown when an attempt may have reached the
+/// server, so the next request with the key goes ahead at once. The caller has no report:
+/// treat the outcome as unknown and retry with the same key, or reconcile by key.
 #[derive(Clone)]
 pub struct IdempotentRetry<S> {
     inner: S,
