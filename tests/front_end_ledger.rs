@@ -9,15 +9,13 @@
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use idempotent_retry::testkit::{Fault, Receiver, When};
 use idempotent_retry::{
-    AttemptEvent, Claim, Claimed, Client, ClientBuilder, ErrorKind, Finish, IdempotencyKey,
-    InProgressPolicy, Ledger, LedgerFuture, LedgerOptions, LedgerVerdict, MemoryLedger, Observer,
-    OperationEvent, OperationRecord, OperationStatus, RetryBudget, RetryPolicy, Sleep, Sleeper,
-    SqliteLedger,
+    AttemptEvent, Client, ClientBuilder, ErrorKind, IdempotencyKey, InProgressPolicy, Ledger,
+    LedgerOptions, LedgerVerdict, MemoryLedger, Observer, OperationEvent, OperationRecord,
+    OperationStatus, RetryBudget, RetryPolicy, Sleep, Sleeper, SqliteLedger,
 };
 use support::front::{Call, Kind};
 use support::*;
@@ -460,52 +458,24 @@ async fn the_budget_is_whole_after_300_cancelled_waits() {
     }
 }
 
-/// A ledger whose claim takes `lag` of the client's (virtual) time, as a slow store would.
-#[derive(Debug, Clone)]
-struct SlowClaims {
-    inner: MemoryLedger,
-    time: VirtualTime,
-    lag: Duration,
-    claims: Arc<AtomicU32>,
-}
-
-impl Ledger for SlowClaims {
-    fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
-        self.claims.fetch_add(1, Ordering::SeqCst);
-        let claimed = self.inner.claim(claim);
-        self.time.advance(self.lag);
-        claimed
-    }
-    fn record_attempt<'a>(
-        &'a self,
-        update: &'a idempotent_retry::AttemptUpdate,
-    ) -> LedgerFuture<'a, ()> {
-        self.inner.record_attempt(update)
-    }
-    fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
-        self.inner.finish(finish)
-    }
-    fn get<'a>(&'a self, key: &'a str) -> LedgerFuture<'a, Option<OperationRecord>> {
-        self.inner.get(key)
-    }
-    fn purge_batch(&self, now: SystemTime, limit: u32) -> LedgerFuture<'_, u64> {
-        self.inner.purge_batch(now, limit)
-    }
+/// A ledger over `inner` whose claims take `lag` of the client's (virtual) time, as a slow
+/// store's would.
+fn slow_claims(inner: &MemoryLedger, time: &VirtualTime, lag: Duration) -> ClaimHook {
+    let time = time.clone();
+    ClaimHook::new(inner.clone(), move |_, claimed| {
+        time.advance(lag);
+        Ok(claimed)
+    })
 }
 
 #[tokio::test]
 async fn a_take_over_at_the_end_of_the_window_ends_with_reconcile_window() {
     for kind in Kind::LEDGERED {
         let time = VirtualTime::new();
-        let ledger = SlowClaims {
-            inner: MemoryLedger::new(),
-            time: time.clone(),
-            lag: Duration::ZERO,
-            claims: Arc::new(AtomicU32::new(0)),
-        };
+        let ledger = MemoryLedger::new();
         let window = Duration::from_secs(3_600);
         let policy = fast().max_attempts(1).reconcile_window(window);
-        let build = |ledger: SlowClaims| {
+        let build = |ledger: ClaimHook| {
             kind.build(
                 settings(ledger, LedgerOptions::new())
                     .policy(policy)
@@ -517,7 +487,7 @@ async fn a_take_over_at_the_end_of_the_window_ends_with_reconcile_window() {
         let key = key_for(kind, "window-end");
         receiver.inject(When::key_attempt(&key, 1), Fault::status(503));
         let call = Call::post(receiver.url("/v1/charges")).key(key.clone());
-        let err = build(ledger.clone())
+        let err = build(slow_claims(&ledger, &time, Duration::ZERO))
             .send(call.clone())
             .await
             .expect_err("one attempt, a 503");
@@ -526,16 +496,15 @@ async fn a_take_over_at_the_end_of_the_window_ends_with_reconcile_window() {
         // The row is taken over a millisecond before the window ends, and the claim itself
         // takes longer than that.
         time.advance(window - Duration::from_millis(1));
-        let slow = SlowClaims {
-            lag: Duration::from_millis(5),
-            ..ledger.clone()
-        };
-        let err = build(slow).send(call).await.expect_err("no window left");
+        let err = build(slow_claims(&ledger, &time, Duration::from_millis(5)))
+            .send(call)
+            .await
+            .expect_err("no window left");
         assert_eq!(err.kind(), ErrorKind::ReconcileWindow, "{kind:?}: {err}");
         assert!(err.is_outcome_unknown(), "{kind:?}: the 503 may have run");
         assert_eq!(err.attempts(), 0, "{kind:?}");
         assert_eq!(receiver.arrivals(), 1, "{kind:?}: nothing more sent");
-        let stored = row(&ledger.inner, &key).await;
+        let stored = row(&ledger, &key).await;
         assert_eq!(stored.status, OperationStatus::Unknown, "{kind:?}");
         assert!(
             stored.lease_owner.is_none(),

@@ -923,46 +923,26 @@ async fn an_unrecorded_attempt_that_may_have_run_is_reported_as_unknown() {
 /// lease that lapses at that very instant: what a claim sees when the row changes between
 /// its statements. Counts the claims; every claim after the tenth fails, so a claim loop that
 /// never ends fails its test instead of hanging it.
-#[derive(Debug, Clone, Default)]
-struct Racing {
-    inner: MemoryLedger,
-    claims: Arc<AtomicU32>,
-}
-
-impl Ledger for Racing {
-    fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
-        Box::pin(async move {
-            if self.claims.fetch_add(1, Ordering::SeqCst) >= 10 {
-                return Err(outage());
-            }
-            let mut row = match self.inner.claim(claim).await? {
-                Claimed::New(row) | Claimed::Existing(row) => row,
-                other => return Ok(other),
-            };
-            row.lease_owner = Some("elsewhere".to_owned());
-            row.lease_expires_at = Some(claim.now);
-            Ok(Claimed::Existing(row))
-        })
-    }
-    fn record_attempt<'a>(&'a self, update: &'a AttemptUpdate) -> LedgerFuture<'a, ()> {
-        self.inner.record_attempt(update)
-    }
-    fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
-        self.inner.finish(finish)
-    }
-    fn get<'a>(&'a self, key: &'a str) -> LedgerFuture<'a, Option<OperationRecord>> {
-        self.inner.get(key)
-    }
-    fn purge_batch(&self, now: SystemTime, limit: u32) -> LedgerFuture<'_, u64> {
-        self.inner.purge_batch(now, limit)
-    }
+fn racing(claims: Arc<AtomicU32>) -> ClaimHook {
+    ClaimHook::new(MemoryLedger::new(), move |claim, claimed| {
+        if claims.fetch_add(1, Ordering::SeqCst) >= 10 {
+            return Err(outage());
+        }
+        let mut row = match claimed {
+            Claimed::New(row) | Claimed::Existing(row) => row,
+            other => return Ok(other),
+        };
+        row.lease_owner = Some("elsewhere".to_owned());
+        row.lease_expires_at = Some(claim.now);
+        Ok(Claimed::Existing(row))
+    })
 }
 
 #[tokio::test]
 async fn a_claim_that_keeps_finding_the_row_changed_gives_up_after_three_looks() {
     let server = TestServer::start(vec![], Action::ok("ok")).await;
-    let racing = Racing::default();
-    let client = ledger_client(racing.clone(), LedgerOptions::new(), fast());
+    let claims = Arc::new(AtomicU32::new(0));
+    let client = ledger_client(racing(Arc::clone(&claims)), LedgerOptions::new(), fast());
     let k = key("row-keeps-changing");
     let err = post_keyed(&client, server.url("/x"), &k, "")
         .await
@@ -971,7 +951,7 @@ async fn a_claim_that_keeps_finding_the_row_changed_gives_up_after_three_looks()
     assert!(err.is_outcome_unknown(), "the row was in flight");
     assert_eq!(err.idempotency_key(), Some(&k));
     assert!(err.to_string().contains("kept changing"), "{err}");
-    assert_eq!(racing.claims.load(Ordering::SeqCst), 3, "three looks");
+    assert_eq!(claims.load(Ordering::SeqCst), 3, "three looks");
     assert_eq!(server.hits(), 0, "nothing was sent");
 }
 

@@ -8,7 +8,7 @@
 
 mod support;
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use idempotent_retry::{
     Client, ErrorKind, IdempotencyKey, InProgressPolicy, Ledger, LedgerErrorKind, LedgerOptions,
@@ -381,13 +381,6 @@ CREATE TABLE IF NOT EXISTS idempotent_operations (
 );
 CREATE INDEX IF NOT EXISTS idempotent_operations_expires_at
     ON idempotent_operations (expires_at);";
-
-fn millis(at: SystemTime) -> i64 {
-    let since = at
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .expect("after 1970");
-    i64::try_from(since.as_millis()).expect("fits")
-}
 
 /// A plain client on `url`, for looking at the tables from outside the ledger.
 async fn inspector(url: &str) -> tokio_postgres::Client {

@@ -7,7 +7,7 @@
 mod support;
 
 use std::path::Path;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use idempotent_retry::{
     Client, ErrorKind, IdempotencyKey, Ledger, LedgerErrorKind, LedgerOptions, MemoryLedger,
@@ -372,13 +372,6 @@ CREATE TABLE IF NOT EXISTS idempotent_operations (
 );
 CREATE INDEX IF NOT EXISTS idempotent_operations_expires_at
     ON idempotent_operations (expires_at);";
-
-fn millis(at: SystemTime) -> i64 {
-    let since = at
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .expect("after 1970");
-    i64::try_from(since.as_millis()).expect("fits")
-}
 
 /// The file's `user_version` and its schema cookie (which SQLite bumps on every DDL change),
 /// and how many rows the ledger's table holds, read with a connection of the test's own.

@@ -231,8 +231,12 @@ async fn claim_detached(ledger: &Arc<dyn Ledger>, claim: Claim) -> Result<Claime
     if let Poll::Ready((claimed, _, _)) = first {
         return claimed;
     }
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        // No tokio runtime to finish it on: wait for it here.
+        return pending.await.0;
+    };
     let (tx, rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
+    runtime.spawn(async move {
         let (claimed, claim, ledger) = pending.await;
         if let Err(Ok(taken)) = tx.send(claimed) {
             // The caller is gone: give the lease back, registered as any release is.

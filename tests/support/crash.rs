@@ -16,13 +16,8 @@ where
     W::Output: std::fmt::Debug,
     U: Future,
 {
-    let mut work = Box::pin(work);
-    tokio::select! {
-        done = &mut work => panic!("the work finished before it could be killed: {done:?}"),
-        _ = until => {}
-    }
     // The "process" dies here: no destructor of `work` runs.
-    std::mem::forget(work);
+    std::mem::forget(poll_until(work, until).await);
 }
 
 /// Polls `work` until `until` completes, then drops it: a caller that gives up (its own
@@ -33,11 +28,21 @@ where
     W::Output: std::fmt::Debug,
     U: Future,
 {
+    drop(poll_until(work, until).await);
+}
+
+/// `work`, polled until `until` completes and handed back unfinished.
+async fn poll_until<W, U>(work: W, until: U) -> std::pin::Pin<Box<W>>
+where
+    W: Future,
+    W::Output: std::fmt::Debug,
+    U: Future,
+{
     let mut work = Box::pin(work);
     tokio::select! {
         biased;
         _ = until => {}
-        done = &mut work => panic!("the work finished before it was dropped: {done:?}"),
+        done = &mut work => panic!("the work finished before it could be stopped: {done:?}"),
     }
-    drop(work);
+    work
 }

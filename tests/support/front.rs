@@ -331,8 +331,12 @@ type HyperResponse = http::Response<hyper::body::Incoming>;
 
 struct TowerHyper(IdempotentRetry<Hyper>);
 
-/// A hyper response's whole body, as UTF-8.
-async fn hyper_body(response: HyperResponse) -> String {
+/// An `http` response's whole body, as UTF-8 (hyper's own body or a boxed one).
+async fn http_body<B>(response: http::Response<B>) -> String
+where
+    B: hyper::body::Body,
+    B::Error: std::fmt::Debug,
+{
     let body = response
         .into_body()
         .collect()
@@ -340,6 +344,25 @@ async fn hyper_body(response: HyperResponse) -> String {
         .expect("body")
         .to_bytes();
     String::from_utf8(body.to_vec()).expect("utf-8 body")
+}
+
+/// An `http` response, read completely, with its report.
+async fn http_reply<B>(response: http::Response<B>) -> Reply
+where
+    B: hyper::body::Body,
+    B::Error: std::fmt::Debug,
+{
+    let report = RetryReport::from_extensions(response.extensions())
+        .cloned()
+        .expect("every response carries a report");
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    Reply {
+        status,
+        headers,
+        body: http_body(response).await,
+        report,
+    }
 }
 
 /// The call as an `http::Request<Full<Bytes>>`, its options in the extensions.
@@ -390,18 +413,7 @@ impl FrontEnd for TowerHyper {
         let mut service = self.0.clone();
         Box::pin(async move {
             let request = hyper_request(call);
-            let response = service.ready().await?.call(request).await?;
-            let report = RetryReport::from_extensions(response.extensions())
-                .cloned()
-                .expect("every response carries a report");
-            let status = response.status().as_u16();
-            let headers = response.headers().clone();
-            Ok(Reply {
-                status,
-                headers,
-                body: hyper_body(response).await,
-                report,
-            })
+            Ok(http_reply(service.ready().await?.call(request).await?).await)
         })
     }
 
@@ -410,7 +422,7 @@ impl FrontEnd for TowerHyper {
             // Asking for the wrong type leaves the response in place.
             assert!(err.take_response().is_none());
             let response = err.take_response_as::<HyperResponse>()?;
-            Some((response.status().as_u16(), hyper_body(response).await))
+            Some((response.status().as_u16(), http_body(response).await))
         })
     }
 }
@@ -443,17 +455,6 @@ impl TowerHyperBoxed {
     }
 }
 
-/// A boxed response's whole body, as UTF-8.
-async fn boxed_body(response: Boxed) -> String {
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
-    String::from_utf8(body.to_vec()).expect("utf-8 body")
-}
-
 impl FrontEnd for TowerHyperBoxed {
     fn name(&self) -> &'static str {
         "tower over hyper, body boxed"
@@ -467,25 +468,14 @@ impl FrontEnd for TowerHyperBoxed {
         let mut service = self.0.clone();
         Box::pin(async move {
             let request = hyper_request(call);
-            let response = service.ready().await?.call(request).await?;
-            let report = RetryReport::from_extensions(response.extensions())
-                .cloned()
-                .expect("every response carries a report");
-            let status = response.status().as_u16();
-            let headers = response.headers().clone();
-            Ok(Reply {
-                status,
-                headers,
-                body: boxed_body(response).await,
-                report,
-            })
+            Ok(http_reply(service.ready().await?.call(request).await?).await)
         })
     }
 
     fn take_last<'a>(&'a self, err: &'a mut Error) -> BoxFuture<'a, Option<(u16, String)>> {
         Box::pin(async move {
             let response = err.take_response_as::<Boxed>()?;
-            Some((response.status().as_u16(), boxed_body(response).await))
+            Some((response.status().as_u16(), http_body(response).await))
         })
     }
 }

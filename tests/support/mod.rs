@@ -9,12 +9,14 @@
 pub mod crash;
 #[cfg(all(feature = "tower", feature = "middleware"))]
 pub mod front;
+pub mod ledgers;
 pub mod logs;
 pub mod policy;
 pub mod raw;
 pub mod server;
 
 pub use crash::*;
+pub use ledgers::*;
 pub use logs::*;
 pub use policy::*;
 pub use raw::*;

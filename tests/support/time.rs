@@ -76,3 +76,11 @@ impl Sleeper for VirtualTime {
         Box::pin(std::future::ready(()))
     }
 }
+
+/// Milliseconds since the Unix epoch, as the SQL ledgers store times.
+pub fn millis(at: SystemTime) -> i64 {
+    let since = at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("after 1970");
+    i64::try_from(since.as_millis()).expect("fits")
+}

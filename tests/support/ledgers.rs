@@ -1,0 +1,61 @@
+//! Test doubles of a [`Ledger`]: an in-memory ledger whose claims pass through a hook.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use idempotent_retry::{
+    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, MemoryLedger,
+    OperationRecord,
+};
+
+type Hook = dyn Fn(&Claim, Claimed) -> Result<Claimed, LedgerError> + Send + Sync;
+
+/// A [`MemoryLedger`] whose every claim's answer goes through `hook` (which may count it,
+/// move a clock, fail it or answer something else); everything else is the inner ledger's.
+#[derive(Clone)]
+pub struct ClaimHook {
+    pub inner: MemoryLedger,
+    hook: Arc<Hook>,
+}
+
+impl fmt::Debug for ClaimHook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClaimHook")
+            .field("inner", &self.inner)
+            .finish()
+    }
+}
+
+impl ClaimHook {
+    pub fn new(
+        inner: MemoryLedger,
+        hook: impl Fn(&Claim, Claimed) -> Result<Claimed, LedgerError> + Send + Sync + 'static,
+    ) -> Self {
+        ClaimHook {
+            inner,
+            hook: Arc::new(hook),
+        }
+    }
+}
+
+impl Ledger for ClaimHook {
+    fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
+        Box::pin(async move {
+            let claimed = self.inner.claim(claim).await?;
+            (self.hook)(claim, claimed)
+        })
+    }
+    fn record_attempt<'a>(&'a self, update: &'a AttemptUpdate) -> LedgerFuture<'a, ()> {
+        self.inner.record_attempt(update)
+    }
+    fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
+        self.inner.finish(finish)
+    }
+    fn get<'a>(&'a self, key: &'a str) -> LedgerFuture<'a, Option<OperationRecord>> {
+        self.inner.get(key)
+    }
+    fn purge_batch(&self, now: SystemTime, limit: u32) -> LedgerFuture<'_, u64> {
+        self.inner.purge_batch(now, limit)
+    }
+}
