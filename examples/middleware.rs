@@ -8,7 +8,9 @@
 //! 3. the reqwest client.
 //!
 //! The receiver (the crate's `testkit::Receiver`, on 127.0.0.1) answers 429 with `Retry-After: 1`
-//! once, then takes the request: two attempts, one email.
+//! once, then takes the request: two attempts, one email. The middleware keeps an operation
+//! ledger, so the same request sent again (a redelivered job) is answered from it: nothing goes
+//! down the chain.
 
 use std::error::Error as StdError;
 use std::sync::Arc;
@@ -17,7 +19,9 @@ use std::time::Duration;
 
 use http::Extensions;
 use idempotent_retry::testkit::{Fault, Receiver, When};
-use idempotent_retry::{Client, Error, IdempotencyKey, RetryPolicy, RetryReport};
+use idempotent_retry::{
+    Client, Error, IdempotencyKey, LedgerScope, MemoryLedger, RetryPolicy, RetryReport,
+};
 use reqwest_middleware::{ClientBuilder, Middleware, Next};
 
 /// Prints each attempt as it goes down the chain.
@@ -63,6 +67,7 @@ async fn main() -> Result<(), Box<dyn StdError>> {
                 .max_delay(Duration::from_millis(200))
                 .attempt_timeout(Duration::from_secs(2)),
         )
+        .ledger(MemoryLedger::new())
         .build_middleware()?;
     let attempts = Arc::new(AtomicU32::new(0));
     let client = ClientBuilder::new(reqwest::Client::builder().no_proxy().build()?)
@@ -72,13 +77,17 @@ async fn main() -> Result<(), Box<dyn StdError>> {
 
     server.inject(When::request(1), Fault::retry_after_secs(429, 1));
     let key = IdempotencyKey::derive("example.send_email", &["ticket-77"]);
+    let email = serde_json::json!({"to": "ada@example.com", "subject": "Ticket 77 closed"});
+    let send = || {
+        client
+            .post(server.url("/v1/emails"))
+            .json(&email)
+            .with_extension(key.clone())
+            .with_extension(LedgerScope::new("example.send_email"))
+            .send()
+    };
     println!("POST /v1/emails through the middleware:");
-    let response = client
-        .post(server.url("/v1/emails"))
-        .json(&serde_json::json!({"to": "ada@example.com", "subject": "Ticket 77 closed"}))
-        .with_extension(key.clone())
-        .send()
-        .await?;
+    let response = send().await?;
     let report = RetryReport::of(&response)
         .cloned()
         .ok_or("every response carries a report")?;
@@ -90,6 +99,20 @@ async fn main() -> Result<(), Box<dyn StdError>> {
     );
     assert_eq!(attempts.load(Ordering::Relaxed), 2);
     assert_eq!(server.effects_for(key.as_str()), 1, "exactly one email");
+
+    // The job is redelivered: the ledger answers with the saved response.
+    let again = send().await?;
+    let replayed = RetryReport::of(&again).is_some_and(RetryReport::is_replayed);
+    println!(
+        "sent again: {} (replayed from the ledger: {replayed})",
+        again.status()
+    );
+    assert!(replayed);
+    assert_eq!(
+        attempts.load(Ordering::Relaxed),
+        2,
+        "nothing went down the chain"
+    );
 
     // An error comes back wrapped by reqwest-middleware; the crate's error is inside.
     let err = client

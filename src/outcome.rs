@@ -10,6 +10,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::classify::FailureKind;
+use crate::error::Error;
 use crate::ledger::OperationStatus;
 
 /// What is known, so far, of whether one operation may have been executed.
@@ -73,9 +74,12 @@ impl Exposure {
             || self.sending.load(Ordering::Relaxed)
     }
 
-    /// Whether an earlier run left the operation unresolved.
-    pub(crate) fn earlier(&self) -> bool {
-        self.earlier
+    /// Marks `err` outcome unknown when the operation may have been executed, whatever raised
+    /// the error (an earlier run may have run it even if nothing of this run could).
+    pub(crate) fn mark(&self, err: &mut Error) {
+        if self.is_unknown() {
+            err.mark_outcome_unknown();
+        }
     }
 
     /// The status a run that ends without a final answer leaves in the ledger: `Unknown` when
@@ -133,7 +137,9 @@ mod tests {
         ] {
             let run = Exposure::after(previous);
             assert_eq!(run.is_unknown(), earlier, "{previous}");
-            assert_eq!(run.earlier(), earlier);
+            let mut err = Error::builder("refused before sending");
+            run.mark(&mut err);
+            assert_eq!(err.is_outcome_unknown(), earlier, "{previous}");
         }
         assert_eq!(Exposure::unresolved_status(true), OperationStatus::Unknown);
         assert_eq!(

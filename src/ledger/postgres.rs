@@ -177,6 +177,8 @@ impl PostgresLedger {
             return Ok(Claimed::New(read_row(&row)?));
         }
         // The old status comes from the locked sub-select: RETURNING alone sees the new row.
+        // The take-over rule is `memory::may_take_over`'s, in SQL; `first_attempt_at > $5` is
+        // the window's openness with the cutoff `window.rs` computed (`window::is_open`).
         let columns = COLUMNS
             .split(", ")
             .map(|c| format!("t.{c}"))

@@ -406,9 +406,7 @@ impl LedgerRun {
     }
 
     async fn finish_error<R: RetryResponse>(&mut self, mut err: Error) -> Result<R, Error> {
-        if self.exposure.earlier() {
-            err.mark_outcome_unknown();
-        }
+        self.exposure.mark(&mut err);
         let status = Exposure::unresolved_status(err.is_outcome_unknown());
         match self.write(status, None).await {
             Ok(()) => Err(err),
