@@ -166,17 +166,6 @@ impl Error {
         err
     }
 
-    pub(crate) fn ledger(
-        report: RetryReport,
-        outcome_unknown: bool,
-        message: impl Into<String>,
-        source: crate::ledger::LedgerError,
-    ) -> Self {
-        Error::operation(ErrorKind::Ledger, report, outcome_unknown)
-            .with_message(message)
-            .with_source(source)
-    }
-
     pub(crate) fn with_message(mut self, message: impl Into<String>) -> Self {
         self.inner.message = Some(message.into());
         self

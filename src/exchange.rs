@@ -25,8 +25,8 @@ use http_body_util::combinators::{BoxBody, UnsyncBoxBody};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Body;
 
-use crate::ledger::RequestFingerprint;
-use crate::ledger::body::{Capped, read_capped};
+use crate::body::{Capped, read_capped};
+use crate::fingerprint::RequestFingerprint;
 
 type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 

@@ -447,6 +447,7 @@
 
 mod backoff;
 mod bench_support;
+mod body;
 mod budget;
 mod canonical;
 mod classify;
@@ -456,6 +457,7 @@ mod engine;
 mod error;
 mod exchange;
 mod extension;
+mod fingerprint;
 mod fuzz_support;
 mod key;
 mod keyed;
@@ -491,6 +493,7 @@ pub use client::{
 pub use error::{Error, ErrorKind};
 pub use exchange::{RetryRequest, RetryResponse};
 pub use extension::{LedgerScope, WithoutIdempotencyKey};
+pub use fingerprint::RequestFingerprint;
 #[doc(hidden)]
 pub use fuzz_support::{DecideInput, DecideStep, decide_step};
 pub use key::{IdempotencyKey, InvalidKey, InvalidKeyReason};
@@ -501,8 +504,7 @@ pub use ledger::PostgresLedger;
 pub use ledger::SqliteLedger;
 pub use ledger::{
     AttemptUpdate, Claim, Claimed, Finish, InProgressPolicy, Ledger, LedgerError, LedgerErrorKind,
-    LedgerFuture, LedgerOptions, MemoryLedger, OperationRecord, OperationStatus,
-    RequestFingerprint, SavedResponse,
+    LedgerFuture, LedgerOptions, MemoryLedger, OperationRecord, OperationStatus, SavedResponse,
 };
 #[cfg(feature = "middleware")]
 pub use middleware::IdempotentRetryMiddleware;

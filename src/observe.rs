@@ -163,7 +163,7 @@ pub enum LedgerVerdict {
     /// [`InProgress`](crate::ErrorKind::InProgress),
     /// [`ReconcileWindow`](crate::ErrorKind::ReconcileWindow),
     /// [`Ledger`](crate::ErrorKind::Ledger), or [`Builder`](crate::ErrorKind::Builder) for a
-    /// streamed body that cannot be fingerprinted).
+    /// streamed body that cannot be fingerprinted or a response type that cannot be rebuilt).
     Refused,
 }
 

@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::classify::FailureKind;
 use crate::error::Error;
-use crate::ledger::OperationStatus;
 
 /// What is known, so far, of whether one operation may have been executed.
 ///
@@ -28,13 +27,11 @@ pub(crate) struct Exposure {
 }
 
 impl Exposure {
-    /// A run that follows one the ledger recorded with `previous` status.
-    pub(crate) fn after(previous: OperationStatus) -> Self {
+    /// A run that follows earlier ones; `unresolved` when they may have executed the
+    /// operation (the ledger's [`OperationStatus::is_unresolved`](crate::OperationStatus::is_unresolved)).
+    pub(crate) fn after(unresolved: bool) -> Self {
         Exposure {
-            earlier: matches!(
-                previous,
-                OperationStatus::Unknown | OperationStatus::InFlight
-            ),
+            earlier: unresolved,
             ..Exposure::default()
         }
     }
@@ -81,16 +78,6 @@ impl Exposure {
             err.mark_outcome_unknown();
         }
     }
-
-    /// The status a run that ends without a final answer leaves in the ledger: `Unknown` when
-    /// the operation may have run, `FailedFinal` when it certainly did not.
-    pub(crate) fn unresolved_status(unknown: bool) -> OperationStatus {
-        if unknown {
-            OperationStatus::Unknown
-        } else {
-            OperationStatus::FailedFinal
-        }
-    }
 }
 
 #[cfg(test)]
@@ -130,21 +117,12 @@ mod tests {
 
     #[test]
     fn an_unresolved_earlier_run_makes_every_later_end_unknown() {
-        for (previous, earlier) in [
-            (OperationStatus::Unknown, true),
-            (OperationStatus::InFlight, true),
-            (OperationStatus::FailedFinal, false),
-        ] {
-            let run = Exposure::after(previous);
-            assert_eq!(run.is_unknown(), earlier, "{previous}");
+        for earlier in [true, false] {
+            let run = Exposure::after(earlier);
+            assert_eq!(run.is_unknown(), earlier);
             let mut err = Error::builder("refused before sending");
             run.mark(&mut err);
-            assert_eq!(err.is_outcome_unknown(), earlier, "{previous}");
+            assert_eq!(err.is_outcome_unknown(), earlier);
         }
-        assert_eq!(Exposure::unresolved_status(true), OperationStatus::Unknown);
-        assert_eq!(
-            Exposure::unresolved_status(false),
-            OperationStatus::FailedFinal
-        );
     }
 }

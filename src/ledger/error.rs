@@ -3,6 +3,9 @@
 use std::error::Error as StdError;
 use std::fmt;
 
+use crate::error::{Error, ErrorKind};
+use crate::report::RetryReport;
+
 type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
 /// Why a ledger operation failed. Match with a wildcard arm: new kinds may be added.
@@ -97,6 +100,21 @@ impl StdError for LedgerError {
         self.source
             .as_deref()
             .map(|e| e as &(dyn StdError + 'static))
+    }
+}
+
+impl Error {
+    /// An [`ErrorKind::Ledger`] error: the operation, as far as it got, with the ledger's
+    /// failure as the source.
+    pub(crate) fn ledger(
+        report: RetryReport,
+        outcome_unknown: bool,
+        message: impl Into<String>,
+        source: LedgerError,
+    ) -> Self {
+        Error::operation(ErrorKind::Ledger, report, outcome_unknown)
+            .with_message(message)
+            .with_source(source)
     }
 }
 

@@ -25,11 +25,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, SystemTime};
 
-pub(crate) mod body;
 #[cfg(test)]
 mod conformance;
 mod error;
-mod fingerprint;
 mod memory;
 mod options;
 #[cfg(feature = "postgres")]
@@ -42,7 +40,6 @@ mod sql;
 mod sqlite;
 
 pub use error::{LedgerError, LedgerErrorKind};
-pub use fingerprint::RequestFingerprint;
 pub use memory::MemoryLedger;
 pub use options::{InProgressPolicy, LedgerOptions};
 #[cfg(feature = "postgres")]
@@ -75,6 +72,24 @@ pub enum OperationStatus {
 }
 
 impl OperationStatus {
+    /// Whether a run that left this status may have executed the operation without a final
+    /// answer: [`Unknown`](Self::Unknown), or [`InFlight`](Self::InFlight) (a run that died or
+    /// is still sending). A later run's errors are then outcome unknown too.
+    #[must_use]
+    pub const fn is_unresolved(self) -> bool {
+        matches!(self, OperationStatus::Unknown | OperationStatus::InFlight)
+    }
+
+    /// The status a run that ends without a final answer leaves: `Unknown` when the operation
+    /// may have run (`unknown`), `FailedFinal` when it certainly did not.
+    pub(crate) const fn unfinished(unknown: bool) -> Self {
+        if unknown {
+            OperationStatus::Unknown
+        } else {
+            OperationStatus::FailedFinal
+        }
+    }
+
     /// The name stored in the `status` column.
     #[must_use]
     pub const fn as_str(self) -> &'static str {
@@ -478,7 +493,16 @@ mod tests {
         ] {
             assert_eq!(OperationStatus::parse(status.as_str()).ok(), Some(status));
             assert_eq!(status.to_string(), status.as_str());
+            assert_eq!(
+                status.is_unresolved(),
+                matches!(status, OperationStatus::Unknown | OperationStatus::InFlight)
+            );
         }
+        assert_eq!(OperationStatus::unfinished(true), OperationStatus::Unknown);
+        assert_eq!(
+            OperationStatus::unfinished(false),
+            OperationStatus::FailedFinal
+        );
         let err = OperationStatus::parse("done").expect_err("not a status");
         assert_eq!(err.kind(), LedgerErrorKind::Corrupt);
     }

@@ -13,11 +13,12 @@ use http::{HeaderName, HeaderValue, StatusCode};
 
 use super::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerOptions, OperationRecord,
-    OperationStatus, RequestFingerprint, SavedResponse, later,
+    OperationStatus, SavedResponse, later,
 };
 use crate::classify::FailureKind;
 use crate::error::{Error, ErrorKind};
 use crate::exchange::RetryResponse;
+use crate::fingerprint::RequestFingerprint;
 use crate::key::IdempotencyKey;
 use crate::outcome::Exposure;
 use crate::readable::{duration as human, rfc3339};
@@ -147,7 +148,7 @@ pub(crate) async fn claim<R: RetryResponse>(
                     key,
                     owner,
                     &record,
-                    Exposure::after(previous),
+                    Exposure::after(previous.is_unresolved()),
                     attempt_timeout,
                 )));
             }
@@ -170,7 +171,7 @@ pub(crate) async fn claim<R: RetryResponse>(
         if existing.status == OperationStatus::Succeeded {
             return replay(&existing, &fingerprint, key).map(Begin::Replay);
         }
-        let unresolved = Exposure::after(existing.status).is_unknown();
+        let unresolved = existing.status.is_unresolved();
         if !window::is_open(existing.first_attempt_at, cutoff) {
             return Err(
                 Error::operation(ErrorKind::ReconcileWindow, report, unresolved)
@@ -259,7 +260,7 @@ async fn release_unused_claim(ledger: &dyn Ledger, claim: &Claim, claimed: &Clai
     let status = match claimed {
         Claimed::New(_) => OperationStatus::FailedFinal,
         Claimed::TakenOver { previous, .. } => {
-            Exposure::unresolved_status(Exposure::after(*previous).is_unknown())
+            OperationStatus::unfinished(previous.is_unresolved())
         }
         Claimed::Existing(_) => return,
     };
@@ -407,7 +408,7 @@ impl LedgerRun {
 
     async fn finish_error<R: RetryResponse>(&mut self, mut err: Error) -> Result<R, Error> {
         self.exposure.mark(&mut err);
-        let status = Exposure::unresolved_status(err.is_outcome_unknown());
+        let status = OperationStatus::unfinished(err.is_outcome_unknown());
         match self.write(status, None).await {
             Ok(()) => Err(err),
             // The run already failed over the ledger: that error says it all.
@@ -512,7 +513,7 @@ impl Drop for LedgerRun {
         let finish = Finish {
             key: self.key.as_str().to_owned(),
             owner: std::mem::take(&mut self.owner),
-            status: Exposure::unresolved_status(unknown),
+            status: OperationStatus::unfinished(unknown),
             response: None,
         };
         tracing::info!(

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::IdempotentRetry;
-use crate::client::ClientBuilder;
+use crate::client::{Client, ClientBuilder};
 use crate::error::Error;
 use crate::settings::Settings;
 
@@ -88,7 +88,7 @@ impl ClientBuilder {
     }
 }
 
-impl crate::Client {
+impl Client {
     /// A tower layer sharing this client's settings (policies, key header, observer, clock,
     /// sleeper, RNG, retry budget and [`Ledger`](crate::Ledger)), for services other than this
     /// client. Operations sent through the layer and through the client are one set: a key
