@@ -362,26 +362,6 @@ async fn the_incident_query_finds_double_charges_and_unresolved_operations() {
     );
 }
 
-/// The table and index exactly as the 0.1 `migrate` created them; it recorded no schema version.
-const DDL_0_1: &str = "
-CREATE TABLE IF NOT EXISTS idempotent_operations (
-    key               TEXT PRIMARY KEY,
-    scope             TEXT NOT NULL,
-    fingerprint       TEXT NOT NULL,
-    status            TEXT NOT NULL,
-    attempts          INTEGER NOT NULL,
-    first_attempt_at  BIGINT NOT NULL,
-    last_attempt_at   BIGINT,
-    lease_owner       TEXT,
-    lease_expires_at  BIGINT,
-    response_status   INTEGER,
-    response_headers  TEXT,
-    response_body     BYTEA,
-    expires_at        BIGINT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS idempotent_operations_expires_at
-    ON idempotent_operations (expires_at);";
-
 /// A plain client on `url`, for looking at the tables from outside the ledger.
 async fn inspector(url: &str) -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(url, NoTls).await.expect("connect");
@@ -470,7 +450,10 @@ async fn a_database_made_by_the_0_1_migrate_is_upgraded_and_its_row_claimed_and_
     let left = memory.get(key.as_str()).await.expect("read").expect("row");
     assert_eq!((left.status, left.attempts), (OperationStatus::Unknown, 1));
     let plain = inspector(&url).await;
-    plain.batch_execute(DDL_0_1).await.expect("the 0.1 schema");
+    plain
+        .batch_execute(&ddl_0_1("BYTEA"))
+        .await
+        .expect("the 0.1 schema");
     plain
         .execute(
             "INSERT INTO idempotent_operations (key, scope, fingerprint, status, attempts, \

@@ -37,6 +37,15 @@ async fn process(path: &Path, time: &VirtualTime) -> (Client, SqliteLedger) {
     (client, ledger)
 }
 
+/// The charge's row.
+async fn stored(ledger: &SqliteLedger) -> OperationRecord {
+    ledger
+        .get(charge_key().as_str())
+        .await
+        .expect("read")
+        .expect("the charge has a row")
+}
+
 fn charge_key() -> IdempotencyKey {
     IdempotencyKey::derive("tests.sqlite", &["order-17", "charge"])
 }
@@ -63,11 +72,7 @@ async fn a_restarted_process_keeps_the_key_the_window_and_the_outcome() {
         .await
         .expect_err("two 503s");
     assert!(err.is_outcome_unknown());
-    let first = ledger
-        .get(charge_key().as_str())
-        .await
-        .expect("read")
-        .expect("row");
+    let first = stored(&ledger).await;
     assert_eq!(first.status, OperationStatus::Unknown);
     drop((client, ledger));
 
@@ -82,11 +87,7 @@ async fn a_restarted_process_keeps_the_key_the_window_and_the_outcome() {
         .await
         .expect("third attempt succeeds");
     assert_eq!(response.text().await.expect("body"), "charged");
-    let row = ledger
-        .get(charge_key().as_str())
-        .await
-        .expect("read")
-        .expect("row");
+    let row = stored(&ledger).await;
     assert_eq!(row.status, OperationStatus::Succeeded);
     assert_eq!(row.first_attempt_at, first.first_attempt_at);
     assert_eq!(row.attempts, 3);
@@ -166,11 +167,7 @@ async fn a_process_that_dies_mid_attempt_is_taken_over_after_its_lease() {
     );
     assert_eq!(server.effects(), 1, "one charge");
     assert_eq!(server.keys(), vec![Some(charge_key().to_string()); 2]);
-    let row = ledger
-        .get(charge_key().as_str())
-        .await
-        .expect("read")
-        .expect("row");
+    let row = stored(&ledger).await;
     assert_eq!(row.status, OperationStatus::Succeeded);
 }
 
@@ -353,26 +350,6 @@ async fn a_restart_after_a_lost_answer_charges_once_and_then_replays_from_the_fi
     assert_eq!(receiver.effects(), 1);
 }
 
-/// The table and index exactly as the 0.1 `migrate` created them; it recorded no schema version.
-const DDL_0_1: &str = "
-CREATE TABLE IF NOT EXISTS idempotent_operations (
-    key               TEXT PRIMARY KEY,
-    scope             TEXT NOT NULL,
-    fingerprint       TEXT NOT NULL,
-    status            TEXT NOT NULL,
-    attempts          INTEGER NOT NULL,
-    first_attempt_at  BIGINT NOT NULL,
-    last_attempt_at   BIGINT,
-    lease_owner       TEXT,
-    lease_expires_at  BIGINT,
-    response_status   INTEGER,
-    response_headers  TEXT,
-    response_body     BLOB,
-    expires_at        BIGINT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS idempotent_operations_expires_at
-    ON idempotent_operations (expires_at);";
-
 /// The file's `user_version` and its schema cookie (which SQLite bumps on every DDL change),
 /// and how many rows the ledger's table holds, read with a connection of the test's own.
 fn file_state(path: &Path) -> (i64, i64, i64) {
@@ -443,7 +420,8 @@ async fn a_file_made_by_the_0_1_migrate_is_upgraded_and_its_row_claimed_and_fini
         .expect("row");
     assert_eq!((left.status, left.attempts), (OperationStatus::Unknown, 2));
     let conn = rusqlite::Connection::open(&path).expect("open");
-    conn.execute_batch(DDL_0_1).expect("the 0.1 schema");
+    conn.execute_batch(&ddl_0_1("BLOB"))
+        .expect("the 0.1 schema");
     conn.execute(
         "INSERT INTO idempotent_operations (key, scope, fingerprint, status, attempts, \
          first_attempt_at, last_attempt_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
@@ -466,11 +444,7 @@ async fn a_file_made_by_the_0_1_migrate_is_upgraded_and_its_row_claimed_and_fini
     time.advance(Duration::from_secs(600));
     let (client, ledger) = process(&path, &time).await;
     assert_eq!(ledger.schema_version().await.expect("version"), 1);
-    let row = ledger
-        .get(charge_key().as_str())
-        .await
-        .expect("read")
-        .expect("the row survived");
+    let row = stored(&ledger).await;
     assert_eq!(
         (&row.fingerprint, row.status, row.attempts),
         (&left.fingerprint, OperationStatus::Unknown, 2)
@@ -485,11 +459,7 @@ async fn a_file_made_by_the_0_1_migrate_is_upgraded_and_its_row_claimed_and_fini
         .await
         .expect("the upgraded row is claimed and the third attempt succeeds");
     assert_eq!(response.text().await.expect("body"), "charged");
-    let row = ledger
-        .get(charge_key().as_str())
-        .await
-        .expect("read")
-        .expect("row");
+    let row = stored(&ledger).await;
     assert_eq!((row.status, row.attempts), (OperationStatus::Succeeded, 3));
     assert_eq!(millis(row.first_attempt_at), millis(left.first_attempt_at));
     assert_eq!(server.keys(), vec![Some(charge_key().to_string()); 3]);
@@ -563,7 +533,8 @@ async fn ledgers_migrating_a_0_1_file_at_once_all_succeed_and_keep_its_rows() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("operations.db");
     let conn = rusqlite::Connection::open(&path).expect("open");
-    conn.execute_batch(DDL_0_1).expect("the 0.1 schema");
+    conn.execute_batch(&ddl_0_1("BLOB"))
+        .expect("the 0.1 schema");
     conn.execute(
         "INSERT INTO idempotent_operations (key, scope, fingerprint, status, attempts, \
          first_attempt_at, expires_at) VALUES ('k', 's', 'f', 'failed_final', 1, 1000, 9000)",

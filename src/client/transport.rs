@@ -12,15 +12,7 @@ impl Transport<reqwest::Request> for ReqwestTransport<'_> {
     type Response = reqwest::Response;
 
     async fn send(&mut self, request: reqwest::Request) -> Result<reqwest::Response, SendError> {
-        let client = self.0;
-        follow(
-            &client.http,
-            &client.redirects,
-            &client.settings,
-            request,
-            None,
-        )
-        .await
+        self.send_attempt(request, None).await
     }
 
     async fn send_attempt(

@@ -323,13 +323,55 @@ impl FrontEnd for TowerReqwest {
     }
 }
 
-// The tower service over a hyper client: `http::Request<Full<Bytes>>` in,
-// `http::Response<Incoming>` out.
+// The tower service over a hyper client: `http::Request<Full<Bytes>>` in, and out either
+// hyper's own `http::Response<Incoming>` or that body boxed (`BoxBody<Bytes, BoxError>`), which
+// a ledger can save and rebuild.
 
 type Hyper = HyperClient<HttpConnector, Full<Bytes>>;
 type HyperResponse = http::Response<hyper::body::Incoming>;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Boxed = http::Response<BoxBody<Bytes, BoxError>>;
 
-struct TowerHyper(IdempotentRetry<Hyper>);
+fn boxed(response: HyperResponse) -> Boxed {
+    response.map(|body| body.map_err(BoxError::from).boxed())
+}
+
+type BoxedHyper = tower::util::MapResponse<Hyper, fn(HyperResponse) -> Boxed>;
+
+/// The tower service over `S`, a hyper client whose responses have the body `B`.
+struct TowerHttp<S> {
+    name: &'static str,
+    service: IdempotentRetry<S>,
+}
+
+type TowerHyper = TowerHttp<Hyper>;
+type TowerHyperBoxed = TowerHttp<BoxedHyper>;
+
+impl TowerHyper {
+    fn new(settings: ClientBuilder) -> Self {
+        let hyper = HyperClient::builder(TokioExecutor::new()).build_http();
+        let layer = settings.build_layer().expect("valid settings");
+        TowerHttp {
+            name: "tower over hyper",
+            service: ServiceBuilder::new().layer(layer).service(hyper),
+        }
+    }
+}
+
+impl TowerHyperBoxed {
+    fn new(settings: ClientBuilder) -> Self {
+        let hyper = HyperClient::builder(TokioExecutor::new()).build_http();
+        let layer = settings.build_layer().expect("valid settings");
+        let to_boxed: fn(HyperResponse) -> Boxed = boxed;
+        TowerHttp {
+            name: "tower over hyper, body boxed",
+            service: ServiceBuilder::new()
+                .layer(layer)
+                .map_response(to_boxed)
+                .service(hyper),
+        }
+    }
+}
 
 /// An `http` response's whole body, as UTF-8 (hyper's own body or a boxed one).
 async fn http_body<B>(response: http::Response<B>) -> String
@@ -390,17 +432,20 @@ fn hyper_request(call: Call) -> http::Request<Full<Bytes>> {
     request
 }
 
-impl TowerHyper {
-    fn new(settings: ClientBuilder) -> Self {
-        let hyper = HyperClient::builder(TokioExecutor::new()).build_http();
-        let layer = settings.build_layer().expect("valid settings");
-        TowerHyper(ServiceBuilder::new().layer(layer).service(hyper))
-    }
-}
-
-impl FrontEnd for TowerHyper {
+impl<S, B> FrontEnd for TowerHttp<S>
+where
+    S: Service<http::Request<Full<Bytes>>, Response = http::Response<B>>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send,
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: std::fmt::Debug + Send,
+{
     fn name(&self) -> &'static str {
-        "tower over hyper"
+        self.name
     }
 
     /// `Full<Bytes>` is always replayable; a body type that is not `Clone` cannot reach the
@@ -410,7 +455,7 @@ impl FrontEnd for TowerHyper {
     }
 
     fn send(&self, call: Call) -> BoxFuture<'_, Result<Reply, Error>> {
-        let mut service = self.0.clone();
+        let mut service = self.service.clone();
         Box::pin(async move {
             let request = hyper_request(call);
             Ok(http_reply(service.ready().await?.call(request).await?).await)
@@ -421,60 +466,7 @@ impl FrontEnd for TowerHyper {
         Box::pin(async move {
             // Asking for the wrong type leaves the response in place.
             assert!(err.take_response().is_none());
-            let response = err.take_response_as::<HyperResponse>()?;
-            Some((response.status().as_u16(), http_body(response).await))
-        })
-    }
-}
-
-// The tower service over a hyper client whose response body is boxed:
-// `http::Response<BoxBody<Bytes, BoxError>>` out, which a ledger can save and rebuild.
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-type Boxed = http::Response<BoxBody<Bytes, BoxError>>;
-
-fn boxed(response: HyperResponse) -> Boxed {
-    response.map(|body| body.map_err(BoxError::from).boxed())
-}
-
-type BoxedHyper = tower::util::MapResponse<Hyper, fn(HyperResponse) -> Boxed>;
-
-struct TowerHyperBoxed(IdempotentRetry<BoxedHyper>);
-
-impl TowerHyperBoxed {
-    fn new(settings: ClientBuilder) -> Self {
-        let hyper = HyperClient::builder(TokioExecutor::new()).build_http();
-        let layer = settings.build_layer().expect("valid settings");
-        let to_boxed: fn(HyperResponse) -> Boxed = boxed;
-        TowerHyperBoxed(
-            ServiceBuilder::new()
-                .layer(layer)
-                .map_response(to_boxed)
-                .service(hyper),
-        )
-    }
-}
-
-impl FrontEnd for TowerHyperBoxed {
-    fn name(&self) -> &'static str {
-        "tower over hyper, body boxed"
-    }
-
-    fn takes_streamed_body(&self) -> bool {
-        false
-    }
-
-    fn send(&self, call: Call) -> BoxFuture<'_, Result<Reply, Error>> {
-        let mut service = self.0.clone();
-        Box::pin(async move {
-            let request = hyper_request(call);
-            Ok(http_reply(service.ready().await?.call(request).await?).await)
-        })
-    }
-
-    fn take_last<'a>(&'a self, err: &'a mut Error) -> BoxFuture<'a, Option<(u16, String)>> {
-        Box::pin(async move {
-            let response = err.take_response_as::<Boxed>()?;
+            let response = err.take_response_as::<http::Response<B>>()?;
             Some((response.status().as_u16(), http_body(response).await))
         })
     }
