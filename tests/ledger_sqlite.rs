@@ -9,9 +9,10 @@ mod support;
 use std::path::Path;
 use std::time::Duration;
 
+use idempotent_retry::testkit::{Fault, Receiver, When};
 use idempotent_retry::{
-    Client, ErrorKind, IdempotencyKey, Ledger, LedgerErrorKind, LedgerOptions, MemoryLedger,
-    OperationRecord, OperationStatus, RetryPolicy, RetryReport, SqliteLedger,
+    Client, ErrorKind, IdempotencyKey, InProgressPolicy, Ledger, LedgerErrorKind, LedgerOptions,
+    MemoryLedger, OperationRecord, OperationStatus, RetryPolicy, RetryReport, SqliteLedger,
 };
 use support::*;
 
@@ -570,4 +571,134 @@ async fn ledgers_migrating_a_0_1_file_at_once_all_succeed_and_keep_its_rows() {
             (OperationStatus::FailedFinal, 1)
         );
     }
+}
+
+/// The worker of [`a_killed_process_leaves_its_lease_and_the_next_one_takes_over`]: when the
+/// test binary is run again with these variables, it sends the charge and waits to be killed.
+const WORKER_DB: &str = "IDEMPOTENT_RETRY_TEST_WORKER_DB";
+const WORKER_URL: &str = "IDEMPOTENT_RETRY_TEST_WORKER_URL";
+
+/// Lease of the killed worker: its attempt timeout plus its slack.
+const WORKER_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+const WORKER_SLACK: Duration = Duration::from_millis(100);
+
+/// A real process, killed with SIGKILL mid-attempt: no destructor, no release, nothing but
+/// what it had committed to the file. The next process finds the lease live, waits it out,
+/// takes the row over with the same key and window, and the receiver still sees one charge.
+#[tokio::test]
+async fn a_killed_process_leaves_its_lease_and_the_next_one_takes_over() {
+    if let (Ok(db), Ok(url)) = (std::env::var(WORKER_DB), std::env::var(WORKER_URL)) {
+        // The worker: its send never ends (the answer is held back); the parent kills it.
+        let ledger = SqliteLedger::open(&db).await.expect("open the ledger");
+        let client = Client::builder()
+            .policy(policy().attempt_timeout(WORKER_ATTEMPT_TIMEOUT))
+            .ledger(ledger)
+            .ledger_options(
+                LedgerOptions::new()
+                    .worker("doomed")
+                    .lease_slack(WORKER_SLACK),
+            )
+            .build()
+            .expect("valid policy");
+        let sent = client
+            .post(url)
+            .idempotency_key(charge_key())
+            .body("charge")
+            .send()
+            .await;
+        panic!("the worker should have been killed mid-attempt, got {sent:?}");
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("operations.db");
+    SqliteLedger::open(&path)
+        .await
+        .expect("open")
+        .migrate()
+        .await
+        .expect("migrate");
+    let receiver = Receiver::start().await.expect("receiver");
+    // The charge commits, then its answer is held back until long after the kill.
+    receiver.inject(
+        When::key_attempt(charge_key(), 1),
+        Fault::StallAfterCommit(Duration::from_secs(30)),
+    );
+    let url = receiver.url("/charges");
+    let mut worker = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "a_killed_process_leaves_its_lease_and_the_next_one_takes_over",
+            "--exact",
+            "--nocapture",
+        ])
+        .env(WORKER_DB, &path)
+        .env(WORKER_URL, &url)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the worker");
+    let arrived = receiver.wait_for_arrivals(1, Duration::from_secs(30)).await;
+    worker.kill().expect("SIGKILL the worker");
+    worker.wait().expect("reap the worker");
+    assert_eq!(arrived, 1, "the worker's attempt reached the receiver");
+
+    let ledger = SqliteLedger::open(&path).await.expect("open the ledger");
+    let left = stored(&ledger).await;
+    assert_eq!(
+        left.status,
+        OperationStatus::InFlight,
+        "nothing released it"
+    );
+    assert!(
+        left.lease_owner
+            .as_deref()
+            .is_some_and(|owner| owner.starts_with("doomed/")),
+        "{left:?}"
+    );
+    let client = |in_progress| {
+        Client::builder()
+            .policy(policy())
+            .ledger(ledger.clone())
+            .ledger_options(LedgerOptions::new().worker("next").in_progress(in_progress))
+            .build()
+            .expect("valid policy")
+    };
+    let send = |client: Client| {
+        client
+            .post(&url)
+            .idempotency_key(charge_key())
+            .body("charge")
+            .send()
+    };
+    let err = send(client(InProgressPolicy::Fail))
+        .await
+        .expect_err("the dead worker's lease is still live");
+    assert_eq!(err.kind(), ErrorKind::InProgress);
+    assert!(
+        err.to_string().contains("held by worker doomed (run "),
+        "{err}"
+    );
+
+    let patient = InProgressPolicy::Wait {
+        poll: Duration::from_millis(20),
+        max_wait: Duration::from_secs(30),
+    };
+    let response = send(client(patient))
+        .await
+        .expect("taken over after the lease");
+    assert_eq!(response.status(), 200);
+    assert_eq!(receiver.effects_for(charge_key().as_str()), 1, "one charge");
+    assert_eq!(
+        receiver.keys(),
+        vec![Some(charge_key().to_string()); 2],
+        "the same key from both processes"
+    );
+    let row = stored(&ledger).await;
+    assert_eq!(row.status, OperationStatus::Succeeded);
+    assert_eq!(
+        row.first_attempt_at, left.first_attempt_at,
+        "the window kept"
+    );
+    assert!(
+        row.lease_owner.is_none() && left.lease_expires_at.is_some(),
+        "{row:?}"
+    );
 }
