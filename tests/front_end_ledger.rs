@@ -313,6 +313,48 @@ async fn a_send_dropped_by_its_callers_timeout_is_retried_at_once_with_one_effec
 }
 
 #[tokio::test]
+async fn a_send_dropped_while_its_claim_is_in_flight_leaves_the_key_free_for_the_next() {
+    for kind in Kind::LEDGERED {
+        let memory = MemoryLedger::new();
+        // A store slow to answer claims and slower to write finishes.
+        let slow = ClaimHook::new(memory.clone(), |_, claimed| Ok(claimed))
+            .claim_delay(Duration::from_millis(100))
+            .finish_delay(Duration::from_millis(200));
+        let receiver = Receiver::start().await.expect("receiver");
+        let key = key_for(kind, "mid-claim");
+        let call = Call::post(receiver.url("/v1/charges")).key(key.clone());
+        let first = kind.build(settings(slow, LedgerOptions::new()));
+        // The caller gives up while the claim is still on its way to the store.
+        drop_when(
+            first.send(call.clone()),
+            tokio::time::sleep(Duration::from_millis(20)),
+        )
+        .await;
+        // The claim lands for nobody: the row is held until it is given back.
+        while memory.get(key.as_str()).await.expect("read").is_none() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Another front end in this process sends the key now, with default options (a
+        // held key fails at once): it waits for the claim to be given back, then goes ahead.
+        let next = kind.build(settings(memory.clone(), LedgerOptions::new()));
+        let reply = next
+            .send(call)
+            .await
+            .unwrap_or_else(|err| panic!("{kind:?}: {err}"));
+        assert_eq!(reply.status, 200, "{kind:?}");
+        assert_eq!(
+            receiver.arrivals(),
+            1,
+            "{kind:?}: the dropped send sent nothing"
+        );
+        assert_eq!(receiver.effects_for(key.as_str()), 1, "{kind:?}");
+        let stored = row(&memory, &key).await;
+        assert_eq!(stored.status, OperationStatus::Succeeded, "{kind:?}");
+        assert_eq!(stored.attempts, 1, "{kind:?}");
+    }
+}
+
+#[tokio::test]
 async fn a_send_dropped_mid_attempt_releases_its_lease_as_outcome_unknown() {
     for kind in Kind::LEDGERED {
         let ledger = MemoryLedger::new();

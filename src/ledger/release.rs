@@ -1,11 +1,15 @@
-//! Leases given back by runs their callers abandoned, while the write is in flight.
+//! Leases given back by runs their callers abandoned, while the write is in flight, and claims
+//! still in flight on a task of their own.
 //!
 //! A dropped run cannot await its release (a destructor does not await), so the release goes
 //! to a spawned task. Until that task has written it, the ledger still shows the lease; a run
 //! of the same key that starts in this process right after (an agent's retry, straight after
 //! its own timeout) would find it held. So each release in flight is registered here, by key,
 //! and a claim first waits for one of its key: in this process the next run always sees the
-//! lease released. Another process sees it once the write lands, as with any other finish.
+//! lease released. A claim that had to wait for its ledger runs on a task registered the same
+//! way, so a run of the key that follows a caller dropped mid-claim finds that claim landed and,
+//! the caller being gone, given back. Another process sees a release once its write lands, as
+//! with any other finish.
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -223,6 +223,7 @@ pub(crate) async fn claim<R: RetryResponse>(
 /// the claim did and releases a lease it took, so the row is not left held by a run that is
 /// gone.
 async fn claim_detached(ledger: &Arc<dyn Ledger>, claim: Claim) -> Result<Claimed, LedgerError> {
+    let key = claim.key.clone();
     let detached = Arc::clone(ledger);
     let mut pending = Box::pin(async move {
         let claimed = detached.claim(&claim).await;
@@ -232,22 +233,18 @@ async fn claim_detached(ledger: &Arc<dyn Ledger>, claim: Claim) -> Result<Claime
     if let Poll::Ready((claimed, _, _)) = first {
         return claimed;
     }
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+    if tokio::runtime::Handle::try_current().is_err() {
         // No tokio runtime to finish it on: wait for it here.
         return pending.await.0;
-    };
+    }
     let (tx, rx) = tokio::sync::oneshot::channel();
-    runtime.spawn(async move {
+    // Registered as a release in flight from now on: a claim of the same key in this process
+    // waits for this one to land (and, if its caller is gone, to be given back) first.
+    super::release::spawn(key, async move {
         let (claimed, claim, ledger) = pending.await;
         if let Err(Ok(taken)) = tx.send(claimed) {
-            // The caller is gone: give the lease back, registered as any release is.
-            let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
-            let key = claim.key.clone();
-            super::release::spawn(key, async move {
-                let _ = done_rx.await;
-            });
+            // The caller is gone: give the lease back.
             release_unused_claim(&*ledger, &claim, &taken).await;
-            let _ = done_tx.send(());
         }
     });
     rx.await

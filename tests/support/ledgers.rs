@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use idempotent_retry::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, MemoryLedger,
@@ -17,6 +17,10 @@ type Hook = dyn Fn(&Claim, Claimed) -> Result<Claimed, LedgerError> + Send + Syn
 pub struct ClaimHook {
     pub inner: MemoryLedger,
     hook: Arc<Hook>,
+    /// How long each claim takes before it reaches the inner ledger (real time).
+    delay: Duration,
+    /// How long each finish takes before it reaches the inner ledger (real time).
+    finish_delay: Duration,
 }
 
 impl fmt::Debug for ClaimHook {
@@ -35,13 +39,30 @@ impl ClaimHook {
         ClaimHook {
             inner,
             hook: Arc::new(hook),
+            delay: Duration::ZERO,
+            finish_delay: Duration::ZERO,
         }
+    }
+
+    /// Every finish first waits `delay`.
+    pub fn finish_delay(mut self, delay: Duration) -> Self {
+        self.finish_delay = delay;
+        self
+    }
+
+    /// Every claim first waits `delay`, as a slow store's would.
+    pub fn claim_delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
     }
 }
 
 impl Ledger for ClaimHook {
     fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
         Box::pin(async move {
+            if !self.delay.is_zero() {
+                tokio::time::sleep(self.delay).await;
+            }
             let claimed = self.inner.claim(claim).await?;
             (self.hook)(claim, claimed)
         })
@@ -50,7 +71,12 @@ impl Ledger for ClaimHook {
         self.inner.record_attempt(update)
     }
     fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
-        self.inner.finish(finish)
+        Box::pin(async move {
+            if !self.finish_delay.is_zero() {
+                tokio::time::sleep(self.finish_delay).await;
+            }
+            self.inner.finish(finish).await
+        })
     }
     fn get<'a>(&'a self, key: &'a str) -> LedgerFuture<'a, Option<OperationRecord>> {
         self.inner.get(key)
