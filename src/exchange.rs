@@ -437,3 +437,141 @@ fn back<T: 'static, B: 'static>(body: T) -> B {
         .ok()
         .expect("a body is cast back to the type it was cast from")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn saved(body: &'static str) -> http::Response<Bytes> {
+        let mut response = http::Response::new(Bytes::from_static(body.as_bytes()));
+        *response.status_mut() = StatusCode::CREATED;
+        response
+    }
+
+    /// A body's every byte, whatever its type.
+    trait Whole: Sized + Send + 'static {
+        fn whole(self) -> Pin<Box<dyn Future<Output = Bytes> + Send>>;
+    }
+
+    impl Whole for String {
+        fn whole(self) -> Pin<Box<dyn Future<Output = Bytes> + Send>> {
+            Box::pin(std::future::ready(Bytes::from(self)))
+        }
+    }
+
+    impl Whole for Bytes {
+        fn whole(self) -> Pin<Box<dyn Future<Output = Bytes> + Send>> {
+            Box::pin(std::future::ready(self))
+        }
+    }
+
+    impl Whole for Vec<u8> {
+        fn whole(self) -> Pin<Box<dyn Future<Output = Bytes> + Send>> {
+            Box::pin(std::future::ready(Bytes::from(self)))
+        }
+    }
+
+    macro_rules! whole_by_collecting {
+        ($($body:ty),*) => {$(
+            impl Whole for $body {
+                fn whole(self) -> Pin<Box<dyn Future<Output = Bytes> + Send>> {
+                    Box::pin(async move {
+                        self.collect().await.expect("the body").to_bytes()
+                    })
+                }
+            }
+        )*};
+    }
+
+    whole_by_collecting!(
+        Full<Bytes>,
+        reqwest::Body,
+        BoxBody<Bytes, BoxError>,
+        UnsyncBoxBody<Bytes, BoxError>
+    );
+
+    /// A response of body type `B` rebuilt from saved bytes, then read back to save.
+    async fn round_trip<B: Whole>(cap: usize) -> (StatusCode, Option<Bytes>, String) {
+        let response = http::Response::<B>::from_saved(saved("hello, ledger"))
+            .unwrap_or_else(|| panic!("{} rebuilds", std::any::type_name::<B>()));
+        let status = response.status();
+        let (response, kept) = response.read_to_save(cap).await.expect("read");
+        let rest = response.into_body().whole().await;
+        (
+            status,
+            kept,
+            String::from_utf8(rest.to_vec()).expect("utf-8"),
+        )
+    }
+
+    async fn every_known_body(cap: usize) -> Vec<(StatusCode, Option<Bytes>, String)> {
+        vec![
+            round_trip::<String>(cap).await,
+            round_trip::<Bytes>(cap).await,
+            round_trip::<Vec<u8>>(cap).await,
+            round_trip::<Full<Bytes>>(cap).await,
+            round_trip::<reqwest::Body>(cap).await,
+            round_trip::<BoxBody<Bytes, BoxError>>(cap).await,
+            round_trip::<UnsyncBoxBody<Bytes, BoxError>>(cap).await,
+        ]
+    }
+
+    #[tokio::test]
+    async fn every_known_response_body_is_rebuilt_saved_and_handed_back_whole() {
+        for (status, kept, rest) in every_known_body(64).await {
+            assert_eq!(status, StatusCode::CREATED);
+            assert_eq!(kept.as_deref(), Some(&b"hello, ledger"[..]));
+            assert_eq!(rest, "hello, ledger");
+        }
+        // Over the cap: nothing saved, every byte still handed back.
+        for (_, kept, rest) in every_known_body(5).await {
+            assert_eq!(kept, None);
+            assert_eq!(rest, "hello, ledger");
+        }
+    }
+
+    #[test]
+    fn a_body_type_the_ledger_does_not_know_is_not_rebuilt() {
+        #[derive(Debug)]
+        struct Opaque;
+        assert!(http::Response::<Opaque>::from_saved(saved("x")).is_none());
+        assert!(reqwest::Response::from_saved(saved("x")).is_some());
+    }
+
+    #[test]
+    fn every_known_request_body_has_the_fingerprint_of_its_bytes() {
+        fn of<B: Clone + Send + 'static>(body: B) -> Option<RequestFingerprint> {
+            let request = http::Request::post("http://api.example.com/v1/charges")
+                .header(CONTENT_TYPE, "application/json")
+                .body(body)
+                .expect("request");
+            RetryRequest::fingerprint(&request)
+        }
+        let json = r#"{"amount":100}"#;
+        let want = of(String::from(json)).expect("a String is buffered");
+        assert_eq!(of(Bytes::from_static(json.as_bytes())), Some(want.clone()));
+        assert_eq!(of(json.as_bytes().to_vec()), Some(want.clone()));
+        assert_eq!(of(json), Some(want.clone()));
+        assert_eq!(of(json.as_bytes()), Some(want.clone()));
+        assert_eq!(
+            of(Full::new(Bytes::from_static(json.as_bytes()))),
+            Some(want.clone())
+        );
+        // The same request through reqwest: one fingerprint for every front end.
+        let through_reqwest = reqwest::Client::new()
+            .post("http://api.example.com/v1/charges")
+            .header(CONTENT_TYPE, "application/json")
+            .body(json)
+            .build()
+            .expect("request");
+        assert_eq!(RetryRequest::fingerprint(&through_reqwest), Some(want));
+        // No body, in every spelling of it.
+        let empty = of(()).expect("no body");
+        assert_eq!(of(Empty::<Bytes>::new()), Some(empty.clone()));
+        assert_eq!(of(String::new()), Some(empty));
+        // A body type the ledger cannot read.
+        #[derive(Debug, Clone)]
+        struct Opaque;
+        assert_eq!(of(Opaque), None);
+    }
+}
