@@ -265,7 +265,9 @@ pub struct Finish {
 /// [`finish`](Self::finish) on a spawned task with [`OperationStatus::Unknown`] when an attempt
 /// may have reached the server, [`OperationStatus::FailedFinal`] when none can have, so the
 /// next run takes the row over at once with the original `first_attempt_at`; in the same
-/// process the next claim of the key first waits for that write. A run dropped while its claim
+/// process the next claim of the key first waits for that write. A worker in another process
+/// sees the row free once the write lands (milliseconds); until then it finds the lease held,
+/// and [`InProgressPolicy`] decides whether it waits. A run dropped while its claim
 /// is in flight gives the lease back the same way once the claim lands. A process that dies
 /// runs none of this: its lease lapses after the attempt timeout plus
 /// [`LedgerOptions::lease_slack`], which also says what clock skew between workers can do.
