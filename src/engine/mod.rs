@@ -88,13 +88,14 @@ where
     T: Transport<Q>,
 {
     let host = request.host().map(str::to_owned);
-    let (mut result, verdict) = match (&settings.ledger, &settled.key) {
+    let mut settled = settled;
+    // The key moves into the stage that reports it: no copy on the way.
+    let (mut result, verdict) = match (&settings.ledger, settled.key.take()) {
         (Some(handle), Some(key)) => {
-            let key = key.clone();
             ledgered(
                 settings,
                 handle,
-                &key,
+                key,
                 request,
                 &settled,
                 host.as_deref(),
@@ -102,12 +103,12 @@ where
             )
             .await
         }
-        _ => {
+        (_, key) => {
             let attempts = Attempts::begin(
                 settings,
                 &settled.method,
                 host.as_deref(),
-                settled.key.clone(),
+                key,
                 settled.policy,
                 settled.attempt_timeout,
                 None,
@@ -130,7 +131,7 @@ where
 async fn ledgered<Q, T>(
     settings: &Settings,
     handle: &LedgerHandle,
-    key: &IdempotencyKey,
+    key: IdempotencyKey,
     request: Q,
     settled: &Settled,
     host: Option<&str>,
@@ -156,7 +157,7 @@ where
     }
     let window = settled.policy.get_reconcile_window();
     let operation = ledger::Operation {
-        key,
+        key: &key,
         scope: settled
             .scope
             .clone()
@@ -177,7 +178,7 @@ where
         settings,
         &settled.method,
         host,
-        Some(key.clone()),
+        Some(key),
         settled.policy.reconcile_window(left),
         settled.attempt_timeout,
         Some(&run),
