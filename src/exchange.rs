@@ -157,9 +157,9 @@ impl RetryRequest for reqwest::Request {
             None => &[][..],
             Some(body) => body.as_bytes()?,
         };
-        Some(RequestFingerprint::new(
+        Some(RequestFingerprint::of_url(
             self.method(),
-            self.url().as_str(),
+            self.url().clone(),
             self.headers().get(CONTENT_TYPE),
             body,
         ))
@@ -328,28 +328,113 @@ fn ready_bytes<B: Body<Data = Bytes> + Unpin>(mut body: B) -> Option<Bytes> {
     }
 }
 
+/// A response body type the ledger knows how to build from saved bytes and to read for saving
+/// (the list in [`RetryResponse::from_saved`]).
+trait KnownBody: Sized + Send + 'static {
+    /// A body that yields `bytes`; `None` when they cannot be this type (not UTF-8 for `String`).
+    fn from_bytes(bytes: Bytes) -> Option<Self>;
+
+    /// The body read up to `max` bytes: a body that still yields every byte, and the bytes when
+    /// they fit.
+    fn read(
+        self,
+        max: usize,
+    ) -> impl Future<Output = Result<(Self, Option<Bytes>), BoxError>> + Send;
+}
+
+/// The bytes, when there are at most `max` of them.
+fn fits(bytes: &[u8], max: usize) -> Option<Bytes> {
+    (bytes.len() <= max).then(|| Bytes::copy_from_slice(bytes))
+}
+
+impl KnownBody for Bytes {
+    fn from_bytes(bytes: Bytes) -> Option<Self> {
+        Some(bytes)
+    }
+
+    async fn read(self, max: usize) -> Result<(Self, Option<Bytes>), BoxError> {
+        let saved = (self.len() <= max).then(|| self.clone());
+        Ok((self, saved))
+    }
+}
+
+impl KnownBody for String {
+    fn from_bytes(bytes: Bytes) -> Option<Self> {
+        String::from_utf8(bytes.to_vec()).ok()
+    }
+
+    async fn read(self, max: usize) -> Result<(Self, Option<Bytes>), BoxError> {
+        let saved = fits(self.as_bytes(), max);
+        Ok((self, saved))
+    }
+}
+
+impl KnownBody for Vec<u8> {
+    fn from_bytes(bytes: Bytes) -> Option<Self> {
+        Some(bytes.to_vec())
+    }
+
+    async fn read(self, max: usize) -> Result<(Self, Option<Bytes>), BoxError> {
+        let saved = fits(&self, max);
+        Ok((self, saved))
+    }
+}
+
+impl KnownBody for Full<Bytes> {
+    fn from_bytes(bytes: Bytes) -> Option<Self> {
+        Some(Full::new(bytes))
+    }
+
+    async fn read(self, max: usize) -> Result<(Self, Option<Bytes>), BoxError> {
+        let bytes = self.collect().await.map(|whole| whole.to_bytes())?;
+        let saved = (bytes.len() <= max).then(|| bytes.clone());
+        Ok((Full::new(bytes), saved))
+    }
+}
+
+/// The streamed body types: read frame by frame up to the cap, the rest passed on unread.
+macro_rules! streamed_known_body {
+    ($($body:ty: $whole:expr, $rest:expr;)*) => {$(
+        impl KnownBody for $body {
+            fn from_bytes(bytes: Bytes) -> Option<Self> {
+                Some($whole(bytes))
+            }
+
+            async fn read(self, max: usize) -> Result<(Self, Option<Bytes>), BoxError> {
+                Ok(match read_capped(self, max).await? {
+                    Capped::Whole(bytes) => ($whole(bytes.clone()), Some(bytes)),
+                    Capped::Over(rest) => ($rest(rest), None),
+                })
+            }
+        }
+    )*};
+}
+
+streamed_known_body! {
+    reqwest::Body: reqwest::Body::from, reqwest::Body::wrap;
+    BoxBody<Bytes, BoxError>: |bytes| BoxBody::new(whole_body(bytes)), BoxBody::new;
+    UnsyncBoxBody<Bytes, BoxError>: |bytes| UnsyncBoxBody::new(whole_body(bytes)), UnsyncBoxBody::new;
+}
+
+/// Runs `$then` with `$known` naming `$body`'s type when it is one the ledger knows (the body
+/// itself cast to that type); falls through otherwise.
+macro_rules! as_known_body {
+    ($b:ty, $known:ident => $then:expr) => {
+        as_known_body!(@each $b, $known => $then; Bytes, String, Vec<u8>, Full<Bytes>,
+            reqwest::Body, BoxBody<Bytes, BoxError>, UnsyncBoxBody<Bytes, BoxError>)
+    };
+    (@each $b:ty, $known:ident => $then:expr; $($t:ty),*) => {$(
+        if is::<$b, $t>() {
+            type $known = $t;
+            return $then;
+        }
+    )*};
+}
+
 /// A response body of type `B` holding `bytes`, for the body types the ledger can build.
 fn body_from_bytes<B: 'static>(bytes: Bytes) -> Option<B> {
-    let bytes = match cast::<Bytes, B>(bytes) {
-        Ok(body) => return Some(body),
-        Err(bytes) => bytes,
-    };
-    let built: Box<dyn Any> = if is::<B, String>() {
-        Box::new(String::from_utf8(bytes.to_vec()).ok()?)
-    } else if is::<B, Vec<u8>>() {
-        Box::new(bytes.to_vec())
-    } else if is::<B, Full<Bytes>>() {
-        Box::new(Full::new(bytes))
-    } else if is::<B, reqwest::Body>() {
-        Box::new(reqwest::Body::from(bytes))
-    } else if is::<B, BoxBody<Bytes, BoxError>>() {
-        Box::new(BoxBody::<Bytes, BoxError>::new(whole_body(bytes)))
-    } else if is::<B, UnsyncBoxBody<Bytes, BoxError>>() {
-        Box::new(UnsyncBoxBody::<Bytes, BoxError>::new(whole_body(bytes)))
-    } else {
-        return None;
-    };
-    built.downcast::<B>().ok().map(|body| *body)
+    as_known_body!(B, Known => Known::from_bytes(bytes).map(back));
+    None
 }
 
 /// `bytes` as a body with the boxed bodies' error type (it never fails).
@@ -362,73 +447,17 @@ fn is<B: 'static, T: 'static>() -> bool {
 }
 
 /// Reads a response body of a type the ledger knows, up to `max` bytes; gives back a body that
-/// still yields every byte, and the bytes when they fit.
+/// still yields every byte, and the bytes when they fit. A body of another type is passed back
+/// untouched, nothing saved.
 async fn read_body_to_save<B: Send + 'static>(
     body: B,
     max: usize,
 ) -> Result<(B, Option<Bytes>), BoxError> {
-    let fits = |bytes: &[u8]| (bytes.len() <= max).then(|| Bytes::copy_from_slice(bytes));
-    let body = match cast::<B, Bytes>(body) {
-        Ok(bytes) => {
-            let saved = (bytes.len() <= max).then(|| bytes.clone());
-            return Ok((back(bytes), saved));
-        }
-        Err(body) => body,
-    };
-    let body = match cast::<B, String>(body) {
-        Ok(text) => {
-            let saved = fits(text.as_bytes());
-            return Ok((back(text), saved));
-        }
-        Err(body) => body,
-    };
-    let body = match cast::<B, Vec<u8>>(body) {
-        Ok(bytes) => {
-            let saved = fits(&bytes);
-            return Ok((back(bytes), saved));
-        }
-        Err(body) => body,
-    };
-    let body = match cast::<B, Full<Bytes>>(body) {
-        Ok(full) => {
-            let bytes = full.collect().await.map(|whole| whole.to_bytes())?;
-            let saved = (bytes.len() <= max).then(|| bytes.clone());
-            return Ok((back(Full::new(bytes)), saved));
-        }
-        Err(body) => body,
-    };
-    let body = match cast::<B, reqwest::Body>(body) {
-        Ok(body) => {
-            return Ok(match read_capped(body, max).await? {
-                Capped::Whole(bytes) => (back(reqwest::Body::from(bytes.clone())), Some(bytes)),
-                Capped::Over(rest) => (back(reqwest::Body::wrap(rest)), None),
-            });
-        }
-        Err(body) => body,
-    };
-    let body = match cast::<B, BoxBody<Bytes, BoxError>>(body) {
-        Ok(body) => {
-            return Ok(match read_capped(body, max).await? {
-                Capped::Whole(bytes) => {
-                    let whole = BoxBody::<Bytes, BoxError>::new(whole_body(bytes.clone()));
-                    (back(whole), Some(bytes))
-                }
-                Capped::Over(rest) => (back(BoxBody::<Bytes, BoxError>::new(rest)), None),
-            });
-        }
-        Err(body) => body,
-    };
-    match cast::<B, UnsyncBoxBody<Bytes, BoxError>>(body) {
-        Ok(body) => Ok(match read_capped(body, max).await? {
-            Capped::Whole(bytes) => {
-                let whole = UnsyncBoxBody::<Bytes, BoxError>::new(whole_body(bytes.clone()));
-                (back(whole), Some(bytes))
-            }
-            Capped::Over(rest) => (back(UnsyncBoxBody::<Bytes, BoxError>::new(rest)), None),
-        }),
-        // A body type the ledger cannot read: passed back untouched, nothing saved.
-        Err(body) => Ok((body, None)),
-    }
+    as_known_body!(B, Known => {
+        let (body, saved) = back::<B, Known>(body).read(max).await?;
+        Ok((back(body), saved))
+    });
+    Ok((body, None))
 }
 
 /// A body of a known type, back as the response's own type `B` it was cast from.

@@ -37,27 +37,27 @@ impl RequestFingerprint {
         content_type: Option<&HeaderValue>,
         body: &[u8],
     ) -> Self {
-        let normalized = reqwest::Url::parse(url).ok().map(|mut url| {
-            url.set_fragment(None);
-            url
-        });
-        let url = normalized.as_ref().map_or(url, reqwest::Url::as_str);
-        let canonical = canonical_body(content_type, body);
-        let body = canonical.as_deref().unwrap_or(body);
-        let mut hasher = Sha256::new();
-        hasher.update(TAG);
-        for part in [method.as_str().as_bytes(), url.as_bytes(), body] {
-            let len = u64::try_from(part.len()).unwrap_or(u64::MAX);
-            hasher.update(len.to_be_bytes());
-            hasher.update(part);
+        match reqwest::Url::parse(url) {
+            Ok(parsed) => Self::of_url(method, parsed, content_type, body),
+            Err(_) => RequestFingerprint {
+                hex: digest(method, url, content_type, body),
+                url: None,
+            },
         }
-        let mut hex = String::with_capacity(64);
-        for byte in hasher.finalize() {
-            push_hex(&mut hex, byte);
-        }
+    }
+
+    /// As [`new`](Self::new), for a URL already parsed (a `reqwest::Request`'s): no second
+    /// parse.
+    pub(crate) fn of_url(
+        method: &Method,
+        mut url: reqwest::Url,
+        content_type: Option<&HeaderValue>,
+        body: &[u8],
+    ) -> Self {
+        url.set_fragment(None);
         RequestFingerprint {
-            hex,
-            url: normalized,
+            hex: digest(method, url.as_str(), content_type, body),
+            url: Some(url),
         }
     }
 
@@ -76,6 +76,24 @@ impl RequestFingerprint {
     pub(crate) fn into_string(self) -> String {
         self.hex
     }
+}
+
+/// The SHA-256 (hex) of the tagged, length-prefixed method, URL and (canonical) body.
+fn digest(method: &Method, url: &str, content_type: Option<&HeaderValue>, body: &[u8]) -> String {
+    let canonical = canonical_body(content_type, body);
+    let body = canonical.as_deref().unwrap_or(body);
+    let mut hasher = Sha256::new();
+    hasher.update(TAG);
+    for part in [method.as_str().as_bytes(), url.as_bytes(), body] {
+        let len = u64::try_from(part.len()).unwrap_or(u64::MAX);
+        hasher.update(len.to_be_bytes());
+        hasher.update(part);
+    }
+    let mut hex = String::with_capacity(64);
+    for byte in hasher.finalize() {
+        push_hex(&mut hex, byte);
+    }
+    hex
 }
 
 fn canonical_body(content_type: Option<&HeaderValue>, bytes: &[u8]) -> Option<Vec<u8>> {
