@@ -25,6 +25,7 @@ use crate::policy::RetryPolicy;
 use crate::settings::{Jitter, Settings};
 use crate::time::{Clock, Sleeper, TokioClock, TokioSleeper};
 
+#[cfg(any(feature = "tower", feature = "middleware"))]
 pub(crate) use redirect::warn_if_inner_redirected;
 pub use redirect::{RedirectChain, RedirectHop, RedirectPolicy, RedirectStop};
 pub use request::RequestBuilder;

@@ -409,6 +409,7 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
 }
 
 /// Milliseconds since the Unix epoch, saturating; negative before it.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 pub(crate) fn to_millis(at: SystemTime) -> i64 {
     match at.duration_since(SystemTime::UNIX_EPOCH) {
         Ok(after) => i64::try_from(after.as_millis()).unwrap_or(i64::MAX),

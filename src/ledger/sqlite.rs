@@ -24,8 +24,9 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Every process that opens the same file shares the rows; the claim runs in a `BEGIN
 /// IMMEDIATE` transaction, so it is atomic across processes. The file is in WAL mode with
 /// `synchronous = FULL`: a row written is a row kept, even across a power loss. Calls run on
-/// tokio's blocking pool (`spawn_blocking`), never on the async worker threads. SQLite is
-/// compiled into the crate (`rusqlite`'s `bundled` feature), so nothing needs installing.
+/// tokio's blocking pool (`spawn_blocking`), never on the async worker threads. The `sqlite`
+/// feature links the system's SQLite (3.35 or later, checked by [`open`](Self::open));
+/// `sqlite-bundled` compiles SQLite into the crate, so nothing needs installing.
 ///
 /// # Examples
 ///
@@ -56,8 +57,9 @@ impl SqliteLedger {
     /// [`LedgerErrorKind::Corrupt`](super::LedgerErrorKind::Corrupt) when the file is not an
     /// SQLite database; [`LedgerErrorKind::Unavailable`](super::LedgerErrorKind::Unavailable)
     /// when it cannot be opened or written (a missing directory, a read-only file system, a
-    /// path that is a directory).
+    /// path that is a directory), or when the linked SQLite is older than 3.35.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self, LedgerError> {
+        check_library(rusqlite::version_number(), rusqlite::version())?;
         let path = path.as_ref().to_path_buf();
         let opened = path.clone();
         let conn = blocking(move || {
@@ -148,6 +150,24 @@ impl SqliteLedger {
         })
         .await
     }
+}
+
+/// The oldest SQLite the ledger's statements run on: the claim and the take-over are one
+/// `INSERT .. ON CONFLICT .. RETURNING` / `UPDATE .. RETURNING` each, and `RETURNING` arrived
+/// in SQLite 3.35.0 (2021-03-12).
+const MIN_SQLITE: (i32, &str) = (3_035_000, "3.35.0");
+
+/// Refuses an SQLite library older than [`MIN_SQLITE`] (a system SQLite, with the `sqlite`
+/// feature) before any statement fails on it with a syntax error that names no cause.
+fn check_library(number: i32, version: &str) -> Result<(), LedgerError> {
+    if number >= MIN_SQLITE.0 {
+        return Ok(());
+    }
+    Err(LedgerError::unavailable(format!(
+        "the SQLite library is {version}, the ledger needs {} or later: upgrade the system's \
+         SQLite or build with the `sqlite-bundled` feature",
+        MIN_SQLITE.1
+    )))
 }
 
 /// Puts the file in WAL mode (a no-op when it is already).
@@ -437,6 +457,19 @@ mod tests {
             .await
             .expect("open");
         conformance::check_purge(&purge).await;
+    }
+
+    #[test]
+    fn an_sqlite_older_than_returning_is_refused_by_name() {
+        let err = check_library(3_031_001, "3.31.1").expect_err("3.31 has no RETURNING");
+        assert_eq!(err.kind(), LedgerErrorKind::Unavailable);
+        let message = err.to_string();
+        assert!(message.contains("3.31.1"), "{message}");
+        assert!(message.contains("3.35.0 or later"), "{message}");
+        assert!(message.contains("sqlite-bundled"), "{message}");
+        check_library(3_035_000, "3.35.0").expect("the first version with RETURNING");
+        check_library(rusqlite::version_number(), rusqlite::version())
+            .expect("the library these tests link");
     }
 
     #[tokio::test]

@@ -25,6 +25,7 @@ mod chain;
 mod follow;
 mod policy;
 
+#[cfg(any(feature = "tower", feature = "middleware"))]
 pub(crate) use chain::warn_if_inner_redirected;
 pub use chain::{RedirectChain, RedirectHop};
 pub(crate) use follow::follow;
