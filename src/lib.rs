@@ -503,8 +503,9 @@ pub use ledger::PostgresLedger;
 #[cfg(feature = "sqlite")]
 pub use ledger::SqliteLedger;
 pub use ledger::{
-    AttemptUpdate, Claim, Claimed, Finish, InProgressPolicy, Ledger, LedgerError, LedgerErrorKind,
-    LedgerFuture, LedgerOptions, MemoryLedger, OperationRecord, OperationStatus, SavedResponse,
+    AttemptUpdate, Claim, ClaimBuilder, Claimed, Finish, InProgressPolicy, Ledger, LedgerError,
+    LedgerErrorKind, LedgerFuture, LedgerOptions, MemoryLedger, OperationRecord,
+    OperationRecordBuilder, OperationStatus, SavedResponse,
 };
 #[cfg(feature = "middleware")]
 pub use middleware::IdempotentRetryMiddleware;

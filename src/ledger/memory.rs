@@ -76,7 +76,7 @@ impl MemoryLedger {
             rows.insert(claim.key.clone(), record.clone());
             return Claimed::New(record);
         };
-        if !may_take_over(row, claim) {
+        if !claim.may_take_over(row) {
             return Claimed::Existing(row.clone());
         }
         let previous = row.status;
@@ -105,17 +105,6 @@ impl MemoryLedger {
             _ => Err(LedgerError::lease_lost(key)),
         }
     }
-}
-
-/// Whether a claim may take an existing row over: the same request, not finished with
-/// success, still inside its window, and not held by a live lease. The SQL ledgers state the
-/// same rule in their `UPDATE ... WHERE`.
-pub(crate) fn may_take_over(row: &OperationRecord, claim: &Claim) -> bool {
-    row.fingerprint == claim.fingerprint
-        && row.status != OperationStatus::Succeeded
-        && crate::window::is_open(row.first_attempt_at, claim.window_cutoff)
-        && (row.status != OperationStatus::InFlight
-            || row.lease_expires_at.is_none_or(|until| until <= claim.now))
 }
 
 impl Ledger for MemoryLedger {
@@ -163,5 +152,25 @@ impl Ledger for MemoryLedger {
         }
         let deleted = u64::try_from(doomed.len()).unwrap_or(u64::MAX);
         Box::pin(std::future::ready(Ok(deleted)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MemoryLedger;
+    use crate::ledger::ledger_conformance;
+
+    #[tokio::test]
+    async fn memory_ledger_conforms() {
+        ledger_conformance(|| async { MemoryLedger::new() })
+            .await
+            .assert_passed();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn memory_ledger_conforms_with_claims_racing_on_threads() {
+        ledger_conformance(|| async { MemoryLedger::new() })
+            .await
+            .assert_passed();
     }
 }

@@ -23,9 +23,10 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testkit"))]
 mod conformance;
 mod error;
 mod memory;
@@ -39,6 +40,8 @@ mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
+#[cfg(any(test, feature = "testkit"))]
+pub use conformance::{ConformanceFailure, ConformanceReport, ledger_conformance};
 pub use error::{LedgerError, LedgerErrorKind};
 pub use memory::MemoryLedger;
 pub use options::{InProgressPolicy, LedgerOptions};
@@ -100,13 +103,26 @@ impl OperationStatus {
             OperationStatus::Unknown => "unknown",
         }
     }
+}
 
-    /// Parses a stored status name.
-    ///
+/// Parses a stored status name, as [`OperationStatus::as_str`] spells it.
+///
+/// ```
+/// use idempotent_retry::{LedgerErrorKind, OperationStatus};
+///
+/// assert_eq!("unknown".parse::<OperationStatus>()?, OperationStatus::Unknown);
+/// let err = "done".parse::<OperationStatus>().expect_err("not a status");
+/// assert_eq!(err.kind(), LedgerErrorKind::Corrupt);
+/// # Ok::<(), idempotent_retry::LedgerError>(())
+/// ```
+impl FromStr for OperationStatus {
+    type Err = LedgerError;
+
     /// # Errors
     ///
-    /// [`LedgerErrorKind::Corrupt`] for any other text.
-    pub fn parse(text: &str) -> Result<Self, LedgerError> {
+    /// [`LedgerErrorKind::Corrupt`] for any other text: a stored status this release cannot
+    /// read.
+    fn from_str(text: &str) -> Result<Self, LedgerError> {
         match text {
             "in_flight" => Ok(OperationStatus::InFlight),
             "succeeded" => Ok(OperationStatus::Succeeded),
@@ -124,6 +140,10 @@ impl fmt::Display for OperationStatus {
 }
 
 /// A final response as the ledger keeps it, to replay without sending the request again.
+///
+/// A [`Ledger`] stores it as it is given and hands it back unchanged: the status, every
+/// header pair in order (duplicates included), and the body byte for byte, where an empty
+/// body (`Some(vec![])`) and an absent one (`None`) stay distinct.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SavedResponse {
@@ -147,7 +167,19 @@ impl SavedResponse {
     }
 }
 
+/// Refuses an empty key or lease token: either would make two operations, or two runs, one.
+fn require(what: &str, value: &str) -> Result<(), LedgerError> {
+    if value.is_empty() {
+        Err(LedgerError::invalid(format!("{what} must not be empty")))
+    } else {
+        Ok(())
+    }
+}
+
 /// One row of the ledger.
+///
+/// The fields are public to read; a [`Ledger`] outside this crate builds one with
+/// [`OperationRecord::builder`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct OperationRecord {
@@ -175,7 +207,139 @@ pub struct OperationRecord {
     pub expires_at: SystemTime,
 }
 
+impl OperationRecord {
+    /// A record of the operation `key`, for the request with `fingerprint`, first claimed at
+    /// `first_attempt_at` and purgeable from `expires_at`. Everything else is set on the
+    /// builder; [`OperationRecordBuilder::build`] checks that the status and the lease agree.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idempotent_retry::{OperationRecord, OperationStatus};
+    /// use std::time::{Duration, SystemTime};
+    ///
+    /// let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_704_067_200);
+    /// let record = OperationRecord::builder("order-42", "9f86d0…", now, now + Duration::from_secs(86_400))
+    ///     .scope("shop.order")
+    ///     .lease("worker-a/run-1", now + Duration::from_secs(60))
+    ///     .build()?;
+    /// assert_eq!(record.status, OperationStatus::InFlight);
+    /// assert_eq!(record.lease_owner.as_deref(), Some("worker-a/run-1"));
+    /// # Ok::<(), idempotent_retry::LedgerError>(())
+    /// ```
+    pub fn builder(
+        key: impl Into<String>,
+        fingerprint: impl Into<String>,
+        first_attempt_at: SystemTime,
+        expires_at: SystemTime,
+    ) -> OperationRecordBuilder {
+        OperationRecordBuilder {
+            record: OperationRecord {
+                key: key.into(),
+                scope: String::new(),
+                fingerprint: fingerprint.into(),
+                status: OperationStatus::InFlight,
+                attempts: 0,
+                first_attempt_at,
+                last_attempt_at: None,
+                lease_owner: None,
+                lease_expires_at: None,
+                response: None,
+                expires_at,
+            },
+        }
+    }
+}
+
+/// Builds an [`OperationRecord`]; made by [`OperationRecord::builder`].
+///
+/// # Default
+///
+/// | setting | default |
+/// |---|---|
+/// | [`scope`](Self::scope) | empty |
+/// | [`status`](Self::status) | [`OperationStatus::InFlight`] |
+/// | [`attempts`](Self::attempts) | 0 |
+/// | [`last_attempt_at`](Self::last_attempt_at) | none |
+/// | [`lease`](Self::lease) | none |
+/// | [`response`](Self::response) | none |
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct OperationRecordBuilder {
+    record: OperationRecord,
+}
+
+impl OperationRecordBuilder {
+    /// The operation's scope. Default: empty.
+    pub fn scope(mut self, scope: impl Into<String>) -> Self {
+        self.record.scope = scope.into();
+        self
+    }
+
+    /// Where the operation stands. Default: [`OperationStatus::InFlight`].
+    pub fn status(mut self, status: OperationStatus) -> Self {
+        self.record.status = status;
+        self
+    }
+
+    /// Attempts recorded over every run. Default: 0.
+    pub fn attempts(mut self, attempts: u32) -> Self {
+        self.record.attempts = attempts;
+        self
+    }
+
+    /// When the last recorded attempt ended. Default: none.
+    pub fn last_attempt_at(mut self, at: SystemTime) -> Self {
+        self.record.last_attempt_at = Some(at);
+        self
+    }
+
+    /// The lease: its holder's token and when it lapses. Only an in-flight record has one.
+    /// Default: none.
+    pub fn lease(mut self, owner: impl Into<String>, until: SystemTime) -> Self {
+        self.record.lease_owner = Some(owner.into());
+        self.record.lease_expires_at = Some(until);
+        self
+    }
+
+    /// The final response. Default: none.
+    pub fn response(mut self, response: SavedResponse) -> Self {
+        self.record.response = Some(response);
+        self
+    }
+
+    /// The record.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerErrorKind::InvalidInput`] when the key or the lease holder is empty, when an
+    /// in-flight record has no lease, or when a record that is not in flight has one (a
+    /// finished run's lease is released).
+    pub fn build(self) -> Result<OperationRecord, LedgerError> {
+        let record = self.record;
+        require("the key", &record.key)?;
+        if let Some(owner) = &record.lease_owner {
+            require("the lease holder", owner)?;
+        }
+        let in_flight = record.status == OperationStatus::InFlight;
+        match (in_flight, record.lease_owner.is_some()) {
+            (true, false) => Err(LedgerError::invalid(format!(
+                "operation {} is in flight without a lease",
+                record.key
+            ))),
+            (false, true) => Err(LedgerError::invalid(format!(
+                "operation {} is {} but holds a lease",
+                record.key, record.status
+            ))),
+            _ => Ok(record),
+        }
+    }
+}
+
 /// A request to claim an operation before its first attempt.
+///
+/// The fields are public to read; [`Claim::builder`] makes one (a ledger wrapper, a test).
+/// [`may_take_over`](Self::may_take_over) states the take-over rule every [`Ledger`] keeps.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Claim {
@@ -198,7 +362,129 @@ pub struct Claim {
     pub window_cutoff: SystemTime,
 }
 
+impl Claim {
+    /// A claim of `key` for the request with `fingerprint`, by the run with lease token
+    /// `owner`, made at `now` and holding the lease until `lease_until`. The scope, the
+    /// retention and the window are set on the builder.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idempotent_retry::Claim;
+    /// use std::time::{Duration, SystemTime};
+    ///
+    /// let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_704_067_200);
+    /// let claim = Claim::builder("order-42", "9f86d0…", "worker-a/run-1", now, now + Duration::from_secs(60))
+    ///     .scope("shop.order")
+    ///     .expires_at(now + Duration::from_secs(7 * 86_400))
+    ///     .window_cutoff(now - Duration::from_secs(600))
+    ///     .build()?;
+    /// assert_eq!(claim.key, "order-42");
+    /// # Ok::<(), idempotent_retry::LedgerError>(())
+    /// ```
+    pub fn builder(
+        key: impl Into<String>,
+        fingerprint: impl Into<String>,
+        owner: impl Into<String>,
+        now: SystemTime,
+        lease_until: SystemTime,
+    ) -> ClaimBuilder {
+        ClaimBuilder {
+            claim: Claim {
+                key: key.into(),
+                scope: String::new(),
+                fingerprint: fingerprint.into(),
+                owner: owner.into(),
+                now,
+                lease_until,
+                expires_at: lease_until,
+                window_cutoff: SystemTime::UNIX_EPOCH,
+            },
+        }
+    }
+
+    /// Whether this claim may take `row` over: the same request (fingerprint), not
+    /// [`Succeeded`](OperationStatus::Succeeded), still inside the reconcile window
+    /// (`first_attempt_at` after [`window_cutoff`](Self::window_cutoff)), and not held by a
+    /// live lease (not in flight, or its lease lapsed at or before [`now`](Self::now)).
+    ///
+    /// A [`Ledger`] takes the row over exactly when this holds, checked and applied in one
+    /// atomic step; the SQL ledgers state the same rule in their `UPDATE ... WHERE`.
+    #[must_use]
+    pub fn may_take_over(&self, row: &OperationRecord) -> bool {
+        row.fingerprint == self.fingerprint
+            && row.status != OperationStatus::Succeeded
+            && crate::window::is_open(row.first_attempt_at, self.window_cutoff)
+            && (row.status != OperationStatus::InFlight
+                || row.lease_expires_at.is_none_or(|until| until <= self.now))
+    }
+}
+
+/// Builds a [`Claim`]; made by [`Claim::builder`].
+///
+/// # Default
+///
+/// | setting | default |
+/// |---|---|
+/// | [`scope`](Self::scope) | empty |
+/// | [`expires_at`](Self::expires_at) | the lease's end |
+/// | [`window_cutoff`](Self::window_cutoff) | the Unix epoch (no row is outside the window) |
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct ClaimBuilder {
+    claim: Claim,
+}
+
+impl ClaimBuilder {
+    /// The operation's scope. Default: empty.
+    pub fn scope(mut self, scope: impl Into<String>) -> Self {
+        self.claim.scope = scope.into();
+        self
+    }
+
+    /// When a row this claim inserts may be purged. Default: the lease's end.
+    pub fn expires_at(mut self, at: SystemTime) -> Self {
+        self.claim.expires_at = at;
+        self
+    }
+
+    /// Rows first attempted at or before this instant are outside the reconcile window.
+    /// Default: the Unix epoch.
+    pub fn window_cutoff(mut self, cutoff: SystemTime) -> Self {
+        self.claim.window_cutoff = cutoff;
+        self
+    }
+
+    /// The claim.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerErrorKind::InvalidInput`] when the key or the lease token is empty, when the
+    /// lease ends before the claim is made, or when the window cutoff is after it.
+    pub fn build(self) -> Result<Claim, LedgerError> {
+        let claim = self.claim;
+        require("the key", &claim.key)?;
+        require("the lease token", &claim.owner)?;
+        if claim.lease_until < claim.now {
+            return Err(LedgerError::invalid(format!(
+                "the lease of operation {} ends before its claim",
+                claim.key
+            )));
+        }
+        if claim.window_cutoff > claim.now {
+            return Err(LedgerError::invalid(format!(
+                "the window cutoff of operation {} is after its claim",
+                claim.key
+            )));
+        }
+        Ok(claim)
+    }
+}
+
 /// What a [`Ledger::claim`] found.
+///
+/// Its variants are built directly: `Claimed::New(record)`,
+/// `Claimed::TakenOver { record, previous }`, `Claimed::Existing(record)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Claimed {
@@ -232,6 +518,38 @@ pub struct AttemptUpdate {
     pub lease_until: SystemTime,
 }
 
+impl AttemptUpdate {
+    /// An attempt of `key` by the run holding lease token `owner`, ended `at`, renewing the
+    /// lease until `lease_until`.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerErrorKind::InvalidInput`] when the key or the lease token is empty, or when the
+    /// renewed lease ends before the attempt did.
+    pub fn new(
+        key: impl Into<String>,
+        owner: impl Into<String>,
+        at: SystemTime,
+        lease_until: SystemTime,
+    ) -> Result<Self, LedgerError> {
+        let update = AttemptUpdate {
+            key: key.into(),
+            owner: owner.into(),
+            at,
+            lease_until,
+        };
+        require("the key", &update.key)?;
+        require("the lease token", &update.owner)?;
+        if update.lease_until < update.at {
+            return Err(LedgerError::invalid(format!(
+                "the renewed lease of operation {} ends before its attempt",
+                update.key
+            )));
+        }
+        Ok(update)
+    }
+}
+
 /// The outcome of a run, written by the run holding the lease. Clears the lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -244,6 +562,38 @@ pub struct Finish {
     pub status: OperationStatus,
     /// The final response, when there was one.
     pub response: Option<SavedResponse>,
+}
+
+impl Finish {
+    /// The outcome of `key` written by the run holding lease token `owner`: its `status`, and
+    /// the final `response` when there was one.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerErrorKind::InvalidInput`] when the key or the lease token is empty, or when the
+    /// status is [`OperationStatus::InFlight`] (a finish releases the lease).
+    pub fn new(
+        key: impl Into<String>,
+        owner: impl Into<String>,
+        status: OperationStatus,
+        response: Option<SavedResponse>,
+    ) -> Result<Self, LedgerError> {
+        let finish = Finish {
+            key: key.into(),
+            owner: owner.into(),
+            status,
+            response,
+        };
+        require("the key", &finish.key)?;
+        require("the lease token", &finish.owner)?;
+        if finish.status == OperationStatus::InFlight {
+            return Err(LedgerError::invalid(format!(
+                "operation {} cannot finish in flight",
+                finish.key
+            )));
+        }
+        Ok(finish)
+    }
 }
 
 /// Durable storage for operations, one row per idempotency key.
@@ -494,7 +844,10 @@ mod tests {
             OperationStatus::FailedFinal,
             OperationStatus::Unknown,
         ] {
-            assert_eq!(OperationStatus::parse(status.as_str()).ok(), Some(status));
+            assert_eq!(
+                status.as_str().parse::<OperationStatus>().ok(),
+                Some(status)
+            );
             assert_eq!(status.to_string(), status.as_str());
             assert_eq!(
                 status.is_unresolved(),
@@ -506,7 +859,7 @@ mod tests {
             OperationStatus::unfinished(false),
             OperationStatus::FailedFinal
         );
-        let err = OperationStatus::parse("done").expect_err("not a status");
+        let err = "done".parse::<OperationStatus>().expect_err("not a status");
         assert_eq!(err.kind(), LedgerErrorKind::Corrupt);
     }
 }

@@ -177,7 +177,7 @@ impl PostgresLedger {
             return Ok(Claimed::New(read_row(&row)?));
         }
         // The old status comes from the locked sub-select: RETURNING alone sees the new row.
-        // The take-over rule is `memory::may_take_over`'s, in SQL; `first_attempt_at > $5` is
+        // The take-over rule is `Claim::may_take_over`'s, in SQL; `first_attempt_at > $5` is
         // the window's openness with the cutoff `window.rs` computed (`window::is_open`).
         let columns = COLUMNS
             .split(", ")
@@ -214,7 +214,7 @@ impl PostgresLedger {
                 .map_err(|err| database(err, "cannot decode the operation"))?;
             return Ok(Claimed::TakenOver {
                 record: read_row(&row)?,
-                previous: OperationStatus::parse(&previous)?,
+                previous: previous.parse::<OperationStatus>()?,
             });
         }
         match self.select(&client, &claim.key).await? {
@@ -474,7 +474,7 @@ impl Ledger for PostgresLedger {
 mod tests {
     use super::*;
     use crate::LedgerErrorKind;
-    use crate::ledger::conformance;
+    use crate::ledger::ledger_conformance;
 
     /// The test server's URL, or `None` (the test is skipped) outside CI.
     pub(crate) fn url() -> Option<String> {
@@ -490,13 +490,19 @@ mod tests {
         }
     }
 
-    #[tokio::test]
+    /// Every case on a new database of its own, with the claims of the concurrent case
+    /// racing on two threads, their statements pipelined on the ledger's connection.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres_ledger_conforms() {
-        let Some(url) = url() else { return };
-        let ledger = PostgresLedger::connect(&url).await.expect("connect");
-        ledger.migrate().await.expect("migrate");
-        let prefix = format!("conformance-{}", crate::IdempotencyKey::random());
-        conformance::check(&ledger, &prefix).await;
+        let Some(base) = url() else { return };
+        ledger_conformance(|| async {
+            let (url, _) = fresh_database(&base).await;
+            let ledger = PostgresLedger::connect(&url).await.expect("connect");
+            ledger.migrate().await.expect("migrate");
+            ledger
+        })
+        .await
+        .assert_passed();
     }
 
     /// A new database on the test server, so a test sees no other test's tables; its URL and

@@ -188,7 +188,7 @@ impl RawRow {
             }
         };
         Ok(OperationRecord {
-            status: OperationStatus::parse(&self.status)?,
+            status: self.status.parse::<OperationStatus>()?,
             attempts,
             first_attempt_at: from_millis(self.first_attempt_at),
             last_attempt_at: self.last_attempt_at.map(from_millis),

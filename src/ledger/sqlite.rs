@@ -6,7 +6,6 @@ use std::time::{Duration, SystemTime};
 
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
 
-use super::memory::may_take_over;
 use super::sql::{
     COLUMNS, Dialect, RawRow, SCHEMA_VERSION, TABLE, next_step, probe, response_columns,
     shape_error, version_from,
@@ -331,7 +330,7 @@ fn claim_in(conn: &mut Connection, claim: &Claim) -> Result<Claimed, LedgerError
         let existing = select(&tx, &claim.key)?.ok_or_else(|| {
             LedgerError::unavailable(format!("operation {} vanished during its claim", claim.key))
         })?;
-        if may_take_over(&existing, claim) {
+        if claim.may_take_over(&existing) {
             let record = tx
                 .query_row(
                     &format!(
@@ -443,20 +442,22 @@ impl Ledger for SqliteLedger {
 mod tests {
     use super::*;
     use crate::LedgerErrorKind;
-    use crate::ledger::conformance;
+    use crate::ledger::ledger_conformance;
     use crate::ledger::sql::STEPS;
 
-    #[tokio::test]
+    /// Every case on a new file of its own, with the claims of the concurrent case racing on
+    /// two threads (each claim is a transaction on the ledger's connection).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn sqlite_ledger_conforms() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let ledger = SqliteLedger::open(dir.path().join("ledger.db"))
-            .await
-            .expect("open");
-        conformance::check(&ledger, "sqlite").await;
-        let purge = SqliteLedger::open(dir.path().join("purge.db"))
-            .await
-            .expect("open");
-        conformance::check_purge(&purge).await;
+        let mut files = 0;
+        ledger_conformance(|| {
+            files += 1;
+            let path = dir.path().join(format!("case-{files}.db"));
+            async move { SqliteLedger::open(path).await.expect("open") }
+        })
+        .await
+        .assert_passed();
     }
 
     #[test]

@@ -83,6 +83,7 @@ mod records;
 mod state;
 mod wire;
 
+pub use crate::ledger::{ConformanceFailure, ConformanceReport, ledger_conformance};
 pub use deterministic::{RecordingSleeper, fixed_key, loopback_http, seeded_rng};
 pub use fault::{Canned, Fault, RetryAfter, When};
 pub use handler::{Delivery, Reply};
