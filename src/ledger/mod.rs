@@ -598,12 +598,52 @@ impl Finish {
 
 /// Durable storage for operations, one row per idempotency key.
 ///
-/// Every method is one short transaction (most are one statement). Implementations must make
-/// [`claim`](Self::claim) atomic: two concurrent claims of the same key, from any number of
-/// processes sharing the storage, get at most one `New` or `TakenOver` between them.
+/// [`MemoryLedger`] is the reference implementation; `SqliteLedger` and `PostgresLedger`
+/// keep the same contract in SQL. To keep operations somewhere else (DynamoDB, Redis, your
+/// own database), implement this trait and prove it with the conformance suite,
+/// `testkit::ledger_conformance` (feature `testkit`), which runs every rule below as a named
+/// case; `examples/map_ledger.rs` is a complete implementation over a `HashMap`.
 ///
-/// [`MemoryLedger`] is the reference implementation; the `Ledger` conformance tests run every
-/// implementation through the same cases.
+/// # The contract
+///
+/// - **One row per key, one short transaction per method** (most are one statement). A
+///   method never waits on another run (no lock held across calls); the client does the
+///   waiting ([`InProgressPolicy`]).
+/// - **The claim is atomic.** [`claim`](Self::claim) checks and writes in one step: two
+///   concurrent claims of one key, from any number of tasks or processes sharing the
+///   storage, get at most one [`Claimed::New`] or [`Claimed::TakenOver`] between them; every
+///   other one gets [`Claimed::Existing`] with the winner's lease. A check followed by a
+///   separate write is not atomic.
+/// - **The lease.** A claimed row is [`OperationStatus::InFlight`] with a holder
+///   (`lease_owner`, the claim's [`owner`](Claim::owner)) and an expiry
+///   (`lease_expires_at`). While it lasts, only the holder writes:
+///   [`record_attempt`](Self::record_attempt) and [`finish`](Self::finish) by any other
+///   `owner`, on a row that is not in flight, or on a missing row fail with
+///   [`LedgerErrorKind::LeaseLost`] and change nothing. Once it lapses (its expiry at or
+///   before a claim's [`now`](Claim::now)) another claim may take the row over, and the old
+///   holder's writes are refused from then on. [`finish`](Self::finish) releases the lease
+///   (both fields `None`).
+/// - **The fingerprint.** A row is only ever taken over by a claim with the same
+///   `fingerprint`: the same key sent with another request is a caller's bug, answered with
+///   [`Claimed::Existing`] (the client then refuses it), never a take-over.
+/// - **The window start.** `first_attempt_at` is set once, by the claim that inserts the
+///   row, and kept through every take-over and write, so the reconcile window spans runs;
+///   so are `attempts` (only [`record_attempt`](Self::record_attempt) adds to them) and
+///   `expires_at`. A row first attempted at or before a claim's
+///   [`window_cutoff`](Claim::window_cutoff) is outside its window and is not taken over.
+///   [`Claim::may_take_over`] is the whole take-over rule.
+/// - **Retention.** `expires_at` says when [`purge_batch`](Self::purge_batch) may delete the
+///   row, whatever its status; nothing else deletes rows.
+/// - **Errors.** [`LedgerErrorKind::LeaseLost`]: the caller's run does not hold the lease.
+///   [`LedgerErrorKind::Unavailable`]: the storage could not be reached or written (usually
+///   transient). [`LedgerErrorKind::Corrupt`]: the
+///   storage holds something the implementation cannot read. [`LedgerErrorKind::InvalidInput`]:
+///   an argument was refused. Build them with [`LedgerError::new`], the driver's error as
+///   [`with_source`](LedgerError::with_source).
+/// - **Cancellation.** The returned futures may be dropped at any await point (a caller's
+///   timeout, a `select!`): a dropped call must leave the row as it was before the call or as
+///   the call would have left it, never half-written. The client copes with either: a claim
+///   it stops waiting for is given back once it lands, and a lease it never releases lapses.
 ///
 /// # One run of an operation
 ///
@@ -696,46 +736,65 @@ impl Finish {
 /// ORDER BY first_seen;
 /// ```
 pub trait Ledger: Send + Sync + fmt::Debug + 'static {
-    /// Claims the operation: inserts its row if absent (the insert is the lock), or takes over
-    /// a row that may be taken (see [`Claimed::TakenOver`]), or returns the row unchanged.
+    /// Claims the operation, in one atomic step:
+    ///
+    /// - no row for the key: inserts one from the claim, in flight under its lease, with
+    ///   `first_attempt_at` = [`now`](Claim::now), `attempts` 0, no response, and
+    ///   [`expires_at`](Claim::expires_at); returns [`Claimed::New`];
+    /// - a row [`Claim::may_take_over`] allows: sets it in flight under the claim's lease and
+    ///   clears its response, keeping everything else; returns [`Claimed::TakenOver`] with
+    ///   the status it had;
+    /// - any other row: changes nothing; returns it as [`Claimed::Existing`].
     ///
     /// # Errors
     ///
     /// A [`LedgerError`] when the storage cannot be read or written; nothing was claimed.
     fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed>;
 
-    /// Counts one more attempt, stamps it, and renews the lease, if `owner` still holds it.
+    /// Counts one more attempt, stamps it, and renews the lease, if `owner` still holds it:
+    /// `attempts` + 1 (saturating), `last_attempt_at` = [`at`](AttemptUpdate::at),
+    /// `lease_expires_at` = [`lease_until`](AttemptUpdate::lease_until). The row stays in
+    /// flight under the same holder.
     ///
     /// # Errors
     ///
     /// [`LedgerErrorKind::LeaseLost`] when `owner` does not hold the lease (it lapsed and
-    /// another run took the row); another [`LedgerError`] when the storage fails.
+    /// another run took the row, the run already finished, or there is no such row); the row
+    /// is unchanged. Another [`LedgerError`] when the storage fails.
     fn record_attempt<'a>(&'a self, update: &'a AttemptUpdate) -> LedgerFuture<'a, ()>;
 
-    /// Writes the outcome and releases the lease, if `owner` still holds it.
+    /// Writes the outcome and releases the lease, if `owner` still holds it: `status` =
+    /// [`Finish::status`], `response` = [`Finish::response`] (kept exactly: see
+    /// [`SavedResponse`]), `lease_owner` and `lease_expires_at` cleared. The history
+    /// (`first_attempt_at`, `attempts`, `last_attempt_at`, `expires_at`) stays.
     ///
     /// # Errors
     ///
     /// As for [`record_attempt`](Self::record_attempt).
     fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()>;
 
-    /// Reads one row.
+    /// Reads one row, as the last write left it; `None` when there is none (never claimed,
+    /// or purged).
     ///
     /// # Errors
     ///
-    /// A [`LedgerError`] when the storage cannot be read or a row cannot be decoded.
+    /// A [`LedgerError`] when the storage cannot be read, or [`LedgerErrorKind::Corrupt`]
+    /// when a row cannot be decoded.
     fn get<'a>(&'a self, key: &'a str) -> LedgerFuture<'a, Option<OperationRecord>>;
 
-    /// Deletes at most `limit` rows whose `expires_at` is at or before `now`; returns how many.
+    /// Deletes at most `limit` rows whose `expires_at` is at or before `now`, whatever their
+    /// status, in one short transaction; returns how many. Rows not yet expired stay.
     ///
     /// # Errors
     ///
-    /// A [`LedgerError`] when the storage fails.
+    /// A [`LedgerError`] when the storage fails; nothing was deleted.
     fn purge_batch(&self, now: SystemTime, limit: u32) -> LedgerFuture<'_, u64>;
 
     /// Deletes every row whose `expires_at` is at or before `now`, in batches of at most
     /// `limit` rows (each batch its own short transaction, so a large purge never holds a
     /// long lock), until a batch deletes fewer than `limit`. Returns how many were deleted.
+    /// The provided method loops over [`purge_batch`](Self::purge_batch); an implementation
+    /// that overrides it keeps the same result and errors.
     ///
     /// # Errors
     ///
