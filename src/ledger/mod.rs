@@ -921,4 +921,161 @@ mod tests {
         let err = "done".parse::<OperationStatus>().expect_err("not a status");
         assert_eq!(err.kind(), LedgerErrorKind::Corrupt);
     }
+
+    fn t(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_704_067_200 + secs)
+    }
+
+    fn refused<T: fmt::Debug>(result: Result<T, LedgerError>, says: &str) {
+        let err = result.expect_err(says);
+        assert_eq!(err.kind(), LedgerErrorKind::InvalidInput, "{err}");
+        assert!(err.to_string().contains(says), "{err}");
+    }
+
+    #[test]
+    fn a_claim_defaults_to_no_scope_retention_to_its_lease_and_no_window_cutoff() {
+        let claim = Claim::builder("k", "f", "w", t(0), t(0))
+            .build()
+            .expect("valid");
+        assert_eq!(claim.scope, "");
+        assert_eq!(claim.expires_at, t(0), "the lease's end");
+        assert_eq!(claim.window_cutoff, SystemTime::UNIX_EPOCH);
+        let claim = Claim::builder("k", "f", "w", t(0), t(60))
+            .scope("s")
+            .expires_at(t(3600))
+            .window_cutoff(t(0))
+            .build()
+            .expect("valid");
+        assert_eq!(
+            (claim.scope.as_str(), claim.expires_at, claim.window_cutoff),
+            ("s", t(3600), t(0))
+        );
+    }
+
+    #[test]
+    fn a_claim_refuses_empty_names_a_lease_before_it_and_a_cutoff_after_it() {
+        refused(
+            Claim::builder("", "f", "w", t(0), t(60)).build(),
+            "the key must not be empty",
+        );
+        refused(
+            Claim::builder("k", "f", "", t(0), t(60)).build(),
+            "the lease token must not be empty",
+        );
+        refused(
+            Claim::builder("k", "f", "w", t(10), t(9)).build(),
+            "the lease of operation k ends before its claim",
+        );
+        refused(
+            Claim::builder("k", "f", "w", t(10), t(60))
+                .window_cutoff(t(11))
+                .build(),
+            "the window cutoff of operation k is after its claim",
+        );
+    }
+
+    #[test]
+    fn a_record_refuses_a_status_and_a_lease_that_disagree() {
+        let record = OperationRecord::builder("k", "f", t(0), t(3600))
+            .status(OperationStatus::Succeeded)
+            .attempts(3)
+            .last_attempt_at(t(20))
+            .response(SavedResponse::new(200, Vec::new(), None))
+            .build()
+            .expect("valid");
+        assert_eq!(record.attempts, 3);
+        assert_eq!(record.last_attempt_at, Some(t(20)));
+        assert_eq!(record.lease_owner, None);
+        refused(
+            OperationRecord::builder("k", "f", t(0), t(3600)).build(),
+            "operation k is in flight without a lease",
+        );
+        refused(
+            OperationRecord::builder("k", "f", t(0), t(3600))
+                .status(OperationStatus::Unknown)
+                .lease("w", t(60))
+                .build(),
+            "operation k is unknown but holds a lease",
+        );
+        refused(
+            OperationRecord::builder("", "f", t(0), t(3600))
+                .lease("w", t(60))
+                .build(),
+            "the key must not be empty",
+        );
+        refused(
+            OperationRecord::builder("k", "f", t(0), t(3600))
+                .lease("", t(60))
+                .build(),
+            "the lease holder must not be empty",
+        );
+    }
+
+    #[test]
+    fn updates_and_finishes_refuse_what_no_run_can_write() {
+        let update =
+            AttemptUpdate::new("k", "w", t(5), t(5)).expect("a lease to the attempt's end");
+        assert_eq!((update.at, update.lease_until), (t(5), t(5)));
+        refused(
+            AttemptUpdate::new("k", "w", t(5), t(4)),
+            "the renewed lease of operation k ends before its attempt",
+        );
+        refused(
+            AttemptUpdate::new("k", "", t(5), t(6)),
+            "the lease token must not be empty",
+        );
+        refused(
+            AttemptUpdate::new("", "w", t(5), t(6)),
+            "the key must not be empty",
+        );
+        let finish = Finish::new("k", "w", OperationStatus::FailedFinal, None).expect("valid");
+        assert_eq!(finish.status, OperationStatus::FailedFinal);
+        refused(
+            Finish::new("k", "w", OperationStatus::InFlight, None),
+            "operation k cannot finish in flight",
+        );
+        refused(
+            Finish::new("k", "", OperationStatus::Unknown, None),
+            "the lease token must not be empty",
+        );
+    }
+
+    #[test]
+    fn the_take_over_rule_at_its_edges() {
+        let claim = |now: u64, cutoff: SystemTime, fingerprint: &str| {
+            Claim::builder("k", fingerprint, "w2", t(now), t(now + 60))
+                .window_cutoff(cutoff)
+                .build()
+                .expect("valid")
+        };
+        let held = OperationRecord::builder("k", "f", t(0), t(3600))
+            .lease("w1", t(60))
+            .build()
+            .expect("valid");
+        let open = t(0) - Duration::from_secs(1);
+        assert!(!claim(59, open, "f").may_take_over(&held), "a live lease");
+        assert!(
+            claim(60, open, "f").may_take_over(&held),
+            "lapsed at its expiry"
+        );
+        assert!(
+            !claim(60, open, "g").may_take_over(&held),
+            "another request"
+        );
+        assert!(
+            !claim(60, t(0), "f").may_take_over(&held),
+            "first attempted at the cutoff"
+        );
+        for (status, taken) in [
+            (OperationStatus::Unknown, true),
+            (OperationStatus::FailedFinal, true),
+            (OperationStatus::Succeeded, false),
+        ] {
+            let row = OperationRecord::builder("k", "f", t(0), t(3600))
+                .status(status)
+                .build()
+                .expect("valid");
+            assert_eq!(claim(1, open, "f").may_take_over(&row), taken, "{status}");
+        }
+    }
 }
