@@ -81,7 +81,7 @@ async fn start_server() -> (SocketAddr, Arc<Counts>) {
 }
 
 async fn ours(url: String) -> String {
-    let client = Client::new(reqwest::Client::new());
+    let client = Client::new();
     match client.post(url).body("charge").send().await {
         Ok(response) => response.status().to_string(),
         Err(err) => err.to_string(),

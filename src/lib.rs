@@ -22,7 +22,7 @@
 //! use idempotent_retry::{Client, IdempotencyKey};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let client = Client::new(reqwest::Client::new());
+//! let client = Client::new();
 //!
 //! // One key per logical operation, derived from inputs that survive a restart.
 //! let key = IdempotencyKey::derive("agent.send_email", &["conv_8f2c", "step-3"]);

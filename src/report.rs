@@ -18,7 +18,7 @@ use crate::key::IdempotencyKey;
 /// # async fn run() -> Result<(), idempotent_retry::Error> {
 /// use idempotent_retry::{Client, RetryReport};
 ///
-/// let client = Client::new(reqwest::Client::new());
+/// let client = Client::new();
 /// let response = client.post("https://api.example.com/v1/charges").send().await?;
 /// if let Some(report) = RetryReport::of(&response) {
 ///     println!("{} attempts, key {:?}", report.attempts(), report.idempotency_key());

@@ -564,7 +564,7 @@ fn client_is_send_sync_clone() {
     check::<Client>();
     fn send<T: Send>(_: T) {}
     // The future of send() can move across threads.
-    let client = Client::new(reqwest::Client::new());
+    let client = Client::new();
     send(client.post("http://127.0.0.1:9/").send());
 }
 

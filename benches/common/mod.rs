@@ -111,6 +111,8 @@ impl Clients {
         Clients {
             bare: http(),
             timed: http(),
+            // The bare contender's settings, deliberately (`Client::new()` would build its own
+            // inner client that follows no redirect): the measured difference is the crate's.
             ours: Client::builder().http(http()).build().expect("our client"),
             key: IdempotencyKey::new(KEY).expect("a valid key"),
             peer: reqwest_middleware::ClientBuilder::new(http())

@@ -19,7 +19,7 @@ use reqwest::IntoUrl;
 
 use crate::budget::RetryBudget;
 use crate::error::Error;
-use crate::ledger::{Ledger, LedgerHandle, LedgerOptions};
+use crate::ledger::{Ledger, LedgerError, LedgerHandle, LedgerOptions};
 use crate::observe::{AttemptEvent, Chain, Observer, OnAttempt, OnOperation, OperationEvent};
 use crate::policy::RetryPolicy;
 use crate::settings::{Jitter, Settings};
@@ -45,7 +45,7 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 /// # async fn run() -> Result<(), idempotent_retry::Error> {
 /// use idempotent_retry::{Client, IdempotencyKey};
 ///
-/// let client = Client::new(reqwest::Client::new());
+/// let client = Client::new();
 /// let key = IdempotencyKey::derive("agent.send_email", &["conv_42", "7"]);
 /// let response = client
 ///     .post("https://api.example.com/v1/emails")
@@ -61,18 +61,32 @@ pub struct Client {
 }
 
 impl Client {
-    /// Wraps a `reqwest::Client` with the default policy and the `Idempotency-Key` header.
+    /// A client with every default: the default policy, the `Idempotency-Key` header, and an
+    /// inner `reqwest::Client` with reqwest's defaults except that it follows no redirect
+    /// itself, so the client's [`RedirectPolicy`] decides every hop and where the key goes.
     ///
-    /// The client's [`RedirectPolicy`] applies only to redirects `http` hands back: build it
-    /// with `.redirect(reqwest::redirect::Policy::none())`, or reqwest follows redirects itself
-    /// with the key on every hop (see [`ClientBuilder::http`]).
-    pub fn new(http: reqwest::Client) -> Client {
-        // The defaults are valid: nothing to check.
-        Client::from_settings(
-            ClientBuilder::new().settings_unchecked(),
-            http,
-            RedirectPolicy::default(),
-        )
+    /// To send through a `reqwest::Client` of your own (TLS, proxies, pools), or to change any
+    /// setting, use [`Client::builder()`].
+    ///
+    /// # Panics
+    ///
+    /// As `reqwest::Client::new()` does, when the inner client cannot be built: the TLS back
+    /// end cannot be initialised, or the system's resolver configuration cannot be loaded.
+    /// [`Client::builder()`]`.build()` returns that failure as an error instead.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idempotent_retry::{Client, RedirectPolicy};
+    ///
+    /// let client = Client::new();
+    /// assert_eq!(client.redirects(), &RedirectPolicy::default());
+    /// ```
+    #[must_use]
+    pub fn new() -> Client {
+        Client::builder()
+            .build()
+            .expect("the default client builds unless its TLS back end cannot be initialised")
     }
 
     /// A builder to configure the policy, key header and time sources.
@@ -131,9 +145,9 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::Ledger`](crate::ErrorKind::Ledger) with the [`LedgerError`](crate::LedgerError)
-    /// as source: a `limit` of 0, or a storage failure (batches already deleted stay deleted).
-    pub async fn purge_expired(&self, limit: u32) -> Result<u64, Error> {
+    /// The [`LedgerError`]: [`LedgerErrorKind::InvalidInput`](crate::LedgerErrorKind::InvalidInput)
+    /// for a `limit` of 0, or the storage failure (batches already deleted stay deleted).
+    pub async fn purge_expired(&self, limit: u32) -> Result<u64, LedgerError> {
         let settings = &self.inner.settings;
         let Some(handle) = &settings.ledger else {
             return Ok(0);
@@ -142,14 +156,6 @@ impl Client {
             .ledger
             .purge_expired(settings.clock.wall(), limit)
             .await
-            .map_err(|source| {
-                Error::ledger(
-                    crate::report::RetryReport::new(None),
-                    false,
-                    "could not purge expired operations",
-                    source,
-                )
-            })
     }
 
     /// Starts a `GET` request. Retried without a key; a key is sent only if given.
@@ -192,6 +198,13 @@ impl Client {
             Arc::clone(&self.inner),
             self.inner.http.request(method, url),
         )
+    }
+}
+
+impl Default for Client {
+    /// [`Client::new()`], and like it panics when the TLS back end cannot be initialised.
+    fn default() -> Self {
+        Client::new()
     }
 }
 
@@ -649,7 +662,7 @@ mod tests {
 
     #[test]
     fn debug_output_names_the_settings_and_the_pending_key() {
-        let client = Client::new(reqwest::Client::new());
+        let client = Client::new();
         assert!(format!("{client:?}").contains("idempotency-key"));
         assert_eq!(client.policy(), &RetryPolicy::default());
         assert_eq!(client.key_header(), &IDEMPOTENCY_KEY);
