@@ -90,6 +90,25 @@ impl Overrides {
             scope: extensions.get::<LedgerScope>().map(|scope| scope.0.clone()),
         }
     }
+
+    /// Puts these options into `extensions` in the forms [`from_extensions`](Self::from_extensions)
+    /// reads back. The timeout is not among them: a request type that carries one has its own
+    /// field for it (`reqwest::Request::timeout`). `auto_key: Some(true)` is the front end's
+    /// default, so only `Some(false)` leaves a mark.
+    pub(crate) fn into_extensions(self, extensions: &mut Extensions) {
+        if let Some(key) = self.key {
+            extensions.insert(key);
+        }
+        if self.auto_key == Some(false) {
+            extensions.insert(WithoutIdempotencyKey);
+        }
+        if let Some(policy) = self.policy {
+            extensions.insert(policy);
+        }
+        if let Some(scope) = self.scope {
+            extensions.insert(LedgerScope(scope));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -97,7 +116,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn extensions_become_overrides_and_explicit_ones_win() {
+    fn extensions_become_overrides_and_back_and_explicit_ones_win() {
         let empty = Overrides::from_extensions(&Extensions::new());
         assert!(empty.key.is_none() && empty.auto_key.is_none() && empty.policy.is_none());
 
@@ -118,6 +137,28 @@ mod tests {
             policy: Some(RetryPolicy::default().max_attempts(3)),
             ..Overrides::default()
         };
+        let mut carried = Extensions::new();
+        Overrides {
+            key: given.key.clone(),
+            auto_key: given.auto_key,
+            policy: given.policy,
+            timeout: None,
+            scope: given.scope.clone(),
+        }
+        .into_extensions(&mut carried);
+        let back = Overrides::from_extensions(&carried);
+        assert_eq!(back.key, given.key);
+        assert_eq!(back.auto_key, Some(false));
+        assert_eq!(back.policy, given.policy);
+        assert_eq!(back.scope, given.scope);
+        let mut none = Extensions::new();
+        Overrides {
+            auto_key: Some(true),
+            ..Overrides::default()
+        }
+        .into_extensions(&mut none);
+        assert!(none.is_empty(), "the default leaves no mark");
+
         let merged = explicit.or(given);
         assert_eq!(merged.key, Some(key));
         assert_eq!(merged.auto_key, Some(true));

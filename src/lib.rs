@@ -486,6 +486,8 @@ pub use bench_support::decide_once;
 pub use budget::{RetryBudget, RetryBudgetConfig};
 pub use canonical::canonical_json;
 pub use classify::FailureKind;
+#[cfg(feature = "multipart")]
+pub use client::multipart;
 pub use client::{
     Client, ClientBuilder, IDEMPOTENCY_KEY, RedirectChain, RedirectHop, RedirectPolicy,
     RedirectStop, RequestBuilder,

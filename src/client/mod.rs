@@ -1,8 +1,13 @@
 //! The reqwest front end: [`Client`] (a `reqwest::Client` plus the shared settings) and its
 //! [`ClientBuilder`], which also builds the tower layer and the middleware. Its requests
-//! (`request.rs`) run through the engine's pipeline with the reqwest transport
+//! (`request.rs`, or a `reqwest::Request` given to [`Client::execute`], with the options it
+//! carries, `carried.rs`) run through the engine's pipeline with the reqwest transport
 //! (`transport.rs`), which follows redirects by the client's own rules (`redirect/`).
+//! Multipart forms that know whether they can be sent again are in `multipart.rs`.
 
+mod carried;
+#[cfg(feature = "multipart")]
+pub mod multipart;
 mod redirect;
 mod request;
 mod shared;
@@ -10,6 +15,7 @@ mod transport;
 
 use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use http::{HeaderName, Method};
@@ -156,6 +162,60 @@ impl Client {
             .ledger
             .purge_expired(settings.clock.wall(), limit)
             .await
+    }
+
+    /// Runs a `reqwest::Request` as one logical operation, by the same rules as
+    /// [`RequestBuilder::send`]: `client.execute(builder.build()?)` runs exactly as
+    /// `builder.send()`.
+    ///
+    /// - The key: a key header (`Idempotency-Key`, or the client's
+    ///   [`key_header`](ClientBuilder::key_header)) already on the request is the operation's
+    ///   key, checked as `send` checks it; else an [`IdempotencyKey`](crate::IdempotencyKey) in
+    ///   its extensions; else a random key for a non-idempotent method, unless the client's
+    ///   [`auto_keys`](ClientBuilder::auto_keys) are off or the request carries
+    ///   [`WithoutIdempotencyKey`](crate::WithoutIdempotencyKey).
+    /// - A [`RetryPolicy`] or [`LedgerScope`](crate::LedgerScope) in its extensions applies to
+    ///   this operation only.
+    /// - The request's own `timeout()` is the timeout of each attempt, as
+    ///   [`RequestBuilder::timeout`] sets it.
+    ///
+    /// A `reqwest::Request` has no public extensions: they come from
+    /// [`RequestBuilder::build`], or from an `http::Request` converted with
+    /// `reqwest::Request::try_from`.
+    ///
+    /// The returned future owns what it needs (a clone of the client's shared state), as
+    /// `reqwest::Client::execute`'s does.
+    ///
+    /// # Errors
+    ///
+    /// As [`RequestBuilder::send`], and [`ErrorKind::Builder`](crate::ErrorKind::Builder) for a
+    /// URL that cannot be an `http::Uri` (which reqwest could not send either).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idempotent_retry::Error> {
+    /// use idempotent_retry::{Client, LedgerScope};
+    ///
+    /// let client = Client::new();
+    /// let mut request = http::Request::post("https://api.example.com/v1/charges")
+    ///     .header("Idempotency-Key", "order-1187-charge")
+    ///     .body(r#"{"amount":1200}"#)
+    ///     .expect("a valid request");
+    /// request.extensions_mut().insert(LedgerScope::new("payments.charge"));
+    /// let request = reqwest::Request::try_from(request).expect("an absolute URL");
+    /// let response = client.execute(request).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn execute(
+        &self,
+        request: reqwest::Request,
+    ) -> impl Future<Output = Result<reqwest::Response, Error>> + Send + use<> {
+        let client = Arc::clone(&self.inner);
+        async move {
+            let (request, overrides) = carried::carried(request)?;
+            transport::execute(&client, request, overrides).await
+        }
     }
 
     /// Starts a `GET` request. Retried without a key; a key is sent only if given.

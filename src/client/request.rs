@@ -1,5 +1,6 @@
 //! A request under construction; `send` hands it to the engine's pipeline (`engine/mod.rs`)
-//! with the reqwest transport.
+//! with the reqwest transport, and `build` turns it into a `reqwest::Request` that carries its
+//! options (`carried.rs`) for [`Client::execute`](crate::Client::execute).
 
 use std::fmt;
 use std::sync::Arc;
@@ -8,9 +9,11 @@ use std::time::Duration;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::Serialize;
 
+use super::carried::carry;
+#[cfg(feature = "multipart")]
+use super::multipart;
 use super::shared::ClientRef;
-use super::transport::ReqwestTransport;
-use crate::engine;
+use super::transport::execute;
 use crate::error::Error;
 use crate::key::IdempotencyKey;
 use crate::policy::RetryPolicy;
@@ -19,7 +22,7 @@ use crate::settings::Overrides;
 /// A request being built; [`send`](Self::send) runs it as one logical operation.
 ///
 /// The methods mirror `reqwest::RequestBuilder`. Errors in arguments (a bad header, a value
-/// that fails to serialize) are deferred to [`send`](Self::send).
+/// that fails to serialize) are deferred to [`send`](Self::send) and [`build`](Self::build).
 #[must_use = "a RequestBuilder does nothing until you `send` it"]
 pub struct RequestBuilder {
     client: Arc<ClientRef>,
@@ -29,6 +32,9 @@ pub struct RequestBuilder {
     policy: Option<RetryPolicy>,
     timeout: Option<Duration>,
     scope: Option<String>,
+    /// An error found by a method that `reqwest::RequestBuilder` cannot hold (a multipart form
+    /// that failed to encode), reported by `send` and `build`.
+    deferred: Option<Error>,
 }
 
 impl fmt::Debug for RequestBuilder {
@@ -40,6 +46,7 @@ impl fmt::Debug for RequestBuilder {
             .field("policy", &self.policy)
             .field("timeout", &self.timeout)
             .field("scope", &self.scope)
+            .field("deferred", &self.deferred)
             .finish_non_exhaustive()
     }
 }
@@ -55,6 +62,7 @@ impl RequestBuilder {
             policy: None,
             timeout: None,
             scope: None,
+            deferred: None,
         }
     }
 
@@ -102,6 +110,55 @@ impl RequestBuilder {
     /// payload, buffer it into `bytes::Bytes` (cloning those is cheap).
     pub fn body<T: Into<reqwest::Body>>(self, body: T) -> Self {
         self.map(|b| b.body(body))
+    }
+
+    /// Sets a `multipart/form-data` body, with its `Content-Type` (and the boundary in it).
+    ///
+    /// A [`Form`](crate::multipart::Form) whose parts are all in memory (text, bytes, a
+    /// `reqwest::Body` made from bytes) is encoded here, once: every attempt sends the same
+    /// bytes with the same boundary, so the request has one fingerprint in a
+    /// [`Ledger`](crate::Ledger). A form with a streamed part is sent as a stream, as
+    /// [`body`](Self::body) sends one: it gets one attempt, and if that attempt fails
+    /// transiently the error is [`ErrorKind::BodyNotReplayable`](crate::ErrorKind::BodyNotReplayable).
+    /// [`Form::is_replayable`](crate::multipart::Form::is_replayable) tells which it is.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idempotent_retry::Client;
+    /// use idempotent_retry::multipart::{Form, Part};
+    ///
+    /// let form = Form::new()
+    ///     .text("purpose", "dispute_evidence")
+    ///     .part("file", Part::bytes(&b"%PDF-1.7"[..]).file_name("receipt.pdf"));
+    /// assert!(form.is_replayable());
+    /// let request = Client::new()
+    ///     .post("https://files.example.com/v1/files")
+    ///     .multipart(form)
+    ///     .build()?;
+    /// assert!(request.body().and_then(reqwest::Body::as_bytes).is_some());
+    /// # Ok::<(), idempotent_retry::Error>(())
+    /// ```
+    #[cfg(feature = "multipart")]
+    pub fn multipart(mut self, form: multipart::Form) -> Self {
+        match form.encode() {
+            multipart::Encoded::Buffered { content_type, body } => self.map(|b| {
+                b.header(http::header::CONTENT_TYPE, content_type)
+                    .body(body)
+            }),
+            multipart::Encoded::Streamed(form) => self.map(|b| b.multipart(form)),
+            multipart::Encoded::Failed(err) => {
+                self.deferred.get_or_insert(err);
+                self
+            }
+        }
+    }
+
+    /// The HTTP version of every attempt (and of each redirect hop).
+    ///
+    /// Default: reqwest's (HTTP/1.1, or HTTP/2 when the server offers it over TLS).
+    pub fn version(self, version: http::Version) -> Self {
+        self.map(|b| b.version(version))
     }
 
     /// Sets a bearer token.
@@ -201,6 +258,76 @@ impl RequestBuilder {
     /// back on a spawned task, recorded as outcome unknown if an attempt may have reached the
     /// server, so the next `send` with the key goes ahead at once with the same key and window.
     pub async fn send(self) -> Result<reqwest::Response, Error> {
+        let (client, request, overrides) = self.into_parts()?;
+        execute(&client, request, overrides).await
+    }
+
+    /// Builds the `reqwest::Request`, carrying this builder's options for
+    /// [`Client::execute`](crate::Client::execute): `client.execute(builder.build()?)` runs
+    /// exactly as `builder.send()` does.
+    ///
+    /// The key given with [`idempotency_key`](Self::idempotency_key), the
+    /// [`policy`](Self::policy), the [`ledger_scope`](Self::ledger_scope) and
+    /// [`without_idempotency_key`](Self::without_idempotency_key) ride in the request's
+    /// extensions, the forms the tower and middleware front ends read
+    /// ([`IdempotencyKey`], [`RetryPolicy`], [`LedgerScope`](crate::LedgerScope),
+    /// [`WithoutIdempotencyKey`](crate::WithoutIdempotencyKey)); the
+    /// [`timeout`](Self::timeout) is the request's own `timeout()`. The key is settled, and
+    /// written into the key header, when the request is executed: a key header set with
+    /// [`header`](Self::header) is in the built request, a given or random key is not yet.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Builder`](crate::ErrorKind::Builder): an invalid URL or header, a value
+    /// that failed to serialize, a multipart form that failed to encode. What the settle stage
+    /// checks (the policy, a zero timeout, the key) is checked by
+    /// [`Client::execute`](crate::Client::execute), as by [`send`](Self::send).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idempotent_retry::{Client, IdempotencyKey};
+    ///
+    /// let client = Client::new();
+    /// let request = client
+    ///     .post("https://api.example.com/v1/charges")
+    ///     .idempotency_key(IdempotencyKey::new("charge-42")?)
+    ///     .timeout(std::time::Duration::from_secs(5))
+    ///     .build()?;
+    /// assert_eq!(request.timeout(), Some(&std::time::Duration::from_secs(5)));
+    /// // Later, or elsewhere: one operation, with the key and the timeout given above.
+    /// let operation = client.execute(request);
+    /// # drop(operation);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn build(self) -> Result<reqwest::Request, Error> {
+        let (_, request, overrides) = self.into_parts()?;
+        carry(request, overrides)
+    }
+
+    /// A copy of this builder, or `None` when its body cannot be copied (a stream, or a
+    /// multipart form with a streamed part), as `reqwest::RequestBuilder::try_clone` returns.
+    /// Each copy sent is an operation of its own: copies of a builder with a key (given, or in
+    /// the key header) all send that key, copies without one each get a random key.
+    #[must_use]
+    pub fn try_clone(&self) -> Option<RequestBuilder> {
+        if self.deferred.is_some() {
+            return None;
+        }
+        Some(RequestBuilder {
+            client: Arc::clone(&self.client),
+            inner: self.inner.try_clone()?,
+            key: self.key.clone(),
+            auto_key: self.auto_key,
+            policy: self.policy,
+            timeout: self.timeout,
+            scope: self.scope.clone(),
+            deferred: None,
+        })
+    }
+
+    /// The client, the request and its options, or the first error found while building.
+    fn into_parts(self) -> Result<(Arc<ClientRef>, reqwest::Request, Overrides), Error> {
         let RequestBuilder {
             client,
             inner,
@@ -209,7 +336,11 @@ impl RequestBuilder {
             policy,
             timeout,
             scope,
+            deferred,
         } = self;
+        if let Some(err) = deferred {
+            return Err(err);
+        }
         let request = inner.build().map_err(Error::builder_from)?;
         let overrides = Overrides {
             key,
@@ -218,12 +349,6 @@ impl RequestBuilder {
             timeout,
             scope,
         };
-        engine::execute(
-            &client.settings,
-            request,
-            overrides,
-            ReqwestTransport(&client),
-        )
-        .await
+        Ok((client, request, overrides))
     }
 }

@@ -1,12 +1,37 @@
 //! The reqwest transport: one attempt through the client's `reqwest::Client`, redirects
-//! followed by the client's [`RedirectPolicy`](crate::RedirectPolicy) (`redirect/follow.rs`).
+//! followed by the client's [`RedirectPolicy`](crate::RedirectPolicy) (`redirect/follow.rs`);
+//! and [`execute`], the one way a client's request enters the engine's pipeline.
 
 use super::redirect::follow;
 use super::shared::ClientRef;
+use crate::engine;
+use crate::error::Error;
+use crate::settings::Overrides;
 use crate::transport::{SendError, Transport};
 
+/// Runs `request` as one logical operation with `overrides`, through the engine's pipeline:
+/// what [`RequestBuilder::send`](crate::RequestBuilder::send) and
+/// [`Client::execute`](crate::Client::execute) both do.
+///
+/// # Errors
+///
+/// As [`RequestBuilder::send`](crate::RequestBuilder::send).
+pub(super) async fn execute(
+    client: &ClientRef,
+    request: reqwest::Request,
+    overrides: Overrides,
+) -> Result<reqwest::Response, Error> {
+    engine::execute(
+        &client.settings,
+        request,
+        overrides,
+        ReqwestTransport(client),
+    )
+    .await
+}
+
 /// Sends each attempt with the client's `reqwest::Client`.
-pub(crate) struct ReqwestTransport<'a>(pub(crate) &'a ClientRef);
+struct ReqwestTransport<'a>(&'a ClientRef);
 
 impl Transport<reqwest::Request> for ReqwestTransport<'_> {
     type Response = reqwest::Response;
