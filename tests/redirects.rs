@@ -173,6 +173,43 @@ async fn a_308_to_another_origin_is_returned_to_the_caller_without_permission() 
 }
 
 #[tokio::test]
+async fn client_new_never_carries_the_key_to_another_origin_on_a_307() {
+    bounded(async {
+        capture_log();
+        let b = TestServer::start(vec![], Action::ok("elsewhere")).await;
+        let a = TestServer::start(vec![], redirect(307, &b.url("/v1/charges"))).await;
+        // `Client::new()`, not the builder: the defaults alone keep the key at home.
+        let response = Client::new()
+            .post(a.url("/v1/charges"))
+            .idempotency_key(key("k_new_307"))
+            .bearer_auth("secret-token")
+            .body(BODY)
+            .send()
+            .await
+            .expect("the 307 is a final answer");
+        assert_eq!(response.status(), StatusCode::TEMPORARY_REDIRECT);
+        assert_eq!(response.url().as_str(), a.url("/v1/charges"));
+        assert_eq!(
+            response.headers()["location"].to_str().expect("ascii"),
+            b.url("/v1/charges")
+        );
+        let chain = chain(&response);
+        assert!(chain.hops().is_empty());
+        assert_eq!(chain.stopped(), Some(RedirectStop::KeyToOtherOrigin));
+        assert!(!chain.inner_client_redirected());
+        assert_eq!(report(&response).attempts(), 1);
+        assert!(no_inner_redirect_warning("k_new_307"));
+
+        assert_eq!(a.keys(), vec![Some("k_new_307".into())]);
+        assert!(
+            b.requests().is_empty(),
+            "the other origin got nothing: no key, no body"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_308_to_an_allowed_origin_carries_the_key_but_not_the_credentials() {
     bounded(async {
         let b = TestServer::start(vec![], Action::ok("elsewhere")).await;
