@@ -7,6 +7,10 @@
 //! | [`RetryPolicy`] | [`policy`](crate::RequestBuilder::policy) |
 //! | [`WithoutIdempotencyKey`] | [`without_idempotency_key`](crate::RequestBuilder::without_idempotency_key) |
 //! | [`LedgerScope`] | [`ledger_scope`](crate::RequestBuilder::ledger_scope) |
+//!
+//! [`RequestBuilder::build`](crate::RequestBuilder::build) puts its options into the built
+//! `reqwest::Request` in these forms, and [`Client::execute`](crate::Client::execute) reads
+//! them back.
 
 use http::Extensions;
 
@@ -27,6 +31,8 @@ use crate::settings::Overrides;
 /// `reqwest::Request` has no public extensions, so the tower service over `reqwest::Client`
 /// cannot take it: turn automatic keys off for that service with
 /// [`ClientBuilder::auto_keys`](crate::ClientBuilder::auto_keys).
+/// [`Client::execute`](crate::Client::execute) does read it, from a request built by
+/// [`RequestBuilder::build`](crate::RequestBuilder::build) or converted from an `http::Request`.
 ///
 /// # Examples
 ///

@@ -369,7 +369,7 @@ impl ClientBuilder {
     /// on the response; it cannot undo where the key went.
     ///
     /// Default: a client with reqwest's defaults and `redirect::Policy::none()`, built by
-    /// [`build`](Self::build).
+    /// [`build`](Self::build): the one [`Client::new()`] has.
     pub fn http(mut self, http: reqwest::Client) -> Self {
         self.http = Some(http);
         self

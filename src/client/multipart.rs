@@ -17,6 +17,12 @@
 //! | a `reqwest::multipart::Part` or `Form` converted with `From` (its bytes may not be in memory) | no |
 //!
 //! To retry an upload, read it into memory first and give it as bytes.
+//!
+//! The boundary is random, drawn once per [`Form`]: every attempt of a request, and every
+//! [`try_clone`](crate::RequestBuilder::try_clone) of its builder, sends the same one, so a
+//! [`Ledger`](crate::Ledger) sees one fingerprint. A form built again (after a restart, say)
+//! has another boundary, hence other bytes: under the same key the ledger takes it for a
+//! different request and refuses it with [`ErrorKind::KeyReuse`](crate::ErrorKind::KeyReuse).
 
 use std::borrow::Cow;
 use std::fmt;
