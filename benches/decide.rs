@@ -8,9 +8,21 @@ use std::time::{Duration, SystemTime};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use http::{HeaderMap, HeaderValue, StatusCode};
-use idempotent_retry::{FailureKind, RetryPolicy, decide_once};
-use rand::SeedableRng;
+use idempotent_retry::internals::{self, DecideInput};
+use idempotent_retry::{FailureKind, RetryPolicy};
 use rand::rngs::StdRng;
+use rand::{Rng as _, SeedableRng};
+
+/// A keyed, replayable `POST` after attempt number `attempts`, decided at once.
+fn keyed_post(attempts: u32) -> DecideInput {
+    DecideInput {
+        attempts,
+        keyed: true,
+        idempotent_method: false,
+        replayable: true,
+        elapsed: Duration::ZERO,
+    }
+}
 
 fn decide(c: &mut Criterion) {
     let policy = RetryPolicy::default();
@@ -28,59 +40,59 @@ fn decide(c: &mut Criterion) {
     let mut group = c.benchmark_group("decide");
     group.bench_function("200 final", |b| {
         b.iter(|| {
-            decide_once(
+            internals::decide(
                 &policy,
-                1,
+                &keyed_post(1),
                 Ok((black_box(StatusCode::OK), &none)),
                 wall,
-                &mut rng,
+                rng.next_u64(),
             )
         })
     });
     group.bench_function("503 backoff", |b| {
         b.iter(|| {
-            decide_once(
+            internals::decide(
                 &policy,
-                black_box(2),
+                &keyed_post(black_box(2)),
                 Ok((black_box(StatusCode::SERVICE_UNAVAILABLE), &none)),
                 wall,
-                &mut rng,
+                rng.next_u64(),
             )
         })
     });
     group.bench_function("429 retry-after seconds", |b| {
         b.iter(|| {
-            decide_once(
+            internals::decide(
                 &policy,
-                1,
+                &keyed_post(1),
                 Ok((
                     black_box(StatusCode::TOO_MANY_REQUESTS),
                     black_box(&seconds),
                 )),
                 wall,
-                &mut rng,
+                rng.next_u64(),
             )
         })
     });
     group.bench_function("429 retry-after http-date", |b| {
         b.iter(|| {
-            decide_once(
+            internals::decide(
                 &policy,
-                1,
+                &keyed_post(1),
                 Ok((black_box(StatusCode::TOO_MANY_REQUESTS), black_box(&date))),
                 wall,
-                &mut rng,
+                rng.next_u64(),
             )
         })
     });
     group.bench_function("timeout backoff", |b| {
         b.iter(|| {
-            decide_once(
+            internals::decide(
                 &policy,
-                black_box(3),
+                &keyed_post(black_box(3)),
                 Err(black_box(FailureKind::Timeout)),
                 wall,
-                &mut rng,
+                rng.next_u64(),
             )
         })
     });

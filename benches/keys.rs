@@ -7,9 +7,9 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use idempotent_retry::{DerivationSecret, IdempotencyKey, canonical_json, full_jitter};
-use rand::SeedableRng;
+use idempotent_retry::{DerivationSecret, IdempotencyKey, backoff, canonical};
 use rand::rngs::StdRng;
+use rand::{Rng as _, SeedableRng};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -60,7 +60,7 @@ fn keys(c: &mut Criterion) {
             b.iter(|| secret.for_tool_call(black_box("send_email"), black_box(&args)))
         });
         group.bench_function("canonical_json", |b| {
-            b.iter(|| canonical_json(black_box(&args)))
+            b.iter(|| canonical::to_string(black_box(&args)))
         });
         group.bench_function("baseline to_vec+sha256", |b| {
             b.iter(|| {
@@ -73,11 +73,11 @@ fn keys(c: &mut Criterion) {
     let mut rng = StdRng::seed_from_u64(1);
     c.bench_function("full_jitter", |b| {
         b.iter(|| {
-            full_jitter(
+            backoff::full_jitter(
                 black_box(3),
                 Duration::from_millis(500),
                 Duration::from_secs(30),
-                &mut rng,
+                rng.next_u64(),
             )
         })
     });

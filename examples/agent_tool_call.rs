@@ -17,7 +17,7 @@ use std::error::Error as StdError;
 use std::time::Duration;
 
 use idempotent_retry::testkit::{self, Fault, Receiver, When};
-use idempotent_retry::{Client, IdempotencyKey, RetryPolicy, RetryReport, canonical_json};
+use idempotent_retry::{Client, IdempotencyKey, RetryPolicy, RetryReport, canonical};
 use serde_json::{Value, json};
 
 /// The tool call as the conversation log stored it: the model's output, verbatim.
@@ -49,7 +49,10 @@ async fn main() -> Result<(), Box<dyn StdError>> {
     let key_two = IdempotencyKey::for_tool_call("send_email", &two);
     println!("for_tool_call(\"send_email\", {text_one})\n  = {key_one}");
     println!("for_tool_call(\"send_email\", {text_two})\n  = {key_two}");
-    println!("both normalize (RFC 8785) to {}", canonical_json(&one));
+    println!(
+        "both normalize (RFC 8785) to {}",
+        canonical::to_string(&one)
+    );
     assert_eq!(
         key_one, key_two,
         "member order and 1.0 vs 1 must not matter"

@@ -19,7 +19,7 @@
 //!   capacity. With `--ramp-ms N` the first calls are spread uniformly over N ms instead.
 //! - **Retries**: after a 503 a caller waits, then calls again, with no attempt limit (as in
 //!   the AWS study), base 10 ms, cap 2 s. The waits come from the crate's own
-//!   [`backoff_ceiling`] and [`full_jitter`]:
+//!   [`backoff::ceiling`] and [`backoff::full_jitter`]:
 //!   - *none*: exactly `min(cap, base * 2^n)`;
 //!   - *equal*: half of that, plus a uniform draw up to the other half;
 //!   - *full*: a uniform draw in `[0, min(cap, base * 2^n)]` (the crate's default);
@@ -41,9 +41,9 @@ use std::collections::{BinaryHeap, HashMap};
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use idempotent_retry::{FailureKind, RetryBudget, backoff_ceiling, full_jitter};
+use idempotent_retry::{FailureKind, RetryBudget, backoff};
 use rand::rngs::StdRng;
-use rand::{RngExt, SeedableRng};
+use rand::{Rng, RngExt, SeedableRng};
 
 /// The server's slot, and its capacity per slot.
 const SLOT: Duration = Duration::from_millis(10);
@@ -80,12 +80,13 @@ impl Strategy {
     /// The wait before retry `retry` (0 for the first), given the previous wait.
     fn wait(self, retry: u32, previous: Duration, rng: &mut StdRng) -> Duration {
         match self {
-            Strategy::NoJitter => backoff_ceiling(retry, BASE, CAP),
+            Strategy::NoJitter => backoff::ceiling(retry, BASE, CAP),
             Strategy::Equal => {
                 // ceiling/2 + U(0, ceiling/2), from the crate's full-jitter draw.
-                backoff_ceiling(retry, BASE, CAP) / 2 + full_jitter(retry, BASE, CAP, rng) / 2
+                backoff::ceiling(retry, BASE, CAP) / 2
+                    + backoff::full_jitter(retry, BASE, CAP, rng.next_u64()) / 2
             }
-            Strategy::Full => full_jitter(retry, BASE, CAP, rng),
+            Strategy::Full => backoff::full_jitter(retry, BASE, CAP, rng.next_u64()),
             Strategy::Decorrelated => {
                 // Not in the crate (its policy uses full jitter): the AWS study's formula.
                 let high = previous.saturating_mul(3).max(BASE);

@@ -30,33 +30,31 @@
 //! a wrapped-around small value. With `base = 500 ms` and `cap = 30 s` the
 //! ceilings are 0.5 s, 1 s, 2 s, 4 s, 8 s, 16 s, 30 s, 30 s, ...
 //!
-//! Both functions are pure: no clock, and the random number generator is a
-//! parameter, so a seeded or fake generator makes every delay reproducible in
-//! tests.
+//! Both functions are pure: no clock and no generator. [`full_jitter`] takes
+//! the randomness as one uniform 64-bit word, so any source works (the client
+//! draws it from a cryptographically seeded generator, or a seeded one with
+//! [`ClientBuilder::rng_seed`](crate::ClientBuilder::rng_seed)), no random
+//! number crate appears in the signature, and a fixed word makes every delay
+//! reproducible in tests.
 //!
 //! # Examples
 //!
 //! ```
 //! use std::time::Duration;
 //!
-//! use idempotent_retry::{backoff_ceiling, full_jitter};
-//! use rand::SeedableRng;
-//! use rand::rngs::StdRng;
+//! use idempotent_retry::backoff;
 //!
 //! let base = Duration::from_millis(500);
 //! let cap = Duration::from_secs(30);
-//! let mut rng = StdRng::seed_from_u64(7);
 //!
-//! for retry in 0..10 {
-//!     let delay = full_jitter(retry, base, cap, &mut rng);
-//!     assert!(delay <= backoff_ceiling(retry, base, cap));
+//! for (retry, random) in (0..10).zip([7u64, u64::MAX, 0, 1 << 63, 42, 9, 3, 8, 1, 2]) {
+//!     let delay = backoff::full_jitter(retry, base, cap, random);
+//!     assert!(delay <= backoff::ceiling(retry, base, cap));
 //!     assert!(delay <= cap);
 //! }
 //! ```
 
 use std::time::Duration;
-
-use rand::{Rng, RngExt};
 
 const NANOS_PER_SEC: u128 = 1_000_000_000;
 
@@ -75,19 +73,19 @@ const NANOS_PER_SEC: u128 = 1_000_000_000;
 /// ```
 /// use std::time::Duration;
 ///
-/// use idempotent_retry::backoff_ceiling;
+/// use idempotent_retry::backoff;
 ///
 /// let base = Duration::from_millis(500);
 /// let cap = Duration::from_secs(30);
 ///
-/// assert_eq!(backoff_ceiling(0, base, cap), Duration::from_millis(500));
-/// assert_eq!(backoff_ceiling(3, base, cap), Duration::from_secs(4));
-/// assert_eq!(backoff_ceiling(6, base, cap), Duration::from_secs(30));
+/// assert_eq!(backoff::ceiling(0, base, cap), Duration::from_millis(500));
+/// assert_eq!(backoff::ceiling(3, base, cap), Duration::from_secs(4));
+/// assert_eq!(backoff::ceiling(6, base, cap), Duration::from_secs(30));
 /// // Overflow falls back to the cap instead of panicking.
-/// assert_eq!(backoff_ceiling(u32::MAX, base, cap), cap);
+/// assert_eq!(backoff::ceiling(u32::MAX, base, cap), cap);
 /// ```
 #[must_use]
-pub fn backoff_ceiling(retry: u32, base: Duration, cap: Duration) -> Duration {
+pub fn ceiling(retry: u32, base: Duration, cap: Duration) -> Duration {
     if base.is_zero() {
         return Duration::ZERO;
     }
@@ -106,45 +104,39 @@ pub fn backoff_ceiling(retry: u32, base: Duration, cap: Duration) -> Duration {
 }
 
 /// A random wait before retry number `retry`, drawn uniformly from
-/// `[0, backoff_ceiling(retry, base, cap)]`, both ends included ("full
-/// jitter", applied inside the cap).
+/// `[0, ceiling(retry, base, cap)]`, both ends included ("full jitter",
+/// applied inside the cap).
 ///
-/// The draw has nanosecond resolution. Ceilings longer than `u64::MAX`
-/// nanoseconds (about 584 years) are clamped to that for sampling, so the
-/// result never exceeds the ceiling. The generator is a parameter: pass a
-/// seeded one for reproducible delays. `R` may be unsized, so
-/// `&mut dyn rand::Rng` works.
+/// `random` is one uniformly distributed 64-bit word, the only source of
+/// randomness: the function is pure, so the same word gives the same wait.
+/// The word is scaled onto the range (`0` gives zero, `u64::MAX` the ceiling
+/// itself) by a widening multiplication, so the waits are uniform up to a bias
+/// below `ceiling / 2^64` per nanosecond value, far under a nanosecond for any
+/// ceiling a policy accepts. The draw has nanosecond resolution; ceilings longer
+/// than `u64::MAX` nanoseconds (about 584 years) are clamped to that for
+/// sampling, so the result never exceeds the ceiling.
 ///
 /// # Examples
 ///
 /// ```
 /// use std::time::Duration;
 ///
-/// use idempotent_retry::full_jitter;
-/// use rand::SeedableRng;
-/// use rand::rngs::StdRng;
+/// use idempotent_retry::backoff;
 ///
-/// let mut rng = StdRng::seed_from_u64(42);
-/// let delay = full_jitter(2, Duration::from_millis(500), Duration::from_secs(30), &mut rng);
-/// assert!(delay <= Duration::from_secs(2));
-///
-/// // The same seed gives the same delay.
-/// let again = full_jitter(2, Duration::from_millis(500), Duration::from_secs(30), &mut StdRng::seed_from_u64(42));
-/// assert_eq!(delay, again);
-///
-/// // Works through a trait object too.
-/// let dyn_rng: &mut dyn rand::Rng = &mut rng;
-/// assert!(full_jitter(0, Duration::from_millis(100), Duration::from_secs(1), dyn_rng) <= Duration::from_millis(100));
+/// let (base, cap) = (Duration::from_millis(500), Duration::from_secs(30));
+/// // The ceiling of the third retry is 2 s; the word picks a point inside it.
+/// assert_eq!(backoff::full_jitter(2, base, cap, 0), Duration::ZERO);
+/// assert_eq!(backoff::full_jitter(2, base, cap, u64::MAX), Duration::from_secs(2));
+/// assert_eq!(backoff::full_jitter(2, base, cap, 1 << 63), Duration::from_secs(1));
 /// ```
 #[must_use]
-pub fn full_jitter<R>(retry: u32, base: Duration, cap: Duration, rng: &mut R) -> Duration
-where
-    R: Rng + ?Sized,
-{
-    let ceiling = backoff_ceiling(retry, base, cap);
-    let high = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
-    // `0..=high` is never empty, so `random_range` cannot panic here.
-    Duration::from_nanos(rng.random_range(0..=high))
+pub fn full_jitter(retry: u32, base: Duration, cap: Duration, random: u64) -> Duration {
+    let high = u64::try_from(ceiling(retry, base, cap).as_nanos()).unwrap_or(u64::MAX);
+    // Lemire's multiply-shift onto `0..=high`: `random * (high + 1) / 2^64`. Both factors fit
+    // in 64 bits, so the product fits in 128, and the quotient is at most `high`.
+    let span = u128::from(high) + 1;
+    let nanos = (u128::from(random) * span) >> 64;
+    Duration::from_nanos(u64::try_from(nanos).expect("a 64-bit word scaled onto 0..=high fits"))
 }
 
 /// Builds a `Duration` from a nanosecond count, or `None` if the whole seconds
@@ -158,21 +150,17 @@ fn duration_from_nanos(nanos: u128) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
-    use rand::SeedableRng;
     use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
 
     use super::*;
-
-    use crate::test_rng::ConstRng;
 
     const MS: fn(u64) -> Duration = Duration::from_millis;
     const S: fn(u64) -> Duration = Duration::from_secs;
 
     #[test]
     fn ceiling_sequence_500ms_to_30s() {
-        let got: Vec<Duration> = (0..10)
-            .map(|r| backoff_ceiling(r, MS(500), S(30)))
-            .collect();
+        let got: Vec<Duration> = (0..10).map(|r| ceiling(r, MS(500), S(30))).collect();
         let want = vec![
             MS(500),
             S(1),
@@ -190,9 +178,9 @@ mod tests {
 
     #[test]
     fn ceiling_retry_u32_max_is_cap() {
-        assert_eq!(backoff_ceiling(u32::MAX, MS(500), S(30)), S(30));
+        assert_eq!(ceiling(u32::MAX, MS(500), S(30)), S(30));
         assert_eq!(
-            backoff_ceiling(u32::MAX, Duration::from_nanos(1), Duration::MAX),
+            ceiling(u32::MAX, Duration::from_nanos(1), Duration::MAX),
             Duration::MAX
         );
     }
@@ -202,40 +190,31 @@ mod tests {
         // 1 ns * 2^93 fits in a Duration; 2^94 ns does not.
         let one = Duration::from_nanos(1);
         let two_93 = duration_from_nanos(1u128 << 93).unwrap();
-        assert_eq!(backoff_ceiling(93, one, Duration::MAX), two_93);
-        assert_eq!(backoff_ceiling(94, one, Duration::MAX), Duration::MAX);
-        assert_eq!(backoff_ceiling(127, one, Duration::MAX), Duration::MAX);
-        assert_eq!(backoff_ceiling(128, one, Duration::MAX), Duration::MAX);
+        assert_eq!(ceiling(93, one, Duration::MAX), two_93);
+        assert_eq!(ceiling(94, one, Duration::MAX), Duration::MAX);
+        assert_eq!(ceiling(127, one, Duration::MAX), Duration::MAX);
+        assert_eq!(ceiling(128, one, Duration::MAX), Duration::MAX);
         // Large retries with a small base are exact, not collapsed to the cap.
         assert_eq!(
-            backoff_ceiling(40, one, Duration::MAX),
+            ceiling(40, one, Duration::MAX),
             Duration::from_nanos(1 << 40)
         );
     }
 
     #[test]
     fn ceiling_base_max() {
-        assert_eq!(
-            backoff_ceiling(0, Duration::MAX, Duration::MAX),
-            Duration::MAX
-        );
-        assert_eq!(
-            backoff_ceiling(1, Duration::MAX, Duration::MAX),
-            Duration::MAX
-        );
-        assert_eq!(backoff_ceiling(0, Duration::MAX, S(30)), S(30));
-        assert_eq!(backoff_ceiling(7, Duration::MAX, S(30)), S(30));
+        assert_eq!(ceiling(0, Duration::MAX, Duration::MAX), Duration::MAX);
+        assert_eq!(ceiling(1, Duration::MAX, Duration::MAX), Duration::MAX);
+        assert_eq!(ceiling(0, Duration::MAX, S(30)), S(30));
+        assert_eq!(ceiling(7, Duration::MAX, S(30)), S(30));
     }
 
     #[test]
     fn ceiling_cap_zero() {
         for retry in [0, 1, 31, 32, 64, u32::MAX] {
+            assert_eq!(ceiling(retry, MS(500), Duration::ZERO), Duration::ZERO);
             assert_eq!(
-                backoff_ceiling(retry, MS(500), Duration::ZERO),
-                Duration::ZERO
-            );
-            assert_eq!(
-                full_jitter(retry, MS(500), Duration::ZERO, &mut ConstRng(u64::MAX)),
+                full_jitter(retry, MS(500), Duration::ZERO, u64::MAX),
                 Duration::ZERO
             );
         }
@@ -244,12 +223,9 @@ mod tests {
     #[test]
     fn ceiling_base_zero() {
         for retry in [0, 1, 94, 95, 128, u32::MAX] {
+            assert_eq!(ceiling(retry, Duration::ZERO, S(30)), Duration::ZERO);
             assert_eq!(
-                backoff_ceiling(retry, Duration::ZERO, S(30)),
-                Duration::ZERO
-            );
-            assert_eq!(
-                backoff_ceiling(retry, Duration::ZERO, Duration::MAX),
+                ceiling(retry, Duration::ZERO, Duration::MAX),
                 Duration::ZERO
             );
         }
@@ -257,13 +233,13 @@ mod tests {
 
     #[test]
     fn ceiling_base_above_cap_is_cap() {
-        assert_eq!(backoff_ceiling(0, S(60), S(30)), S(30));
+        assert_eq!(ceiling(0, S(60), S(30)), S(30));
     }
 
     #[test]
     fn ceiling_keeps_sub_second_precision() {
         assert_eq!(
-            backoff_ceiling(3, Duration::new(1, 123_456_789), Duration::MAX),
+            ceiling(3, Duration::new(1, 123_456_789), Duration::MAX),
             Duration::new(8, 987_654_312)
         );
     }
@@ -272,42 +248,37 @@ mod tests {
     fn jitter_bounds_are_inclusive() {
         let (base, cap) = (MS(500), S(30));
         for retry in 0..10 {
-            let ceiling = backoff_ceiling(retry, base, cap);
-            assert_eq!(
-                full_jitter(retry, base, cap, &mut ConstRng(u64::MAX)),
-                ceiling
-            );
-            assert_eq!(
-                full_jitter(retry, base, cap, &mut ConstRng(0)),
-                Duration::ZERO
-            );
+            let ceiling = ceiling(retry, base, cap);
+            assert_eq!(full_jitter(retry, base, cap, u64::MAX), ceiling);
+            assert_eq!(full_jitter(retry, base, cap, 0), Duration::ZERO);
         }
     }
 
     #[test]
     fn jitter_clamps_huge_ceilings_to_u64_nanos() {
         let most = Duration::from_nanos(u64::MAX);
+        assert_eq!(full_jitter(0, Duration::MAX, Duration::MAX, u64::MAX), most);
         assert_eq!(
-            full_jitter(0, Duration::MAX, Duration::MAX, &mut ConstRng(u64::MAX)),
-            most
-        );
-        assert_eq!(
-            full_jitter(0, Duration::MAX, Duration::MAX, &mut ConstRng(0)),
+            full_jitter(0, Duration::MAX, Duration::MAX, 0),
             Duration::ZERO
         );
         // Just above the clamp: still bounded by u64::MAX nanos.
         let just_above = most + Duration::from_nanos(1);
-        assert_eq!(
-            full_jitter(0, just_above, Duration::MAX, &mut ConstRng(u64::MAX)),
-            most
-        );
+        assert_eq!(full_jitter(0, just_above, Duration::MAX, u64::MAX), most);
     }
 
     #[test]
-    fn jitter_accepts_dyn_rng() {
-        let mut rng = ConstRng(u64::MAX);
-        let dyn_rng: &mut dyn Rng = &mut rng;
-        assert_eq!(full_jitter(1, MS(500), S(30), dyn_rng), S(1));
+    fn jitter_scales_the_word_linearly_onto_the_ceiling() {
+        // Ceiling 1 s = 10^9 ns: the word's top bits pick the point, in order.
+        let quarter = 1u64 << 62;
+        assert_eq!(full_jitter(1, MS(500), S(30), quarter), MS(250));
+        assert_eq!(full_jitter(1, MS(500), S(30), 2 * quarter), MS(500));
+        assert_eq!(full_jitter(1, MS(500), S(30), 3 * quarter), MS(750));
+        assert_eq!(full_jitter(1, MS(500), S(30), u64::MAX - 1), S(1));
+        // A 1 ns ceiling: the lower half of the words gives 0, the upper half 1 ns.
+        let one = Duration::from_nanos(1);
+        assert_eq!(full_jitter(0, one, S(1), (1 << 63) - 1), Duration::ZERO);
+        assert_eq!(full_jitter(0, one, S(1), 1 << 63), one);
     }
 
     #[test]
@@ -315,7 +286,7 @@ mod tests {
         let draw = |seed| {
             let mut rng = StdRng::seed_from_u64(seed);
             (0..8)
-                .map(|r| full_jitter(r, MS(500), S(30), &mut rng))
+                .map(|r| full_jitter(r, MS(500), S(30), rng.next_u64()))
                 .collect::<Vec<_>>()
         };
         assert_eq!(draw(1), draw(1));
@@ -329,10 +300,10 @@ mod tests {
             let mut rng = StdRng::seed_from_u64(seed);
             let n = 10_000u32;
             let total: Duration = (0..n)
-                .map(|_| full_jitter(retry, base, cap, &mut rng))
+                .map(|_| full_jitter(retry, base, cap, rng.next_u64()))
                 .sum();
             let mean = (total / n).as_secs_f64();
-            let half = backoff_ceiling(retry, base, cap).as_secs_f64() / 2.0;
+            let half = ceiling(retry, base, cap).as_secs_f64() / 2.0;
             assert!(
                 (mean - half).abs() <= 0.05 * half,
                 "retry {retry}: mean {mean} s, expected about {half} s"
@@ -362,7 +333,7 @@ mod tests {
             base in any_duration(),
             cap in any_duration(),
         ) {
-            let ceiling = backoff_ceiling(retry, base, cap);
+            let ceiling = ceiling(retry, base, cap);
             prop_assert!(ceiling <= cap);
             // Exact reference computation in u128 where it fits.
             let exact = if base.is_zero() {
@@ -381,12 +352,23 @@ mod tests {
             retry in any_retry(),
             base in any_duration(),
             cap in any_duration(),
-            seed in any::<u64>(),
+            random in any::<u64>(),
         ) {
-            let mut rng = StdRng::seed_from_u64(seed);
-            let delay = full_jitter(retry, base, cap, &mut rng);
-            prop_assert!(delay <= backoff_ceiling(retry, base, cap));
+            let delay = full_jitter(retry, base, cap, random);
+            prop_assert!(delay <= ceiling(retry, base, cap));
             prop_assert!(delay <= cap);
+        }
+
+        #[test]
+        fn prop_jitter_grows_with_the_word(
+            retry in any_retry(),
+            base in any_duration(),
+            cap in any_duration(),
+            a in any::<u64>(),
+            b in any::<u64>(),
+        ) {
+            let (low, high) = (a.min(b), a.max(b));
+            prop_assert!(full_jitter(retry, base, cap, low) <= full_jitter(retry, base, cap, high));
         }
 
         #[test]
@@ -396,7 +378,7 @@ mod tests {
             cap in any_duration(),
         ) {
             let next = retry.saturating_add(1);
-            prop_assert!(backoff_ceiling(retry, base, cap) <= backoff_ceiling(next, base, cap));
+            prop_assert!(ceiling(retry, base, cap) <= ceiling(next, base, cap));
         }
     }
 }

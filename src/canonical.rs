@@ -39,7 +39,7 @@ use serde_json::{Map, Number, Value};
 /// # Examples
 ///
 /// ```
-/// use idempotent_retry::canonical_json;
+/// use idempotent_retry::canonical;
 /// use serde_json::json;
 ///
 /// let args = json!({
@@ -49,12 +49,12 @@ use serde_json::{Map, Number, Value};
 ///     "\u{1f600}": true,
 /// });
 /// assert_eq!(
-///     canonical_json(&args),
+///     canonical::to_string(&args),
 ///     "{\"a\":\"line\\nbreak\",\"z\":[1,0,1e+21],\"\u{1f600}\":true,\"\u{e000}\":null}"
 /// );
 /// ```
 #[must_use]
-pub fn canonical_json(value: &Value) -> String {
+pub fn to_string(value: &Value) -> String {
     let mut out = String::new();
     // Containers still being written, innermost last. Each holds the members it has yet to
     // write, so the stack grows with nesting depth, never with the call stack.
@@ -212,7 +212,7 @@ fn push_unicode_escape(out: &mut String, byte: u8) {
 
 #[cfg(test)]
 mod tests {
-    use super::canonical_json;
+    use super::to_string as canonical_json;
     use proptest::prelude::*;
     use serde_json::{Map, Number, Value, json};
 

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use http::{HeaderMap, StatusCode};
 use tokio::time::Instant;
 
-use crate::backoff::{backoff_ceiling, full_jitter};
+use crate::backoff;
 use crate::classify::{FailureKind, StatusClass, classify_status, should_retry_hint};
 use crate::policy::RetryPolicy;
 use crate::report::WaitReason;
@@ -136,13 +136,18 @@ pub(crate) fn decide<R: rand::Rng + ?Sized>(
         return stop(Stop::RetryAfterTooLong { asked });
     }
     let retry = state.attempts.saturating_sub(1);
-    let backoff = full_jitter(retry, policy.get_base_delay(), policy.get_max_delay(), rng);
+    let drawn = backoff::full_jitter(
+        retry,
+        policy.get_base_delay(),
+        policy.get_max_delay(),
+        rng.next_u64(),
+    );
     let (delay, reason) = match asked {
-        Some(asked) if asked >= backoff => (asked, WaitReason::RetryAfter { asked }),
+        Some(asked) if asked >= drawn => (asked, WaitReason::RetryAfter { asked }),
         _ => (
-            backoff,
+            drawn,
             WaitReason::Backoff {
-                ceiling: backoff_ceiling(retry, policy.get_base_delay(), policy.get_max_delay()),
+                ceiling: backoff::ceiling(retry, policy.get_base_delay(), policy.get_max_delay()),
             },
         ),
     };

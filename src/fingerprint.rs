@@ -103,7 +103,7 @@ fn canonical_body(content_type: Option<&HeaderValue>, bytes: &[u8]) -> Option<Ve
         return None;
     }
     let value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
-    Some(crate::canonical::canonical_json(&value).into_bytes())
+    Some(crate::canonical::to_string(&value).into_bytes())
 }
 
 #[cfg(test)]

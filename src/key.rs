@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use sha2::digest::Update;
 use sha2::{Digest, Sha256};
 
-use crate::canonical::canonical_json;
+use crate::canonical;
 
 /// Domain-separation tag of [`IdempotencyKey::derive`]. Part of the compatibility promise.
 const DERIVE_TAG: &[u8] = b"idempotent-retry:derive:v1";
@@ -170,7 +170,7 @@ impl IdempotencyKey {
     ///
     /// Meant for agents: the same tool called with the same arguments gets the same key, so a
     /// call repeated after a crash or a model retry is deduplicated by the server. The arguments
-    /// are normalized with RFC 8785 ([`canonical_json`](crate::canonical_json)) first, so member
+    /// are normalized with RFC 8785 ([`canonical::to_string`](crate::canonical::to_string)) first, so member
     /// order, whitespace, escapes and number spelling do not matter: `{"a":1,"b":2}` and
     /// `{"b":2,"a":1.0}` give the same key.
     ///
@@ -179,7 +179,7 @@ impl IdempotencyKey {
     /// 1. the 29 ASCII bytes `idempotent-retry:tool-call:v1`;
     /// 2. the length of `tool` in bytes, as a `u64` big-endian (8 bytes), then the UTF-8 bytes of
     ///    `tool`;
-    /// 3. the length of `canonical_json(args)` in bytes, as a `u64` big-endian, then its UTF-8
+    /// 3. the length of `canonical::to_string(args)` in bytes, as a `u64` big-endian, then its UTF-8
     ///    bytes.
     ///
     /// The tag differs from [`derive`](Self::derive)'s, so a tool call and a derived key never
@@ -213,9 +213,10 @@ impl IdempotencyKey {
 
     /// Mints a random key: a UUID version 4 in its 36-character lowercase text form.
     ///
-    /// The 122 random bits come from [`rand::rng`], a cryptographically secure generator seeded
-    /// from the operating system. Mint the key once per logical operation, before the first
-    /// attempt; to make keys reproducible in tests, use [`random_with`](Self::random_with).
+    /// The 122 random bits come from a cryptographically secure generator seeded from the
+    /// operating system (rand's thread-local generator). Mint the key once per logical
+    /// operation, before the first attempt; to make keys reproducible in tests, or to draw the
+    /// bits from a generator of your own, use [`from_random_bytes`](Self::from_random_bytes).
     ///
     /// # Examples
     ///
@@ -229,30 +230,31 @@ impl IdempotencyKey {
     /// ```
     #[must_use]
     pub fn random() -> Self {
-        Self::random_with(&mut rand::rng())
+        let mut bytes = [0u8; 16];
+        rand::Rng::fill_bytes(&mut rand::rng(), &mut bytes);
+        Self::from_random_bytes(bytes)
     }
 
-    /// Mints a UUID version 4 key from 16 bytes of `rng`.
+    /// Lays out 16 random bytes as a UUID version 4 key, as [`random`](Self::random) does
+    /// with the bytes it draws: 6 of the 128 bits are overwritten by the version and variant
+    /// (RFC 9562), the other 122 are kept.
     ///
-    /// The same generator state gives the same key, which makes tests reproducible. Outside
-    /// tests, prefer [`random`](Self::random) or a cryptographically secure generator: keys
-    /// from a predictable generator can collide across processes seeded alike.
+    /// The same bytes give the same key, which makes tests reproducible, and any generator
+    /// can supply them. Outside tests, prefer [`random`](Self::random) or bytes from a
+    /// cryptographically secure generator: keys from a predictable generator can collide across
+    /// processes seeded alike.
     ///
     /// # Examples
     ///
     /// ```
     /// use idempotent_retry::IdempotencyKey;
-    /// use rand::SeedableRng;
-    /// use rand::rngs::StdRng;
     ///
-    /// let one = IdempotencyKey::random_with(&mut StdRng::seed_from_u64(7));
-    /// let two = IdempotencyKey::random_with(&mut StdRng::seed_from_u64(7));
-    /// assert_eq!(one, two);
+    /// let key = IdempotencyKey::from_random_bytes([0xab; 16]);
+    /// assert_eq!(key.as_str(), "abababab-abab-4bab-abab-abababababab");
+    /// assert_eq!(key, IdempotencyKey::from_random_bytes([0xab; 16]));
     /// ```
     #[must_use]
-    pub fn random_with<R: rand::Rng + ?Sized>(rng: &mut R) -> Self {
-        let mut bytes = [0u8; 16];
-        rng.fill_bytes(&mut bytes);
+    pub fn from_random_bytes(mut bytes: [u8; 16]) -> Self {
         // RFC 9562: version 4 in the high nibble of byte 6, variant 0b10 in the top bits of
         // byte 8.
         bytes[6] = (bytes[6] & 0x0f) | 0x40;
@@ -460,7 +462,7 @@ pub(crate) fn encode_tool_call<U: Update>(
 ) {
     out.update(tag);
     update_length_prefixed(out, tool.as_bytes());
-    update_length_prefixed(out, canonical_json(args).as_bytes());
+    update_length_prefixed(out, canonical::to_string(args).as_bytes());
 }
 
 /// Feeds a length as the 8 bytes of a big-endian `u64`.
@@ -489,7 +491,6 @@ mod tests {
     use rand::rngs::StdRng;
     use serde_json::json;
     use std::collections::HashSet;
-    use std::convert::Infallible;
 
     fn is_lower_hex_64(key: &IdempotencyKey) -> bool {
         key.as_str().len() == 64
@@ -916,69 +917,36 @@ mod tests {
     }
 
     #[test]
-    fn random_with_a_seeded_rng_is_reproducible() {
-        let one = IdempotencyKey::random_with(&mut StdRng::seed_from_u64(42));
-        let two = IdempotencyKey::random_with(&mut StdRng::seed_from_u64(42));
-        let other = IdempotencyKey::random_with(&mut StdRng::seed_from_u64(43));
-        assert_eq!(one, two);
-        assert_ne!(one, other);
-        assert_uuid_v4_text(&one);
-
+    fn the_same_random_bytes_give_the_same_key() {
         let mut rng = StdRng::seed_from_u64(42);
-        let first = IdempotencyKey::random_with(&mut rng);
-        let second = IdempotencyKey::random_with(&mut rng);
-        assert_eq!(first, one);
-        assert_ne!(first, second);
-    }
-
-    /// A generator that repeats a fixed pattern, to pin the UUID layout byte for byte.
-    struct Pattern(u8, u8);
-
-    impl rand::TryRng for Pattern {
-        type Error = Infallible;
-
-        fn try_next_u32(&mut self) -> Result<u32, Infallible> {
-            let mut bytes = [0; 4];
-            self.try_fill_bytes(&mut bytes)?;
-            Ok(u32::from_le_bytes(bytes))
-        }
-
-        fn try_next_u64(&mut self) -> Result<u64, Infallible> {
-            let mut bytes = [0; 8];
-            self.try_fill_bytes(&mut bytes)?;
-            Ok(u64::from_le_bytes(bytes))
-        }
-
-        fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Infallible> {
-            for slot in dst {
-                *slot = self.0;
-                self.0 = self.0.wrapping_add(self.1);
-            }
-            Ok(())
-        }
+        let mut draw = || {
+            let mut bytes = [0u8; 16];
+            rand::Rng::fill_bytes(&mut rng, &mut bytes);
+            bytes
+        };
+        let (first, second) = (draw(), draw());
+        let one = IdempotencyKey::from_random_bytes(first);
+        assert_eq!(one, IdempotencyKey::from_random_bytes(first));
+        assert_ne!(one, IdempotencyKey::from_random_bytes(second));
+        assert_uuid_v4_text(&one);
+        assert_eq!(IdempotencyKey::new(one.as_str()), Ok(one));
     }
 
     #[test]
-    fn random_with_lays_out_rfc_9562_version_and_variant() {
+    fn from_random_bytes_lays_out_rfc_9562_version_and_variant() {
+        let counting: [u8; 16] = std::array::from_fn(|i| i as u8);
         assert_eq!(
-            IdempotencyKey::random_with(&mut Pattern(0x00, 1)).as_str(),
+            IdempotencyKey::from_random_bytes(counting).as_str(),
             "00010203-0405-4607-8809-0a0b0c0d0e0f"
         );
         assert_eq!(
-            IdempotencyKey::random_with(&mut Pattern(0xff, 0)).as_str(),
+            IdempotencyKey::from_random_bytes([0xff; 16]).as_str(),
             "ffffffff-ffff-4fff-bfff-ffffffffffff"
         );
         assert_eq!(
-            IdempotencyKey::random_with(&mut Pattern(0x00, 0)).as_str(),
+            IdempotencyKey::from_random_bytes([0x00; 16]).as_str(),
             "00000000-0000-4000-8000-000000000000"
         );
-    }
-
-    #[test]
-    fn random_with_accepts_unsized_rngs() {
-        let mut rng = StdRng::seed_from_u64(1);
-        let dynamic: &mut dyn rand::Rng = &mut rng;
-        assert_uuid_v4_text(&IdempotencyKey::random_with(dynamic));
     }
 
     #[test]

@@ -161,13 +161,13 @@ impl DerivationSecret {
 
     /// The secret-keyed counterpart of [`IdempotencyKey::for_tool_call`].
     ///
-    /// The arguments are normalized with RFC 8785 ([`canonical_json`](crate::canonical_json))
+    /// The arguments are normalized with RFC 8785 ([`canonical::to_string`](crate::canonical::to_string))
     /// first, so member order, whitespace and number spelling do not matter. The key is 64
     /// lowercase hex characters, HMAC-SHA-256 keyed with the secret over these bytes, in order:
     ///
     /// 1. the 34 ASCII bytes `idempotent-retry:hmac-tool-call:v1`;
     /// 2. the length of `tool` in bytes, as a `u64` big-endian (8 bytes), then its UTF-8 bytes;
-    /// 3. the length of `canonical_json(args)` in bytes, as a `u64` big-endian, then its UTF-8
+    /// 3. the length of `canonical::to_string(args)` in bytes, as a `u64` big-endian, then its UTF-8
     ///    bytes.
     ///
     /// Like [`derive`](Self::derive), this encoding is a compatibility promise.

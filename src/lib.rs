@@ -445,11 +445,10 @@
     unreachable_pub
 )]
 
-mod backoff;
-mod bench_support;
+pub mod backoff;
 mod body;
 mod budget;
-mod canonical;
+pub mod canonical;
 mod classify;
 mod client;
 mod decide;
@@ -458,7 +457,9 @@ mod error;
 mod exchange;
 mod extension;
 mod fingerprint;
-mod fuzz_support;
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod internals;
 mod key;
 mod keyed;
 mod ledger;
@@ -469,7 +470,7 @@ mod outcome;
 mod policy;
 mod readable;
 mod report;
-mod retry_after;
+pub mod retry_after;
 #[cfg(feature = "tower")]
 mod service;
 mod settings;
@@ -480,11 +481,7 @@ mod time;
 mod transport;
 mod window;
 
-pub use backoff::{backoff_ceiling, full_jitter};
-#[doc(hidden)]
-pub use bench_support::decide_once;
 pub use budget::{RetryBudget, RetryBudgetConfig};
-pub use canonical::canonical_json;
 pub use classify::FailureKind;
 #[cfg(feature = "multipart")]
 pub use client::multipart;
@@ -496,8 +493,6 @@ pub use error::{Error, ErrorKind};
 pub use exchange::{RetryRequest, RetryResponse};
 pub use extension::{LedgerScope, WithoutIdempotencyKey};
 pub use fingerprint::RequestFingerprint;
-#[doc(hidden)]
-pub use fuzz_support::{DecideInput, DecideStep, decide_step};
 pub use key::{IdempotencyKey, InvalidKey, InvalidKeyReason};
 pub use keyed::{DerivationSecret, InvalidSecret};
 #[cfg(feature = "postgres")]
@@ -514,13 +509,12 @@ pub use middleware::IdempotentRetryMiddleware;
 pub use observe::{AttemptEvent, LedgerVerdict, Observer, OperationEvent};
 pub use policy::RetryPolicy;
 pub use report::{AttemptRecord, RetryReport, Wait, WaitReason};
-pub use retry_after::{parse_retry_after, parse_retry_after_ms, requested_delay};
 #[cfg(feature = "tower")]
 pub use service::{IdempotentRetry, IdempotentRetryLayer, ResponseFuture};
 pub use time::{Clock, Sleep, Sleeper, TokioClock, TokioSleeper};
 
-/// Deterministic generators for the unit tests.
-#[cfg(test)]
+/// Deterministic generators for the unit tests and the `internals` door.
+#[cfg(any(test, feature = "internals"))]
 mod test_rng {
     use std::convert::Infallible;
 

@@ -54,19 +54,19 @@
 //!
 //! use http::header::RETRY_AFTER;
 //! use http::{HeaderMap, HeaderValue};
-//! use idempotent_retry::requested_delay;
+//! use idempotent_retry::retry_after;
 //!
 //! // Sun, 06 Nov 1994 08:49:37 GMT
 //! let now: SystemTime = UNIX_EPOCH + Duration::from_secs(784_111_777);
 //!
 //! let mut headers = HeaderMap::new();
-//! assert_eq!(requested_delay(&headers, now), None);
+//! assert_eq!(retry_after::requested_delay(&headers, now), None);
 //!
 //! headers.insert(RETRY_AFTER, HeaderValue::from_static("Sun, 06 Nov 1994 08:51:37 GMT"));
-//! assert_eq!(requested_delay(&headers, now), Some(Duration::from_secs(120)));
+//! assert_eq!(retry_after::requested_delay(&headers, now), Some(Duration::from_secs(120)));
 //!
 //! headers.insert("retry-after-ms", HeaderValue::from_static("1500"));
-//! assert_eq!(requested_delay(&headers, now), Some(Duration::from_millis(1500)));
+//! assert_eq!(retry_after::requested_delay(&headers, now), Some(Duration::from_millis(1500)));
 //! ```
 
 use std::time::{Duration, SystemTime};
@@ -98,27 +98,27 @@ const MILLI_FRACTION_DIGITS: usize = 6;
 /// use std::time::{Duration, UNIX_EPOCH};
 ///
 /// use http::HeaderValue;
-/// use idempotent_retry::parse_retry_after;
+/// use idempotent_retry::retry_after;
 ///
 /// let now = UNIX_EPOCH + Duration::from_secs(784_111_777); // Sun, 06 Nov 1994 08:49:37 GMT
 ///
 /// let secs = HeaderValue::from_static("120");
-/// assert_eq!(parse_retry_after(&secs, now), Some(Duration::from_secs(120)));
+/// assert_eq!(retry_after::parse(&secs, now), Some(Duration::from_secs(120)));
 ///
 /// let date = HeaderValue::from_static("Sun, 06 Nov 1994 08:50:07 GMT");
-/// assert_eq!(parse_retry_after(&date, now), Some(Duration::from_secs(30)));
+/// assert_eq!(retry_after::parse(&date, now), Some(Duration::from_secs(30)));
 ///
 /// let past = HeaderValue::from_static("Sun, 06 Nov 1994 08:00:00 GMT");
-/// assert_eq!(parse_retry_after(&past, now), Some(Duration::ZERO));
+/// assert_eq!(retry_after::parse(&past, now), Some(Duration::ZERO));
 ///
 /// let huge = HeaderValue::from_static("99999999999999999999");
-/// assert_eq!(parse_retry_after(&huge, now), Some(Duration::MAX));
+/// assert_eq!(retry_after::parse(&huge, now), Some(Duration::MAX));
 ///
 /// let garbage = HeaderValue::from_static("-1");
-/// assert_eq!(parse_retry_after(&garbage, now), None);
+/// assert_eq!(retry_after::parse(&garbage, now), None);
 /// ```
 #[must_use]
-pub fn parse_retry_after(value: &HeaderValue, now: SystemTime) -> Option<Duration> {
+pub fn parse(value: &HeaderValue, now: SystemTime) -> Option<Duration> {
     // `to_str` refuses anything outside visible ASCII (plus SP and HTAB).
     let text = trim_ows(value.to_str().ok()?);
     if let Some(digits) = decimal_digits(text.as_bytes()) {
@@ -146,22 +146,22 @@ pub fn parse_retry_after(value: &HeaderValue, now: SystemTime) -> Option<Duratio
 /// use std::time::Duration;
 ///
 /// use http::HeaderValue;
-/// use idempotent_retry::parse_retry_after_ms;
+/// use idempotent_retry::retry_after;
 ///
 /// let ms = HeaderValue::from_static("1500");
-/// assert_eq!(parse_retry_after_ms(&ms), Some(Duration::from_millis(1500)));
+/// assert_eq!(retry_after::parse_ms(&ms), Some(Duration::from_millis(1500)));
 ///
 /// let fractional = HeaderValue::from_static("1500.5");
-/// assert_eq!(parse_retry_after_ms(&fractional), Some(Duration::from_micros(1_500_500)));
+/// assert_eq!(retry_after::parse_ms(&fractional), Some(Duration::from_micros(1_500_500)));
 ///
 /// let huge = HeaderValue::from_static("99999999999999999999999");
-/// assert_eq!(parse_retry_after_ms(&huge), Some(Duration::MAX));
+/// assert_eq!(retry_after::parse_ms(&huge), Some(Duration::MAX));
 ///
-/// assert_eq!(parse_retry_after_ms(&HeaderValue::from_static("-1")), None);
-/// assert_eq!(parse_retry_after_ms(&HeaderValue::from_static("NaN")), None);
+/// assert_eq!(retry_after::parse_ms(&HeaderValue::from_static("-1")), None);
+/// assert_eq!(retry_after::parse_ms(&HeaderValue::from_static("NaN")), None);
 /// ```
 #[must_use]
-pub fn parse_retry_after_ms(value: &HeaderValue) -> Option<Duration> {
+pub fn parse_ms(value: &HeaderValue) -> Option<Duration> {
     let text = trim_ows(value.to_str().ok()?).as_bytes();
     let (whole, fraction) = match text.iter().position(|&b| b == b'.') {
         Some(dot) => (&text[..dot], Some(&text[dot + 1..])),
@@ -193,8 +193,8 @@ pub fn parse_retry_after_ms(value: &HeaderValue) -> Option<Duration> {
 /// The wait the server requested in `headers`, if any.
 ///
 /// `retry-after-ms` takes precedence when at least one of its values parses
-/// (see [`parse_retry_after_ms`]); otherwise `Retry-After` is used (see
-/// [`parse_retry_after`]; HTTP-dates are measured from `now`). When a header
+/// (see [`parse_ms`]); otherwise `Retry-After` is used (see
+/// [`parse`]; HTTP-dates are measured from `now`). When a header
 /// occurs several times, the largest parsable value wins: honouring the
 /// longest request is the conservative choice. Unparsable occurrences are
 /// ignored, and `None` means the server expressed no parsable wish.
@@ -206,35 +206,35 @@ pub fn parse_retry_after_ms(value: &HeaderValue) -> Option<Duration> {
 ///
 /// use http::header::RETRY_AFTER;
 /// use http::{HeaderMap, HeaderValue};
-/// use idempotent_retry::requested_delay;
+/// use idempotent_retry::retry_after;
 ///
 /// let now = UNIX_EPOCH;
 /// let mut headers = HeaderMap::new();
 /// headers.append(RETRY_AFTER, HeaderValue::from_static("5"));
 /// headers.append(RETRY_AFTER, HeaderValue::from_static("garbage"));
 /// headers.append(RETRY_AFTER, HeaderValue::from_static("30"));
-/// assert_eq!(requested_delay(&headers, now), Some(Duration::from_secs(30)));
+/// assert_eq!(retry_after::requested_delay(&headers, now), Some(Duration::from_secs(30)));
 ///
 /// // An unparsable `retry-after-ms` falls back to `Retry-After`.
 /// headers.insert("retry-after-ms", HeaderValue::from_static("soon"));
-/// assert_eq!(requested_delay(&headers, now), Some(Duration::from_secs(30)));
+/// assert_eq!(retry_after::requested_delay(&headers, now), Some(Duration::from_secs(30)));
 ///
 /// // A parsable one takes precedence, even when it is shorter.
 /// headers.insert("retry-after-ms", HeaderValue::from_static("250"));
-/// assert_eq!(requested_delay(&headers, now), Some(Duration::from_millis(250)));
+/// assert_eq!(retry_after::requested_delay(&headers, now), Some(Duration::from_millis(250)));
 /// ```
 #[must_use]
 pub fn requested_delay(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let millis = headers
         .get_all(RETRY_AFTER_MS)
         .iter()
-        .filter_map(parse_retry_after_ms)
+        .filter_map(parse_ms)
         .max();
     millis.or_else(|| {
         headers
             .get_all(RETRY_AFTER)
             .iter()
-            .filter_map(|value| parse_retry_after(value, now))
+            .filter_map(|value| parse(value, now))
             .max()
     })
 }
@@ -298,11 +298,11 @@ mod tests {
     }
 
     fn parse(s: &'static str, now: SystemTime) -> Option<Duration> {
-        parse_retry_after(&hv(s), now)
+        super::parse(&hv(s), now)
     }
 
     fn parse_ms(s: &'static str) -> Option<Duration> {
-        parse_retry_after_ms(&hv(s))
+        super::parse_ms(&hv(s))
     }
 
     // ---- Retry-After: HTTP-date ---------------------------------------------
@@ -443,19 +443,19 @@ mod tests {
         assert_eq!(parse("18446744073709551616", now), Some(Duration::MAX));
         assert_eq!(parse("99999999999999999999", now), Some(Duration::MAX));
         let twenty_k = HeaderValue::from_bytes(&vec![b'9'; 20_000]).unwrap();
-        assert_eq!(parse_retry_after(&twenty_k, now), Some(Duration::MAX));
+        assert_eq!(super::parse(&twenty_k, now), Some(Duration::MAX));
         let mut leading_zeros = vec![b'0'; 20_000];
         leading_zeros.extend_from_slice(b"42");
         let leading_zeros = HeaderValue::from_bytes(&leading_zeros).unwrap();
         assert_eq!(
-            parse_retry_after(&leading_zeros, now),
+            super::parse(&leading_zeros, now),
             Some(Duration::from_secs(42))
         );
         // A long run of digits with garbage at the end is still garbage.
         let mut bad_tail = vec![b'9'; 20_000];
         bad_tail.push(b'x');
         let bad_tail = HeaderValue::from_bytes(&bad_tail).unwrap();
-        assert_eq!(parse_retry_after(&bad_tail, now), None);
+        assert_eq!(super::parse(&bad_tail, now), None);
     }
 
     #[test]
@@ -466,7 +466,7 @@ mod tests {
             "NaN", "inf", "١٢", "120s",
         ] {
             let value = HeaderValue::from_str(bad).unwrap();
-            assert_eq!(parse_retry_after(&value, now), None, "{bad:?}");
+            assert_eq!(super::parse(&value, now), None, "{bad:?}");
         }
     }
 
@@ -480,8 +480,8 @@ mod tests {
             "Sun, 06 Nov 1994 08:49:37 GMT\u{a0}".as_bytes(),
         ] {
             let value = HeaderValue::from_bytes(bytes).unwrap();
-            assert_eq!(parse_retry_after(&value, now), None, "{bytes:?}");
-            assert_eq!(parse_retry_after_ms(&value), None, "{bytes:?}");
+            assert_eq!(super::parse(&value, now), None, "{bytes:?}");
+            assert_eq!(super::parse_ms(&value), None, "{bytes:?}");
         }
     }
 
@@ -632,8 +632,8 @@ mod tests {
         ) {
             if let Ok(value) = HeaderValue::from_bytes(&bytes) {
                 let now = at(now_secs);
-                let _ = parse_retry_after(&value, now);
-                let _ = parse_retry_after_ms(&value);
+                let _ = super::parse(&value, now);
+                let _ = super::parse_ms(&value);
                 let mut map = HeaderMap::new();
                 map.append(RETRY_AFTER, value.clone());
                 map.append(RETRY_AFTER_MS, value);
@@ -647,7 +647,7 @@ mod tests {
             now_secs in 0u64..=YEAR_9999_SECS,
         ) {
             if let Ok(value) = HeaderValue::from_str(&text) {
-                let _ = parse_retry_after(&value, at(now_secs));
+                let _ = super::parse(&value, at(now_secs));
             }
         }
 
@@ -655,7 +655,7 @@ mod tests {
         fn prop_u32_seconds_round_trip(secs in any::<u32>(), now_secs in any::<u32>()) {
             let value = HeaderValue::from(secs);
             prop_assert_eq!(
-                parse_retry_after(&value, at(u64::from(now_secs))),
+                super::parse(&value, at(u64::from(now_secs))),
                 Some(Duration::from_secs(u64::from(secs)))
             );
         }
@@ -663,7 +663,7 @@ mod tests {
         #[test]
         fn prop_u64_millis_round_trip(ms in any::<u64>()) {
             prop_assert_eq!(
-                parse_retry_after_ms(&HeaderValue::from(ms)),
+                super::parse_ms(&HeaderValue::from(ms)),
                 Some(Duration::from_millis(ms))
             );
         }
@@ -674,7 +674,7 @@ mod tests {
             let value = HeaderValue::from_str(&httpdate::fmt_http_date(date)).unwrap();
             let now = at(now_secs);
             prop_assert_eq!(
-                parse_retry_after(&value, now),
+                super::parse(&value, now),
                 Some(date.duration_since(now).unwrap())
             );
         }

@@ -14,7 +14,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use idempotent_retry::canonical_json;
+use idempotent_retry::canonical;
 
 fn data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/jcs")
@@ -47,7 +47,7 @@ fn check(name: &str) {
         .unwrap_or_else(|error| panic!("{name}: expected output: {error}"));
     let value: serde_json::Value =
         serde_json::from_str(&input).unwrap_or_else(|error| panic!("{name}: parse: {error}"));
-    let actual = canonical_json(&value);
+    let actual = canonical::to_string(&value);
     assert!(
         actual == expected,
         "{name}:\n  actual:   {actual:?}\n  expected: {expected:?}"
@@ -75,7 +75,7 @@ fn weird_needs_utf16_member_order() {
     let input = fs::read_to_string(data_dir().join("input/weird.json")).expect("weird input");
     let value: serde_json::Value = serde_json::from_str(&input).expect("weird parses");
     let utf8_order = serde_json::to_string(&value).expect("serializes");
-    assert_ne!(canonical_json(&value), utf8_order);
+    assert_ne!(canonical::to_string(&value), utf8_order);
 }
 
 #[test]
@@ -84,7 +84,7 @@ fn canonical_output_is_a_fixed_point() {
         let expected = fs::read_to_string(data_dir().join("output").join(format!("{name}.json")))
             .expect("expected output");
         let value: serde_json::Value = serde_json::from_str(&expected).expect("output parses");
-        assert_eq!(canonical_json(&value), expected, "{name}");
+        assert_eq!(canonical::to_string(&value), expected, "{name}");
     }
 }
 
@@ -99,7 +99,10 @@ fn serde_json_parses_decimals_exactly() {
 #[test]
 fn correctly_rounded_value_prints_as_upstream_expects() {
     let nearest: f64 = MISREAD_INPUT.parse().expect("std parses exactly");
-    assert_eq!(canonical_json(&serde_json::Value::from(nearest)), NEAREST);
+    assert_eq!(
+        canonical::to_string(&serde_json::Value::from(nearest)),
+        NEAREST
+    );
 }
 
 #[test]

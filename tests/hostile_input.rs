@@ -18,7 +18,7 @@ use idempotent_retry::testkit::RecordingSleeper;
 use idempotent_retry::{
     Client, ClientBuilder, DerivationSecret, Error, ErrorKind, IdempotencyKey, InProgressPolicy,
     InvalidKey, InvalidKeyReason, LedgerOptions, MemoryLedger, RetryBudget, RetryBudgetConfig,
-    RetryPolicy, RetryReport, Sleeper, TokioSleeper, canonical_json,
+    RetryPolicy, RetryReport, Sleeper, TokioSleeper, canonical,
 };
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
@@ -652,7 +652,7 @@ fn a_hundred_thousand_nested_arrays() {
         (
             IdempotencyKey::for_tool_call("deep", &value),
             secret.for_tool_call("deep", &value),
-            canonical_json(&value),
+            canonical::to_string(&value),
         )
     });
     dismantle(value);
@@ -675,7 +675,7 @@ fn a_hundred_thousand_nested_objects() {
     let (key, canonical) = on_a_small_stack(|| {
         (
             IdempotencyKey::for_tool_call("deep", &value),
-            canonical_json(&value),
+            canonical::to_string(&value),
         )
     });
     dismantle(value);
@@ -702,11 +702,11 @@ fn deep_json_text_is_refused_by_the_parser_before_it_reaches_the_crate() {
 /// and returns the canonical form and the key.
 fn canonical_round_trip(text: &str) -> (String, IdempotencyKey) {
     let value: Value = serde_json::from_str(text).expect("valid JSON in test");
-    let canonical = canonical_json(&value);
+    let canonical = canonical::to_string(&value);
     let reparsed: Value = serde_json::from_str(&canonical)
         .unwrap_or_else(|error| panic!("{text}: canonical {canonical} does not parse: {error}"));
     assert_eq!(
-        canonical_json(&reparsed),
+        canonical::to_string(&reparsed),
         canonical,
         "{text}: not a fixed point"
     );
@@ -760,7 +760,7 @@ fn huge_and_tiny_numbers() {
         Value::from(f64::MIN_POSITIVE),
         Value::from(5e-324),
     ] {
-        let canonical = canonical_json(&value);
+        let canonical = canonical::to_string(&value);
         let reparsed: Value = serde_json::from_str(&canonical).expect("re-parses");
         assert_eq!(reparsed.as_f64(), value.as_f64(), "{canonical}");
     }
@@ -800,10 +800,10 @@ fn strings_from_every_plane_as_values_and_member_names() {
             json!([text.clone(), null]),
         );
         let value = Value::Object(map);
-        let canonical = canonical_json(&value);
+        let canonical = canonical::to_string(&value);
         let reparsed: Value = serde_json::from_str(&canonical).expect("re-parses");
         assert!(reparsed == value, "plane {plane}: the value changed");
-        assert_eq!(canonical_json(&reparsed), canonical, "plane {plane}");
+        assert_eq!(canonical::to_string(&reparsed), canonical, "plane {plane}");
         // Only the C0 controls, quote and backslash are escaped; the rest is kept raw.
         assert!(canonical.contains(&text), "plane {plane}");
         assert!(
@@ -824,10 +824,10 @@ fn every_unicode_scalar_value_in_one_string_and_one_name() {
     let mut map = Map::new();
     map.insert(all.clone(), Value::String(all.clone()));
     let value = Value::Object(map);
-    let canonical = canonical_json(&value);
+    let canonical = canonical::to_string(&value);
     let reparsed: Value = serde_json::from_str(&canonical).expect("re-parses");
     assert!(reparsed == value, "every scalar value survives");
-    assert_eq!(canonical_json(&reparsed), canonical);
+    assert_eq!(canonical::to_string(&reparsed), canonical);
     let key = IdempotencyKey::for_tool_call("all", &value);
     assert_eq!(key.as_str(), expected_tool_key("all", &canonical));
     let secret = DerivationSecret::new(SECRET).expect("32 bytes");

@@ -12,10 +12,10 @@ use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderValue, StatusCode};
+use idempotent_retry::internals::{self, DecideInput, DecideStep};
 use idempotent_retry::{
-    DecideInput, DecideStep, DerivationSecret, FailureKind, IdempotencyKey, RetryPolicy,
-    WaitReason, backoff_ceiling, canonical_json, decide_step, parse_retry_after,
-    parse_retry_after_ms, requested_delay,
+    DerivationSecret, FailureKind, IdempotencyKey, RetryPolicy, WaitReason, backoff, canonical,
+    retry_after,
 };
 use proptest::prelude::*;
 use rand::SeedableRng;
@@ -211,13 +211,13 @@ fn run_operation(op: &Operation) -> Result<(), TestCaseError> {
             replayable: op.replayable,
             elapsed,
         };
-        let Some(step) = decide_step(&policy, &input, observed, wall, &mut rng) else {
+        let Some(step) = internals::decide(&policy, &input, observed, wall, rng.next_u64()) else {
             return Ok(());
         };
 
         let remaining = op.window - elapsed;
         let (asked, hint) = match observed {
-            Ok((_, headers)) => (requested_delay(headers, wall), hinted(headers)),
+            Ok((_, headers)) => (retry_after::requested_delay(headers, wall), hinted(headers)),
             Err(_) => (None, None),
         };
         if let Ok((status, _)) = observed {
@@ -276,7 +276,7 @@ fn run_operation(op: &Operation) -> Result<(), TestCaseError> {
                 prop_assert!(safe, "unsafe retry after {:?}", outcome);
                 match reason {
                     WaitReason::Backoff { ceiling } => {
-                        prop_assert_eq!(ceiling, backoff_ceiling(number - 1, op.base, op.cap));
+                        prop_assert_eq!(ceiling, backoff::ceiling(number - 1, op.base, op.cap));
                         prop_assert!(delay <= ceiling && ceiling <= op.cap);
                         if let Some(asked) = asked {
                             prop_assert!(asked < delay, "waited less than asked");
@@ -319,7 +319,7 @@ proptest! {
     ) {
         let value = HeaderValue::from_str(&httpdate::fmt_http_date(at(date_secs))).unwrap();
         let now = at(now_secs) + Duration::from_nanos(u64::from(now_nanos));
-        let got = parse_retry_after(&value, now).expect("a valid date");
+        let got = retry_after::parse(&value, now).expect("a valid date");
         let date = at(date_secs);
         if date <= now {
             prop_assert_eq!(got, Duration::ZERO);
@@ -336,8 +336,8 @@ proptest! {
         two in any::<u32>(),
     ) {
         let value = HeaderValue::from_str(&digits).unwrap();
-        let got = parse_retry_after(&value, at(u64::from(one)));
-        prop_assert_eq!(got, parse_retry_after(&value, at(u64::from(two))));
+        let got = retry_after::parse(&value, at(u64::from(one)));
+        prop_assert_eq!(got, retry_after::parse(&value, at(u64::from(two))));
         let expected = digits.parse::<u64>().map_or(Duration::MAX, Duration::from_secs);
         prop_assert_eq!(got, Some(expected));
     }
@@ -352,7 +352,7 @@ proptest! {
             Some(fraction) => format!("{pad}{whole}.{fraction}"),
             None => format!("{pad}{whole}"),
         };
-        let got = parse_retry_after_ms(&HeaderValue::from_str(&text).unwrap());
+        let got = retry_after::parse_ms(&HeaderValue::from_str(&text).unwrap());
         let well_formed = !whole.is_empty()
             && fraction.as_ref().is_none_or(|fraction| !fraction.is_empty())
             && matches!(pad, "" | " " | "\t");
@@ -390,9 +390,9 @@ proptest! {
                 .filter(|(name, _)| *name == header)
                 .filter_map(|(name, value)| {
                     if *name == "retry-after-ms" {
-                        parse_retry_after_ms(value)
+                        retry_after::parse_ms(value)
                     } else {
-                        parse_retry_after(value, now)
+                        retry_after::parse(value, now)
                     }
                 })
                 .max()
@@ -408,7 +408,7 @@ proptest! {
             for (name, value) in order.iter() {
                 headers.append(*name, value.clone());
             }
-            prop_assert_eq!(requested_delay(&headers, now), expected);
+            prop_assert_eq!(retry_after::requested_delay(&headers, now), expected);
         }
     }
 }
@@ -484,9 +484,9 @@ proptest! {
         let Ok(value) = serde_json::from_str::<serde_json::Value>(&text) else {
             return Ok(());
         };
-        let canonical = canonical_json(&value);
+        let canonical = canonical::to_string(&value);
         let reparsed: serde_json::Value = serde_json::from_str(&canonical).unwrap();
-        prop_assert_eq!(canonical_json(&reparsed), canonical.as_str());
+        prop_assert_eq!(canonical::to_string(&reparsed), canonical.as_str());
         prop_assert_eq!(
             IdempotencyKey::for_tool_call(&tool, &value),
             IdempotencyKey::for_tool_call(&tool, &reparsed)
@@ -499,6 +499,6 @@ proptest! {
         // serde_json's own spelling of the value canonicalizes the same way.
         let plain: serde_json::Value =
             serde_json::from_str(&serde_json::to_string(&value).unwrap()).unwrap();
-        prop_assert_eq!(canonical_json(&plain), canonical);
+        prop_assert_eq!(canonical::to_string(&plain), canonical);
     }
 }

@@ -23,7 +23,8 @@ use idempotent_retry::testkit::{
     Violation, When,
 };
 use idempotent_retry::{Client, Error, IdempotencyKey, RetryPolicy, RetryReport};
-use rand::RngExt as _;
+use rand::rngs::StdRng;
+use rand::{RngExt as _, SeedableRng as _};
 use serde_json::json;
 use tokio::sync::Semaphore;
 
@@ -389,7 +390,7 @@ struct Schedule {
 }
 
 fn schedule(seed: u64) -> Schedule {
-    let mut rng = testkit::seeded_rng(seed);
+    let mut rng = StdRng::seed_from_u64(seed);
     let attempts = rng.random_range(1..=5u32);
     let window = match rng.random_range(0..3u8) {
         0 => ms(rng.random_range(300..1_500)),

@@ -10,7 +10,7 @@
 
 #![no_main]
 
-use idempotent_retry::{DerivationSecret, IdempotencyKey, canonical_json};
+use idempotent_retry::{DerivationSecret, IdempotencyKey, canonical};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Number, Value};
 
@@ -18,19 +18,19 @@ fuzz_target!(|data: &[u8]| {
     let Ok(value) = serde_json::from_slice::<Value>(data) else {
         return;
     };
-    let text = canonical_json(&value);
+    let text = canonical::to_string(&value);
     let reparsed: Value = serde_json::from_str(&text)
         .unwrap_or_else(|error| panic!("canonical form does not parse ({error}): {text}"));
     assert!(
         same_doubles(&value, &reparsed),
         "canonical form changed the value: {text}"
     );
-    assert_eq!(canonical_json(&reparsed), text, "not a fixed point");
+    assert_eq!(canonical::to_string(&reparsed), text, "not a fixed point");
 
     // serde_json's own output for the value is another spelling of it.
     let plain = serde_json::to_string(&value).expect("a Value serializes");
     let plain: Value = serde_json::from_str(&plain).expect("serde_json reads its own output");
-    assert_eq!(canonical_json(&plain), text);
+    assert_eq!(canonical::to_string(&plain), text);
 
     assert_eq!(
         IdempotencyKey::for_tool_call("fuzz.tool", &value),

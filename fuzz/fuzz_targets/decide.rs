@@ -20,14 +20,12 @@
 
 #![no_main]
 
-use std::convert::Infallible;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arbitrary::Arbitrary;
 use http::{HeaderMap, HeaderValue, StatusCode};
-use idempotent_retry::{
-    DecideInput, DecideStep, FailureKind, RetryPolicy, WaitReason, backoff_ceiling, requested_delay,
-};
+use idempotent_retry::internals::{self, DecideInput, DecideStep};
+use idempotent_retry::{FailureKind, RetryPolicy, WaitReason, backoff, retry_after};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
@@ -128,35 +126,6 @@ struct Input {
     wall_secs: u32,
     draws: Vec<u64>,
     attempts: Vec<Attempt>,
-}
-
-/// Jitter draws taken from the input, then zeros.
-#[derive(Clone)]
-struct Draws {
-    words: Vec<u64>,
-    next: usize,
-}
-
-impl rand::TryRng for Draws {
-    type Error = Infallible;
-
-    fn try_next_u32(&mut self) -> Result<u32, Infallible> {
-        self.try_next_u64().map(|word| word as u32)
-    }
-
-    fn try_next_u64(&mut self) -> Result<u64, Infallible> {
-        let word = self.words.get(self.next).copied().unwrap_or(0);
-        self.next += 1;
-        Ok(word)
-    }
-
-    fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Infallible> {
-        for chunk in dst.chunks_mut(8) {
-            let bytes = self.try_next_u64()?.to_le_bytes();
-            chunk.copy_from_slice(&bytes[..chunk.len()]);
-        }
-        Ok(())
-    }
 }
 
 /// The server's retry hint as documented: the first `true` or `false` (trimmed, any case),
@@ -260,10 +229,8 @@ fuzz_target!(|input: Input| {
     let window = policy.get_reconcile_window();
     let timeout = policy.get_attempt_timeout();
     let wall_start = UNIX_EPOCH + Duration::from_secs(1_000_000_000 + u64::from(input.wall_secs));
-    let mut rng = Draws {
-        words: input.draws,
-        next: 0,
-    };
+    // One jitter word per decision, taken from the input, then zeros.
+    let mut draws = input.draws.iter().copied().chain(std::iter::repeat(0));
 
     let mut elapsed = Duration::ZERO;
     let mut waited = Duration::ZERO;
@@ -303,24 +270,23 @@ fuzz_target!(|input: Input| {
             replayable: input.replayable,
             elapsed,
         };
-        let mut replay = rng.clone();
-        let Some(step) = idempotent_retry::decide_step(&policy, &state, outcome, wall, &mut rng)
-        else {
+        let random = draws.next().expect("an endless supply of words");
+        let Some(step) = internals::decide(&policy, &state, outcome, wall, random) else {
             return;
         };
         assert_eq!(
-            idempotent_retry::decide_step(&policy, &state, outcome, wall, &mut replay),
+            internals::decide(&policy, &state, outcome, wall, random),
             Some(step),
             "not deterministic"
         );
 
         let remaining = window - elapsed;
         let (asked, hinted) = match outcome {
-            Ok((_, headers)) => (requested_delay(headers, wall), hint(headers)),
+            Ok((_, headers)) => (retry_after::requested_delay(headers, wall), hint(headers)),
             Err(_) => (None, None),
         };
         let retry = number - 1;
-        let ceiling = backoff_ceiling(retry, base, cap);
+        let ceiling = backoff::ceiling(retry, base, cap);
 
         // What must come back as the answer.
         if let Ok((status, _)) = outcome {
@@ -436,13 +402,13 @@ fuzz_target!(|input: Input| {
         replayable: true,
         elapsed: Duration::ZERO,
     };
-    if max_attempts > 1 && backoff_ceiling(0, base, cap) < window {
-        let step = idempotent_retry::decide_step(
+    if max_attempts > 1 && backoff::ceiling(0, base, cap) < window {
+        let step = internals::decide(
             &policy,
             &state,
             Ok((StatusCode::SERVICE_UNAVAILABLE, &plain)),
             wall_start,
-            &mut rng,
+            draws.next().expect("an endless supply of words"),
         );
         assert!(matches!(step, Some(DecideStep::Retry { .. })), "{step:?}");
     }

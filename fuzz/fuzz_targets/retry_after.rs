@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderValue};
-use idempotent_retry::{parse_retry_after, parse_retry_after_ms, requested_delay};
+use idempotent_retry::retry_after;
 use libfuzzer_sys::fuzz_target;
 
 /// Sun, 06 Nov 1994 08:49:37 GMT.
@@ -52,22 +52,26 @@ fuzz_target!(|data: &[u8]| {
     let expected = values
         .iter()
         .filter(|(is_ms, _)| *is_ms)
-        .filter_map(|(_, value)| parse_retry_after_ms(value))
+        .filter_map(|(_, value)| retry_after::parse_ms(value))
         .max()
         .or_else(|| {
             values
                 .iter()
                 .filter(|(is_ms, _)| !*is_ms)
-                .filter_map(|(_, value)| parse_retry_after(value, now))
+                .filter_map(|(_, value)| retry_after::parse(value, now))
                 .max()
         });
-    assert_eq!(requested_delay(&forward, now), expected);
+    assert_eq!(retry_after::requested_delay(&forward, now), expected);
 
     let mut backward = HeaderMap::new();
     for (is_ms, value) in values.iter().rev() {
         backward.append(header_name(*is_ms), value.clone());
     }
-    assert_eq!(requested_delay(&backward, now), expected, "order matters");
+    assert_eq!(
+        retry_after::requested_delay(&backward, now),
+        expected,
+        "order matters"
+    );
 });
 
 fn header_name(is_ms: bool) -> http::HeaderName {
@@ -110,7 +114,7 @@ fn all_digits(text: &str) -> bool {
 }
 
 fn check_retry_after(value: &HeaderValue, now: SystemTime) {
-    let got = parse_retry_after(value, now);
+    let got = retry_after::parse(value, now);
     let Ok(text) = value.to_str() else {
         assert_eq!(got, None, "non-visible-ASCII value parsed: {value:?}");
         return;
@@ -123,7 +127,7 @@ fn check_retry_after(value: &HeaderValue, now: SystemTime) {
             .map_or(Duration::MAX, Duration::from_secs);
         assert_eq!(got, Some(expected), "seconds {text:?}");
         // Seconds do not depend on the clock.
-        assert_eq!(parse_retry_after(value, UNIX_EPOCH), got);
+        assert_eq!(retry_after::parse(value, UNIX_EPOCH), got);
         return;
     }
     match httpdate::parse_http_date(text) {
@@ -144,7 +148,7 @@ fn check_retry_after(value: &HeaderValue, now: SystemTime) {
 }
 
 fn check_retry_after_ms(value: &HeaderValue) {
-    let got = parse_retry_after_ms(value);
+    let got = retry_after::parse_ms(value);
     let Ok(text) = value.to_str() else {
         assert_eq!(got, None, "non-visible-ASCII value parsed: {value:?}");
         return;

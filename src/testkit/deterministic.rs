@@ -1,11 +1,7 @@
-//! Deterministic helpers for tests: a recording sleeper, seeded randomness, fixed keys, a
-//! loopback HTTP client.
+//! Deterministic helpers for tests: a recording sleeper, fixed keys, a loopback HTTP client.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
-
-use rand::SeedableRng;
-use rand::rngs::StdRng;
 
 use crate::error::Error;
 use crate::key::IdempotencyKey;
@@ -94,14 +90,6 @@ impl Sleeper for RecordingSleeper {
             Box::pin(std::future::ready(()))
         }
     }
-}
-
-/// A reproducible RNG for generating test cases (fault schedules, payloads). Print the seed when
-/// a test fails so the case can be replayed; for the client's jitter use
-/// [`ClientBuilder::rng_seed`](crate::ClientBuilder::rng_seed).
-#[must_use]
-pub fn seeded_rng(seed: u64) -> StdRng {
-    StdRng::seed_from_u64(seed)
 }
 
 /// A fixed, valid, readable key for test `n`: `testkit-key-0000000000000042`. The same `n`

@@ -234,7 +234,7 @@ mod tests {
         assert_eq!(value, "Mon, 01 Jan 2024 00:00:31 GMT");
         // Rounded up to whole seconds: never earlier than asked.
         let asked =
-            crate::parse_retry_after(&http::HeaderValue::from_str(value).expect("ascii"), wall)
+            crate::retry_after::parse(&http::HeaderValue::from_str(value).expect("ascii"), wall)
                 .expect("parsable");
         assert!(asked >= Duration::from_secs(30), "{asked:?}");
         assert!(asked < Duration::from_secs(31), "{asked:?}");

@@ -19,8 +19,7 @@
 //! - [`Receiver::forget`] refuses to drop a key whose effect committed unless given a
 //!   [`Compensation`]; [`Reply::release_key`] on a committed key is refused and kept as a
 //!   [`Violation`].
-//! - Deterministic helpers: [`RecordingSleeper`], [`seeded_rng`], [`fixed_key`],
-//!   [`loopback_http`].
+//! - Deterministic helpers: [`RecordingSleeper`], [`fixed_key`], [`loopback_http`].
 //!
 //! The receiver speaks HTTP/1.1 only, one request per connection, and keeps everything in
 //! memory. It is a test double, not a server to deploy.
@@ -84,7 +83,7 @@ mod state;
 mod wire;
 
 pub use crate::ledger::{ConformanceFailure, ConformanceReport, ledger_conformance};
-pub use deterministic::{RecordingSleeper, fixed_key, loopback_http, seeded_rng};
+pub use deterministic::{RecordingSleeper, fixed_key, loopback_http};
 pub use fault::{Canned, Fault, RetryAfter, When};
 pub use handler::{Delivery, Reply};
 pub use receiver::{REPLAYED_HEADER, Receiver, ReceiverBuilder};

@@ -335,7 +335,7 @@ fn hex(bytes: &[u8]) -> String {
 pub(super) fn fingerprint(method: &str, path: &str, body: &[u8]) -> [u8; 32] {
     let canonical = serde_json::from_slice::<serde_json::Value>(body)
         .ok()
-        .map(|json| crate::canonical_json(&json));
+        .map(|json| crate::canonical::to_string(&json));
     let body = canonical.as_ref().map_or(body, |c| c.as_bytes());
     let mut hasher = Sha256::new();
     for part in [method.as_bytes(), path.as_bytes(), body] {

@@ -1,21 +1,24 @@
-//! A door into the pure decision engine for the crate's fuzz targets (`fuzz/`) and property
-//! tests (`tests/properties.rs`), which drive whole operations on virtual time.
+//! The one door into the pure decision engine, for the crate's benchmarks (`benches/decide.rs`),
+//! fuzz targets (`fuzz/`) and property tests (`tests/properties.rs`), which time single
+//! decisions or drive whole operations on virtual time.
 //!
-//! Hidden from the docs and not covered by semver: it mirrors the engine's internal shape,
-//! which may change.
+//! Behind the `internals` feature, hidden from the docs and not covered by semver: it mirrors
+//! the engine's internal shape, which may change in any release. The randomness is one word
+//! per call, as [`backoff::full_jitter`](crate::backoff::full_jitter) takes it, so a caller
+//! replays a decision by passing the same word and needs no generator of ours.
 
 use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, StatusCode};
 
 use crate::classify::FailureKind;
-use crate::decide::{Decision, Observed, OperationState, Stop, decide};
+use crate::decide::{self, Decision, Observed, OperationState, Stop};
 use crate::policy::RetryPolicy;
 use crate::report::WaitReason;
+use crate::test_rng::ConstRng;
 use crate::time::{Clock, TokioClock};
 
 /// The operation as the engine sees it when one attempt has ended.
-#[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecideInput {
     /// Attempts made so far, the one being decided on included.
@@ -31,7 +34,6 @@ pub struct DecideInput {
 }
 
 /// What the engine decided, with the stop reason flattened to a stable name.
-#[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DecideStep {
     /// The response is the answer.
@@ -58,17 +60,19 @@ pub enum DecideStep {
 }
 
 /// Runs the decision engine once. `outcome` is the attempt's status and headers, or how its
-/// transport failed; `wall` is the wall-clock time an HTTP-date is measured from.
+/// transport failed; `wall` is the wall-clock time an HTTP-date is measured from; `random` is
+/// the uniform word the full-jitter backoff is drawn from (`0` gives no wait, `u64::MAX` the
+/// whole ceiling).
 ///
 /// `None` only when `input.elapsed` is too large to be added to a monotonic instant on this
 /// platform (hundreds of billions of years), so the engine cannot be asked.
-#[doc(hidden)]
-pub fn decide_step<R: rand::Rng + ?Sized>(
+#[must_use]
+pub fn decide(
     policy: &RetryPolicy,
     input: &DecideInput,
     outcome: Result<(StatusCode, &HeaderMap), FailureKind>,
     wall: SystemTime,
-    rng: &mut R,
+    random: u64,
 ) -> Option<DecideStep> {
     let started = TokioClock.now();
     let now = started.checked_add(input.elapsed)?;
@@ -83,30 +87,32 @@ pub fn decide_step<R: rand::Rng + ?Sized>(
         Ok((status, headers)) => Observed::Response { status, headers },
         Err(kind) => Observed::Failure(kind),
     };
-    Some(match decide(policy, &state, observed, now, wall, rng) {
-        Decision::Return => DecideStep::Return,
-        Decision::Retry {
-            kind,
-            delay,
-            reason,
-        } => DecideStep::Retry {
-            kind,
-            delay,
-            reason,
+    Some(
+        match decide::decide(policy, &state, observed, now, wall, &mut ConstRng(random)) {
+            Decision::Return => DecideStep::Return,
+            Decision::Retry {
+                kind,
+                delay,
+                reason,
+            } => DecideStep::Retry {
+                kind,
+                delay,
+                reason,
+            },
+            Decision::Stop { kind, stop } => {
+                let (why, asked) = match stop {
+                    Stop::Exhausted => ("exhausted", None),
+                    Stop::Window => ("window", None),
+                    Stop::RetryAfterTooLong { asked } => ("retry_after_too_long", Some(asked)),
+                    Stop::NotReplayable => ("not_replayable", None),
+                    Stop::NotRetrySafe => ("not_retry_safe", None),
+                    Stop::Fatal => ("fatal", None),
+                    Stop::BudgetExhausted => ("budget_exhausted", None),
+                };
+                DecideStep::Stop { kind, why, asked }
+            }
         },
-        Decision::Stop { kind, stop } => {
-            let (why, asked) = match stop {
-                Stop::Exhausted => ("exhausted", None),
-                Stop::Window => ("window", None),
-                Stop::RetryAfterTooLong { asked } => ("retry_after_too_long", Some(asked)),
-                Stop::NotReplayable => ("not_replayable", None),
-                Stop::NotRetrySafe => ("not_retry_safe", None),
-                Stop::Fatal => ("fatal", None),
-                Stop::BudgetExhausted => ("budget_exhausted", None),
-            };
-            DecideStep::Stop { kind, why, asked }
-        }
-    })
+    )
 }
 
 #[cfg(test)]
@@ -114,7 +120,6 @@ mod tests {
     use http::HeaderValue;
 
     use super::*;
-    use crate::test_rng::ConstRng;
 
     fn input(attempts: u32, elapsed: Duration) -> DecideInput {
         DecideInput {
@@ -127,19 +132,18 @@ mod tests {
     }
 
     #[test]
-    fn decide_step_mirrors_each_kind_of_decision() {
+    fn decide_mirrors_each_kind_of_decision() {
         let policy = RetryPolicy::default().reconcile_window(Duration::from_secs(10));
         let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         let none = HeaderMap::new();
         let unavailable = Ok((StatusCode::SERVICE_UNAVAILABLE, &none));
-        let mut top = ConstRng(u64::MAX);
         assert_eq!(
-            decide_step(
+            decide(
                 &policy,
                 &input(1, Duration::ZERO),
                 unavailable,
                 wall,
-                &mut top
+                u64::MAX
             ),
             Some(DecideStep::Retry {
                 kind: FailureKind::ServerError,
@@ -150,23 +154,23 @@ mod tests {
             })
         );
         assert_eq!(
-            decide_step(
+            decide(
                 &policy,
                 &input(1, Duration::ZERO),
                 Ok((StatusCode::OK, &none)),
                 wall,
-                &mut top
+                u64::MAX
             ),
             Some(DecideStep::Return)
         );
         // 9.6 s of the 10 s window gone: a 500 ms wait would cross its end.
         assert_eq!(
-            decide_step(
+            decide(
                 &policy,
                 &input(1, Duration::from_millis(9600)),
                 unavailable,
                 wall,
-                &mut top
+                u64::MAX
             ),
             Some(DecideStep::Stop {
                 kind: Some(FailureKind::ServerError),
@@ -177,12 +181,12 @@ mod tests {
         let mut asked = HeaderMap::new();
         asked.insert("retry-after", HeaderValue::from_static("61"));
         assert_eq!(
-            decide_step(
+            decide(
                 &policy,
                 &input(1, Duration::ZERO),
                 Ok((StatusCode::TOO_MANY_REQUESTS, &asked)),
                 wall,
-                &mut top
+                u64::MAX
             ),
             Some(DecideStep::Stop {
                 kind: Some(FailureKind::Throttled),
@@ -191,15 +195,51 @@ mod tests {
             })
         );
         assert_eq!(
-            decide_step(
+            decide(
                 &policy,
                 &input(1, Duration::MAX),
                 unavailable,
                 wall,
-                &mut top
+                u64::MAX
             ),
             None,
             "an elapsed time no instant can hold"
+        );
+    }
+
+    #[test]
+    fn the_word_places_the_wait_inside_the_ceiling_and_limits_still_apply() {
+        let policy = RetryPolicy::default();
+        let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let delay = |attempts, random| match decide(
+            &policy,
+            &input(attempts, Duration::ZERO),
+            Err(FailureKind::Timeout),
+            wall,
+            random,
+        ) {
+            Some(DecideStep::Retry { delay, .. }) => Some(delay),
+            _ => None,
+        };
+        // After the second attempt the ceiling is 1 s.
+        assert_eq!(delay(2, 0), Some(Duration::ZERO));
+        assert_eq!(delay(2, 1 << 63), Some(Duration::from_millis(500)));
+        assert_eq!(delay(2, u64::MAX), Some(Duration::from_secs(1)));
+        assert_eq!(delay(2, 12345), delay(2, 12345), "same word, same wait");
+        assert_eq!(delay(5, u64::MAX), None, "attempts exhausted");
+        assert_eq!(
+            decide(
+                &policy,
+                &input(5, Duration::ZERO),
+                Err(FailureKind::Timeout),
+                wall,
+                0
+            ),
+            Some(DecideStep::Stop {
+                kind: Some(FailureKind::Timeout),
+                why: "exhausted",
+                asked: None,
+            })
         );
     }
 }
