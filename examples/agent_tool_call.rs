@@ -149,9 +149,9 @@ fn key_from_log(logged: &str) -> Result<(IdempotencyKey, Value), Box<dyn StdErro
 
 fn new_client() -> Result<Client, Box<dyn StdError>> {
     let policy = RetryPolicy::default()
-        .base_delay(Duration::from_millis(100))
-        .max_delay(Duration::from_secs(1))
-        .attempt_timeout(Duration::from_secs(2));
+        .with_base_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(1))
+        .with_attempt_timeout(Duration::from_secs(2));
     loopback_client(policy)
 }
 

@@ -41,10 +41,10 @@ async fn main() -> Result<ExitCode, Box<dyn StdError>> {
     // A short policy so the demo takes seconds: backoff ceilings 100 ms, 200 ms, 400 ms, ... up
     // to 1 s; each attempt may take 300 ms.
     let policy = RetryPolicy::default()
-        .max_attempts(6)
-        .base_delay(Duration::from_millis(100))
-        .max_delay(Duration::from_secs(1))
-        .attempt_timeout(Duration::from_millis(300));
+        .with_max_attempts(6)
+        .with_base_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(1))
+        .with_attempt_timeout(Duration::from_millis(300));
     let client = Client::builder()
         .http(testkit::loopback_http()?)
         .policy(policy)

@@ -55,11 +55,11 @@ struct Cell {
 #[tokio::main]
 async fn main() -> Result<ExitCode, Box<dyn StdError>> {
     let policy = RetryPolicy::default()
-        .max_attempts(6)
-        .base_delay(Duration::from_millis(50))
-        .max_delay(Duration::from_millis(400))
-        .attempt_timeout(ATTEMPT_TIMEOUT)
-        .max_retry_after(Duration::from_secs(2));
+        .with_max_attempts(6)
+        .with_base_delay(Duration::from_millis(50))
+        .with_max_delay(Duration::from_millis(400))
+        .with_attempt_timeout(ATTEMPT_TIMEOUT)
+        .with_max_retry_after(Duration::from_secs(2));
     let client = Client::builder()
         .http(testkit::loopback_http()?)
         .policy(policy)

@@ -63,9 +63,9 @@ async fn main() -> Result<(), Box<dyn StdError>> {
     let retry = Client::builder()
         .policy(
             RetryPolicy::default()
-                .base_delay(Duration::from_millis(20))
-                .max_delay(Duration::from_millis(200))
-                .attempt_timeout(Duration::from_secs(2)),
+                .with_base_delay(Duration::from_millis(20))
+                .with_max_delay(Duration::from_millis(200))
+                .with_attempt_timeout(Duration::from_secs(2)),
         )
         .ledger(MemoryLedger::new())
         .build_middleware()?;

@@ -43,10 +43,10 @@ async fn main() -> Result<(), Box<dyn StdError>> {
         url: server.url("/v1/receipts"),
         client: loopback_client(
             RetryPolicy::default()
-                .max_attempts(3)
-                .base_delay(Duration::from_millis(50))
-                .max_delay(Duration::from_millis(500))
-                .attempt_timeout(Duration::from_secs(2)),
+                .with_max_attempts(3)
+                .with_base_delay(Duration::from_millis(50))
+                .with_max_delay(Duration::from_millis(500))
+                .with_attempt_timeout(Duration::from_secs(2)),
         )?,
     };
 

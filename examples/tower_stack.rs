@@ -86,10 +86,10 @@ async fn main() -> Result<(), BoxError> {
     let layer = Client::builder()
         .policy(
             RetryPolicy::default()
-                .max_attempts(4)
-                .base_delay(Duration::from_millis(20))
-                .max_delay(Duration::from_millis(200))
-                .attempt_timeout(Duration::from_secs(2)),
+                .with_max_attempts(4)
+                .with_base_delay(Duration::from_millis(20))
+                .with_max_delay(Duration::from_millis(200))
+                .with_attempt_timeout(Duration::from_secs(2)),
         )
         .observer(Metrics::default())
         .build_layer()?;

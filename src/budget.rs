@@ -27,10 +27,10 @@ use crate::error::Error;
 ///
 /// | setting | default |
 /// |---|---|
-/// | [`capacity`](Self::capacity) | 500 tokens (the bucket starts full) |
-/// | [`retry_cost`](Self::retry_cost) | 5 tokens |
-/// | [`timeout_cost`](Self::timeout_cost) | 10 tokens |
-/// | [`success_reward`](Self::success_reward) | 1 token |
+/// | [`with_capacity`](Self::with_capacity) | 500 tokens (the bucket starts full) |
+/// | [`with_retry_cost`](Self::with_retry_cost) | 5 tokens |
+/// | [`with_timeout_cost`](Self::with_timeout_cost) | 10 tokens |
+/// | [`with_success_reward`](Self::with_success_reward) | 1 token |
 ///
 /// A retry after a 409 "still in progress" is free (see [`cost_of`](Self::cost_of)).
 ///
@@ -40,10 +40,10 @@ use crate::error::Error;
 /// use idempotent_retry::{RetryBudget, RetryBudgetConfig};
 ///
 /// // A smaller burst: 20 retries from full, refilled by 5 first-attempt successes each.
-/// let budget = RetryBudget::with_config(RetryBudgetConfig::new().capacity(100))?;
+/// let budget = RetryBudget::with_config(RetryBudgetConfig::new().with_capacity(100))?;
 /// assert_eq!(budget.available(), 100);
 ///
-/// let too_small = RetryBudgetConfig::new().capacity(4); // cannot pay for one retry
+/// let too_small = RetryBudgetConfig::new().with_capacity(4); // cannot pay for one retry
 /// assert!(RetryBudget::with_config(too_small).is_err());
 /// # Ok::<(), idempotent_retry::Error>(())
 /// ```
@@ -80,7 +80,7 @@ impl RetryBudgetConfig {
     /// never wrap.
     ///
     /// Default: 500.
-    pub const fn capacity(mut self, tokens: u32) -> Self {
+    pub const fn with_capacity(mut self, tokens: u32) -> Self {
         self.capacity = tokens;
         self
     }
@@ -89,7 +89,7 @@ impl RetryBudgetConfig {
     /// equal to the capacity lets one retry drain a full bucket.
     ///
     /// Default: 5.
-    pub const fn retry_cost(mut self, tokens: u32) -> Self {
+    pub const fn with_retry_cost(mut self, tokens: u32) -> Self {
         self.retry_cost = tokens;
         self
     }
@@ -97,7 +97,7 @@ impl RetryBudgetConfig {
     /// What a retry after a timed-out attempt costs. Must be at least 1.
     ///
     /// Default: 10.
-    pub const fn timeout_cost(mut self, tokens: u32) -> Self {
+    pub const fn with_timeout_cost(mut self, tokens: u32) -> Self {
         self.timeout_cost = tokens;
         self
     }
@@ -107,32 +107,34 @@ impl RetryBudgetConfig {
     /// success (the level saturates at the capacity).
     ///
     /// Default: 1.
-    pub const fn success_reward(mut self, tokens: u32) -> Self {
+    pub const fn with_success_reward(mut self, tokens: u32) -> Self {
         self.success_reward = tokens;
         self
     }
 
-    /// The configured capacity.
+    /// The configured capacity (set with [`with_capacity`](Self::with_capacity)).
     #[must_use]
-    pub const fn get_capacity(&self) -> u32 {
+    pub const fn capacity(&self) -> u32 {
         self.capacity
     }
 
-    /// The configured cost of a retry.
+    /// The configured cost of a retry (set with [`with_retry_cost`](Self::with_retry_cost)).
     #[must_use]
-    pub const fn get_retry_cost(&self) -> u32 {
+    pub const fn retry_cost(&self) -> u32 {
         self.retry_cost
     }
 
-    /// The configured cost of a retry after a timeout.
+    /// The configured cost of a retry after a timeout
+    /// (set with [`with_timeout_cost`](Self::with_timeout_cost)).
     #[must_use]
-    pub const fn get_timeout_cost(&self) -> u32 {
+    pub const fn timeout_cost(&self) -> u32 {
         self.timeout_cost
     }
 
-    /// The configured deposit for a first-attempt success.
+    /// The configured deposit for a first-attempt success
+    /// (set with [`with_success_reward`](Self::with_success_reward)).
     #[must_use]
-    pub const fn get_success_reward(&self) -> u32 {
+    pub const fn success_reward(&self) -> u32 {
         self.success_reward
     }
 
@@ -441,7 +443,7 @@ mod tests {
     /// Bounded by the capacity (every cost here is at least 1 token), so a bucket that never
     /// refuses fails the test instead of hanging it.
     fn drain(budget: &RetryBudget, kind: FailureKind) -> usize {
-        let most = budget.config().get_capacity() as usize + 1;
+        let most = budget.config().capacity() as usize + 1;
         let paid = std::iter::from_fn(|| budget.try_withdraw(kind))
             .take(most)
             .count();
@@ -452,10 +454,10 @@ mod tests {
     #[test]
     fn default_numbers_are_the_aws_standard_ones() {
         let config = RetryBudgetConfig::default();
-        assert_eq!(config.get_capacity(), 500);
-        assert_eq!(config.get_retry_cost(), 5);
-        assert_eq!(config.get_timeout_cost(), 10);
-        assert_eq!(config.get_success_reward(), 1);
+        assert_eq!(config.capacity(), 500);
+        assert_eq!(config.retry_cost(), 5);
+        assert_eq!(config.timeout_cost(), 10);
+        assert_eq!(config.success_reward(), 1);
         assert_eq!(RetryBudget::default().available(), 500);
         assert!(config.validate().is_ok());
     }
@@ -463,14 +465,14 @@ mod tests {
     #[test]
     fn a_bucket_runs_on_the_numbers_it_was_given() {
         let config = RetryBudgetConfig::new()
-            .capacity(20)
-            .retry_cost(3)
-            .timeout_cost(7)
-            .success_reward(2);
-        assert_eq!(config.get_capacity(), 20);
-        assert_eq!(config.get_retry_cost(), 3);
-        assert_eq!(config.get_timeout_cost(), 7);
-        assert_eq!(config.get_success_reward(), 2);
+            .with_capacity(20)
+            .with_retry_cost(3)
+            .with_timeout_cost(7)
+            .with_success_reward(2);
+        assert_eq!(config.capacity(), 20);
+        assert_eq!(config.retry_cost(), 3);
+        assert_eq!(config.timeout_cost(), 7);
+        assert_eq!(config.success_reward(), 2);
         let budget = RetryBudget::with_config(config).expect("valid");
         assert_eq!(budget.config(), config);
 
@@ -499,7 +501,7 @@ mod tests {
 
     #[test]
     fn a_refusal_withdraws_nothing() {
-        let config = RetryBudgetConfig::new().capacity(12);
+        let config = RetryBudgetConfig::new().with_capacity(12);
         let budget = RetryBudget::with_config(config).expect("valid");
         assert_eq!(budget.try_withdraw(FailureKind::Timeout), Some(10));
         assert_eq!(budget.try_withdraw(FailureKind::Timeout), None);
@@ -535,7 +537,7 @@ mod tests {
 
     #[test]
     fn a_conflict_in_progress_is_free_and_an_empty_bucket_still_allows_it() {
-        let budget = RetryBudget::with_config(RetryBudgetConfig::new().capacity(10)).unwrap();
+        let budget = RetryBudget::with_config(RetryBudgetConfig::new().with_capacity(10)).unwrap();
         assert_eq!(budget.try_withdraw(FailureKind::Timeout), Some(10));
         assert_eq!(budget.available(), 0);
         assert_eq!(budget.try_withdraw(FailureKind::ServerError), None);
@@ -550,11 +552,11 @@ mod tests {
     #[test]
     fn bad_numbers_are_typed_errors() {
         let cases = [
-            (RetryBudgetConfig::new().retry_cost(0), "costs"),
-            (RetryBudgetConfig::new().timeout_cost(0), "costs"),
-            (RetryBudgetConfig::new().success_reward(0), "refills"),
-            (RetryBudgetConfig::new().capacity(9), "capacity (9)"),
-            (RetryBudgetConfig::new().capacity(0), "capacity (0)"),
+            (RetryBudgetConfig::new().with_retry_cost(0), "costs"),
+            (RetryBudgetConfig::new().with_timeout_cost(0), "costs"),
+            (RetryBudgetConfig::new().with_success_reward(0), "refills"),
+            (RetryBudgetConfig::new().with_capacity(9), "capacity (9)"),
+            (RetryBudgetConfig::new().with_capacity(0), "capacity (0)"),
         ];
         for (config, words) in cases {
             let err = RetryBudget::with_config(config).expect_err("invalid");
@@ -562,15 +564,15 @@ mod tests {
             assert!(err.to_string().contains(words), "{err}");
         }
         let ok = RetryBudgetConfig::new()
-            .capacity(10)
-            .retry_cost(10)
-            .timeout_cost(10);
+            .with_capacity(10)
+            .with_retry_cost(10)
+            .with_timeout_cost(10);
         assert!(RetryBudget::with_config(ok).is_ok());
     }
 
     #[test]
     fn tab_turns_a_refused_retry_into_a_stop_and_refunds_the_last_cost() {
-        let config = RetryBudgetConfig::new().capacity(15);
+        let config = RetryBudgetConfig::new().with_capacity(15);
         let budget = RetryBudget::with_config(config).expect("valid");
         let mut tab = BudgetTab::new(Some(&budget));
         let decision = retry(FailureKind::Timeout);
@@ -672,7 +674,7 @@ mod tests {
                 0..500,
             ),
         ) {
-            let config = RetryBudgetConfig::new().capacity(capacity);
+            let config = RetryBudgetConfig::new().with_capacity(capacity);
             let budget = RetryBudget::with_config(config).expect("valid");
             let (mut spent, mut deposited) = (0u64, 0u64);
             for event in events {

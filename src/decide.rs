@@ -123,23 +123,23 @@ pub(crate) fn decide<R: rand::Rng + ?Sized>(
             Observed::Failure(_) => stop(Stop::NotRetrySafe),
         };
     }
-    if state.attempts >= policy.get_max_attempts() {
+    if state.attempts >= policy.max_attempts() {
         return stop(Stop::Exhausted);
     }
     if !state.replayable {
         return stop(Stop::NotReplayable);
     }
-    let remaining = window::remaining(policy.get_reconcile_window(), state.started, now);
+    let remaining = window::remaining(policy.reconcile_window(), state.started, now);
     if let Some(asked) = asked
-        && (asked > policy.get_max_retry_after() || !window::wait_fits(asked, remaining))
+        && (asked > policy.max_retry_after() || !window::wait_fits(asked, remaining))
     {
         return stop(Stop::RetryAfterTooLong { asked });
     }
     let retry = state.attempts.saturating_sub(1);
     let drawn = backoff::full_jitter(
         retry,
-        policy.get_base_delay(),
-        policy.get_max_delay(),
+        policy.base_delay(),
+        policy.max_delay(),
         rng.next_u64(),
     );
     let (delay, reason) = match asked {
@@ -147,7 +147,7 @@ pub(crate) fn decide<R: rand::Rng + ?Sized>(
         _ => (
             drawn,
             WaitReason::Backoff {
-                ceiling: backoff::ceiling(retry, policy.get_base_delay(), policy.get_max_delay()),
+                ceiling: backoff::ceiling(retry, policy.base_delay(), policy.max_delay()),
             },
         ),
     };
@@ -310,7 +310,7 @@ mod tests {
 
     #[test]
     fn stops_after_max_attempts() {
-        let policy = RetryPolicy::default().max_attempts(3);
+        let policy = RetryPolicy::default().with_max_attempts(3);
         assert!(matches!(
             run(&policy, &state(2, true, false), status(503, &NO_HEADERS)),
             Decision::Retry { .. }
@@ -340,7 +340,7 @@ mod tests {
         );
         // Backoff above the asked delay wins: retry 4 draws up to 8 s.
         let h = headers(&[("retry-after-ms", "10")]);
-        let policy = policy.max_attempts(10);
+        let policy = policy.with_max_attempts(10);
         match run(&policy, &state(5, true, false), status(503, &h)) {
             Decision::Retry { delay, reason, .. } => {
                 assert_eq!(delay, Duration::from_secs(8));
@@ -364,7 +364,7 @@ mod tests {
             }
         );
         // Within max_retry_after but past the window's end.
-        let policy = RetryPolicy::default().reconcile_window(Duration::from_secs(30));
+        let policy = RetryPolicy::default().with_reconcile_window(Duration::from_secs(30));
         let h = headers(&[("retry-after", "30")]);
         assert_eq!(
             run(&policy, &state(1, true, false), status(503, &h)),
@@ -388,7 +388,7 @@ mod tests {
 
     #[test]
     fn never_waits_past_the_window() {
-        let policy = RetryPolicy::default().reconcile_window(Duration::from_secs(10));
+        let policy = RetryPolicy::default().with_reconcile_window(Duration::from_secs(10));
         let s = state(1, true, false);
         // 9.6 s in, 400 ms left: a 500 ms wait would cross the end.
         let now = s.started + Duration::from_millis(9600);
@@ -549,21 +549,21 @@ mod tests {
         ) {
             let base = Duration::from_millis(base_ms.min(cap_ms));
             let policy = RetryPolicy::default()
-                .max_attempts(max_attempts)
-                .base_delay(base)
-                .max_delay(Duration::from_millis(cap_ms))
-                .reconcile_window(Duration::from_millis(window_ms));
+                .with_max_attempts(max_attempts)
+                .with_base_delay(base)
+                .with_max_delay(Duration::from_millis(cap_ms))
+                .with_reconcile_window(Duration::from_millis(window_ms));
             let mut rng = StdRng::seed_from_u64(seed);
             let started = t0();
             let mut now = started;
             let mut st = OperationState { started, attempts: 0, keyed, idempotent_method: idempotent, replayable: true };
             for (code, failure, retry_after_ms) in outcomes {
                 // An attempt may only start inside the window.
-                prop_assert!(now < started + policy.get_reconcile_window());
+                prop_assert!(now < started + policy.reconcile_window());
                 st.attempts += 1;
                 prop_assert!(st.attempts <= max_attempts);
                 now += Duration::from_millis(attempt_ms).min(
-                    (started + policy.get_reconcile_window()).saturating_duration_since(now));
+                    (started + policy.reconcile_window()).saturating_duration_since(now));
                 let mut h = HeaderMap::new();
                 if let Some(ms) = retry_after_ms {
                     h.insert("retry-after-ms", HeaderValue::from(ms));
@@ -578,15 +578,15 @@ mod tests {
                         match reason {
                             WaitReason::Backoff { ceiling } => {
                                 prop_assert!(delay <= ceiling);
-                                prop_assert!(delay <= policy.get_max_delay());
+                                prop_assert!(delay <= policy.max_delay());
                             }
                             WaitReason::RetryAfter { asked } => {
                                 prop_assert_eq!(delay, asked);
-                                prop_assert!(asked <= policy.get_max_retry_after());
+                                prop_assert!(asked <= policy.max_retry_after());
                             }
                         }
                         now += delay;
-                        prop_assert!(now < started + policy.get_reconcile_window());
+                        prop_assert!(now < started + policy.reconcile_window());
                         // A retry never goes out unsafely.
                         prop_assert!(keyed || idempotent || failure.is_some_and(FailureKind::never_sent));
                     }

@@ -53,7 +53,7 @@ pub enum ErrorKind {
     KeyReuse,
     /// Another run holds the operation's lease in the ledger and is sending it now. Nothing
     /// was sent; try again later with the same key.
-    InProgress,
+    LeaseHeld,
     /// The ledger could not be read or written. Before the first attempt: nothing was sent.
     /// After an attempt: [`is_outcome_unknown`](Error::is_outcome_unknown) says whether it may
     /// have run, and the next run with the same key resumes once the lease lapses. The
@@ -77,7 +77,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::Builder => "invalid configuration",
             ErrorKind::BudgetExhausted => "retry budget exhausted",
             ErrorKind::KeyReuse => "idempotency key reused for a different request",
-            ErrorKind::InProgress => "operation in progress elsewhere",
+            ErrorKind::LeaseHeld => "operation lease held by another run",
             ErrorKind::Ledger => "ledger failure",
             ErrorKind::TooManyRedirects => "too many redirects",
         })
@@ -358,7 +358,7 @@ impl Error {
                     "retry budget exhausted, not retried after {attempts} attempt{plural}"
                 )?;
             }
-            ErrorKind::KeyReuse | ErrorKind::InProgress | ErrorKind::Ledger => {
+            ErrorKind::KeyReuse | ErrorKind::LeaseHeld | ErrorKind::Ledger => {
                 write!(f, "{}", inner.kind)?;
                 if let Some(message) = &inner.message {
                     write!(f, ": {message}")?;
@@ -459,7 +459,7 @@ mod tests {
                 ErrorKind::KeyReuse,
                 "idempotency key reused for a different request",
             ),
-            (ErrorKind::InProgress, "operation in progress elsewhere"),
+            (ErrorKind::LeaseHeld, "operation lease held by another run"),
             (ErrorKind::Ledger, "ledger failure"),
             (ErrorKind::TooManyRedirects, "too many redirects"),
         ];

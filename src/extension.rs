@@ -130,17 +130,20 @@ mod tests {
         let mut ext = Extensions::new();
         ext.insert(key.clone());
         ext.insert(WithoutIdempotencyKey);
-        ext.insert(RetryPolicy::default().max_attempts(2));
+        ext.insert(RetryPolicy::default().with_max_attempts(2));
         ext.insert(LedgerScope::new("stripe.charge"));
         let given = Overrides::from_extensions(&ext);
         assert_eq!(given.scope.as_deref(), Some("stripe.charge"));
         assert_eq!(given.key.as_ref(), Some(&key));
         assert_eq!(given.auto_key, Some(false));
-        assert_eq!(given.policy, Some(RetryPolicy::default().max_attempts(2)));
+        assert_eq!(
+            given.policy,
+            Some(RetryPolicy::default().with_max_attempts(2))
+        );
 
         let explicit = Overrides {
             auto_key: Some(true),
-            policy: Some(RetryPolicy::default().max_attempts(3)),
+            policy: Some(RetryPolicy::default().with_max_attempts(3)),
             ..Overrides::default()
         };
         let mut carried = Extensions::new();
@@ -168,6 +171,9 @@ mod tests {
         let merged = explicit.or(given);
         assert_eq!(merged.key, Some(key));
         assert_eq!(merged.auto_key, Some(true));
-        assert_eq!(merged.policy, Some(RetryPolicy::default().max_attempts(3)));
+        assert_eq!(
+            merged.policy,
+            Some(RetryPolicy::default().with_max_attempts(3))
+        );
     }
 }

@@ -133,7 +133,7 @@ mod tests {
 
     #[test]
     fn decide_mirrors_each_kind_of_decision() {
-        let policy = RetryPolicy::default().reconcile_window(Duration::from_secs(10));
+        let policy = RetryPolicy::default().with_reconcile_window(Duration::from_secs(10));
         let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         let none = HeaderMap::new();
         let unavailable = Ok((StatusCode::SERVICE_UNAVAILABLE, &none));

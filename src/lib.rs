@@ -254,7 +254,7 @@
 //! let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
 //!     .build_http::<Full<Bytes>>();
 //! let layer = Client::builder()
-//!     .policy(RetryPolicy::default().max_attempts(4))
+//!     .policy(RetryPolicy::default().with_max_attempts(4))
 //!     .build_layer()?;
 //! let service: BoxCloneService<_, _, BoxError> = ServiceBuilder::new()
 //!     .layer(BoxCloneService::layer())
@@ -341,7 +341,7 @@
 //! |---|---|
 //! | for a different request (method, URL or canonical body) | [`ErrorKind::KeyReuse`], nothing sent |
 //! | succeeded | the saved response, [`RetryReport::is_replayed`], nothing sent |
-//! | in flight under another run's live lease | [`ErrorKind::InProgress`], nothing sent (or waits: [`InProgressPolicy`]) |
+//! | in flight under another run's live lease | [`ErrorKind::LeaseHeld`], nothing sent (or waits: [`LeaseHeldPolicy`]) |
 //! | first attempted longer ago than the reconcile window | [`ErrorKind::ReconcileWindow`], nothing sent |
 //! | otherwise (unknown, failed, or a lapsed lease left by a crash) | sends with the same key, inside the original window |
 //!
@@ -500,7 +500,7 @@ pub use ledger::PostgresLedger;
 #[cfg(feature = "sqlite")]
 pub use ledger::SqliteLedger;
 pub use ledger::{
-    AttemptUpdate, Claim, ClaimBuilder, Claimed, Finish, InProgressPolicy, Ledger, LedgerError,
+    AttemptUpdate, Claim, ClaimBuilder, Claimed, Finish, LeaseHeldPolicy, Ledger, LedgerError,
     LedgerErrorKind, LedgerFuture, LedgerOptions, MemoryLedger, OperationRecord,
     OperationRecordBuilder, OperationStatus, SavedResponse,
 };

@@ -61,7 +61,7 @@ pub trait Observer: Send + Sync + fmt::Debug + 'static {
     /// With a [`Ledger`](crate::Ledger), an operation the ledger settles before anything is
     /// sent is reported too, with `attempts` 0 and [`OperationEvent::ledger_verdict`] set: a
     /// succeeded operation answered from its saved response, or one refused
-    /// ([`KeyReuse`](crate::ErrorKind::KeyReuse), [`InProgress`](crate::ErrorKind::InProgress),
+    /// ([`KeyReuse`](crate::ErrorKind::KeyReuse), [`LeaseHeld`](crate::ErrorKind::LeaseHeld),
     /// [`ReconcileWindow`](crate::ErrorKind::ReconcileWindow), or
     /// [`Ledger`](crate::ErrorKind::Ledger) when the claim could not be written).
     fn on_operation(&self, event: &OperationEvent<'_>) {
@@ -160,7 +160,7 @@ pub enum LedgerVerdict {
     Replayed,
     /// The ledger's record, or a failure to read or write it, stopped the operation: `error`
     /// says which ([`KeyReuse`](crate::ErrorKind::KeyReuse),
-    /// [`InProgress`](crate::ErrorKind::InProgress),
+    /// [`LeaseHeld`](crate::ErrorKind::LeaseHeld),
     /// [`ReconcileWindow`](crate::ErrorKind::ReconcileWindow),
     /// [`Ledger`](crate::ErrorKind::Ledger), or [`Builder`](crate::ErrorKind::Builder) for a
     /// streamed body that cannot be fingerprinted or a response type that cannot be rebuilt).

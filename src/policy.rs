@@ -10,12 +10,12 @@ use crate::error::Error;
 ///
 /// | setting | default | why |
 /// |---|---|---|
-/// | [`max_attempts`](Self::max_attempts) | 5 | the first attempt and four retries |
-/// | [`base_delay`](Self::base_delay) | 500 ms | the first backoff ceiling (Stripe and OpenAI SDKs use 0.5 s) |
-/// | [`max_delay`](Self::max_delay) | 30 s | the backoff cap; jitter is drawn inside it |
-/// | [`reconcile_window`](Self::reconcile_window) | 24 h | Stripe v1 may prune a key after 24 h: a later retry would be a new request |
-/// | [`attempt_timeout`](Self::attempt_timeout) | 30 s | each attempt, response body included |
-/// | [`max_retry_after`](Self::max_retry_after) | 60 s | the longest server-requested wait honoured |
+/// | [`with_max_attempts`](Self::with_max_attempts) | 5 | the first attempt and four retries |
+/// | [`with_base_delay`](Self::with_base_delay) | 500 ms | the first backoff ceiling (Stripe and OpenAI SDKs use 0.5 s) |
+/// | [`with_max_delay`](Self::with_max_delay) | 30 s | the backoff cap; jitter is drawn inside it |
+/// | [`with_reconcile_window`](Self::with_reconcile_window) | 24 h | Stripe v1 may prune a key after 24 h: a later retry would be a new request |
+/// | [`with_attempt_timeout`](Self::with_attempt_timeout) | 30 s | each attempt, response body included |
+/// | [`with_max_retry_after`](Self::with_max_retry_after) | 60 s | the longest server-requested wait honoured |
 ///
 /// The setters do not validate; [`ClientBuilder::build`](crate::ClientBuilder::build) and
 /// [`RequestBuilder::send`](crate::RequestBuilder::send) call [`validate`](Self::validate).
@@ -27,11 +27,11 @@ use crate::error::Error;
 /// use idempotent_retry::RetryPolicy;
 ///
 /// let policy = RetryPolicy::default()
-///     .max_attempts(3)
-///     .base_delay(Duration::from_millis(200))
-///     .reconcile_window(Duration::from_secs(6 * 3600)); // a provider keeping keys 6 h
+///     .with_max_attempts(3)
+///     .with_base_delay(Duration::from_millis(200))
+///     .with_reconcile_window(Duration::from_secs(6 * 3600)); // a provider keeping keys 6 h
 /// assert!(policy.validate().is_ok());
-/// assert!(RetryPolicy::default().max_attempts(0).validate().is_err());
+/// assert!(RetryPolicy::default().with_max_attempts(0).validate().is_err());
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[must_use]
@@ -72,7 +72,7 @@ impl RetryPolicy {
     /// [retry budget](crate::RetryBudget) instead.
     ///
     /// Default: 5.
-    pub const fn max_attempts(mut self, attempts: u32) -> Self {
+    pub const fn with_max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts;
         self
     }
@@ -86,7 +86,7 @@ impl RetryPolicy {
     /// overflow is `max_delay`.
     ///
     /// Default: 500 ms.
-    pub const fn base_delay(mut self, delay: Duration) -> Self {
+    pub const fn with_base_delay(mut self, delay: Duration) -> Self {
         self.base_delay = delay;
         self
     }
@@ -102,7 +102,7 @@ impl RetryPolicy {
     /// sleeping.
     ///
     /// Default: 30 s.
-    pub const fn max_delay(mut self, delay: Duration) -> Self {
+    pub const fn with_max_delay(mut self, delay: Duration) -> Self {
         self.max_delay = delay;
         self
     }
@@ -119,7 +119,7 @@ impl RetryPolicy {
     /// time a ledger stores.
     ///
     /// Default: 24 h.
-    pub const fn reconcile_window(mut self, window: Duration) -> Self {
+    pub const fn with_reconcile_window(mut self, window: Duration) -> Self {
         self.reconcile_window = window;
         self
     }
@@ -132,7 +132,7 @@ impl RetryPolicy {
     /// saturate instead of overflowing.
     ///
     /// Default: 30 s.
-    pub const fn attempt_timeout(mut self, timeout: Duration) -> Self {
+    pub const fn with_attempt_timeout(mut self, timeout: Duration) -> Self {
         self.attempt_timeout = timeout;
         self
     }
@@ -147,44 +147,48 @@ impl RetryPolicy {
     /// with `RetryAfterTooLong`).
     ///
     /// Default: 60 s.
-    pub const fn max_retry_after(mut self, limit: Duration) -> Self {
+    pub const fn with_max_retry_after(mut self, limit: Duration) -> Self {
         self.max_retry_after = limit;
         self
     }
 
-    /// The configured maximum number of attempts.
+    /// The configured maximum number of attempts
+    /// (set with [`with_max_attempts`](Self::with_max_attempts)).
     #[must_use]
-    pub const fn get_max_attempts(&self) -> u32 {
+    pub const fn max_attempts(&self) -> u32 {
         self.max_attempts
     }
 
-    /// The configured base delay.
+    /// The configured base delay (set with [`with_base_delay`](Self::with_base_delay)).
     #[must_use]
-    pub const fn get_base_delay(&self) -> Duration {
+    pub const fn base_delay(&self) -> Duration {
         self.base_delay
     }
 
-    /// The configured backoff cap.
+    /// The configured backoff cap (set with [`with_max_delay`](Self::with_max_delay)).
     #[must_use]
-    pub const fn get_max_delay(&self) -> Duration {
+    pub const fn max_delay(&self) -> Duration {
         self.max_delay
     }
 
-    /// The configured reconcile window.
+    /// The configured reconcile window
+    /// (set with [`with_reconcile_window`](Self::with_reconcile_window)).
     #[must_use]
-    pub const fn get_reconcile_window(&self) -> Duration {
+    pub const fn reconcile_window(&self) -> Duration {
         self.reconcile_window
     }
 
-    /// The configured per-attempt timeout.
+    /// The configured per-attempt timeout
+    /// (set with [`with_attempt_timeout`](Self::with_attempt_timeout)).
     #[must_use]
-    pub const fn get_attempt_timeout(&self) -> Duration {
+    pub const fn attempt_timeout(&self) -> Duration {
         self.attempt_timeout
     }
 
-    /// The configured longest honoured server-requested wait.
+    /// The configured longest honoured server-requested wait
+    /// (set with [`with_max_retry_after`](Self::with_max_retry_after)).
     #[must_use]
-    pub const fn get_max_retry_after(&self) -> Duration {
+    pub const fn max_retry_after(&self) -> Duration {
         self.max_retry_after
     }
 
@@ -223,19 +227,19 @@ mod tests {
     #[test]
     fn validation_names_the_setting() {
         let cases = [
-            (RetryPolicy::default().max_attempts(0), "max_attempts"),
+            (RetryPolicy::default().with_max_attempts(0), "max_attempts"),
             (
                 RetryPolicy::default()
-                    .base_delay(Duration::from_secs(10))
-                    .max_delay(Duration::from_secs(1)),
+                    .with_base_delay(Duration::from_secs(10))
+                    .with_max_delay(Duration::from_secs(1)),
                 "base_delay",
             ),
             (
-                RetryPolicy::default().reconcile_window(Duration::ZERO),
+                RetryPolicy::default().with_reconcile_window(Duration::ZERO),
                 "reconcile_window",
             ),
             (
-                RetryPolicy::default().attempt_timeout(Duration::ZERO),
+                RetryPolicy::default().with_attempt_timeout(Duration::ZERO),
                 "attempt_timeout",
             ),
         ];
@@ -245,38 +249,35 @@ mod tests {
             assert!(err.to_string().contains(name), "{err}");
         }
         let extreme = RetryPolicy::default()
-            .max_attempts(u32::MAX)
-            .max_delay(Duration::MAX)
-            .reconcile_window(Duration::MAX)
-            .attempt_timeout(Duration::MAX)
-            .max_retry_after(Duration::MAX);
+            .with_max_attempts(u32::MAX)
+            .with_max_delay(Duration::MAX)
+            .with_reconcile_window(Duration::MAX)
+            .with_attempt_timeout(Duration::MAX)
+            .with_max_retry_after(Duration::MAX);
         assert!(extreme.validate().is_ok());
     }
 
     #[test]
     fn getters_return_what_the_setters_set() {
         let policy = RetryPolicy::new()
-            .max_attempts(7)
-            .base_delay(Duration::from_millis(3))
-            .max_delay(Duration::from_secs(4))
-            .reconcile_window(Duration::from_secs(5))
-            .attempt_timeout(Duration::from_secs(6))
-            .max_retry_after(Duration::from_secs(8));
-        assert_eq!(policy.get_max_attempts(), 7);
-        assert_eq!(policy.get_base_delay(), Duration::from_millis(3));
-        assert_eq!(policy.get_max_delay(), Duration::from_secs(4));
-        assert_eq!(policy.get_reconcile_window(), Duration::from_secs(5));
-        assert_eq!(policy.get_attempt_timeout(), Duration::from_secs(6));
-        assert_eq!(policy.get_max_retry_after(), Duration::from_secs(8));
+            .with_max_attempts(7)
+            .with_base_delay(Duration::from_millis(3))
+            .with_max_delay(Duration::from_secs(4))
+            .with_reconcile_window(Duration::from_secs(5))
+            .with_attempt_timeout(Duration::from_secs(6))
+            .with_max_retry_after(Duration::from_secs(8));
+        assert_eq!(policy.max_attempts(), 7);
+        assert_eq!(policy.base_delay(), Duration::from_millis(3));
+        assert_eq!(policy.max_delay(), Duration::from_secs(4));
+        assert_eq!(policy.reconcile_window(), Duration::from_secs(5));
+        assert_eq!(policy.attempt_timeout(), Duration::from_secs(6));
+        assert_eq!(policy.max_retry_after(), Duration::from_secs(8));
         let defaults = RetryPolicy::default();
-        assert_eq!(defaults.get_max_attempts(), 5);
-        assert_eq!(defaults.get_base_delay(), Duration::from_millis(500));
-        assert_eq!(defaults.get_max_delay(), Duration::from_secs(30));
-        assert_eq!(
-            defaults.get_reconcile_window(),
-            Duration::from_secs(24 * 3600)
-        );
-        assert_eq!(defaults.get_attempt_timeout(), Duration::from_secs(30));
-        assert_eq!(defaults.get_max_retry_after(), Duration::from_secs(60));
+        assert_eq!(defaults.max_attempts(), 5);
+        assert_eq!(defaults.base_delay(), Duration::from_millis(500));
+        assert_eq!(defaults.max_delay(), Duration::from_secs(30));
+        assert_eq!(defaults.reconcile_window(), Duration::from_secs(24 * 3600));
+        assert_eq!(defaults.attempt_timeout(), Duration::from_secs(30));
+        assert_eq!(defaults.max_retry_after(), Duration::from_secs(60));
     }
 }

@@ -25,9 +25,9 @@ const CONCURRENCY: usize = 32;
 /// so no attempt times out on a busy machine (a timeout would cost 10 tokens, not 5).
 fn fast() -> RetryPolicy {
     RetryPolicy::default()
-        .base_delay(Duration::from_millis(1))
-        .max_delay(Duration::from_millis(5))
-        .attempt_timeout(Duration::from_secs(10))
+        .with_base_delay(Duration::from_millis(1))
+        .with_max_delay(Duration::from_millis(5))
+        .with_attempt_timeout(Duration::from_secs(10))
 }
 
 fn client_with(builder: idempotent_retry::ClientBuilder) -> Client {
@@ -229,7 +229,7 @@ async fn after_the_outage_the_budget_refills_and_retries_resume() {
 #[tokio::test]
 async fn clients_given_one_budget_share_it() {
     let budget =
-        RetryBudget::with_config(RetryBudgetConfig::new().capacity(10)).expect("valid budget");
+        RetryBudget::with_config(RetryBudgetConfig::new().with_capacity(10)).expect("valid budget");
     let first = client_with(Client::builder().retry_budget(budget.clone()));
     let second = client_with(Client::builder().retry_budget(budget.clone()));
     let server = TestServer::start(vec![], Action::status(503)).await;
@@ -237,7 +237,7 @@ async fn clients_given_one_budget_share_it() {
     // Two retries (5 tokens each) empty the shared bucket through the first client...
     let err = first
         .post(server.url("/a"))
-        .policy(fast().max_attempts(3))
+        .policy(fast().with_max_attempts(3))
         .send()
         .await
         .expect_err("503 throughout");
@@ -258,7 +258,7 @@ async fn clients_given_one_budget_share_it() {
 #[tokio::test]
 async fn waiting_out_a_409_in_progress_costs_no_tokens() {
     let budget =
-        RetryBudget::with_config(RetryBudgetConfig::new().capacity(10)).expect("valid budget");
+        RetryBudget::with_config(RetryBudgetConfig::new().with_capacity(10)).expect("valid budget");
     let client = client_with(Client::builder().retry_budget(budget.clone()));
     // Empty the bucket, as an outage elsewhere would.
     assert_eq!(budget.try_withdraw(FailureKind::ServerError), Some(5));
@@ -296,7 +296,7 @@ async fn waiting_out_a_409_in_progress_costs_no_tokens() {
 #[tokio::test]
 async fn a_refused_throttled_retry_reports_the_outcome_as_not_executed() {
     let budget =
-        RetryBudget::with_config(RetryBudgetConfig::new().capacity(10)).expect("valid budget");
+        RetryBudget::with_config(RetryBudgetConfig::new().with_capacity(10)).expect("valid budget");
     while budget.try_withdraw(FailureKind::ServerError).is_some() {}
     let client = client_with(Client::builder().retry_budget(budget));
     let server = TestServer::start(vec![], Action::status(429)).await;
@@ -319,9 +319,9 @@ async fn clones_of_a_tower_layer_share_its_budget() {
     use tower::{Layer, ServiceExt};
 
     let budget =
-        RetryBudget::with_config(RetryBudgetConfig::new().capacity(10)).expect("valid budget");
+        RetryBudget::with_config(RetryBudgetConfig::new().with_capacity(10)).expect("valid budget");
     let layer = Client::builder()
-        .policy(fast().max_attempts(3))
+        .policy(fast().with_max_attempts(3))
         .retry_budget(budget.clone())
         .build_layer()
         .expect("valid layer");

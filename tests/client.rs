@@ -295,7 +295,7 @@ async fn dns_failures_are_retried_and_mean_not_executed() {
         .expect("client");
     let client = Client::builder()
         .http(http)
-        .policy(fast().max_attempts(2))
+        .policy(fast().with_max_attempts(2))
         .build()
         .expect("valid");
     let err = client
@@ -318,9 +318,9 @@ async fn dns_failures_are_retried_and_mean_not_executed() {
 async fn backoff_delays_stay_under_the_doubling_ceiling() {
     let server = TestServer::start(vec![], Action::status(503)).await;
     let policy = RetryPolicy::default()
-        .max_attempts(8)
-        .base_delay(Duration::from_secs(1))
-        .max_delay(Duration::from_secs(10));
+        .with_max_attempts(8)
+        .with_base_delay(Duration::from_secs(1))
+        .with_max_delay(Duration::from_secs(10));
     let (client, time) = virtual_client(policy);
     let err = client
         .post(server.url("/"))
@@ -380,7 +380,7 @@ async fn retry_after_seconds_and_dates_are_waited_at_least() {
     )
     .await;
     let client = Client::builder()
-        .policy(RetryPolicy::default().max_delay(ms(500)))
+        .policy(RetryPolicy::default().with_max_delay(ms(500)))
         .clock(time.clone())
         .sleeper(time.clone())
         .build()
@@ -434,7 +434,7 @@ async fn a_retry_after_past_the_window_end_stops_at_once() {
     let server =
         TestServer::start(vec![], Action::status_with(503, &[("Retry-After", "50")])).await;
     let (client, time) =
-        virtual_client(RetryPolicy::default().reconcile_window(Duration::from_secs(40)));
+        virtual_client(RetryPolicy::default().with_reconcile_window(Duration::from_secs(40)));
     let err = client
         .post(server.url("/"))
         .send()
@@ -452,7 +452,7 @@ async fn a_retry_after_past_the_window_end_stops_at_once() {
 async fn outcome_is_unknown_once_any_attempt_may_have_run() {
     // Only 503s: each may have run.
     let server = TestServer::start(vec![], Action::status(503)).await;
-    let err = client(fast().max_attempts(2))
+    let err = client(fast().with_max_attempts(2))
         .post(server.url("/"))
         .send()
         .await
@@ -461,7 +461,7 @@ async fn outcome_is_unknown_once_any_attempt_may_have_run() {
 
     // Only 429s: refused outright, never run.
     let server = TestServer::start(vec![], Action::status(429)).await;
-    let err = client(fast().max_attempts(3))
+    let err = client(fast().with_max_attempts(3))
         .post(server.url("/"))
         .send()
         .await
@@ -471,7 +471,7 @@ async fn outcome_is_unknown_once_any_attempt_may_have_run() {
 
     // A 503, then only 429s: the 503 may have run, and that is not forgotten.
     let server = TestServer::start(vec![Action::status(503)], Action::status(429)).await;
-    let err = client(fast().max_attempts(3))
+    let err = client(fast().with_max_attempts(3))
         .post(server.url("/"))
         .send()
         .await
@@ -481,7 +481,7 @@ async fn outcome_is_unknown_once_any_attempt_may_have_run() {
 
     // 429 then a reset: the reset may have run.
     let server = TestServer::start(vec![Action::status(429)], Action::Reset).await;
-    let err = client(fast().max_attempts(2))
+    let err = client(fast().with_max_attempts(2))
         .post(server.url("/"))
         .send()
         .await
@@ -493,7 +493,7 @@ async fn outcome_is_unknown_once_any_attempt_may_have_run() {
 #[tokio::test]
 async fn timeouts_are_reported_as_such() {
     let server = TestServer::start(vec![], Action::hang()).await;
-    let err = client(fast().max_attempts(2).attempt_timeout(ms(300)))
+    let err = client(fast().with_max_attempts(2).with_attempt_timeout(ms(300)))
         .post(server.url("/"))
         .send()
         .await
@@ -535,7 +535,7 @@ async fn invalid_policies_and_urls_are_builder_errors() {
     let client = client(fast());
     let err = client
         .post(server.url("/"))
-        .policy(RetryPolicy::default().max_attempts(0))
+        .policy(RetryPolicy::default().with_max_attempts(0))
         .send()
         .await
         .expect_err("invalid policy");
@@ -548,9 +548,9 @@ async fn invalid_policies_and_urls_are_builder_errors() {
 #[tokio::test]
 async fn a_per_request_policy_overrides_the_client_policy() {
     let server = TestServer::start(vec![], Action::status(503)).await;
-    let err = client(fast().max_attempts(5))
+    let err = client(fast().with_max_attempts(5))
         .post(server.url("/"))
-        .policy(fast().max_attempts(2))
+        .policy(fast().with_max_attempts(2))
         .send()
         .await
         .expect_err("503");
@@ -572,7 +572,7 @@ fn client_is_send_sync_clone() {
 
 #[tokio::test]
 async fn each_transport_failure_shape_is_classified() {
-    let one = fast().max_attempts(1).attempt_timeout(ms(300));
+    let one = fast().with_max_attempts(1).with_attempt_timeout(ms(300));
     let cases = [
         (Action::Reset, FailureKind::ConnectionReset, true),
         (Action::Close, FailureKind::ConnectionClosed, true),
@@ -639,8 +639,8 @@ async fn a_per_request_timeout_overrides_the_policy() {
     let server = TestServer::start(vec![], Action::hang()).await;
     let err = client(
         fast()
-            .max_attempts(1)
-            .attempt_timeout(Duration::from_secs(60)),
+            .with_max_attempts(1)
+            .with_attempt_timeout(Duration::from_secs(60)),
     )
     .get(server.url("/"))
     .timeout(ms(300))

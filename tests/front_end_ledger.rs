@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use idempotent_retry::testkit::{Fault, Receiver, When};
 use idempotent_retry::{
-    AttemptEvent, Client, ClientBuilder, ErrorKind, IdempotencyKey, InProgressPolicy, Ledger,
+    AttemptEvent, Client, ClientBuilder, ErrorKind, IdempotencyKey, LeaseHeldPolicy, Ledger,
     LedgerOptions, LedgerVerdict, MemoryLedger, Observer, OperationEvent, OperationRecord,
     OperationStatus, RetryBudget, RetryPolicy, Sleep, Sleeper, SqliteLedger,
 };
@@ -25,10 +25,10 @@ use tokio::sync::Notify;
 /// delivery (it answers 409 until then).
 fn fast() -> RetryPolicy {
     RetryPolicy::default()
-        .max_attempts(100)
-        .base_delay(Duration::from_millis(2))
-        .max_delay(Duration::from_millis(10))
-        .attempt_timeout(Duration::from_secs(5))
+        .with_max_attempts(100)
+        .with_base_delay(Duration::from_millis(2))
+        .with_max_delay(Duration::from_millis(10))
+        .with_attempt_timeout(Duration::from_secs(5))
 }
 
 fn settings(ledger: impl Ledger + Clone, options: LedgerOptions) -> ClientBuilder {
@@ -179,7 +179,7 @@ async fn racing_workers_send_once(kind: Kind, one: impl Ledger + Clone, two: imp
     let patient = |name: &str| {
         LedgerOptions::new()
             .worker(name)
-            .in_progress(InProgressPolicy::Wait {
+            .on_lease_held(LeaseHeldPolicy::Wait {
                 poll: Duration::from_millis(10),
                 max_wait: Duration::from_secs(20),
             })
@@ -281,7 +281,7 @@ async fn a_send_dropped_by_its_callers_timeout_is_retried_at_once_with_one_effec
             When::key_attempt(&key, 1),
             Fault::SlowHandler(Duration::from_millis(300)),
         );
-        // Default options: a run that finds the key held fails at once with `InProgress`.
+        // Default options: a run that finds the key held fails at once with `LeaseHeld`.
         let front = kind.build(settings(ledger.clone(), LedgerOptions::new()));
         let call = Call::post(receiver.url("/v1/emails"))
             .key(key.clone())
@@ -403,7 +403,7 @@ async fn a_send_dropped_mid_wait_releases_its_lease_and_its_budget() {
         let budget = RetryBudget::new();
         let front = kind.build(
             settings(ledger.clone(), LedgerOptions::new())
-                .policy(fast().max_retry_after(Duration::from_secs(60)))
+                .policy(fast().with_max_retry_after(Duration::from_secs(60)))
                 .retry_budget(budget.clone())
                 .observer(OnAttempt {
                     notify: Arc::clone(&decided),
@@ -516,7 +516,7 @@ async fn a_take_over_at_the_end_of_the_window_ends_with_reconcile_window() {
         let time = VirtualTime::new();
         let ledger = MemoryLedger::new();
         let window = Duration::from_secs(3_600);
-        let policy = fast().max_attempts(1).reconcile_window(window);
+        let policy = fast().with_max_attempts(1).with_reconcile_window(window);
         let build = |ledger: ClaimHook| {
             kind.build(
                 settings(ledger, LedgerOptions::new())

@@ -124,7 +124,7 @@ async fn each_transient_fault_alone_is_retried_with_exactly_one_side_effect() {
 
 #[tokio::test]
 async fn a_stalled_attempt_times_out_and_the_retry_meets_the_saved_result() {
-    let policy = fast().attempt_timeout(ms(300));
+    let policy = fast().with_attempt_timeout(ms(300));
     for front in front_ends(with_policy(policy)) {
         let name = front.name();
         let server = TestServer::start_idempotent(
@@ -158,7 +158,7 @@ async fn a_stalled_attempt_times_out_and_the_retry_meets_the_saved_result() {
 
 #[tokio::test]
 async fn connect_failures_are_retried_and_mean_not_executed() {
-    for front in front_ends(with_policy(fast().max_attempts(3))) {
+    for front in front_ends(with_policy(fast().with_max_attempts(3))) {
         let name = front.name();
         let err = front
             .send(Call::post(format!("http://{}/", refused_addr())))
@@ -200,7 +200,7 @@ async fn final_statuses_are_returned_after_one_attempt() {
 
 #[tokio::test]
 async fn exhausted_attempts_keep_the_last_response_and_the_key() {
-    for front in front_ends(with_policy(fast().max_attempts(3))) {
+    for front in front_ends(with_policy(fast().with_max_attempts(3))) {
         let name = front.name();
         let server = TestServer::start(vec![], Action::respond(503, &[], "busy")).await;
         let mut err = front
@@ -452,10 +452,10 @@ async fn a_retry_after_beyond_the_limit_stops_at_once() {
 async fn the_reconcile_window_ends_the_operation_before_a_wait_would_cross_it() {
     let window = Duration::from_secs(60);
     let policy = RetryPolicy::default()
-        .max_attempts(1000)
-        .base_delay(Duration::from_secs(8))
-        .max_delay(Duration::from_secs(8))
-        .reconcile_window(window);
+        .with_max_attempts(1000)
+        .with_base_delay(Duration::from_secs(8))
+        .with_max_delay(Duration::from_secs(8))
+        .with_reconcile_window(window);
     for (front, time) in virtual_front_ends(policy) {
         let name = front.name();
         let server = TestServer::start(vec![], Action::status(503)).await;
@@ -485,9 +485,9 @@ async fn the_reconcile_window_ends_the_operation_before_a_wait_would_cross_it() 
 async fn policies_apply_request_first_then_host_then_default() {
     let settings = || {
         Client::builder()
-            .policy(fast().max_attempts(5))
-            .policy_for_host("127.0.0.1", fast().max_attempts(2))
-            .policy_for_host("localhost", fast().max_attempts(4))
+            .policy(fast().with_max_attempts(5))
+            .policy_for_host("127.0.0.1", fast().with_max_attempts(2))
+            .policy_for_host("localhost", fast().with_max_attempts(4))
     };
     for front in front_ends(settings) {
         let name = front.name();
@@ -508,7 +508,7 @@ async fn policies_apply_request_first_then_host_then_default() {
         // The request's own policy beats the host's.
         if front.takes_request_options() {
             let err = front
-                .send(Call::post(server.url("/")).policy(fast().max_attempts(3)))
+                .send(Call::post(server.url("/")).policy(fast().with_max_attempts(3)))
                 .await
                 .expect_err("503");
             assert_eq!(err.attempts(), 3, "{name}: the request's policy");
@@ -602,7 +602,7 @@ async fn the_observer_hears_every_attempt_and_every_operation() {
     let recorder = Recorder::default();
     let settings = || {
         Client::builder()
-            .policy(fast().max_attempts(3))
+            .policy(fast().with_max_attempts(3))
             .observer(recorder.clone())
     };
     for front in front_ends(settings) {
@@ -677,7 +677,7 @@ async fn an_invalid_request_policy_is_refused_with_nothing_sent() {
         let name = front.name();
         let server = TestServer::start(vec![], Action::ok("")).await;
         let err = front
-            .send(Call::post(server.url("/")).policy(RetryPolicy::default().max_attempts(0)))
+            .send(Call::post(server.url("/")).policy(RetryPolicy::default().with_max_attempts(0)))
             .await
             .expect_err("invalid policy");
         assert_eq!(err.kind(), ErrorKind::Builder, "{name}");

@@ -16,8 +16,8 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use idempotent_retry::testkit::RecordingSleeper;
 use idempotent_retry::{
-    Client, ClientBuilder, DerivationSecret, Error, ErrorKind, IdempotencyKey, InProgressPolicy,
-    InvalidKey, InvalidKeyReason, LedgerOptions, MemoryLedger, RetryBudget, RetryBudgetConfig,
+    Client, ClientBuilder, DerivationSecret, Error, ErrorKind, IdempotencyKey, InvalidKey,
+    InvalidKeyReason, LeaseHeldPolicy, LedgerOptions, MemoryLedger, RetryBudget, RetryBudgetConfig,
     RetryPolicy, RetryReport, Sleeper, TokioSleeper, canonical,
 };
 use serde_json::{Map, Value, json};
@@ -868,23 +868,25 @@ fn escapes_in_member_names_sort_and_round_trip() {
 #[test]
 fn invalid_policies_are_builder_errors_naming_the_setting() {
     let cases = [
-        (RetryPolicy::default().max_attempts(0), "max_attempts"),
+        (RetryPolicy::default().with_max_attempts(0), "max_attempts"),
         (
-            RetryPolicy::default().base_delay(ms(2)).max_delay(ms(1)),
+            RetryPolicy::default()
+                .with_base_delay(ms(2))
+                .with_max_delay(ms(1)),
             "base_delay",
         ),
         (
             RetryPolicy::default()
-                .base_delay(Duration::MAX)
-                .max_delay(ms(1)),
+                .with_base_delay(Duration::MAX)
+                .with_max_delay(ms(1)),
             "base_delay",
         ),
         (
-            RetryPolicy::default().reconcile_window(Duration::ZERO),
+            RetryPolicy::default().with_reconcile_window(Duration::ZERO),
             "reconcile_window",
         ),
         (
-            RetryPolicy::default().attempt_timeout(Duration::ZERO),
+            RetryPolicy::default().with_attempt_timeout(Duration::ZERO),
             "attempt_timeout",
         ),
     ];
@@ -910,22 +912,22 @@ fn invalid_policies_are_builder_errors_naming_the_setting() {
     }
     // The extremes that make sense are accepted.
     for policy in [
-        RetryPolicy::default().max_attempts(u32::MAX),
-        RetryPolicy::default().max_attempts(1),
+        RetryPolicy::default().with_max_attempts(u32::MAX),
+        RetryPolicy::default().with_max_attempts(1),
         RetryPolicy::default()
-            .base_delay(Duration::ZERO)
-            .max_delay(Duration::ZERO),
+            .with_base_delay(Duration::ZERO)
+            .with_max_delay(Duration::ZERO),
         RetryPolicy::default()
-            .base_delay(Duration::MAX)
-            .max_delay(Duration::MAX),
+            .with_base_delay(Duration::MAX)
+            .with_max_delay(Duration::MAX),
         RetryPolicy::default()
-            .reconcile_window(Duration::MAX)
-            .attempt_timeout(Duration::MAX)
-            .max_retry_after(Duration::MAX),
+            .with_reconcile_window(Duration::MAX)
+            .with_attempt_timeout(Duration::MAX)
+            .with_max_retry_after(Duration::MAX),
         RetryPolicy::default()
-            .reconcile_window(Duration::from_nanos(1))
-            .attempt_timeout(Duration::from_nanos(1))
-            .max_retry_after(Duration::ZERO),
+            .with_reconcile_window(Duration::from_nanos(1))
+            .with_attempt_timeout(Duration::from_nanos(1))
+            .with_max_retry_after(Duration::ZERO),
     ] {
         assert!(policy.validate().is_ok(), "{policy:?}");
     }
@@ -937,12 +939,12 @@ async fn invalid_per_request_settings_send_nothing() {
         let server = TestServer::start(vec![], Action::ok("")).await;
         let client = settings().build().expect("valid");
         for policy in [
-            RetryPolicy::default().max_attempts(0),
+            RetryPolicy::default().with_max_attempts(0),
             RetryPolicy::default()
-                .base_delay(Duration::MAX)
-                .max_delay(ms(1)),
-            RetryPolicy::default().reconcile_window(Duration::ZERO),
-            RetryPolicy::default().attempt_timeout(Duration::ZERO),
+                .with_base_delay(Duration::MAX)
+                .with_max_delay(ms(1)),
+            RetryPolicy::default().with_reconcile_window(Duration::ZERO),
+            RetryPolicy::default().with_attempt_timeout(Duration::ZERO),
         ] {
             let err = client
                 .post(server.url("/"))
@@ -1006,7 +1008,7 @@ async fn u32_max_attempts_retries_until_success() {
         )
         .await;
         let client = settings()
-            .policy(fast().max_attempts(u32::MAX))
+            .policy(fast().with_max_attempts(u32::MAX))
             .build()
             .expect("valid");
         let response = client
@@ -1033,12 +1035,12 @@ async fn u32_max_attempts_retries_until_success() {
 /// A policy with every duration at `Duration::MAX`.
 fn unbounded_policy() -> RetryPolicy {
     RetryPolicy::default()
-        .max_attempts(u32::MAX)
-        .base_delay(Duration::MAX)
-        .max_delay(Duration::MAX)
-        .reconcile_window(Duration::MAX)
-        .attempt_timeout(Duration::MAX)
-        .max_retry_after(Duration::MAX)
+        .with_max_attempts(u32::MAX)
+        .with_base_delay(Duration::MAX)
+        .with_max_delay(Duration::MAX)
+        .with_reconcile_window(Duration::MAX)
+        .with_attempt_timeout(Duration::MAX)
+        .with_max_retry_after(Duration::MAX)
 }
 
 #[tokio::test]
@@ -1148,8 +1150,8 @@ async fn a_backoff_past_the_window_stops_instead_of_sleeping() {
         let client = Client::builder()
             .policy(
                 unbounded_policy()
-                    .reconcile_window(Duration::from_secs(24 * 3600))
-                    .attempt_timeout(Duration::from_secs(5)),
+                    .with_reconcile_window(Duration::from_secs(24 * 3600))
+                    .with_attempt_timeout(Duration::from_secs(5)),
             )
             .sleeper(sleeper.clone())
             .rng_seed(3)
@@ -1186,9 +1188,9 @@ async fn zero_delays_and_a_zero_retry_after_limit() {
         let client = Client::builder()
             .policy(
                 fast()
-                    .base_delay(Duration::ZERO)
-                    .max_delay(Duration::ZERO)
-                    .max_retry_after(Duration::ZERO),
+                    .with_base_delay(Duration::ZERO)
+                    .with_max_delay(Duration::ZERO)
+                    .with_max_retry_after(Duration::ZERO),
             )
             .sleeper(sleeper.clone())
             .build()
@@ -1214,8 +1216,8 @@ async fn a_one_nanosecond_window_ends_with_a_typed_error() {
         let client = Client::builder()
             .policy(
                 RetryPolicy::default()
-                    .reconcile_window(Duration::from_nanos(1))
-                    .attempt_timeout(Duration::from_nanos(1)),
+                    .with_reconcile_window(Duration::from_nanos(1))
+                    .with_attempt_timeout(Duration::from_nanos(1)),
             )
             .build()
             .expect("valid");
@@ -1254,23 +1256,23 @@ async fn the_tokio_sleeper_takes_duration_max() {
 #[test]
 fn budget_config_extremes() {
     for config in [
-        RetryBudgetConfig::new().capacity(0),
-        RetryBudgetConfig::new().retry_cost(0),
-        RetryBudgetConfig::new().timeout_cost(0),
-        RetryBudgetConfig::new().success_reward(0),
-        RetryBudgetConfig::new().capacity(9), // below the timeout cost of 10
+        RetryBudgetConfig::new().with_capacity(0),
+        RetryBudgetConfig::new().with_retry_cost(0),
+        RetryBudgetConfig::new().with_timeout_cost(0),
+        RetryBudgetConfig::new().with_success_reward(0),
+        RetryBudgetConfig::new().with_capacity(9), // below the timeout cost of 10
         RetryBudgetConfig::new()
-            .capacity(u32::MAX - 1)
-            .retry_cost(u32::MAX),
+            .with_capacity(u32::MAX - 1)
+            .with_retry_cost(u32::MAX),
     ] {
         let err = RetryBudget::with_config(config).expect_err("invalid");
         assert_eq!(err.kind(), ErrorKind::Builder, "{config:?}");
     }
     let max = RetryBudgetConfig::new()
-        .capacity(u32::MAX)
-        .retry_cost(u32::MAX)
-        .timeout_cost(u32::MAX)
-        .success_reward(u32::MAX);
+        .with_capacity(u32::MAX)
+        .with_retry_cost(u32::MAX)
+        .with_timeout_cost(u32::MAX)
+        .with_success_reward(u32::MAX);
     let budget = RetryBudget::with_config(max).expect("valid");
     assert_eq!(budget.available(), u32::MAX);
     budget.record_success(None);
@@ -1288,10 +1290,10 @@ async fn a_budget_at_u32_max_pays_one_retry_then_refills_in_one_success() {
         let server = TestServer::start(vec![], Action::status(503)).await;
         let budget = RetryBudget::with_config(
             RetryBudgetConfig::new()
-                .capacity(u32::MAX)
-                .retry_cost(u32::MAX)
-                .timeout_cost(u32::MAX)
-                .success_reward(u32::MAX),
+                .with_capacity(u32::MAX)
+                .with_retry_cost(u32::MAX)
+                .with_timeout_cost(u32::MAX)
+                .with_success_reward(u32::MAX),
         )
         .expect("valid");
         let client = settings()
@@ -1330,7 +1332,7 @@ async fn far_future_leases_and_retention_are_stored_in_sqlite() {
             .await
             .expect("opens");
         let client = Client::builder()
-            .policy(fast().reconcile_window(Duration::MAX))
+            .policy(fast().with_reconcile_window(Duration::MAX))
             .ledger(ledger)
             .ledger_options(
                 LedgerOptions::new()
@@ -1391,7 +1393,7 @@ async fn ledger_options_at_their_largest_keep_rows_and_leases_forever() {
                 .retention(Duration::MAX)
                 .lease_slack(Duration::MAX)
                 .max_body(usize::MAX),
-            fast().reconcile_window(Duration::MAX),
+            fast().with_reconcile_window(Duration::MAX),
         );
         let key = IdempotencyKey::new("ledger-max-1").expect("valid");
         let first = first_run_in_flight(&client, &server, &key).await;
@@ -1404,7 +1406,7 @@ async fn ledger_options_at_their_largest_keep_rows_and_leases_forever() {
             .send()
             .await
             .expect_err("the first run holds the lease");
-        assert_eq!(err.kind(), ErrorKind::InProgress, "{err}");
+        assert_eq!(err.kind(), ErrorKind::LeaseHeld, "{err}");
         let response = first.await.expect("task").expect("first run succeeds");
         assert_eq!(response.text().await.expect("body"), "first");
 
@@ -1436,7 +1438,7 @@ async fn ledger_options_at_zero() {
                 .retention(Duration::ZERO)
                 .lease_slack(Duration::ZERO)
                 .max_body(0)
-                .in_progress(InProgressPolicy::Wait {
+                .on_lease_held(LeaseHeldPolicy::Wait {
                     poll: Duration::ZERO,
                     max_wait: Duration::MAX,
                 }),
@@ -1479,7 +1481,7 @@ async fn a_zero_poll_fails_at_once_and_a_huge_poll_is_cut_to_max_wait() {
             )
             .await;
             let client = ledgered(
-                LedgerOptions::new().in_progress(InProgressPolicy::Wait { poll, max_wait }),
+                LedgerOptions::new().on_lease_held(LeaseHeldPolicy::Wait { poll, max_wait }),
                 fast(),
             );
             let key = IdempotencyKey::new("ledger-poll-1").expect("valid");
@@ -1491,7 +1493,7 @@ async fn a_zero_poll_fails_at_once_and_a_huge_poll_is_cut_to_max_wait() {
                 .send()
                 .await
                 .expect_err("still in progress");
-            assert_eq!(err.kind(), ErrorKind::InProgress, "{poll:?} {max_wait:?}");
+            assert_eq!(err.kind(), ErrorKind::LeaseHeld, "{poll:?} {max_wait:?}");
             assert_eq!(err.attempts(), 0);
             first.await.expect("task").expect("first run succeeds");
             assert_eq!(server.hits(), 1);

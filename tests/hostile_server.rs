@@ -45,7 +45,7 @@ async fn post_keyed(
 /// Three attempts, millisecond backoff (below 5 ms), 5 s attempts, the default 60 s limit on
 /// `Retry-After` and 24 h window.
 fn policy() -> RetryPolicy {
-    fast().max_attempts(3)
+    fast().with_max_attempts(3)
 }
 
 /// A client whose waits (and clock) are virtual and recorded.
@@ -478,7 +478,7 @@ fn trickle() -> Reply {
 
 /// 500 ms attempts: long enough that the head always arrives in time on a loaded machine.
 fn trickle_policy() -> RetryPolicy {
-    policy().attempt_timeout(ms(500))
+    policy().with_attempt_timeout(ms(500))
 }
 
 /// Reads a body to its end or its error.

@@ -13,7 +13,7 @@ use std::sync::Mutex;
 
 use idempotent_retry::{
     AttemptUpdate, Claim, Claimed, Client, ErrorKind, FailureKind, Finish, IdempotencyKey,
-    InProgressPolicy, Ledger, LedgerError, LedgerErrorKind, LedgerFuture, LedgerOptions,
+    LeaseHeldPolicy, Ledger, LedgerError, LedgerErrorKind, LedgerFuture, LedgerOptions,
     LedgerVerdict, MemoryLedger, OperationEvent, OperationRecord, OperationStatus, RedirectPolicy,
     RetryPolicy, RetryReport,
 };
@@ -27,9 +27,9 @@ fn ms(n: u64) -> Duration {
 /// Millisecond backoff; attempt timeouts long enough that hit counts are exact.
 fn fast() -> RetryPolicy {
     RetryPolicy::default()
-        .base_delay(ms(1))
-        .max_delay(ms(5))
-        .attempt_timeout(Duration::from_secs(5))
+        .with_base_delay(ms(1))
+        .with_max_delay(ms(5))
+        .with_attempt_timeout(Duration::from_secs(5))
 }
 
 fn ledger_client(ledger: impl Ledger, options: LedgerOptions, policy: RetryPolicy) -> Client {
@@ -222,7 +222,7 @@ async fn an_operation_in_flight_elsewhere_is_refused_then_waited_for() {
     let err = post_keyed(&impatient, server.url("/charges"), &k, "x")
         .await
         .expect_err("the first run holds the lease");
-    assert_eq!(err.kind(), ErrorKind::InProgress);
+    assert_eq!(err.kind(), ErrorKind::LeaseHeld);
     assert!(
         err.is_outcome_unknown(),
         "the other run may be executing it"
@@ -231,7 +231,7 @@ async fn an_operation_in_flight_elsewhere_is_refused_then_waited_for() {
 
     let patient = ledger_client(
         ledger.clone(),
-        LedgerOptions::new().in_progress(InProgressPolicy::Wait {
+        LedgerOptions::new().on_lease_held(LeaseHeldPolicy::Wait {
             poll: ms(20),
             max_wait: Duration::from_secs(10),
         }),
@@ -256,7 +256,11 @@ async fn an_unknown_outcome_resumes_with_the_same_key_and_counts_attempts() {
     )
     .await;
     let ledger = MemoryLedger::new();
-    let client = ledger_client(ledger.clone(), LedgerOptions::new(), fast().max_attempts(2));
+    let client = ledger_client(
+        ledger.clone(),
+        LedgerOptions::new(),
+        fast().with_max_attempts(2),
+    );
     let k = key("resume");
     let err = post_keyed(&client, server.url("/x"), &k, "b")
         .await
@@ -285,7 +289,11 @@ async fn an_unknown_outcome_resumes_with_the_same_key_and_counts_attempts() {
 async fn a_later_run_that_cannot_connect_still_reports_the_earlier_unknown() {
     let server = TestServer::start(vec![], Action::status(503)).await;
     let ledger = MemoryLedger::new();
-    let client = ledger_client(ledger.clone(), LedgerOptions::new(), fast().max_attempts(1));
+    let client = ledger_client(
+        ledger.clone(),
+        LedgerOptions::new(),
+        fast().with_max_attempts(1),
+    );
     let k = key("earlier-unknown");
     let url = server.url("/x");
     let err = post_keyed(&client, &url, &k, "").await.expect_err("503");
@@ -329,8 +337,8 @@ async fn the_window_spans_runs_and_a_late_run_sends_nothing() {
     let server = TestServer::start(vec![], Action::status(503)).await;
     let ledger = MemoryLedger::new();
     let policy = fast()
-        .max_attempts(2)
-        .reconcile_window(Duration::from_secs(3600));
+        .with_max_attempts(2)
+        .with_reconcile_window(Duration::from_secs(3600));
     let (client, time) = virtual_ledger_client(ledger.clone(), LedgerOptions::new(), policy);
     let k = key("window");
     let err = post_keyed(&client, server.url("/x"), &k, "")
@@ -387,7 +395,7 @@ async fn a_crashed_run_leaves_a_lapsing_lease_and_the_next_run_takes_over() {
     let err = post_keyed(&client, server.url("/x"), &k, "")
         .await
         .expect_err("the lease is still live");
-    assert_eq!(err.kind(), ErrorKind::InProgress);
+    assert_eq!(err.kind(), ErrorKind::LeaseHeld);
     assert_eq!(server.hits(), 1);
 
     // attempt timeout (5 s) + slack (30 s) later, the lease has lapsed.
@@ -433,7 +441,7 @@ async fn requests_without_a_key_bypass_the_ledger_and_streams_are_refused() {
 async fn purge_deletes_expired_rows_in_batches_and_refuses_a_zero_limit() {
     let server = TestServer::start(vec![], Action::ok("ok")).await;
     let ledger = MemoryLedger::new();
-    let policy = fast().reconcile_window(Duration::from_secs(60));
+    let policy = fast().with_reconcile_window(Duration::from_secs(60));
     let options = LedgerOptions::new()
         .retention(Duration::from_secs(3600))
         .scope_retention("long", Duration::from_secs(7200));
@@ -474,7 +482,7 @@ async fn purge_deletes_expired_rows_in_batches_and_refuses_a_zero_limit() {
 async fn retention_is_never_shorter_than_two_windows() {
     let server = TestServer::start(vec![], Action::ok("ok")).await;
     let ledger = MemoryLedger::new();
-    let policy = fast().reconcile_window(Duration::from_secs(24 * 3600));
+    let policy = fast().with_reconcile_window(Duration::from_secs(24 * 3600));
     let options = LedgerOptions::new().retention(Duration::from_secs(60));
     let (client, time) = virtual_ledger_client(ledger.clone(), options, policy);
     let k = key("retention-floor");
@@ -796,7 +804,7 @@ fn seen_for(k: &IdempotencyKey) -> Seen {
 }
 
 #[tokio::test]
-async fn the_observer_sees_an_in_progress_refusal_and_a_failed_claim() {
+async fn the_observer_sees_a_lease_held_refusal_and_a_failed_claim() {
     let server = TestServer::start_idempotent(vec![], Action::ok("charged")).await;
     let faulty = Faulty::default();
     let time = VirtualTime::new();
@@ -814,9 +822,9 @@ async fn the_observer_sees_an_in_progress_refusal_and_a_failed_claim() {
     let err = post_keyed(&client, server.url("/x"), &k, "b")
         .await
         .expect_err("held by worker a");
-    assert_eq!(err.kind(), ErrorKind::InProgress);
+    assert_eq!(err.kind(), ErrorKind::LeaseHeld);
     let refused = Seen {
-        error: Some(ErrorKind::InProgress),
+        error: Some(ErrorKind::LeaseHeld),
         outcome_unknown: true,
         verdict: Some(LedgerVerdict::Refused),
         ..seen_for(&k)
@@ -854,7 +862,7 @@ async fn a_patient_run_polls_until_its_max_wait_then_is_refused() {
         .ledger_options(
             LedgerOptions::new()
                 .worker("b")
-                .in_progress(InProgressPolicy::Wait {
+                .on_lease_held(LeaseHeldPolicy::Wait {
                     poll: Duration::from_secs(2),
                     max_wait: Duration::from_secs(5),
                 }),
@@ -875,7 +883,7 @@ async fn a_patient_run_polls_until_its_max_wait_then_is_refused() {
     let err = post_keyed(&patient, server.url("/x"), &k, "b")
         .await
         .expect_err("still held when the wait runs out");
-    assert_eq!(err.kind(), ErrorKind::InProgress);
+    assert_eq!(err.kind(), ErrorKind::LeaseHeld);
     assert!(err.is_outcome_unknown(), "worker a may be executing it");
     assert!(err.to_string().contains("held by worker a (run "), "{err}");
     // Polled every 2 s, the last step cut to what was left of the 5 s.
@@ -944,7 +952,7 @@ async fn a_claim_that_keeps_finding_the_row_changed_gives_up_after_three_looks()
     let err = post_keyed(&client, server.url("/x"), &k, "")
         .await
         .expect_err("never claimed");
-    assert_eq!(err.kind(), ErrorKind::InProgress);
+    assert_eq!(err.kind(), ErrorKind::LeaseHeld);
     assert!(err.is_outcome_unknown(), "the row was in flight");
     assert_eq!(err.idempotency_key(), Some(&k));
     assert!(err.to_string().contains("kept changing"), "{err}");
@@ -1064,7 +1072,7 @@ async fn the_observer_is_told_what_the_caller_gets_after_the_ledger_finish() {
     let server = TestServer::start_idempotent(vec![Action::status(503)], Action::ok("done")).await;
     let faulty = Faulty::default();
     let time = VirtualTime::new();
-    let (client, seen) = observed_client(faulty.clone(), "a", fast().max_attempts(1), &time);
+    let (client, seen) = observed_client(faulty.clone(), "a", fast().with_max_attempts(1), &time);
 
     // The response arrives, but its outcome cannot be written: the caller gets an error, and
     // so does the observer.

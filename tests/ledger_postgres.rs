@@ -11,7 +11,7 @@ mod support;
 use std::time::Duration;
 
 use idempotent_retry::{
-    Client, ErrorKind, IdempotencyKey, InProgressPolicy, Ledger, LedgerErrorKind, LedgerOptions,
+    Client, ErrorKind, IdempotencyKey, LeaseHeldPolicy, Ledger, LedgerErrorKind, LedgerOptions,
     MemoryLedger, OperationStatus, PostgresLedger, RetryPolicy, RetryReport,
 };
 use support::*;
@@ -45,18 +45,22 @@ async fn fresh_database(base: &str) -> String {
     format!("{prefix}/{name}")
 }
 
-async fn worker(url: &str, name: &str, in_progress: InProgressPolicy) -> Client {
+async fn worker(url: &str, name: &str, on_lease_held: LeaseHeldPolicy) -> Client {
     let ledger = PostgresLedger::connect(url).await.expect("connect");
     ledger.migrate().await.expect("migrate");
     Client::builder()
         .policy(
             RetryPolicy::default()
-                .base_delay(Duration::from_millis(1))
-                .max_delay(Duration::from_millis(5))
-                .attempt_timeout(Duration::from_secs(5)),
+                .with_base_delay(Duration::from_millis(1))
+                .with_max_delay(Duration::from_millis(5))
+                .with_attempt_timeout(Duration::from_secs(5)),
         )
         .ledger(ledger)
-        .ledger_options(LedgerOptions::new().worker(name).in_progress(in_progress))
+        .ledger_options(
+            LedgerOptions::new()
+                .worker(name)
+                .on_lease_held(on_lease_held),
+        )
         .build()
         .expect("valid policy")
 }
@@ -75,7 +79,7 @@ async fn of_eight_workers_racing_for_one_key_exactly_one_sends() {
     .await;
     let mut workers = Vec::new();
     for i in 0..8 {
-        workers.push(worker(&url, &format!("w{i}"), InProgressPolicy::Fail).await);
+        workers.push(worker(&url, &format!("w{i}"), LeaseHeldPolicy::Fail).await);
     }
     let key = IdempotencyKey::derive("tests.pg", &["race"]);
     let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(workers.len()));
@@ -103,7 +107,7 @@ async fn of_eight_workers_racing_for_one_key_exactly_one_sends() {
             }
             Ok(_) => sent += 1,
             Err(err) => {
-                assert_eq!(err.kind(), ErrorKind::InProgress, "{err}");
+                assert_eq!(err.kind(), ErrorKind::LeaseHeld, "{err}");
                 assert_eq!(err.attempts(), 0);
                 not_sent += 1;
             }
@@ -126,7 +130,7 @@ async fn waiting_workers_get_the_winner_s_response_without_sending() {
         Action::ok("charged"),
     )
     .await;
-    let wait = InProgressPolicy::Wait {
+    let wait = LeaseHeldPolicy::Wait {
         poll: Duration::from_millis(25),
         max_wait: Duration::from_secs(30),
     };
@@ -192,7 +196,7 @@ async fn a_connection_lost_mid_operation_is_reopened_or_reported_never_lost() {
     ledger.migrate().await.expect("migrate");
     let time = VirtualTime::new();
     let client = Client::builder()
-        .policy(RetryPolicy::default().attempt_timeout(Duration::from_secs(5)))
+        .policy(RetryPolicy::default().with_attempt_timeout(Duration::from_secs(5)))
         .clock(time.clone())
         .sleeper(time.clone())
         .ledger(ledger.clone())
@@ -270,7 +274,7 @@ async fn a_connection_lost_mid_operation_is_reopened_or_reported_never_lost() {
         .await
         .expect("task")
         .expect_err("lease still live");
-    assert_eq!(err.kind(), ErrorKind::InProgress);
+    assert_eq!(err.kind(), ErrorKind::LeaseHeld);
     time.advance(Duration::from_secs(16));
     let response = send(&second).await.expect("task").expect("taken over");
     assert_eq!(response.text().await.expect("body"), "two");
@@ -302,15 +306,15 @@ async fn the_incident_query_finds_double_charges_and_unresolved_operations() {
     let Some(base) = base_url() else { return };
     let url = fresh_database(&base).await;
     let server = TestServer::start(vec![Action::status(503)], Action::ok("charged")).await;
-    let client = worker(&url, "w", InProgressPolicy::Fail).await;
+    let client = worker(&url, "w", LeaseHeldPolicy::Fail).await;
     let send = |key: &str, body: &'static str, attempts: u32| {
         client
             .post(server.url("/charges"))
             .idempotency_key(IdempotencyKey::new(key).expect("key"))
             .policy(
                 RetryPolicy::default()
-                    .max_attempts(attempts)
-                    .base_delay(Duration::from_millis(1)),
+                    .with_max_attempts(attempts)
+                    .with_base_delay(Duration::from_millis(1)),
             )
             .ledger_scope("stripe.charge")
             .body(body)
@@ -416,8 +420,8 @@ fn one_attempt_client(ledger: impl Ledger, time: &VirtualTime) -> Client {
     Client::builder()
         .policy(
             RetryPolicy::default()
-                .max_attempts(1)
-                .attempt_timeout(Duration::from_secs(5)),
+                .with_max_attempts(1)
+                .with_attempt_timeout(Duration::from_secs(5)),
         )
         .clock(time.clone())
         .sleeper(time.clone())
@@ -510,7 +514,7 @@ async fn a_database_from_a_newer_release_is_refused_with_both_versions_and_left_
     let Some(base) = base_url() else { return };
     let url = fresh_database(&base).await;
     let server = TestServer::start(vec![], Action::ok("ok")).await;
-    let client = worker(&url, "w", InProgressPolicy::Fail).await;
+    let client = worker(&url, "w", LeaseHeldPolicy::Fail).await;
     client
         .post(server.url("/x"))
         .idempotency_key(IdempotencyKey::derive("tests.pg", &["newer"]))

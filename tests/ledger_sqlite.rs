@@ -11,17 +11,17 @@ use std::time::Duration;
 
 use idempotent_retry::testkit::{Fault, Receiver, When};
 use idempotent_retry::{
-    Client, ErrorKind, IdempotencyKey, InProgressPolicy, Ledger, LedgerErrorKind, LedgerOptions,
+    Client, ErrorKind, IdempotencyKey, LeaseHeldPolicy, Ledger, LedgerErrorKind, LedgerOptions,
     MemoryLedger, OperationRecord, OperationStatus, RetryPolicy, RetryReport, SqliteLedger,
 };
 use support::*;
 
 fn policy() -> RetryPolicy {
     RetryPolicy::default()
-        .base_delay(Duration::from_millis(1))
-        .max_delay(Duration::from_millis(5))
-        .attempt_timeout(Duration::from_secs(5))
-        .max_attempts(2)
+        .with_base_delay(Duration::from_millis(1))
+        .with_max_delay(Duration::from_millis(5))
+        .with_attempt_timeout(Duration::from_secs(5))
+        .with_max_attempts(2)
 }
 
 /// A "process": a client on the shared virtual timeline with its own connection to the file.
@@ -146,7 +146,7 @@ async fn a_process_that_dies_mid_attempt_is_taken_over_after_its_lease() {
         .send()
         .await
         .expect_err("the dead run's lease is still live");
-    assert_eq!(err.kind(), ErrorKind::InProgress);
+    assert_eq!(err.kind(), ErrorKind::LeaseHeld);
     assert_eq!(server.hits(), 1);
 
     // 5 s attempt timeout + 10 s slack later, the lease has lapsed.
@@ -591,7 +591,7 @@ async fn a_killed_process_leaves_its_lease_and_the_next_one_takes_over() {
         // The worker: its send never ends (the answer is held back); the parent kills it.
         let ledger = SqliteLedger::open(&db).await.expect("open the ledger");
         let client = Client::builder()
-            .policy(policy().attempt_timeout(WORKER_ATTEMPT_TIMEOUT))
+            .policy(policy().with_attempt_timeout(WORKER_ATTEMPT_TIMEOUT))
             .ledger(ledger)
             .ledger_options(
                 LedgerOptions::new()
@@ -653,11 +653,15 @@ async fn a_killed_process_leaves_its_lease_and_the_next_one_takes_over() {
             .is_some_and(|owner| owner.starts_with("doomed/")),
         "{left:?}"
     );
-    let client = |in_progress| {
+    let client = |on_lease_held| {
         Client::builder()
             .policy(policy())
             .ledger(ledger.clone())
-            .ledger_options(LedgerOptions::new().worker("next").in_progress(in_progress))
+            .ledger_options(
+                LedgerOptions::new()
+                    .worker("next")
+                    .on_lease_held(on_lease_held),
+            )
             .build()
             .expect("valid policy")
     };
@@ -668,16 +672,16 @@ async fn a_killed_process_leaves_its_lease_and_the_next_one_takes_over() {
             .body("charge")
             .send()
     };
-    let err = send(client(InProgressPolicy::Fail))
+    let err = send(client(LeaseHeldPolicy::Fail))
         .await
         .expect_err("the dead worker's lease is still live");
-    assert_eq!(err.kind(), ErrorKind::InProgress);
+    assert_eq!(err.kind(), ErrorKind::LeaseHeld);
     assert!(
         err.to_string().contains("held by worker doomed (run "),
         "{err}"
     );
 
-    let patient = InProgressPolicy::Wait {
+    let patient = LeaseHeldPolicy::Wait {
         poll: Duration::from_millis(20),
         max_wait: Duration::from_secs(30),
     };

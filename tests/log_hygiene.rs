@@ -50,10 +50,10 @@ fn client(attempts: u32) -> Client {
     Client::builder()
         .policy(
             RetryPolicy::default()
-                .max_attempts(attempts)
-                .base_delay(Duration::from_millis(1))
-                .max_delay(Duration::from_millis(5))
-                .attempt_timeout(Duration::from_secs(5)),
+                .with_max_attempts(attempts)
+                .with_base_delay(Duration::from_millis(1))
+                .with_max_delay(Duration::from_millis(5))
+                .with_attempt_timeout(Duration::from_secs(5)),
         )
         .build()
         .expect("valid")
@@ -151,9 +151,9 @@ async fn a_ledger_replay_logs_no_saved_body() {
     let client = Client::builder()
         .policy(
             RetryPolicy::default()
-                .base_delay(Duration::from_millis(1))
-                .max_delay(Duration::from_millis(5))
-                .attempt_timeout(Duration::from_secs(5)),
+                .with_base_delay(Duration::from_millis(1))
+                .with_max_delay(Duration::from_millis(5))
+                .with_attempt_timeout(Duration::from_secs(5)),
         )
         .ledger(MemoryLedger::new())
         .build()

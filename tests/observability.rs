@@ -15,8 +15,8 @@ fn client() -> Client {
     Client::builder()
         .policy(
             RetryPolicy::default()
-                .base_delay(Duration::from_millis(1))
-                .max_delay(Duration::from_millis(5)),
+                .with_base_delay(Duration::from_millis(1))
+                .with_max_delay(Duration::from_millis(5)),
         )
         .build()
         .expect("valid")
@@ -73,7 +73,7 @@ async fn a_failed_operation_ends_with_a_warning() {
     client()
         .post(server.url("/"))
         .idempotency_key(key)
-        .policy(RetryPolicy::default().max_attempts(1))
+        .policy(RetryPolicy::default().with_max_attempts(1))
         .send()
         .await
         .expect_err("503");
@@ -136,8 +136,8 @@ async fn the_tower_service_emits_the_same_span_and_events() {
     let layer = Client::builder()
         .policy(
             RetryPolicy::default()
-                .base_delay(Duration::from_millis(1))
-                .max_delay(Duration::from_millis(5)),
+                .with_base_delay(Duration::from_millis(1))
+                .with_max_delay(Duration::from_millis(5)),
         )
         .build_layer()
         .expect("valid");
@@ -168,8 +168,8 @@ async fn ledger_events_are_inside_the_operation_span() {
     let client = Client::builder()
         .policy(
             RetryPolicy::default()
-                .base_delay(Duration::from_millis(1))
-                .max_delay(Duration::from_millis(5)),
+                .with_base_delay(Duration::from_millis(1))
+                .with_max_delay(Duration::from_millis(5)),
         )
         .ledger(MemoryLedger::new())
         .build()
@@ -179,7 +179,7 @@ async fn ledger_events_are_inside_the_operation_span() {
         client
             .post(server.url("/"))
             .idempotency_key(key.clone())
-            .policy(RetryPolicy::default().max_attempts(1))
+            .policy(RetryPolicy::default().with_max_attempts(1))
             .body(body)
             .send()
     };

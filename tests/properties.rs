@@ -167,12 +167,12 @@ fn operation() -> impl Strategy<Value = Operation> {
 /// Drives one operation through the engine on virtual time and checks every decision.
 fn run_operation(op: &Operation) -> Result<(), TestCaseError> {
     let policy = RetryPolicy::default()
-        .max_attempts(op.max_attempts)
-        .base_delay(op.base)
-        .max_delay(op.cap)
-        .reconcile_window(op.window)
-        .attempt_timeout(op.timeout)
-        .max_retry_after(op.max_retry_after);
+        .with_max_attempts(op.max_attempts)
+        .with_base_delay(op.base)
+        .with_max_delay(op.cap)
+        .with_reconcile_window(op.window)
+        .with_attempt_timeout(op.timeout)
+        .with_max_retry_after(op.max_retry_after);
     prop_assert!(policy.validate().is_ok());
     let wall_start = at(1_700_000_000);
     let mut rng = StdRng::seed_from_u64(op.seed);

@@ -469,7 +469,7 @@ async fn an_unreachable_redirect_target_is_retried_and_its_outcome_is_unknown() 
         let err = client(RedirectPolicy::default().allow_key_to_any_origin())
             .post(a.url("/x"))
             .idempotency_key(key("k_unreachable"))
-            .policy(fast().max_attempts(2))
+            .policy(fast().with_max_attempts(2))
             .body(BODY)
             .send()
             .await
@@ -621,7 +621,7 @@ async fn all_hops_share_the_attempt_timeout() {
         let err = client(RedirectPolicy::default())
             .post(a.url("/x"))
             .idempotency_key(key("k_hops_timeout"))
-            .policy(fast().max_attempts(1).attempt_timeout(ms(600)))
+            .policy(fast().with_max_attempts(1).with_attempt_timeout(ms(600)))
             .body(BODY)
             .send()
             .await
@@ -1039,7 +1039,7 @@ async fn a_redirect_target_that_times_out_is_a_timeout() {
         let err = client(RedirectPolicy::default().allow_key_to(&origin(&b)))
             .post(a.url("/x"))
             .idempotency_key(key("k_target_timeout"))
-            .policy(fast().max_attempts(1).attempt_timeout(ms(2000)))
+            .policy(fast().with_max_attempts(1).with_attempt_timeout(ms(2000)))
             .body(BODY)
             .send()
             .await
@@ -1059,7 +1059,7 @@ async fn a_refused_connection_without_a_redirect_is_never_sent() {
         let err = client(RedirectPolicy::default())
             .post(format!("http://{}/x", refused_addr()))
             .idempotency_key(key("k_refused_direct"))
-            .policy(fast().max_attempts(1))
+            .policy(fast().with_max_attempts(1))
             .body(BODY)
             .send()
             .await
@@ -1132,7 +1132,7 @@ async fn a_hop_is_not_sent_once_the_attempt_time_is_spent() {
         // Each read of the clock is 3 s later: the first hop starts with 2 s of the 5 s
         // attempt left, the second would start with none.
         let client = Client::builder()
-            .policy(fast().max_attempts(1))
+            .policy(fast().with_max_attempts(1))
             .clock(SteppingClock {
                 start: TokioClock::new().now(),
                 step: Duration::from_secs(3),

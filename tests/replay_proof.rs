@@ -36,11 +36,11 @@ fn ms(n: u64) -> Duration {
 /// Thirty attempts with waits up to 100 ms outlast a handler that runs 400 ms.
 fn policy() -> RetryPolicy {
     RetryPolicy::default()
-        .max_attempts(30)
-        .base_delay(ms(5))
-        .max_delay(ms(100))
-        .attempt_timeout(ms(300))
-        .max_retry_after(ms(1_500))
+        .with_max_attempts(30)
+        .with_base_delay(ms(5))
+        .with_max_delay(ms(100))
+        .with_attempt_timeout(ms(300))
+        .with_max_retry_after(ms(1_500))
 }
 
 /// One process sending one operation. Without a retry budget: the budget bounds what a
@@ -188,7 +188,7 @@ async fn check_guarantee(
         return Err(format!("an attempt carried another key: {keys:?}"));
     }
     let report = report_of(result);
-    let max = policy.get_max_attempts();
+    let max = policy.max_attempts();
     if report.attempts() > max || keys.len() as u64 > u64::from(max) {
         return Err(format!(
             "{} attempts, {} arrivals, policy allows {max}",
@@ -206,7 +206,7 @@ async fn check_guarantee(
     if report.idempotency_key() != Some(key) {
         return Err("the report carries another key".to_owned());
     }
-    let window = policy.get_reconcile_window();
+    let window = policy.reconcile_window();
     for attempt in report.history() {
         if attempt.started >= window {
             return Err(format!(
@@ -263,10 +263,10 @@ async fn fifty_concurrent_deliveries_of_one_key_have_one_effect_and_one_answer()
     // meet 409 and retry through it.
     let Gated { receiver, gate, .. } = gated_receiver().await;
     let patient = RetryPolicy::default()
-        .max_attempts(200)
-        .base_delay(ms(5))
-        .max_delay(ms(20))
-        .attempt_timeout(Duration::from_secs(10));
+        .with_max_attempts(200)
+        .with_base_delay(ms(5))
+        .with_max_delay(ms(20))
+        .with_attempt_timeout(Duration::from_secs(10));
     let key = step_key("conv_concurrent", 1);
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..50 {
@@ -397,12 +397,12 @@ fn schedule(seed: u64) -> Schedule {
         _ => Duration::from_secs(24 * 3600),
     };
     let policy = RetryPolicy::default()
-        .max_attempts(attempts)
-        .base_delay(ms(rng.random_range(1..20)))
-        .max_delay(ms(rng.random_range(20..200)))
-        .attempt_timeout(ms(300))
-        .reconcile_window(window)
-        .max_retry_after(ms(*[200, 1_500]
+        .with_max_attempts(attempts)
+        .with_base_delay(ms(rng.random_range(1..20)))
+        .with_max_delay(ms(rng.random_range(20..200)))
+        .with_attempt_timeout(ms(300))
+        .with_reconcile_window(window)
+        .with_max_retry_after(ms(*[200, 1_500]
             .get(rng.random_range(0..2usize))
             .unwrap_or(&200)));
     let faults = (0..attempts)
@@ -525,7 +525,7 @@ async fn crash_after_arrival<F: Future<Output = ()>>(
 ) {
     let sleeper = RecordingSleeper::new();
     let doomed = client(
-        policy().attempt_timeout(Duration::from_secs(10)),
+        policy().with_attempt_timeout(Duration::from_secs(10)),
         1,
         &sleeper,
     );
@@ -567,7 +567,11 @@ async fn a_crash_while_the_handler_runs_then_a_new_client_with_the_derived_key_h
     assert_eq!(resumed_key, key);
     let sleeper = RecordingSleeper::new();
     let resumed = tokio::spawn({
-        let client = client(policy().max_attempts(200).max_delay(ms(20)), 2, &sleeper);
+        let client = client(
+            policy().with_max_attempts(200).with_max_delay(ms(20)),
+            2,
+            &sleeper,
+        );
         let url = receiver.url("/v1/emails");
         async move { send_email(&client, url, resumed_key).await }
     });
@@ -632,7 +636,7 @@ async fn releasing_a_committed_key_on_failure_is_caught_and_refused() {
         .expect("receiver");
     let key = step_key("conv_release", 1);
     let sleeper = RecordingSleeper::new();
-    let policy = policy().max_attempts(3);
+    let policy = policy().with_max_attempts(3);
     let result = send_email(
         &client(policy, 4, &sleeper),
         receiver.url("/v1/emails"),

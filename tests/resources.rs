@@ -55,7 +55,7 @@ async fn an_exhausted_operation_keeps_only_the_last_response_and_reads_no_body()
     let server = RawServer::start(Reply::large_body(503, HUGE)).await;
     let client = Client::builder()
         .http(testkit::loopback_http().expect("loopback client"))
-        .policy(fast().max_attempts(3))
+        .policy(fast().with_max_attempts(3))
         .sleeper(testkit::RecordingSleeper::instant())
         .build()
         .expect("valid policy");
@@ -104,7 +104,7 @@ async fn with_a_ledger_send_reads_a_final_body_only_up_to_max_body() {
     let server = RawServer::start(Reply::large_body(200, HUGE)).await;
     let client = Client::builder()
         .http(testkit::loopback_http().expect("loopback client"))
-        .policy(fast().attempt_timeout(Duration::from_secs(30)))
+        .policy(fast().with_attempt_timeout(Duration::from_secs(30)))
         .ledger(MemoryLedger::new())
         .ledger_options(LedgerOptions::new().max_body(64 * 1024))
         .build()
@@ -269,9 +269,9 @@ type SendFn = Arc<dyn Fn(String) -> BoxFuture + Send + Sync>;
 /// 20..50 ms backoff, 2 s attempts (the stall outlasts them), five attempts.
 fn leak_policy() -> RetryPolicy {
     RetryPolicy::default()
-        .base_delay(ms(20))
-        .max_delay(ms(50))
-        .attempt_timeout(Duration::from_secs(2))
+        .with_base_delay(ms(20))
+        .with_max_delay(ms(50))
+        .with_attempt_timeout(Duration::from_secs(2))
 }
 
 fn settings(sleeper: &CountingSleeper) -> ClientBuilder {

@@ -143,7 +143,7 @@ async fn an_unknown_service_error_is_final_and_kept_as_the_source() {
 
 #[tokio::test]
 async fn exhausted_attempts_keep_the_last_http_response() {
-    let (layer, _time) = virtual_layer(RetryPolicy::default().max_attempts(2));
+    let (layer, _time) = virtual_layer(RetryPolicy::default().with_max_attempts(2));
     let (call, mut handle) = spawn_call(&layer, post(""));
     for code in [502, 504] {
         let (_, reply) = handle.next_request().await.expect("attempt");
@@ -167,7 +167,7 @@ async fn a_key_and_policy_in_the_extensions_are_used() {
     request.extensions_mut().insert(key.clone());
     request
         .extensions_mut()
-        .insert(RetryPolicy::default().max_attempts(1));
+        .insert(RetryPolicy::default().with_max_attempts(1));
     let (call, mut handle) = spawn_call(&layer, request);
     let (first, reply) = handle.next_request().await.expect("attempt 1");
     assert_eq!(key_of(&first), key.as_str());
@@ -253,8 +253,8 @@ async fn the_layer_works_in_a_boxed_service_builder_stack() {
     let layer = Client::builder()
         .policy(
             RetryPolicy::default()
-                .base_delay(Duration::from_millis(1))
-                .max_delay(Duration::from_millis(5)),
+                .with_base_delay(Duration::from_millis(1))
+                .with_max_delay(Duration::from_millis(5)),
         )
         .build_layer()
         .expect("valid");
@@ -357,7 +357,7 @@ async fn a_wait_for_readiness_is_not_counted_against_the_attempt_timeout() {
     // Paused tokio time with a mock (no sockets): the 300 ms attempt timeout would fire at
     // once if the wait for readiness ran under it.
     let (layer, _time) =
-        virtual_layer(RetryPolicy::default().attempt_timeout(Duration::from_millis(300)));
+        virtual_layer(RetryPolicy::default().with_attempt_timeout(Duration::from_millis(300)));
     let (call, mut handle) = spawn_call_limited(&layer, post(""), Some(1));
     let (first, reply) = handle.next_request().await.expect("attempt 1");
     reply.send_response(status(503));

@@ -215,19 +215,19 @@ fuzz_target!(|input: Input| {
         u32::from(input.max_attempts.max(1))
     };
     let policy = RetryPolicy::default()
-        .max_attempts(max_attempts)
-        .base_delay(base)
-        .max_delay(cap)
-        .reconcile_window(input.window.get())
-        .attempt_timeout(input.timeout.get())
-        .max_retry_after(input.max_retry_after.get());
+        .with_max_attempts(max_attempts)
+        .with_base_delay(base)
+        .with_max_delay(cap)
+        .with_reconcile_window(input.window.get())
+        .with_attempt_timeout(input.timeout.get())
+        .with_max_retry_after(input.max_retry_after.get());
     if policy.validate().is_err() {
         // A zero window or timeout: the builder refuses the policy, nothing to run.
         assert!(input.window.get().is_zero() || input.timeout.get().is_zero());
         return;
     }
-    let window = policy.get_reconcile_window();
-    let timeout = policy.get_attempt_timeout();
+    let window = policy.reconcile_window();
+    let timeout = policy.attempt_timeout();
     let wall_start = UNIX_EPOCH + Duration::from_secs(1_000_000_000 + u64::from(input.wall_secs));
     // One jitter word per decision, taken from the input, then zeros.
     let mut draws = input.draws.iter().copied().chain(std::iter::repeat(0));
@@ -332,7 +332,7 @@ fuzz_target!(|input: Input| {
                         let stop_asked = stop_asked.expect("the wait asked for");
                         assert_eq!(Some(stop_asked), asked);
                         assert!(
-                            stop_asked > policy.get_max_retry_after() || stop_asked >= remaining
+                            stop_asked > policy.max_retry_after() || stop_asked >= remaining
                         );
                     }
                     "not_replayable" => assert!(!input.replayable),
@@ -375,7 +375,7 @@ fuzz_target!(|input: Input| {
                     WaitReason::RetryAfter { asked: reported } => {
                         assert_eq!(Some(reported), asked);
                         assert_eq!(delay, reported);
-                        assert!(delay <= policy.get_max_retry_after());
+                        assert!(delay <= policy.max_retry_after());
                     }
                     other => panic!("unknown wait reason {other:?}"),
                 }

@@ -444,7 +444,7 @@ impl ClientBuilder {
     ///     .policy_for_host("api.stripe.com", RetryPolicy::default()) // 24 h window
     ///     .policy_for_host(
     ///         "api.example-bank.com",
-    ///         RetryPolicy::default().reconcile_window(Duration::from_secs(29 * 24 * 3600)),
+    ///         RetryPolicy::default().with_reconcile_window(Duration::from_secs(29 * 24 * 3600)),
     ///     )
     ///     .build()?;
     /// # Ok::<(), idempotent_retry::Error>(())
@@ -574,7 +574,7 @@ impl ClientBuilder {
     /// let unknown = Arc::new(AtomicU32::new(0));
     /// let (r, u) = (Arc::clone(&retries), Arc::clone(&unknown));
     /// let client = Client::builder()
-    ///     .policy(RetryPolicy::default().max_attempts(3).base_delay(Duration::from_millis(1)))
+    ///     .policy(RetryPolicy::default().with_max_attempts(3).with_base_delay(Duration::from_millis(1)))
     ///     .on_attempt(move |event| {
     ///         if event.delay.is_some() {
     ///             r.fetch_add(1, Ordering::Relaxed);
@@ -657,7 +657,7 @@ impl ClientBuilder {
     /// ```
     /// use idempotent_retry::{Client, RetryBudget, RetryBudgetConfig};
     ///
-    /// let budget = RetryBudget::with_config(RetryBudgetConfig::new().capacity(100))?;
+    /// let budget = RetryBudget::with_config(RetryBudgetConfig::new().with_capacity(100))?;
     /// let payments = Client::builder().retry_budget(budget.clone()).build()?;
     /// let refunds = Client::builder().retry_budget(budget).build()?;
     /// // One bucket for both clients.
@@ -740,7 +740,7 @@ mod tests {
     #[test]
     fn build_refuses_an_invalid_policy() {
         let err = Client::builder()
-            .policy(RetryPolicy::default().max_attempts(0))
+            .policy(RetryPolicy::default().with_max_attempts(0))
             .build()
             .expect_err("zero attempts is invalid");
         assert_eq!(err.kind(), crate::ErrorKind::Builder);

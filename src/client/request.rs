@@ -241,7 +241,7 @@ impl RequestBuilder {
     ///   longer than the client's [`RedirectPolicy`](crate::RedirectPolicy) allows; not retried.
     /// - With a [`Ledger`](crate::Ledger): [`ErrorKind::KeyReuse`](crate::ErrorKind::KeyReuse)
     ///   (the key was recorded for a different request),
-    ///   [`ErrorKind::InProgress`](crate::ErrorKind::InProgress) (another run holds it),
+    ///   [`ErrorKind::LeaseHeld`](crate::ErrorKind::LeaseHeld) (another run holds it),
     ///   [`ErrorKind::ReconcileWindow`](crate::ErrorKind::ReconcileWindow) (its first attempt,
     ///   in an earlier run, is older than the window), all before sending anything;
     ///   [`ErrorKind::Ledger`](crate::ErrorKind::Ledger) when the ledger fails. A keyed

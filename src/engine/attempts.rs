@@ -110,7 +110,7 @@ impl<'s> Attempts<'s> {
             }
             let now = self.settings.clock.now();
             let Some(budget) = window::attempt_budget(
-                self.policy.get_reconcile_window(),
+                self.policy.reconcile_window(),
                 self.attempt_timeout,
                 self.state.started,
                 now,
@@ -121,7 +121,7 @@ impl<'s> Attempts<'s> {
                     self.report.clone(),
                     self.exposure().is_unknown(),
                 )
-                .with_window(self.policy.get_reconcile_window()));
+                .with_window(self.policy.reconcile_window()));
             };
             let mut attempt = match original.as_ref().and_then(RetryRequest::try_clone) {
                 Some(copy) => copy,
@@ -430,7 +430,7 @@ fn stop_error(
         }
         Stop::Exhausted => Error::operation(ErrorKind::AttemptsExhausted, report, unknown),
         Stop::Window => Error::operation(ErrorKind::ReconcileWindow, report, unknown)
-            .with_window(policy.get_reconcile_window()),
+            .with_window(policy.reconcile_window()),
         Stop::RetryAfterTooLong { asked } => {
             Error::operation(ErrorKind::RetryAfterTooLong, report, unknown).with_retry_after(asked)
         }

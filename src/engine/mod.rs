@@ -10,7 +10,7 @@
 //!    request before any attempt exists;
 //! 2. **claim** (`ledger/session.rs`, with a ledger and a key): the fingerprint, the claim under
 //!    a lease, or an answer with nothing sent (the saved response replayed, `KeyReuse`,
-//!    `InProgress`, `ReconcileWindow`); the run's window is what earlier runs left of it;
+//!    `LeaseHeld`, `ReconcileWindow`); the run's window is what earlier runs left of it;
 //! 3. **attempts** (`attempts.rs`): send, classify, decide, pay the budget, record the attempt,
 //!    wait;
 //! 4. **finish** (`ledger/session.rs`): the outcome and the saved response written, the lease
@@ -155,7 +155,7 @@ where
              a BoxBody first); nothing was sent",
         ));
     }
-    let window = settled.policy.get_reconcile_window();
+    let window = settled.policy.reconcile_window();
     let operation = ledger::Operation {
         key: &key,
         scope: settled
@@ -179,7 +179,7 @@ where
         &settled.method,
         host,
         Some(key),
-        settled.policy.reconcile_window(left),
+        settled.policy.with_reconcile_window(left),
         settled.attempt_timeout,
         Some(&run),
     );

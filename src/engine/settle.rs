@@ -57,7 +57,7 @@ pub(super) fn settle<Q: RetryRequest>(
         method,
         policy,
         key,
-        attempt_timeout: overrides.timeout.unwrap_or(policy.get_attempt_timeout()),
+        attempt_timeout: overrides.timeout.unwrap_or(policy.attempt_timeout()),
         scope: overrides.scope,
     })
 }

@@ -44,7 +44,7 @@ mod sqlite;
 pub use conformance::{ConformanceFailure, ConformanceReport, ledger_conformance};
 pub use error::{LedgerError, LedgerErrorKind};
 pub use memory::MemoryLedger;
-pub use options::{InProgressPolicy, LedgerOptions};
+pub use options::{LeaseHeldPolicy, LedgerOptions};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresLedger;
 pub(crate) use session::{Begin, LedgerHandle, LedgerRun, Operation, can_replay, claim};
@@ -657,7 +657,7 @@ impl Finish {
 /// next run takes the row over at once with the original `first_attempt_at`; in the same
 /// process the next claim of the key first waits for that write. A worker in another process
 /// sees the row free once the write lands (milliseconds); until then it finds the lease held,
-/// and [`InProgressPolicy`] decides whether it waits. A run dropped while its claim
+/// and [`LeaseHeldPolicy`] decides whether it waits. A run dropped while its claim
 /// is in flight gives the lease back the same way once the claim lands. A process that dies
 /// runs none of this: its lease lapses after the attempt timeout plus
 /// [`LedgerOptions::lease_slack`], which also says what clock skew between workers can do.

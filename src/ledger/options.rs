@@ -12,13 +12,13 @@ use crate::key::IdempotencyKey;
 /// What a run does when another live run holds the operation's lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum InProgressPolicy {
-    /// Fail at once with [`ErrorKind::InProgress`](crate::ErrorKind::InProgress); nothing is
+pub enum LeaseHeldPolicy {
+    /// Fail at once with [`ErrorKind::LeaseHeld`](crate::ErrorKind::LeaseHeld); nothing is
     /// sent.
     Fail,
     /// Look again every `poll` until the other run finishes (then replay its response, or take
     /// the operation over) or its lease lapses, for at most `max_wait`; then fail with
-    /// [`ErrorKind::InProgress`](crate::ErrorKind::InProgress). Waits go through the client's
+    /// [`ErrorKind::LeaseHeld`](crate::ErrorKind::LeaseHeld). Waits go through the client's
     /// [`Sleeper`](crate::Sleeper).
     ///
     /// A zero `poll` or `max_wait` behaves as [`Fail`](Self::Fail). No wait is longer than
@@ -43,7 +43,7 @@ pub enum InProgressPolicy {
 /// | [`lease_slack`](Self::lease_slack) | 30 s |
 /// | [`max_body`](Self::max_body) | 64 KiB |
 /// | [`saved_headers`](Self::saved_headers) | `Content-Type`, `Location` |
-/// | [`in_progress`](Self::in_progress) | [`InProgressPolicy::Fail`] |
+/// | [`on_lease_held`](Self::on_lease_held) | [`LeaseHeldPolicy::Fail`] |
 /// | [`worker`](Self::worker) | a random name, fixed for the options' lifetime |
 #[derive(Clone, PartialEq, Eq)]
 #[must_use]
@@ -53,7 +53,7 @@ pub struct LedgerOptions {
     pub(crate) lease_slack: Duration,
     pub(crate) max_body: usize,
     pub(crate) saved_headers: Vec<HeaderName>,
-    pub(crate) in_progress: InProgressPolicy,
+    pub(crate) on_lease_held: LeaseHeldPolicy,
     pub(crate) worker: String,
 }
 
@@ -65,7 +65,7 @@ impl fmt::Debug for LedgerOptions {
             .field("lease_slack", &self.lease_slack)
             .field("max_body", &self.max_body)
             .field("saved_headers", &self.saved_headers)
-            .field("in_progress", &self.in_progress)
+            .field("on_lease_held", &self.on_lease_held)
             .field("worker", &self.worker)
             .finish()
     }
@@ -89,7 +89,7 @@ impl LedgerOptions {
             lease_slack: Duration::from_secs(30),
             max_body: 64 * 1024,
             saved_headers: vec![CONTENT_TYPE, LOCATION],
-            in_progress: InProgressPolicy::Fail,
+            on_lease_held: LeaseHeldPolicy::Fail,
             worker: IdempotencyKey::random().into_string(),
         }
     }
@@ -140,7 +140,7 @@ impl LedgerOptions {
     /// Any value is accepted. Zero makes the lease end when the attempt would time out; a lease
     /// too long to represent as a date (`Duration::MAX`) is clamped to the latest time a ledger
     /// stores, so a run that dies holding it is never taken over (concurrent runs get
-    /// [`ErrorKind::InProgress`](crate::ErrorKind::InProgress) until its row is resolved).
+    /// [`ErrorKind::LeaseHeld`](crate::ErrorKind::LeaseHeld) until its row is resolved).
     ///
     /// Default: 30 s.
     pub fn lease_slack(mut self, slack: Duration) -> Self {
@@ -174,9 +174,9 @@ impl LedgerOptions {
 
     /// What to do when another live run holds the lease.
     ///
-    /// Default: [`InProgressPolicy::Fail`].
-    pub fn in_progress(mut self, policy: InProgressPolicy) -> Self {
-        self.in_progress = policy;
+    /// Default: [`LeaseHeldPolicy::Fail`].
+    pub fn on_lease_held(mut self, policy: LeaseHeldPolicy) -> Self {
+        self.on_lease_held = policy;
         self
     }
 

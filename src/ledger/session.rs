@@ -76,7 +76,7 @@ pub(crate) struct LedgerRun {
 
 /// Claims the operation before its first attempt. Nothing may be sent unless this returns
 /// `Proceed`. A row this run may not take answers here, with nothing sent: the saved response
-/// (`Replay`), or `KeyReuse`, `InProgress`, `ReconcileWindow`, `Ledger`.
+/// (`Replay`), or `KeyReuse`, `LeaseHeld`, `ReconcileWindow`, `Ledger`.
 ///
 /// # Errors
 ///
@@ -190,7 +190,7 @@ pub(crate) async fn claim<R: RetryResponse>(
             .lease_expires_at
             .filter(|until| existing.status == OperationStatus::InFlight && *until > now);
         if let Some(until) = lease {
-            if let super::InProgressPolicy::Wait { poll, max_wait } = options.in_progress
+            if let super::LeaseHeldPolicy::Wait { poll, max_wait } = options.on_lease_held
                 && waited < max_wait
                 && !poll.is_zero()
             {
@@ -200,7 +200,7 @@ pub(crate) async fn claim<R: RetryResponse>(
                 continue;
             }
             return Err(
-                Error::operation(ErrorKind::InProgress, report, true).with_message(format!(
+                Error::operation(ErrorKind::LeaseHeld, report, true).with_message(format!(
                     "held by {} until {} ({} from now); nothing was sent",
                     holder(existing.lease_owner.as_deref()),
                     rfc3339(until),
@@ -211,7 +211,7 @@ pub(crate) async fn claim<R: RetryResponse>(
         // The row changed between the claim's statements: look again.
         rounds += 1;
         if rounds >= CLAIM_ROUNDS {
-            return Err(Error::operation(ErrorKind::InProgress, report, unresolved)
+            return Err(Error::operation(ErrorKind::LeaseHeld, report, unresolved)
                 .with_message("the operation's row kept changing; nothing was sent"));
         }
     }

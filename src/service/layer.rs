@@ -26,7 +26,7 @@ use crate::settings::Settings;
 /// use tower::ServiceBuilder;
 ///
 /// let layer = Client::builder()
-///     .policy(RetryPolicy::default().max_attempts(3))
+///     .policy(RetryPolicy::default().with_max_attempts(3))
 ///     .build_layer()?;
 /// let service = ServiceBuilder::new()
 ///     .layer(layer)

@@ -58,7 +58,7 @@
 //!
 //! let client = Client::builder()
 //!     .http(testkit::loopback_http()?)
-//!     .policy(RetryPolicy::default().base_delay(Duration::from_millis(5)))
+//!     .policy(RetryPolicy::default().with_base_delay(Duration::from_millis(5)))
 //!     .rng_seed(1)
 //!     .build()?;
 //! let response = client
@@ -88,6 +88,6 @@ pub use fault::{Canned, Fault, RetryAfter, When};
 pub use handler::{Delivery, Reply};
 pub use receiver::{REPLAYED_HEADER, Receiver, ReceiverBuilder};
 pub use records::{
-    Arrival, Compensated, Compensation, ForgetError, KeyRecord, KeyStatus, Outcome, SavedResponse,
-    Violation,
+    Arrival, Compensated, Compensation, ForgetError, KeyRecord, KeyStatus, Outcome,
+    ReplayableResponse, Violation,
 };

@@ -79,7 +79,7 @@ pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
 ///
 /// let client = Client::builder()
 ///     .http(reqwest::Client::builder().no_proxy().build()?)
-///     .policy(RetryPolicy::default().base_delay(Duration::from_millis(5)))
+///     .policy(RetryPolicy::default().with_base_delay(Duration::from_millis(5)))
 ///     .build()?;
 /// let response = client
 ///     .post(receiver.url("/v1/charges"))

@@ -20,10 +20,11 @@ pub enum KeyStatus {
     Failed,
 }
 
-/// A saved response, replayed to duplicates of a completed key.
+/// The response the receiver saved for a completed key and replays to its duplicates (the
+/// receiver's own record, not the ledger's [`SavedResponse`](crate::SavedResponse)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct SavedResponse {
+pub struct ReplayableResponse {
     /// The status the first run answered.
     pub status: u16,
     /// Its headers.
@@ -44,7 +45,7 @@ pub struct KeyRecord {
     /// Where the key stands.
     pub status: KeyStatus,
     /// The saved response, once completed.
-    pub response: Option<SavedResponse>,
+    pub response: Option<ReplayableResponse>,
     /// Side effects recorded under the key.
     pub effects: u64,
 }

@@ -18,8 +18,8 @@ use tokio::time::Instant;
 use super::fault::{Fault, When};
 use super::handler::{EffectRecorder, Reply};
 use super::records::{
-    Arrival, Compensated, Compensation, ForgetError, KeyRecord, KeyStatus, Outcome, SavedResponse,
-    Violation,
+    Arrival, Compensated, Compensation, ForgetError, KeyRecord, KeyStatus, Outcome,
+    ReplayableResponse, Violation,
 };
 use crate::time::{Clock, TokioClock};
 
@@ -52,7 +52,7 @@ struct State {
 struct Row {
     fingerprint: [u8; 32],
     status: KeyStatus,
-    saved: Option<SavedResponse>,
+    saved: Option<ReplayableResponse>,
 }
 
 impl EffectRecorder for Shared {
@@ -72,7 +72,7 @@ pub(super) enum Admission {
     Run,
     InProgress,
     Mismatch,
-    Replay(SavedResponse),
+    Replay(ReplayableResponse),
 }
 
 impl Shared {
@@ -313,7 +313,7 @@ impl Shared {
             row.status = KeyStatus::Failed;
         } else {
             row.status = KeyStatus::Completed;
-            row.saved = Some(SavedResponse {
+            row.saved = Some(ReplayableResponse {
                 status: reply.status,
                 headers: reply.headers.clone(),
                 body: reply.body.clone(),

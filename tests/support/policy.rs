@@ -12,7 +12,7 @@ pub fn ms(n: u64) -> Duration {
 /// machine never trips them by accident, so hit counts are exact.
 pub fn fast() -> RetryPolicy {
     RetryPolicy::default()
-        .base_delay(ms(1))
-        .max_delay(ms(5))
-        .attempt_timeout(Duration::from_secs(5))
+        .with_base_delay(ms(1))
+        .with_max_delay(ms(5))
+        .with_attempt_timeout(Duration::from_secs(5))
 }
