@@ -31,6 +31,7 @@ impl RequestFingerprint {
     /// The fingerprint of a request with this method, URL, `Content-Type` and body. A URL
     /// that parses as an absolute URL is normalized first (as `reqwest` spells it, fragment
     /// dropped), so `http://x` and `http://x/` are one target.
+    #[must_use]
     pub fn new(
         method: &Method,
         url: &str,

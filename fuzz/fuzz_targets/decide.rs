@@ -331,9 +331,7 @@ fuzz_target!(|input: Input| {
                     "retry_after_too_long" => {
                         let stop_asked = stop_asked.expect("the wait asked for");
                         assert_eq!(Some(stop_asked), asked);
-                        assert!(
-                            stop_asked > policy.max_retry_after() || stop_asked >= remaining
-                        );
+                        assert!(stop_asked > policy.max_retry_after() || stop_asked >= remaining);
                     }
                     "not_replayable" => assert!(!input.replayable),
                     "not_retry_safe" => {
