@@ -148,7 +148,7 @@ async fn send_and_execute_agree(
 
 #[tokio::test]
 async fn a_built_request_with_every_override_runs_as_send_does() {
-    let client = client(fast().max_attempts(5));
+    let client = client(fast().with_max_attempts(5));
     let (seen, arrivals) = send_and_execute_agree(
         &client,
         vec![Action::status(503)],
@@ -157,7 +157,7 @@ async fn a_built_request_with_every_override_runs_as_send_does() {
             client
                 .post(url)
                 .idempotency_key(key("k_parity"))
-                .policy(fast().max_attempts(2))
+                .policy(fast().with_max_attempts(2))
                 .timeout(Duration::from_secs(5))
                 .header("x-request-source", "agent")
                 .json(&serde_json::json!({"amount": 1200}))
@@ -371,10 +371,10 @@ async fn extensions_on_an_http_request_are_honoured() {
     let mut request = http::Request::post(server.url("/v1/ping"))
         .body("ping")
         .expect("a request");
-    request.extensions_mut().insert(fast().max_attempts(3));
+    request.extensions_mut().insert(fast().with_max_attempts(3));
     request.extensions_mut().insert(key("k_from_extension"));
     let request = reqwest::Request::try_from(request).expect("an absolute URL");
-    let err = client(fast().max_attempts(6))
+    let err = client(fast().with_max_attempts(6))
         .execute(request)
         .await
         .expect_err("503 every time");
@@ -438,8 +438,8 @@ async fn a_plain_requests_timeout_is_the_timeout_of_each_attempt() {
         .expect("a request");
     let operation = client(
         fast()
-            .max_attempts(2)
-            .attempt_timeout(Duration::from_secs(60)),
+            .with_max_attempts(2)
+            .with_attempt_timeout(Duration::from_secs(60)),
     )
     .execute(request);
     // The policy's 60 s per attempt would overrun this bound: the request's 300 ms applies.
@@ -473,10 +473,10 @@ async fn the_future_of_execute_outlives_the_client() {
 #[tokio::test]
 async fn a_cloned_builder_keeps_its_key_policy_and_body() {
     let server = TestServer::start(vec![], Action::status(503)).await;
-    let original = client(fast().max_attempts(5))
+    let original = client(fast().with_max_attempts(5))
         .post(server.url("/v1/charges"))
         .idempotency_key(key("k_cloned"))
-        .policy(fast().max_attempts(2))
+        .policy(fast().with_max_attempts(2))
         .body("amount=1200");
     let copy = original.try_clone().expect("a bytes body can be cloned");
     for builder in [original, copy] {

@@ -113,7 +113,7 @@ mod tests {
     #[test]
     fn every_option_goes_into_the_request_and_comes_back() {
         let key = IdempotencyKey::new("k_carried").expect("valid");
-        let policy = RetryPolicy::default().max_attempts(2);
+        let policy = RetryPolicy::default().with_max_attempts(2);
         let overrides = Overrides {
             key: Some(key.clone()),
             auto_key: Some(false),

@@ -608,7 +608,7 @@ impl Finish {
 ///
 /// - **One row per key, one short transaction per method** (most are one statement). A
 ///   method never waits on another run (no lock held across calls); the client does the
-///   waiting ([`InProgressPolicy`]).
+///   waiting ([`LeaseHeldPolicy`]).
 /// - **The claim is atomic.** [`claim`](Self::claim) checks and writes in one step: two
 ///   concurrent claims of one key, from any number of tasks or processes sharing the
 ///   storage, get at most one [`Claimed::New`] or [`Claimed::TakenOver`] between them; every
