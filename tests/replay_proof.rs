@@ -262,11 +262,16 @@ async fn fifty_concurrent_deliveries_of_one_key_have_one_effect_and_one_answer()
     // The first run is held open until every task has been answered at least once, so most
     // meet 409 and retry through it.
     let Gated { receiver, gate, .. } = gated_receiver().await;
+    // Patient enough for any machine: the 409s last until the slowest of the 50 tasks has
+    // arrived, and a task that ran out of attempts first would fail the test for a slow start,
+    // not for a wrong answer. The bounded waits below end a broken run instead.
     let patient = RetryPolicy::default()
-        .with_max_attempts(200)
+        .with_max_attempts(100_000)
         .with_base_delay(ms(5))
         .with_max_delay(ms(20))
-        .with_attempt_timeout(Duration::from_secs(10));
+        // Longer than the wait for all 50 arrivals below: the held first run must not time out
+        // however slowly a loaded machine starts the other 49.
+        .with_attempt_timeout(Duration::from_secs(120));
     let key = step_key("conv_concurrent", 1);
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..50 {
