@@ -13,7 +13,9 @@ const TAG: &[u8] = b"idempotent-retry:request:v1";
 ///
 /// A JSON body (`application/json` or `+json`) that parses is hashed in RFC 8785 canonical
 /// form, so member order and number spelling do not make two spellings of one request look
-/// different. Headers are left out on purpose: credentials rotate between restarts, and the
+/// different; a `multipart/form-data` body is hashed with its random boundary replaced by a
+/// fixed one, so a form built again (after a restart) is the same request. Headers are left out
+/// on purpose: credentials rotate between restarts, and the
 /// key header is the key itself. Every front end computes it the same way, so a request sent
 /// through the [`Client`](crate::Client), the tower service or the middleware has one
 /// fingerprint, and rows written by one are recognised by the others.
@@ -97,14 +99,54 @@ fn digest(method: &Method, url: &str, content_type: Option<&HeaderValue>, body: 
     hex
 }
 
+/// The body as hashed, when it is not hashed byte for byte: a JSON body in canonical form, a
+/// `multipart/form-data` body with its boundary replaced by a fixed one.
 fn canonical_body(content_type: Option<&HeaderValue>, bytes: &[u8]) -> Option<Vec<u8>> {
     let content_type = content_type?.to_str().ok()?;
-    let essence = content_type.split(';').next()?.trim().to_ascii_lowercase();
+    let mut params = content_type.split(';');
+    let essence = params.next()?.trim().to_ascii_lowercase();
+    if essence == "multipart/form-data" {
+        let boundary = params.find_map(|param| {
+            let (name, value) = param.split_once('=')?;
+            name.trim()
+                .eq_ignore_ascii_case("boundary")
+                .then(|| value.trim().trim_matches('"'))
+                .filter(|boundary| !boundary.is_empty())
+        })?;
+        return Some(with_fixed_boundary(bytes, boundary));
+    }
     if essence != "application/json" && !essence.ends_with("+json") {
         return None;
     }
     let value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
     Some(crate::canonical::to_string(&value).into_bytes())
+}
+
+/// A multipart body with every delimiter (`--` and the boundary) spelled with one fixed
+/// boundary. The boundary is drawn at random each time a form is built, so the same form
+/// built again (after a restart, under the same key) is the same request to the ledger; it
+/// cannot occur inside a part (RFC 2046 section 5.1.1), so nothing else is rewritten.
+fn with_fixed_boundary(body: &[u8], boundary: &str) -> Vec<u8> {
+    const FIXED: &[u8] = b"--idempotent-retry-fingerprint-boundary";
+    let mut delimiter = Vec::with_capacity(boundary.len() + 2);
+    delimiter.extend_from_slice(b"--");
+    delimiter.extend_from_slice(boundary.as_bytes());
+    let mut out = Vec::with_capacity(body.len());
+    let mut rest = body;
+    while let Some(at) = find(rest, &delimiter) {
+        out.extend_from_slice(&rest[..at]);
+        out.extend_from_slice(FIXED);
+        rest = &rest[at + delimiter.len()..];
+    }
+    out.extend_from_slice(rest);
+    out
+}
+
+/// The first position of `needle` (not empty) in `haystack`.
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack
+        .windows(needle.len())
+        .position(|window| window == needle)
 }
 
 #[cfg(test)]
@@ -163,6 +205,41 @@ mod tests {
         let text_a = request("POST", "http://x/", Some(("text/plain", "{\"a\":1}")));
         let text_b = request("POST", "http://x/", Some(("text/plain", "{\"a\":1.0}")));
         assert_ne!(request_fingerprint(&text_a), request_fingerprint(&text_b));
+    }
+
+    #[test]
+    fn a_multipart_form_built_again_with_another_boundary_is_the_same_request() {
+        let form = |boundary: &str, value: &str| {
+            let body = format!(
+                "--{boundary}\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\n{value}\r\n\
+                 --{boundary}--\r\n"
+            );
+            let content_type = format!("multipart/form-data; boundary={boundary}");
+            request("POST", "http://x/upload", Some((&content_type, &body)))
+        };
+        let first = request_fingerprint(&form("aaaa-1111", "one")).expect("buffered");
+        assert_eq!(
+            Some(first.clone()),
+            request_fingerprint(&form("bbbb-2222", "one"))
+        );
+        // A quoted boundary is the same boundary.
+        let quoted = request(
+            "POST",
+            "http://x/upload",
+            Some((
+                "multipart/form-data; charset=utf-8; BOUNDARY=\"cccc\"",
+                "--cccc\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\none\r\n--cccc--\r\n",
+            )),
+        );
+        assert_eq!(Some(first.clone()), request_fingerprint(&quoted));
+        // The content of a part still counts.
+        assert_ne!(Some(first), request_fingerprint(&form("aaaa-1111", "two")));
+        // Without a boundary parameter the body is hashed byte for byte.
+        let bare = |body: &str| request("POST", "http://x/", Some(("multipart/form-data", body)));
+        assert_ne!(
+            request_fingerprint(&bare("--a")),
+            request_fingerprint(&bare("--b"))
+        );
     }
 
     #[test]

@@ -5,7 +5,9 @@
 mod support;
 
 use idempotent_retry::multipart::{Form, Part};
-use idempotent_retry::{Client, ErrorKind, IdempotencyKey, Ledger, MemoryLedger, RetryReport};
+use idempotent_retry::{
+    Client, ErrorKind, IdempotencyKey, Ledger, MemoryLedger, RetryReport, SqliteLedger,
+};
 use support::*;
 
 fn client() -> Client {
@@ -155,6 +157,38 @@ async fn an_in_memory_form_has_one_fingerprint_in_the_ledger_and_a_clone_is_answ
         .expect("ledger")
         .expect("a row");
     assert_eq!(row.attempts, 2);
+}
+
+#[tokio::test]
+async fn the_same_form_built_again_after_a_restart_is_answered_from_the_ledger() {
+    let server = TestServer::start(vec![], Action::ok("stored")).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("operations.db");
+    let key = IdempotencyKey::new("k_form_restart").expect("valid");
+    let mut boundaries = Vec::new();
+    for run in 0..2 {
+        // A process of its own each time: a new client, the ledger file opened again, and the
+        // form built again, so its random boundary differs.
+        let client = Client::builder()
+            .policy(fast())
+            .ledger(SqliteLedger::open(&path).await.expect("open"))
+            .build()
+            .expect("valid");
+        let form = evidence();
+        boundaries.push(form.boundary().to_owned());
+        let response = client
+            .post(server.url("/v1/files"))
+            .idempotency_key(key.clone())
+            .multipart(form)
+            .send()
+            .await
+            .unwrap_or_else(|err| panic!("run {run}: {err}"));
+        let report = RetryReport::of(&response).expect("report").clone();
+        assert_eq!(report.is_replayed(), run == 1, "run {run}");
+        assert_eq!(response.text().await.expect("body"), "stored");
+    }
+    assert_ne!(boundaries[0], boundaries[1]);
+    assert_eq!(server.hits(), 1, "the second run sent nothing");
 }
 
 #[tokio::test]

@@ -21,8 +21,9 @@
 //! The boundary is random, drawn once per [`Form`]: every attempt of a request, and every
 //! [`try_clone`](crate::RequestBuilder::try_clone) of its builder, sends the same one, so a
 //! [`Ledger`](crate::Ledger) sees one fingerprint. A form built again (after a restart, say)
-//! has another boundary, hence other bytes: under the same key the ledger takes it for a
-//! different request and refuses it with [`ErrorKind::KeyReuse`](crate::ErrorKind::KeyReuse).
+//! has another boundary, hence other bytes on the wire, but the same
+//! [fingerprint](crate::RequestFingerprint): the ledger hashes a multipart body with its
+//! boundary replaced by a fixed one, so the same key finds the same operation.
 
 use std::borrow::Cow;
 use std::fmt;
