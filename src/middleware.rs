@@ -106,6 +106,7 @@ impl Client {
     ///     .build();
     /// # Ok::<(), idempotent_retry::Error>(())
     /// ```
+    #[must_use]
     pub fn middleware(&self) -> IdempotentRetryMiddleware {
         IdempotentRetryMiddleware {
             settings: self.front_end_settings(),

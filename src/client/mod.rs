@@ -125,6 +125,7 @@ impl Client {
     }
 
     /// The header the key travels in.
+    #[must_use]
     pub fn key_header(&self) -> &HeaderName {
         &self.inner.settings.key_header
     }
@@ -132,11 +133,13 @@ impl Client {
     /// The retry budget shared by this client's clones, unless it was turned off. Read its
     /// [`available`](RetryBudget::available) tokens to watch how close the client is to
     /// refusing retries.
+    #[must_use]
     pub fn retry_budget(&self) -> Option<&RetryBudget> {
         self.inner.settings.budget.as_ref()
     }
 
     /// The client's ledger, if it has one.
+    #[must_use]
     pub fn ledger(&self) -> Option<&dyn Ledger> {
         self.inner
             .settings

@@ -158,6 +158,7 @@ impl ConformanceReport {
     }
 
     /// The names of the cases run, in order.
+    #[must_use]
     pub fn cases(&self) -> impl ExactSizeIterator<Item = &'static str> + '_ {
         self.cases.iter().copied()
     }

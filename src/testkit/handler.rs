@@ -115,6 +115,9 @@ impl Delivery {
 /// twice). Without an effect, a 5xx leaves the key `failed` (the next delivery runs the handler
 /// again) and any other status completes it with this reply saved.
 /// [`release_key`](Self::release_key) asks to forget the key instead.
+///
+/// A builder, like reqwest's request builder: a handler's test compares the reply whole
+/// (`assert_eq!(reply, Reply::status(503))`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
     pub(crate) status: u16,
@@ -171,17 +174,5 @@ impl Reply {
     pub fn release_key(mut self) -> Reply {
         self.release_key = true;
         self
-    }
-
-    /// The status.
-    #[must_use]
-    pub fn get_status(&self) -> u16 {
-        self.status
-    }
-
-    /// The body.
-    #[must_use]
-    pub fn get_body(&self) -> &[u8] {
-        &self.body
     }
 }
