@@ -25,14 +25,9 @@ use crate::error::Error;
 ///
 /// # Default
 ///
-/// | setting | default |
-/// |---|---|
-/// | [`with_capacity`](Self::with_capacity) | 500 tokens (the bucket starts full) |
-/// | [`with_retry_cost`](Self::with_retry_cost) | 5 tokens |
-/// | [`with_timeout_cost`](Self::with_timeout_cost) | 10 tokens |
-/// | [`with_success_reward`](Self::with_success_reward) | 1 token |
-///
-/// A retry after a 409 "still in progress" is free (see [`cost_of`](Self::cost_of)).
+/// [`RetryBudgetConfig::new()`] holds the AWS SDKs' standard-mode numbers, listed with their
+/// reasons in the crate's [defaults table](crate#defaults); the bucket starts full. A retry
+/// after a 409 "still in progress" is free (see [`cost_of`](Self::cost_of)).
 ///
 /// # Examples
 ///
@@ -63,7 +58,7 @@ impl Default for RetryBudgetConfig {
 }
 
 impl RetryBudgetConfig {
-    /// The default numbers (see the table above).
+    /// The default numbers (see the crate's [defaults table](crate#defaults)).
     pub const fn new() -> Self {
         RetryBudgetConfig {
             capacity: 500,
@@ -195,15 +190,16 @@ impl RetryBudgetConfig {
 ///
 /// # Why this design
 ///
-/// This is the token bucket of the AWS SDKs' "standard" retry mode, with its numbers:
+/// This is the token bucket of the AWS SDKs' "standard" retry mode, with its numbers (the
+/// crate's [defaults table](crate#defaults) lists them):
 ///
 /// | event | tokens |
 /// |---|---|
-/// | capacity (and the starting level) | 500 |
-/// | a retry after a timeout | -10 |
-/// | any other retry | -5 |
+/// | capacity (and the starting level) | the capacity |
+/// | a retry after a timeout | - the timeout cost |
+/// | any other retry | - the retry cost |
 /// | an operation succeeds after a retry | + the cost of that last retry (refund) |
-/// | an operation succeeds on its first attempt | +1, up to the capacity |
+/// | an operation succeeds on its first attempt | + the success reward, up to the capacity |
 ///
 /// A retry the bucket cannot pay for is not sent; the operation ends with
 /// [`ErrorKind::BudgetExhausted`](crate::ErrorKind::BudgetExhausted).
@@ -211,29 +207,29 @@ impl RetryBudgetConfig {
 /// We chose it over the alternatives because of what it guarantees:
 ///
 /// - **A hard bound, independent of time and speed.** A full bucket pays for
-///   `500 / 5 = 100` retries. During a total outage, `n` operations send at most `n + 100`
-///   requests, however long the outage lasts, and no clock is read to enforce it (so it is
-///   as deterministic as the rest of the loop). tower's ratio budget (retries up to 20% of
-///   requests plus 10 per second, over a 10 s window) lets `1.2 n` requests and more through
+///   `b = capacity / retry_cost` retries. During a total outage, `n` operations send at most
+///   `n + b` requests, however long the outage lasts, and no clock is read to enforce it (so
+///   it is as deterministic as the rest of the loop). tower's ratio budget (retries up to 20%
+///   of requests plus 10 per second, over a 10 s window) lets `1.2 n` requests and more through
 ///   and depends on the clock; gRPC's throttling (10 tokens, -1 per failure, +0.1 per
 ///   success, no retries at or below half) bounds an outage to 5 retries, which is so tight
 ///   that one unlucky burst of failures turns retries off for the next 50 successes.
 /// - **Untouched in normal operation.** Under 10% random transient failures, each operation
-///   deposits about `0.9 * 1` tokens and a retry that then succeeds is refunded, so the
-///   bucket stays full and every retry the policy allows is sent.
-/// - **It refills on its own once the service recovers.** Every first-attempt success adds a
-///   token; five of them pay for one retry again. No timer is needed.
+///   deposits about `0.9` times the success reward and a retry that then succeeds is
+///   refunded, so the bucket stays full and every retry the policy allows is sent.
+/// - **It refills on its own once the service recovers.** Every first-attempt success adds
+///   the success reward; `retry_cost / success_reward` of them pay for one retry again. No
+///   timer is needed.
 /// - **Timeouts cost double.** A timed-out attempt held a connection and server resources for
 ///   the whole timeout; retrying those is the first thing to cut.
 ///
-/// Google's SRE book suggests retries stay under 10% of requests per client; with the default
-/// numbers the bucket sustains one retry per five first-attempt successes (20%) and a burst
-/// of 100, and the cap (not the ratio) is what bounds an outage.
+/// Google's SRE book suggests retries stay under 10% of requests per client; the default
+/// bucket sustains more than that (one retry per `retry_cost / success_reward` first-attempt
+/// successes) plus a burst of `b`, and the cap (not the ratio) is what bounds an outage.
 ///
 /// Counting "success": any response the client returns as `Ok` (a 2xx, or a final 4xx such as
 /// 404 or 422) means the server is answering, so it deposits. Operations that end with an
 /// error deposit nothing.
-///
 ///
 /// Measurements are in the crate's `docs/performance.md`.
 ///
@@ -280,8 +276,7 @@ impl Default for RetryBudget {
 }
 
 impl RetryBudget {
-    /// A full bucket with the default numbers (500 tokens, 5 per retry, 10 per retry after a
-    /// timeout, 1 per first-attempt success).
+    /// A full bucket with the default numbers (the crate's [defaults table](crate#defaults)).
     #[must_use]
     pub fn new() -> Self {
         Self::unchecked(RetryBudgetConfig::new())

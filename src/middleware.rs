@@ -37,6 +37,11 @@ use crate::transport::{SendError, Transport, reqwest_send_error, send_error};
 /// ([`LedgerScope`](crate::LedgerScope)) names the operation's scope. A dropped request gives
 /// its claim back at once, as [`RequestBuilder::send`](crate::RequestBuilder::send) describes.
 ///
+/// **Redirects**: the middleware follows none itself. Build the `reqwest::Client` under it
+/// with `redirect::Policy::none()`, since reqwest's default follows redirects with the key on
+/// every hop, to any origin; when the response's URL is not the URL sent, the middleware logs a
+/// `warn` event with the key and both origins.
+///
 /// **Errors** come back as `reqwest_middleware::Error::Middleware` wrapping this crate's
 /// [`Error`]; get it back with [`Error::from_middleware`] or [`Error::from_middleware_mut`].
 ///

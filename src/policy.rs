@@ -8,14 +8,24 @@ use crate::error::Error;
 ///
 /// # Default
 ///
-/// | setting | default | why |
-/// |---|---|---|
-/// | [`with_max_attempts`](Self::with_max_attempts) | 5 | the first attempt and four retries |
-/// | [`with_base_delay`](Self::with_base_delay) | 500 ms | the first backoff ceiling (Stripe and OpenAI SDKs use 0.5 s) |
-/// | [`with_max_delay`](Self::with_max_delay) | 30 s | the backoff cap; jitter is drawn inside it |
-/// | [`with_reconcile_window`](Self::with_reconcile_window) | 24 h | Stripe v1 may prune a key after 24 h: a later retry would be a new request |
-/// | [`with_attempt_timeout`](Self::with_attempt_timeout) | 30 s | each attempt, response body included |
-/// | [`with_max_retry_after`](Self::with_max_retry_after) | 60 s | the longest server-requested wait honoured |
+/// [`RetryPolicy::new()`] holds the defaults listed, with their reasons, in the crate's
+/// [defaults table](crate#defaults).
+///
+/// # Server-requested waits
+///
+/// A server asks for a wait with `Retry-After` (delay-seconds or any of the three HTTP-date
+/// forms) or `retry-after-ms`; the wait before the retry is the longer of that request and the
+/// jittered backoff. An unparsable value counts as absent, never as zero (`-1`, `1e10`, `1.5`, a
+/// date before 1970 or with the wrong weekday: the backoff applies); `0` and a date already past
+/// ask for no wait (the backoff applies). A request longer than
+/// [`max_retry_after`](Self::max_retry_after), or than the window has left, ends the operation
+/// at once with [`ErrorKind::RetryAfterTooLong`](crate::ErrorKind::RetryAfterTooLong), the
+/// request in [`Error::retry_after`](crate::Error::retry_after). A number too large for a
+/// `Duration` (`99999999999999999999`, 20 KB of digits) is such a request (`Duration::MAX`), not
+/// garbage, and so is a date in the year 9999. When the header occurs several times the longest
+/// parsable request wins, unparsable copies ignored; a `retry-after-ms` that parses (its
+/// longest, if several) wins over `Retry-After`, and one that does not (`-5`, `NaN`) is ignored
+/// in favour of `Retry-After`.
 ///
 /// The setters do not validate; [`ClientBuilder::build`](crate::ClientBuilder::build) and
 /// [`RequestBuilder::send`](crate::RequestBuilder::send) call [`validate`](Self::validate).
@@ -51,7 +61,7 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// The default policy (see the table above).
+    /// The default policy (see the crate's [defaults table](crate#defaults)).
     pub const fn new() -> Self {
         RetryPolicy {
             max_attempts: 5,

@@ -284,18 +284,8 @@ impl Client {
 ///
 /// # Default
 ///
-/// | setting | default |
-/// |---|---|
-/// | [`http`](Self::http) | reqwest's defaults but no redirects, built by [`build`](Self::build) |
-/// | [`redirects`](Self::redirects) | [`RedirectPolicy::default()`]: up to 10 hops, the key to the original origin only |
-/// | [`policy`](Self::policy) | [`RetryPolicy::default()`] |
-/// | [`key_header`](Self::key_header) | `Idempotency-Key` |
-/// | [`auto_keys`](Self::auto_keys) | `true` |
-/// | [`clock`](Self::clock) / [`sleeper`](Self::sleeper) | tokio's |
-/// | [`rng_seed`](Self::rng_seed) | none: the thread-local RNG |
-/// | [`retry_budget`](Self::retry_budget) | a new [`RetryBudget::new()`] per built client |
-/// | [`ledger`](Self::ledger) | none: nothing outlives a `send` |
-/// | [`ledger_options`](Self::ledger_options) | [`LedgerOptions::default()`] |
+/// The defaults that shape behaviour are listed, with their reasons, in the crate's
+/// [defaults table](crate#defaults); each setter's docs end with its own default.
 #[must_use]
 pub struct ClientBuilder {
     http: Option<reqwest::Client>,
@@ -529,6 +519,38 @@ impl ClientBuilder {
     /// [`RetryResponse::from_saved`](crate::RetryResponse::from_saved)).
     ///
     /// Default: none.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idempotent_retry::{Client, IdempotencyKey, MemoryLedger, RetryReport};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let receiver = idempotent_retry::testkit::Receiver::start().await?;
+    /// # let url = receiver.url("/v1/charges");
+    /// let client = Client::builder()
+    /// #   .http(idempotent_retry::testkit::loopback_http()?)
+    ///     .ledger(MemoryLedger::new())
+    ///     .build()?;
+    /// let key = IdempotencyKey::derive("billing.charge", &["order-17"]);
+    /// let charge = serde_json::json!({"amount": 1200, "currency": "eur"});
+    /// for run in 0..2 {
+    ///     let response = client
+    ///         .post(&url)
+    ///         .idempotency_key(key.clone())
+    ///         .ledger_scope("billing.charge")
+    ///         .json(&charge)
+    ///         .send()
+    ///         .await?;
+    ///     assert!(response.status().is_success());
+    ///     // The second run is answered from the ledger: nothing is sent.
+    ///     let replayed = RetryReport::of(&response).is_some_and(RetryReport::is_replayed);
+    ///     assert_eq!(replayed, run == 1);
+    /// }
+    /// # assert_eq!(receiver.arrivals(), 1);
+    /// # Ok(()) }
+    /// ```
     pub fn ledger(mut self, ledger: impl Ledger) -> Self {
         self.ledger = Some(Arc::new(ledger));
         self
@@ -652,8 +674,8 @@ impl ClientBuilder {
     /// A tower layer or middleware built from this builder gets the budget too, shared by its
     /// clones.
     ///
-    /// Default: a new [`RetryBudget::new()`] (500 tokens, 5 per retry, 10 after a timeout,
-    /// refunded on success) for each client built.
+    /// Default: a new [`RetryBudget::new()`] for each client built (its numbers: the crate's
+    /// [defaults table](crate#defaults)).
     ///
     /// # Examples
     ///

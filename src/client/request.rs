@@ -257,6 +257,20 @@ impl RequestBuilder {
     /// [`RetryBudget`](crate::RetryBudget); with a [`Ledger`](crate::Ledger), the claim is given
     /// back on a spawned task, recorded as outcome unknown if an attempt may have reached the
     /// server, so the next `send` with the key goes ahead at once with the same key and window.
+    ///
+    /// # The response body
+    ///
+    /// Every decision is taken on the response head, so `send` returns a final response as soon
+    /// as its head arrives, and a retried response is dropped unread. Reading a final
+    /// response's body is the caller's: if it stalls or breaks (a server that trickles it
+    /// forever, a cut connection), that read fails with a `reqwest::Error` (`is_timeout()` once
+    /// the attempt timeout has run out), nothing is retried, and the operation counts as done:
+    /// the server answered, the [`RetryReport`](crate::RetryReport) says so. To get the body
+    /// after all, send again with the same key: an idempotent receiver replays it. With a
+    /// [`Ledger`](crate::Ledger), `send` reads the body up to
+    /// [`LedgerOptions::max_body`](crate::LedgerOptions::max_body) to save it, so there a stall
+    /// or break within that much is an [`ErrorKind::Transport`](crate::ErrorKind::Transport)
+    /// error, outcome unknown; the rest of a longer body is the caller's, as above.
     pub async fn send(self) -> Result<reqwest::Response, Error> {
         let (client, request, overrides) = self.into_parts()?;
         execute(&client, request, overrides).await

@@ -36,15 +36,9 @@ pub enum LeaseHeldPolicy {
 ///
 /// # Default
 ///
-/// | setting | default |
-/// |---|---|
-/// | [`retention`](Self::retention) | 7 days, and never less than twice the request's reconcile window |
-/// | [`scope_retention`](Self::scope_retention) | none |
-/// | [`lease_slack`](Self::lease_slack) | 30 s |
-/// | [`max_body`](Self::max_body) | 64 KiB |
-/// | [`saved_headers`](Self::saved_headers) | `Content-Type`, `Location` |
-/// | [`on_lease_held`](Self::on_lease_held) | [`LeaseHeldPolicy::Fail`] |
-/// | [`worker`](Self::worker) | a random name, fixed for the options' lifetime |
+/// [`LedgerOptions::new()`] holds the defaults listed, with their reasons, in the crate's
+/// [defaults table](crate#defaults); no scope has a retention of its own, and the random worker
+/// name is fixed for the options' lifetime.
 #[derive(Clone, PartialEq, Eq)]
 #[must_use]
 pub struct LedgerOptions {

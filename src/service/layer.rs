@@ -16,7 +16,36 @@ use crate::settings::Settings;
 /// [`ClientBuilder::build_layer`] for any other setting, or from a [`Client`](crate::Client)
 /// with [`Client::layer`](crate::Client::layer) to share that client's settings.
 ///
-/// See the crate docs, "Using with tower", for where it goes in a `ServiceBuilder`.
+/// The service is [`IdempotentRetry`], its future [`ResponseFuture`](crate::ResponseFuture); its error is the crate's
+/// [`Error`](crate::Error), with the last response available through
+/// [`Error::take_response_as`](crate::Error::take_response_as) in the inner service's response
+/// type, and the [`RetryReport`](crate::RetryReport) in the response's extensions
+/// ([`RetryReport::from_extensions`](crate::RetryReport::from_extensions)).
+///
+/// # Where it goes in a `ServiceBuilder`
+///
+/// The layer settles the key **before** the first attempt and clones the keyed request for
+/// each attempt, so nothing below it can mint a key per attempt. In a `ServiceBuilder` (first
+/// listed = outermost):
+///
+/// | layer | outside ours (listed before it) | inside ours (listed after it) |
+/// |---|---|---|
+/// | `tower::timeout` | a deadline for the whole operation, waits included; when it fires the caller gets no report and must treat the outcome as unknown: prefer the policy's [`reconcile_window`](crate::RetryPolicy::reconcile_window) | a per-attempt limit: `Elapsed` is classified as a timeout and retried (the policy's [`attempt_timeout`](crate::RetryPolicy::attempt_timeout) applies anyway) |
+/// | `ConcurrencyLimit` | limits logical operations; a permit is held through retries and waits | limits attempts in flight; readiness is awaited before every attempt and no permit is held while waiting (recommended) |
+/// | `tower_http` header layers | once per operation: put a layer that sets the key header here | on every attempt (`User-Agent`, auth headers) |
+/// | `tower_http` `TraceLayer` | one span per operation | one span per attempt |
+/// | tower's own `Retry` | never: retries would multiply | never |
+/// | `tower_http` `FollowRedirect` | every hop is a new operation: an automatic key is minted per hop, and a key set in the header is copied to every origin | one operation: each hop carries the key, to any origin (`FilterCredentials` drops only credentials) |
+///
+/// # Redirects
+///
+/// The layer itself follows no redirect: a 3xx is a final answer. Neither place for
+/// `FollowRedirect` keeps the key on its origin; for keyed requests that may be redirected,
+/// leave it out and handle the 3xx, or use the [`Client`](crate::Client), which applies its
+/// [`RedirectPolicy`](crate::RedirectPolicy). Over `reqwest::Client`, build that client with
+/// `redirect::Policy::none()`: by default it follows redirects below the layer, with the key
+/// (the layer logs a warning with the key and both origins when the response comes from another
+/// URL than the one sent).
 ///
 /// # Examples
 ///
@@ -31,6 +60,39 @@ use crate::settings::Settings;
 /// let service = ServiceBuilder::new()
 ///     .layer(layer)
 ///     .service(reqwest::Client::new());
+/// # Ok::<(), idempotent_retry::Error>(())
+/// ```
+///
+/// Over a hyper client, with a per-attempt limit and concurrency limit inside the layer
+/// (`examples/tower_stack.rs` runs a full stack against a local receiver):
+///
+/// ```
+/// use std::time::Duration;
+/// use bytes::Bytes;
+/// use http_body_util::Full;
+/// use idempotent_retry::{Client, IdempotencyKey};
+/// use tower::{BoxError, ServiceBuilder, util::BoxCloneService};
+///
+/// let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+///     .build_http::<Full<Bytes>>();
+/// let layer = Client::builder().build_layer()?;
+/// let service: BoxCloneService<_, _, BoxError> = ServiceBuilder::new()
+///     .layer(BoxCloneService::layer())
+///     .map_err(BoxError::from)
+///     .layer(layer)
+///     .concurrency_limit(16)
+///     .timeout(Duration::from_secs(10))
+///     .service(hyper);
+///
+/// // A key for one request rides in its extensions (or in the key header).
+/// let mut request = http::Request::post("https://api.example.com/v1/emails")
+///     .body(Full::new(Bytes::from_static(b"{}")))
+///     .expect("valid request");
+/// request
+///     .extensions_mut()
+///     .insert(IdempotencyKey::derive("send_email", &["conv_8f2c", "3"]));
+/// // service.oneshot(request).await ...
+/// # drop((service, request));
 /// # Ok::<(), idempotent_retry::Error>(())
 /// ```
 #[derive(Clone)]

@@ -41,6 +41,15 @@ const DEFAULT_MAX_HOPS: u32 = 10;
 ///   chain would loop again) and reported as outcome unknown: the request reached at least one
 ///   server, and a 303 answers a request that has run.
 ///
+/// Only the final hop's status is classified: a 503 after a 307 is retried from the original
+/// URL with the same key, and a redirect target that cannot be reached counts as
+/// [`FailureKind::RedirectTargetUnreachable`](crate::FailureKind::RedirectTargetUnreachable)
+/// (the request did leave, so the outcome is unknown); `response.url()` is the final URL and
+/// [`RedirectChain::of`](crate::RedirectChain::of) lists the hops. With a
+/// [`Ledger`](crate::Ledger) the final hop's answer is what is saved; a 301, 302, 307 or 308
+/// left unfollowed is recorded as not done (that server ran nothing), so a later run sends the
+/// operation again with the same key.
+///
 /// An origin is a scheme, host and port: `https://api.example.com` and
 /// `https://api.example.com:8443` differ, and so do `http://localhost` and `http://127.0.0.1`.
 ///
