@@ -132,7 +132,6 @@
 //! | [`ClientBuilder::retry_budget`] | on | one new [`RetryBudget`] per built client, shared by its clones: retries multiply load exactly when a service fails |
 //! | [`ClientBuilder::key_header`] | `Idempotency-Key` | the IETF draft's name and Stripe's; set `PayPal-Request-Id` and the like here |
 //! | [`ClientBuilder::auto_keys`] | on | a `POST` without a key cannot be retried once it may have left |
-//! | [`ClientBuilder::http`] | no redirects | reqwest's defaults otherwise; the [`RedirectPolicy`] decides where the key goes |
 //! | [`ClientBuilder::redirects`] | 10 hops | per attempt, as reqwest; the key to the original origin only |
 //! | [`ClientBuilder::attempt_header`] | none | the key, not the attempt number, makes a retry safe |
 //! | [`ClientBuilder::ledger`] | none | what the client knows lives for one `send` |
