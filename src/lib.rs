@@ -213,6 +213,8 @@
 //! `SECURITY.md` (what a key reveals, hostile servers and callers), `docs/performance.md` (the
 //! measurements), `CHANGELOG.md`. Minimum supported Rust version: 1.88 (edition 2024).
 #![forbid(unsafe_code)]
+// docs.rs builds with `--cfg docsrs` on nightly, where `doc(cfg(..))` below needs the feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 // The docs name the optional front ends and the testkit; built without their features, those
 // links dangle.
 #![cfg_attr(
