@@ -49,7 +49,6 @@
 //! versions. A derived key is a plain SHA-256 of its inputs: when they are guessable and must
 //! stay private, derive with a [`DerivationSecret`] (HMAC-SHA-256) instead.
 //!
-//!
 //! # Retry semantics
 //!
 //! Each attempt is classified on its status and headers (never its body) or on the transport
@@ -186,7 +185,7 @@
 //!
 //! Time is read through a [`Clock`], waits go through a [`Sleeper`], and
 //! [`ClientBuilder::rng_seed`] makes the jitter reproducible: tests assert exact delays without
-//! waiting. The [`testkit`] (feature `testkit`) has an idempotent loopback receiver with fault
+//! waiting. [`testkit`] (feature `testkit`) has an idempotent loopback receiver with fault
 //! scripting and a side-effect recorder, for testing senders and handlers.
 //!
 //! Each operation runs in a `tracing` span `idempotent_request` (method, host, key); a retried
