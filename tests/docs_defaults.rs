@@ -1,6 +1,7 @@
 //! The crate docs' defaults table (`# Defaults` in `src/lib.rs`) read against the code: every
 //! row names a setting and its default, each default is read back from what `new()` builds,
-//! and every setting checked here has its row, so the one table users read cannot drift.
+//! the setter's own "Default:" line must state it too, and every setting checked here has its
+//! row, so neither the one table users read nor the lines that repeat it can drift.
 
 use std::time::Duration;
 
@@ -313,6 +314,87 @@ fn is_uuid_v4(text: &str) -> bool {
         && groups[2].starts_with('4')
 }
 
+/// The source files of the types whose setters the table names.
+const SETTER_SOURCES: &[(&str, &str)] = &[
+    ("RetryPolicy", include_str!("../src/policy.rs")),
+    ("RetryBudgetConfig", include_str!("../src/budget.rs")),
+    ("ClientBuilder", include_str!("../src/client/mod.rs")),
+    ("LedgerOptions", include_str!("../src/ledger/options.rs")),
+];
+
+/// The "Default: ..." sentence that ends the docs of `setting` (`Type::method`), as one line.
+fn setter_default_line(setting: &str) -> Result<String, String> {
+    let (ty, method) = setting
+        .split_once("::")
+        .ok_or_else(|| format!("{setting}: not a `Type::method` path"))?;
+    let source = SETTER_SOURCES
+        .iter()
+        .find(|(name, _)| *name == ty)
+        .ok_or_else(|| format!("{setting}: no source file for {ty}"))?
+        .1;
+    // The type's own impl block: `Client` has getters named like `ClientBuilder`'s setters.
+    let lines: Vec<&str> = source
+        .lines()
+        .skip_while(|line| *line != format!("impl {ty} {{"))
+        .collect();
+    let signature = lines
+        .iter()
+        .position(|line| {
+            let line = line.trim_start();
+            line.starts_with(&format!("pub fn {method}("))
+                || line.starts_with(&format!("pub const fn {method}("))
+                || line.starts_with(&format!("pub fn {method}<"))
+        })
+        .ok_or_else(|| format!("{setting}: no `pub fn {method}` in the source"))?;
+    let docs: Vec<&str> = lines[..signature]
+        .iter()
+        .rev()
+        .skip_while(|line| line.trim_start().starts_with("#["))
+        .take_while(|line| line.trim_start().starts_with("///"))
+        .map(|line| line.trim_start().trim_start_matches("///").trim())
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    let start = docs
+        .iter()
+        .position(|line| line.starts_with("Default:"))
+        .ok_or_else(|| format!("{setting}: its docs have no \"Default:\" line"))?;
+    Ok(docs[start..]
+        .iter()
+        .take_while(|line| !line.is_empty())
+        .copied()
+        .collect::<Vec<_>>()
+        .join(" "))
+}
+
+/// The numbers and the backticked spans of a table value: what the setter's own "Default:"
+/// line must repeat (`500 tokens` -> `500`, `` `Content-Type`, `Location` `` -> both names).
+fn value_facts(value: &str) -> Vec<String> {
+    let mut facts: Vec<String> = value
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|n| !n.is_empty())
+        .map(str::to_owned)
+        .collect();
+    facts.extend(value.split('`').skip(1).step_by(2).map(str::to_owned));
+    facts
+}
+
+/// Checks that the setter's "Default:" line states the table's value.
+fn check_setter_line(row: &Row) -> Result<(), String> {
+    let line = setter_default_line(&row.setting)?;
+    match value_facts(&row.value)
+        .into_iter()
+        .find(|fact| !line.contains(fact.as_str()))
+    {
+        None => Ok(()),
+        Some(fact) => Err(format!(
+            "{}: the table says {:?}, its setter's docs {line:?} (no {fact:?})",
+            row.setting, row.value
+        )),
+    }
+}
+
 /// Every failure of the table in `source`, and the settings it has no row for.
 fn drift(source: &str) -> Vec<String> {
     let rows = match defaults_table(source) {
@@ -320,6 +402,7 @@ fn drift(source: &str) -> Vec<String> {
         Err(e) => return vec![e],
     };
     let mut failures: Vec<String> = rows.iter().filter_map(|row| check(row).err()).collect();
+    failures.extend(rows.iter().filter_map(|row| check_setter_line(row).err()));
     for setting in SETTINGS {
         match rows.iter().filter(|row| row.setting == *setting).count() {
             1 => {}
@@ -351,7 +434,10 @@ fn a_changed_value_a_missing_row_and_an_unknown_row_are_caught() {
     assert_ne!(changed, CRATE_SOURCE, "the row to change is in the table");
     assert_eq!(
         drift(&changed),
-        ["RetryPolicy::with_max_attempts: the table says 6, the code 5"]
+        [
+            "RetryPolicy::with_max_attempts: the table says 6, the code 5",
+            "RetryPolicy::with_max_attempts: the table says \"6\", its setter's docs \"Default: 5.\" (no \"6\")",
+        ]
     );
 
     let slack = CRATE_SOURCE.replacen(
@@ -359,8 +445,13 @@ fn a_changed_value_a_missing_row_and_an_unknown_row_are_caught() {
         "| [`LedgerOptions::lease_slack`] | 31 s |",
         1,
     );
-    assert_eq!(drift(&slack).len(), 1, "{:?}", drift(&slack));
-    assert!(drift(&slack)[0].starts_with("LedgerOptions::lease_slack: the table says"));
+    let slack = drift(&slack);
+    assert_eq!(slack.len(), 2, "{slack:?}");
+    assert!(
+        slack
+            .iter()
+            .all(|f| f.starts_with("LedgerOptions::lease_slack: the table says"))
+    );
 
     let bound = CRATE_SOURCE.replacen("pays for 100 retries", "pays for 50 retries", 1);
     assert_eq!(
@@ -387,6 +478,38 @@ fn a_changed_value_a_missing_row_and_an_unknown_row_are_caught() {
         drift(&unknown),
         ["ClientBuilder::sleeper: a row this test does not check"]
     );
+}
+
+#[test]
+fn a_setter_line_that_disagrees_with_the_table_is_caught() {
+    let row = |setting: &str, value: &str| Row {
+        setting: setting.to_owned(),
+        value: value.to_owned(),
+        why: String::new(),
+    };
+    assert_eq!(
+        check_setter_line(&row("RetryPolicy::with_max_attempts", "5")),
+        Ok(())
+    );
+    let drifted = check_setter_line(&row("RetryPolicy::with_max_attempts", "6"));
+    assert!(
+        drifted
+            .as_ref()
+            .is_err_and(|e| e.contains("its setter's docs \"Default: 5.\"")),
+        "{drifted:?}"
+    );
+    assert_eq!(
+        check_setter_line(&row(
+            "LedgerOptions::saved_headers",
+            "`Content-Type`, `Location`"
+        )),
+        Ok(())
+    );
+    assert!(check_setter_line(&row("LedgerOptions::saved_headers", "`Content-Type`")).is_ok());
+    assert!(check_setter_line(&row("LedgerOptions::saved_headers", "`Etag`")).is_err());
+    assert!(check_setter_line(&row("RetryPolicy::with_no_such_setting", "5")).is_err());
+    assert_eq!(value_facts("500 tokens"), ["500"]);
+    assert_eq!(value_facts("on"), Vec::<String>::new());
 }
 
 #[test]
