@@ -152,13 +152,12 @@
 //!
 //! # Retry budget
 //!
-//! Every retry must also be paid for from a token bucket ([`RetryBudget`]) shared by the
-//! clones of a client and by the front ends built from its builder. A successful retry is
-//! refunded, a first-attempt success deposits, and a retry after a 409 "still in progress" is
-//! free. During an outage it bounds the extra load retries add, however many operations fail; a
-//! retry it refuses ends the operation with [`ErrorKind::BudgetExhausted`], with the key and the
-//! outcome-unknown flag. [`RetryBudget`] says why this design, [`RetryBudgetConfig`] how to set
-//! the numbers.
+//! Every retry is also paid for from a token bucket ([`RetryBudget`], [`RetryBudgetConfig`])
+//! shared by a client's clones and the front ends built from its builder: a successful retry is
+//! refunded, a first-attempt success deposits, a retry after a 409 "still in progress" is free.
+//! It bounds the extra load retries add during an outage, however many operations fail; a
+//! refused retry ends the operation with [`ErrorKind::BudgetExhausted`], key and outcome flag
+//! included.
 //!
 //! # Durable operations
 //!
@@ -183,10 +182,9 @@
 //!
 //! # Testing and observability
 //!
-//! Time is read through a [`Clock`], waits go through a [`Sleeper`], and
-//! [`ClientBuilder::rng_seed`] makes the jitter reproducible: tests assert exact delays without
-//! waiting. [`testkit`] (feature `testkit`) has an idempotent loopback receiver with fault
-//! scripting and a side-effect recorder, for testing senders and handlers.
+//! Time is read through a [`Clock`], waits go through a [`Sleeper`], [`ClientBuilder::rng_seed`]
+//! fixes the jitter: tests assert exact delays without waiting. [`testkit`] has an idempotent
+//! loopback receiver with fault scripting and a side-effect recorder, for senders and handlers.
 //!
 //! Each operation runs in a `tracing` span `idempotent_request` (method, host, key); a retried
 //! attempt emits an `info` event (attempt, outcome class, status, delay and why), a failed
@@ -199,18 +197,23 @@
 //!
 //! | feature | adds |
 //! |---|---|
-//! | `rustls` (default) | TLS through rustls, reqwest's default TLS back end; without it the client speaks plain HTTP only, unless the `reqwest::Client` you pass enables TLS itself |
+//! | `rustls` (default) | TLS through rustls with the aws-lc-rs provider, reqwest's default; without a TLS feature the client speaks plain HTTP only, unless the `reqwest::Client` you pass enables TLS itself |
+//! | `rustls-no-provider` | rustls without a crypto provider: install one before building a `Client`, and skip the aws-lc C build |
+//! | `native-tls` | TLS through the platform's library (OpenSSL on Linux, which needs its headers to build) |
 //! | `tower` | [`IdempotentRetryLayer`], [`IdempotentRetry`], [`ResponseFuture`] |
 //! | `middleware` | [`IdempotentRetryMiddleware`] for `reqwest-middleware` 0.5 |
-//! | `sqlite` | `SqliteLedger`: the ledger in an SQLite file (`rusqlite`, SQLite compiled in: nothing to install) |
+//! | `multipart` | `multipart/form-data` bodies (`RequestBuilder::multipart`); a form of in-memory parts is sent again byte for byte |
+//! | `sqlite` | `SqliteLedger`: the ledger in an SQLite file, linked against the system's SQLite (3.35 or later) |
+//! | `sqlite-bundled` | `sqlite` with SQLite compiled in: nothing to install |
 //! | `postgres` | `PostgresLedger`: the ledger in a PostgreSQL table shared by a fleet (`tokio-postgres`) |
-//! | `testkit` | [`testkit`]: the loopback receiver with fault scripting and a side-effect recorder, and deterministic helpers, for tests |
+//! | `testkit` | [`testkit`]: the loopback receiver with fault scripting and a side-effect recorder, deterministic helpers and the ledger conformance suite, for tests |
+//!
+//! (`internals` is for the crate's own benches and fuzz targets, outside semver: leave it off.)
 //!
 //! # More
 //!
-//! In the package: `docs/ARCHITECTURE.md` (the modules and the path of one request),
-//! `SECURITY.md` (what a key reveals, hostile servers and callers), `docs/performance.md` (the
-//! measurements), `CHANGELOG.md`. Minimum supported Rust version: 1.88 (edition 2024).
+//! In the package: `docs/ARCHITECTURE.md` (modules, the path of one request), `SECURITY.md`
+//! (what a key reveals, hostile input), `docs/performance.md`, `CHANGELOG.md`. MSRV: 1.88.
 #![forbid(unsafe_code)]
 // docs.rs builds with `--cfg docsrs` on nightly, where `doc(cfg(..))` below needs the feature.
 #![cfg_attr(docsrs, feature(doc_cfg))]
