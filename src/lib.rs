@@ -163,7 +163,8 @@
 //!
 //! Give the client a [`Ledger`] ([`ClientBuilder::ledger`]) and every front end claims each
 //! keyed request in it before the first attempt (one atomic insert under a lease), records each
-//! attempt and saves the outcome:
+//! attempt that a retry follows and saves the outcome (an operation of one attempt costs two
+//! writes):
 //!
 //! | the ledger already holds the key... | `send` |
 //! |---|---|

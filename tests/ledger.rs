@@ -510,11 +510,14 @@ struct Faulty {
     fail_record: Arc<AtomicBool>,
     fail_finish: Arc<AtomicBool>,
     pause: Arc<Pause>,
+    /// `record_attempt` and `finish` calls so far.
+    records: Arc<AtomicU32>,
+    finishes: Arc<AtomicU32>,
 }
 
-/// Stalls the next `record_attempt` until the test resumes it: the worker is frozen between
-/// its attempt and the record, for exactly as long as the test wants, whatever the machine's
-/// speed.
+/// Stalls the next write after an attempt (`record_attempt`, or the `finish` that counts the
+/// last attempt) until the test resumes it: the worker is frozen between its attempt and that
+/// write, for exactly as long as the test wants, whatever the machine's speed.
 #[derive(Debug)]
 struct Pause {
     armed: AtomicBool,
@@ -537,8 +540,8 @@ impl Pause {
         self.armed.store(true, Ordering::SeqCst);
     }
 
-    /// Waits until `run`'s attempt record has stalled. Fails the test if `run` ends first:
-    /// it never recorded an attempt.
+    /// Waits until `run`'s write after its attempt has stalled. Fails the test if `run` ends
+    /// first: it never wrote one.
     async fn reached<T: std::fmt::Debug>(&self, run: &mut tokio::task::JoinHandle<T>) {
         tokio::select! {
             permit = self.reached.acquire() => permit.expect("open").forget(),
@@ -571,6 +574,7 @@ impl Ledger for Faulty {
         self.inner.claim(claim)
     }
     fn record_attempt<'a>(&'a self, update: &'a AttemptUpdate) -> LedgerFuture<'a, ()> {
+        self.records.fetch_add(1, Ordering::SeqCst);
         if self.fail_record.load(Ordering::SeqCst) {
             return Box::pin(async { Err(outage()) });
         }
@@ -580,10 +584,16 @@ impl Ledger for Faulty {
         })
     }
     fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
+        self.finishes.fetch_add(1, Ordering::SeqCst);
         if self.fail_finish.load(Ordering::SeqCst) {
             return Box::pin(async { Err(outage()) });
         }
-        self.inner.finish(finish)
+        Box::pin(async move {
+            if finish.last_attempt_at.is_some() {
+                self.pause.stall_if_armed().await;
+            }
+            self.inner.finish(finish).await
+        })
     }
     fn get<'a>(&'a self, key: &'a str) -> LedgerFuture<'a, Option<OperationRecord>> {
         self.inner.get(key)
@@ -613,7 +623,10 @@ async fn no_request_is_sent_without_its_claim_recorded() {
 
 #[tokio::test]
 async fn an_attempt_that_cannot_be_recorded_is_reported_as_unknown_with_its_key() {
-    let server = TestServer::start_idempotent(vec![], Action::ok("charged")).await;
+    // The first attempt meets a 503 and is followed by a retry, so it is recorded on its own
+    // (renewing the lease past the wait): that record fails.
+    let server =
+        TestServer::start_idempotent(vec![Action::status(503)], Action::ok("charged")).await;
     let faulty = Faulty::default();
     faulty.fail_record.store(true, Ordering::SeqCst);
     let options = LedgerOptions::new().lease_slack(Duration::from_secs(10));
@@ -626,12 +639,11 @@ async fn an_attempt_that_cannot_be_recorded_is_reported_as_unknown_with_its_key(
     assert!(err.is_outcome_unknown());
     assert_eq!(err.idempotency_key(), Some(&k));
     assert_eq!(err.attempts(), 1);
-    assert_eq!(err.status().map(|s| s.as_u16()), Some(200));
-    let response = err.take_response().expect("the response is kept");
-    assert_eq!(response.text().await.expect("body"), "charged");
-    assert_eq!(server.hits(), 1);
-    // The finish went through, so the row says "unknown", not "done": the next run sends
-    // again with the same key and the receiver deduplicates it.
+    assert_eq!(err.status().map(|s| s.as_u16()), Some(503));
+    assert!(err.take_response().is_some(), "the response is kept");
+    assert_eq!(server.hits(), 1, "no retry after a record that failed");
+    // The finish went through, so the row says "unknown": the next run sends again with the
+    // same key and the receiver deduplicates it.
     let stored = row(&faulty, &k).await;
     assert_eq!(stored.status, OperationStatus::Unknown);
 
@@ -640,12 +652,43 @@ async fn an_attempt_that_cannot_be_recorded_is_reported_as_unknown_with_its_key(
     let again = post_keyed(&client, server.url("/x"), &k, "")
         .await
         .expect("resumed");
-    assert_eq!(
-        again.headers().get(REPLAYED_HEADER).map(|v| v.as_bytes()),
-        Some(&b"true"[..])
-    );
+    assert_eq!(again.status(), 200);
+    assert_eq!(again.text().await.expect("body"), "charged");
     assert_eq!(server.effects(), 1, "exactly one side effect");
     assert_eq!(server.keys(), vec![Some(k.to_string()); 2]);
+}
+
+#[tokio::test]
+async fn an_operation_of_one_attempt_writes_its_claim_and_its_finish_only() {
+    let server = TestServer::start(vec![], Action::ok("done")).await;
+    let faulty = Faulty::default();
+    let (client, _time) = virtual_ledger_client(faulty.clone(), LedgerOptions::new(), fast());
+    let one = key("one-attempt");
+    let response = post_keyed(&client, server.url("/x"), &one, "")
+        .await
+        .expect("200");
+    assert_eq!(response.status(), 200);
+    let writes = |f: &Faulty| {
+        (
+            f.claims.load(Ordering::SeqCst),
+            f.records.load(Ordering::SeqCst),
+            f.finishes.load(Ordering::SeqCst),
+        )
+    };
+    assert_eq!(writes(&faulty), (1, 0, 1), "claim, finish");
+    let stored = row(&faulty, &one).await;
+    assert_eq!(stored.status, OperationStatus::Succeeded);
+    assert_eq!(stored.attempts, 1, "the finish counted the only attempt");
+    assert!(stored.last_attempt_at.is_some());
+
+    // An attempt followed by a retry is recorded on its own (its lease must cover the wait).
+    let server = TestServer::start(vec![Action::status(503)], Action::ok("done")).await;
+    let two = key("two-attempts");
+    post_keyed(&client, server.url("/x"), &two, "")
+        .await
+        .expect("503, then 200");
+    assert_eq!(writes(&faulty), (2, 1, 2), "claim, record, finish");
+    assert_eq!(row(&faulty, &two).await.attempts, 2);
 }
 
 #[tokio::test]
@@ -669,10 +712,12 @@ async fn an_outcome_that_cannot_be_recorded_keeps_the_response_and_the_lease_lap
         .and_then(|s| s.downcast_ref::<LedgerError>())
         .expect("ledger error source");
     assert_eq!(source.kind(), LedgerErrorKind::Unavailable);
-    // The row is still in flight, counted: the lease lapses and the next run takes over.
+    // The row is still in flight: the lease lapses and the next run takes over. The count of
+    // the only attempt rode on the finish that failed, so it is not there (nothing else is
+    // lost: the lease and the window are the claim's).
     let stored = row(&faulty, &k).await;
     assert_eq!(stored.status, OperationStatus::InFlight);
-    assert_eq!(stored.attempts, 1);
+    assert_eq!(stored.attempts, 0);
 
     faulty.fail_finish.store(false, Ordering::SeqCst);
     time.advance(Duration::from_secs(16));

@@ -24,6 +24,8 @@ enum Fault {
     PurgeIgnoresLimit,
     /// Keeps an absent body as an empty one.
     AbsentBodyEmpty,
+    /// Ignores the last attempt a finish carries (a ledger written before `Finish` had it).
+    IgnoresLastAttempt,
     /// Panics on every read.
     PanicsOnGet,
 }
@@ -89,6 +91,9 @@ impl Ledger for Faulty {
     fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
         Box::pin(async move {
             let mut finish = finish.clone();
+            if self.fault == Fault::IgnoresLastAttempt {
+                finish.last_attempt_at = None;
+            }
             if self.fault == Fault::AbsentBodyEmpty
                 && let Some(response) = &finish.response
                 && response.body.is_none()
@@ -155,7 +160,7 @@ async fn the_memory_ledger_passes_every_case_and_the_report_lists_them() {
     assert!(report.passed());
     assert!(report.failures().is_empty());
     let cases: Vec<&str> = report.cases().collect();
-    assert_eq!(cases.len(), 15, "{cases:?}");
+    assert_eq!(cases.len(), 16, "{cases:?}");
     for case in [
         "concurrent claims of one key acquire it once",
         "a lapsed lease is taken over and its holder refused",
@@ -169,7 +174,7 @@ async fn the_memory_ledger_passes_every_case_and_the_report_lists_them() {
     }
     assert_eq!(
         report.to_string(),
-        "ledger conformance: 15 of 15 cases passed"
+        "ledger conformance: 16 of 16 cases passed"
     );
 }
 
@@ -198,6 +203,7 @@ async fn a_ledger_that_ignores_the_lease_holder_fails_the_lease_cases() {
         [
             "only the lease holder records and finishes",
             "finish writes the outcome and releases the lease",
+            "a finish counts the last attempt it carries",
             "a lapsed lease is taken over and its holder refused",
             "a succeeded row is never taken over",
         ],
@@ -245,6 +251,23 @@ async fn a_purge_that_ignores_its_limit_fails_the_batch_case() {
 }
 
 #[tokio::test]
+async fn a_ledger_that_ignores_the_last_attempt_of_a_finish_fails_its_case() {
+    let report = run(Fault::IgnoresLastAttempt).await;
+    assert_eq!(
+        failed(&report),
+        ["a finish counts the last attempt it carries"],
+        "{report}"
+    );
+    let says = message(&report, "a finish counts the last attempt it carries");
+    assert!(
+        says.starts_with("the row after a finish carrying its only attempt: expected"),
+        "{says}"
+    );
+    assert!(says.contains("attempts: 1"), "{says}");
+    assert!(says.contains("attempts: 0"), "{says}");
+}
+
+#[tokio::test]
 async fn a_ledger_that_empties_an_absent_body_fails_the_round_trip() {
     let report = run(Fault::AbsentBodyEmpty).await;
     assert_eq!(failed(&report), ["saved responses round trip"], "{report}");
@@ -278,7 +301,7 @@ async fn a_panicking_ledger_is_reported_case_by_case_and_assert_passed_names_the
         .downcast_ref::<String>()
         .expect("assert_passed panics with the report");
     assert!(
-        text.starts_with("ledger conformance: 0 of 15 cases passed\n  a new key is inserted in flight: panicked: the get of new broke"),
+        text.starts_with("ledger conformance: 0 of 16 cases passed\n  a new key is inserted in flight: panicked: the get of new broke"),
         "{text}"
     );
     assert_eq!(text, &report.to_string());

@@ -4,7 +4,8 @@
 //!
 //! - right after `decide`: the [retry budget](crate::RetryBudget) pays for a retry or turns it
 //!   into a stop ([`BudgetTab::admit`]), so the attempt is recorded with what really happens;
-//! - [`Attempts::record_attempt`]: the ledger records the attempt and renews the lease;
+//! - [`Attempts::record_attempt`]: the ledger records an attempt followed by a retry and
+//!   renews the lease; the last attempt is counted by the finish instead;
 //! - [`Attempts::attempt_ended`]: one attempt's outcome and the decision about it are known
 //!   (the report and the observers' `on_attempt`);
 //! - [`Attempts::retry_decided`]: a retry is about to wait;
@@ -290,17 +291,20 @@ impl<'s> Attempts<'s> {
         });
     }
 
-    /// Hook point: the attempt is written to the ledger (counted, lease renewed past the wait
-    /// and the next attempt). Returns the ledger's error when it could not be.
+    /// Hook point: an attempt followed by a retry is written to the ledger (counted, lease
+    /// renewed past the wait and the next attempt). The last attempt renews nothing, so the
+    /// finish counts it in its own write. Returns the ledger's error when a record could not
+    /// be written.
     async fn record_attempt(&self, decision: &Decision) -> Option<LedgerError> {
         let run = self.ledger?;
-        let wait = match decision {
-            Decision::Retry { delay, .. } => Some(*delay),
-            Decision::Return | Decision::Stop { .. } => None,
-        };
-        run.record_attempt(self.settings.clock.wall(), wait)
-            .await
-            .err()
+        let at = self.settings.clock.wall();
+        match decision {
+            Decision::Retry { delay, .. } => run.record_attempt(at, *delay).await.err(),
+            Decision::Return | Decision::Stop { .. } => {
+                run.last_attempt(at);
+                None
+            }
+        }
     }
 
     /// Hook point (failure): an attempt was made but could not be recorded. The caller gets

@@ -39,6 +39,9 @@ const CASES: &[(&str, Case)] = &[
     ("finish writes the outcome and releases the lease", |l| {
         Box::pin(finish_releases(l))
     }),
+    ("a finish counts the last attempt it carries", |l| {
+        Box::pin(finish_counts_last_attempt(l))
+    }),
     ("a lapsed lease is taken over and its holder refused", |l| {
         Box::pin(lapsed_lease(l))
     }),
@@ -586,6 +589,61 @@ async fn record_attempt(ledger: Arc<dyn Ledger>) -> Outcome {
         row(ledger, "op", "get").await?,
         expected,
         "the row after two attempts"
+    );
+    Ok(())
+}
+
+async fn finish_counts_last_attempt(ledger: Arc<dyn Ledger>) -> Outcome {
+    let ledger = &*ledger;
+    // One attempt, counted by the finish alone: the claim and the finish are the only writes.
+    claim_new(ledger, &claim("one", "f1", "w1", 0), "the first claim").await?;
+    let succeeded = finish("one", "w1", OperationStatus::Succeeded, None).with_last_attempt(at(5));
+    ok(
+        ledger.finish(&succeeded).await,
+        "a finish carrying the last attempt",
+    )?;
+    let expected = OperationRecord::builder("one", "f1", at(0), at(RETENTION))
+        .scope(SCOPE)
+        .status(OperationStatus::Succeeded)
+        .attempts(1)
+        .last_attempt_at(at(5))
+        .build()
+        .expect("a finished record without a lease is valid");
+    ensure_eq!(
+        row(ledger, "one", "get").await?,
+        expected,
+        "the row after a finish carrying its only attempt"
+    );
+    // Recorded attempts, then a last one carried by the finish.
+    claim_new(ledger, &claim("three", "f1", "w1", 0), "the first claim").await?;
+    for now in [10, 20] {
+        ok(
+            ledger.record_attempt(&update("three", "w1", now)).await,
+            "an attempt",
+        )?;
+    }
+    let unknown = finish("three", "w1", OperationStatus::Unknown, None).with_last_attempt(at(30));
+    ok(
+        ledger.finish(&unknown).await,
+        "a finish carrying the last attempt",
+    )?;
+    let row_three = row(ledger, "three", "get").await?;
+    ensure_eq!(
+        (row_three.attempts, row_three.last_attempt_at),
+        (3, Some(at(30))),
+        "attempts and the last attempt after two records and a finish carrying the third"
+    );
+    // A refused finish counts nothing.
+    refused(
+        ledger.finish(&unknown).await,
+        LedgerErrorKind::LeaseLost,
+        "a second finish carrying an attempt",
+    )?;
+    let after = row(ledger, "three", "get").await?;
+    ensure_eq!(
+        after.attempts,
+        3,
+        "attempts after a refused finish carrying an attempt"
     );
     Ok(())
 }

@@ -130,6 +130,10 @@ impl Ledger for MemoryLedger {
             row.lease_owner = None;
             row.lease_expires_at = None;
             row.response = finish.response.clone();
+            if let Some(at) = finish.last_attempt_at {
+                row.attempts = row.attempts.saturating_add(1);
+                row.last_attempt_at = Some(at);
+            }
         });
         Box::pin(std::future::ready(result))
     }

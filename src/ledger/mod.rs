@@ -562,6 +562,12 @@ pub struct Finish {
     pub status: OperationStatus,
     /// The final response, when there was one.
     pub response: Option<SavedResponse>,
+    /// When the run's last attempt ended, if it was not written with
+    /// [`record_attempt`](Ledger::record_attempt): the finish then counts it too (`attempts`
+    /// one higher, `last_attempt_at` this time), in the same write. The run's last attempt
+    /// is never followed by a wait, so no lease needs renewing for it: an operation of one
+    /// attempt costs the claim and the finish, two writes.
+    pub last_attempt_at: Option<SystemTime>,
 }
 
 impl Finish {
@@ -583,6 +589,7 @@ impl Finish {
             owner: owner.into(),
             status,
             response,
+            last_attempt_at: None,
         };
         require("the key", &finish.key)?;
         require("the lease token", &finish.owner)?;
@@ -593,6 +600,14 @@ impl Finish {
             )));
         }
         Ok(finish)
+    }
+
+    /// This finish also counts the run's last attempt, which ended at `at` and was not
+    /// recorded on its own (see [`last_attempt_at`](Self::last_attempt_at)).
+    #[must_use]
+    pub fn with_last_attempt(mut self, at: SystemTime) -> Self {
+        self.last_attempt_at = Some(at);
+        self
     }
 }
 
@@ -628,8 +643,9 @@ impl Finish {
 ///   [`Claimed::Existing`] (the client then refuses it), never a take-over.
 /// - **The window start.** `first_attempt_at` is set once, by the claim that inserts the
 ///   row, and kept through every take-over and write, so the reconcile window spans runs;
-///   so are `attempts` (only [`record_attempt`](Self::record_attempt) adds to them) and
-///   `expires_at`. A row first attempted at or before a claim's
+///   so are `attempts` (only [`record_attempt`](Self::record_attempt), and a
+///   [`finish`](Self::finish) with [`last_attempt_at`](Finish::last_attempt_at), add to them)
+///   and `expires_at`. A row first attempted at or before a claim's
 ///   [`window_cutoff`](Claim::window_cutoff) is outside its window and is not taken over.
 ///   [`Claim::may_take_over`] is the whole take-over rule.
 /// - **Retention.** `expires_at` says when [`purge_batch`](Self::purge_batch) may delete the
@@ -649,9 +665,9 @@ impl Finish {
 ///
 /// Every front end drives the same stages against it (`docs/ARCHITECTURE.md` names them):
 /// [`claim`](Self::claim) before the first attempt, under a lease;
-/// [`record_attempt`](Self::record_attempt) after each attempt, renewing the lease past the
-/// wait and the next attempt; [`finish`](Self::finish) with the outcome, clearing the lease. A
-/// run its caller abandons (the future dropped: a timeout around the send, a `select!`) calls
+/// [`record_attempt`](Self::record_attempt) after each attempt that is followed by a retry,
+/// renewing the lease past the wait and the next attempt; [`finish`](Self::finish) with the
+/// outcome, counting the last attempt and clearing the lease. A run its caller abandons (the future dropped: a timeout around the send, a `select!`) calls
 /// [`finish`](Self::finish) on a spawned task with [`OperationStatus::Unknown`] when an attempt
 /// may have reached the server, [`OperationStatus::FailedFinal`] when none can have, so the
 /// next run takes the row over at once with the original `first_attempt_at`; in the same
@@ -661,6 +677,20 @@ impl Finish {
 /// is in flight gives the lease back the same way once the claim lands. A process that dies
 /// runs none of this: its lease lapses after the attempt timeout plus
 /// [`LedgerOptions::lease_slack`], which also says what clock skew between workers can do.
+///
+/// ## Which write keeps which guarantee
+///
+/// | write | when | what it guarantees |
+/// |---|---|---|
+/// | the claim | before the first attempt, durable before anything is sent | two runs never send one key at once; the window starts once, at the first attempt, and survives restarts |
+/// | `record_attempt` | after an attempt that is followed by a wait and a retry | the lease covers the wait and the next attempt, so no other worker takes the row over while this run still means to send |
+/// | the finish | once, with the outcome | a later run replays the saved response or resends with the same key; the last attempt is counted in the same write |
+///
+/// An operation that ends after one attempt (nearly all of them) costs two writes: the claim
+/// and the finish. The last attempt needs no write of its own because no wait follows it: the
+/// claim's (or the last record's) lease already covers it, and a crash before the finish
+/// leaves the row in flight until that lease lapses, exactly as a crash during the attempt
+/// would. What a crash there can lose is only the count of that attempt, never a guarantee.
 ///
 /// # Schema
 ///
@@ -765,8 +795,10 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
 
     /// Writes the outcome and releases the lease, if `owner` still holds it: `status` =
     /// [`Finish::status`], `response` = [`Finish::response`] (kept exactly: see
-    /// [`SavedResponse`]), `lease_owner` and `lease_expires_at` cleared. The history
-    /// (`first_attempt_at`, `attempts`, `last_attempt_at`, `expires_at`) stays.
+    /// [`SavedResponse`]), `lease_owner` and `lease_expires_at` cleared. With
+    /// [`Finish::last_attempt_at`], also `attempts` + 1 (saturating) and `last_attempt_at` =
+    /// that time, in the same write. The rest of the history (`first_attempt_at`, and
+    /// `expires_at`) stays.
     ///
     /// # Errors
     ///

@@ -425,7 +425,9 @@ impl Ledger for PostgresLedger {
                     &format!(
                         "UPDATE {TABLE} SET status = $3, lease_owner = NULL, \
                          lease_expires_at = NULL, response_status = $4, \
-                         response_headers = $5, response_body = $6 \
+                         response_headers = $5, response_body = $6, \
+                         attempts = attempts + CASE WHEN $7::BIGINT IS NULL THEN 0 ELSE 1 END, \
+                         last_attempt_at = coalesce($7::BIGINT, last_attempt_at) \
                          WHERE key = $1 AND lease_owner = $2 AND status = 'in_flight'"
                     ),
                     &[
@@ -435,6 +437,7 @@ impl Ledger for PostgresLedger {
                         &status,
                         &headers,
                         &body,
+                        &finish.last_attempt_at.map(to_millis),
                     ],
                 )
                 .await

@@ -4,7 +4,7 @@
 //! the engine (`engine/mod.rs`) calls these stages, this file never calls the engine.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
@@ -72,6 +72,9 @@ pub(crate) struct LedgerRun {
     pub(crate) exposure: Exposure,
     /// The outcome is written (or the write was refused): nothing to release on drop.
     settled: bool,
+    /// When the run's last attempt ended, when no record of its own was written for it: the
+    /// finish (or the release on drop) counts it.
+    last_attempt_at: Mutex<Option<SystemTime>>,
 }
 
 /// Claims the operation before its first attempt. Nothing may be sent unless this returns
@@ -266,6 +269,7 @@ async fn release_unused_claim(ledger: &dyn Ledger, claim: &Claim, claimed: &Clai
         owner: claim.owner.clone(),
         status,
         response: None,
+        last_attempt_at: None,
     };
     if let Err(err) = ledger.finish(&finish).await {
         tracing::warn!(key = claim.key.as_str(), error = %err, "could not release an abandoned claim; its lease will lapse");
@@ -360,6 +364,7 @@ impl LedgerRun {
             attempt_timeout,
             exposure,
             settled: false,
+            last_attempt_at: Mutex::new(None),
         }
     }
 
@@ -369,15 +374,14 @@ impl LedgerRun {
         window::left_after_earlier_runs(length, self.first_attempt_at, now)
     }
 
-    /// Records one attempt that just ended, and renews the lease past the wait and the next
-    /// attempt (`wait` is `None` when no attempt follows).
+    /// Records one attempt that just ended and is followed by a retry, and renews the lease
+    /// past the `wait` and the next attempt.
     pub(crate) async fn record_attempt(
         &self,
         at: SystemTime,
-        wait: Option<Duration>,
+        wait: Duration,
     ) -> Result<(), LedgerError> {
         let reach = wait
-            .unwrap_or_default()
             .saturating_add(self.attempt_timeout)
             .saturating_add(self.handle.options.lease_slack);
         let update = AttemptUpdate {
@@ -387,6 +391,30 @@ impl LedgerRun {
             lease_until: later(at, reach),
         };
         self.handle.ledger.record_attempt(&update).await
+    }
+
+    /// Notes the run's last attempt, which ended at `at` and is followed by no wait: it is
+    /// counted by the finish, in the same write, instead of a record of its own.
+    pub(crate) fn last_attempt(&self, at: SystemTime) {
+        *self
+            .last_attempt_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(at);
+    }
+
+    /// The finish that writes `status` and `response`, counting the last attempt if it was
+    /// not recorded.
+    fn finish_of(&mut self, status: OperationStatus, response: Option<SavedResponse>) -> Finish {
+        Finish {
+            key: self.key.as_str().to_owned(),
+            owner: std::mem::take(&mut self.owner),
+            status,
+            response,
+            last_attempt_at: *self
+                .last_attempt_at
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner),
+        }
     }
 
     /// Writes the run's outcome and releases the lease. A response's body is read to save it,
@@ -486,12 +514,7 @@ impl LedgerRun {
         status: OperationStatus,
         response: Option<SavedResponse>,
     ) -> Result<(), LedgerError> {
-        let finish = Finish {
-            key: self.key.as_str().to_owned(),
-            owner: self.owner.clone(),
-            status,
-            response,
-        };
+        let finish = self.finish_of(status, response);
         let written = self.handle.ledger.finish(&finish).await;
         self.settled = true;
         written
@@ -507,12 +530,7 @@ impl Drop for LedgerRun {
         // next run with the key goes ahead with the same key and window; a process that dies
         // without getting here is still covered by the lease lapsing.
         let unknown = self.exposure.is_unknown();
-        let finish = Finish {
-            key: self.key.as_str().to_owned(),
-            owner: std::mem::take(&mut self.owner),
-            status: OperationStatus::unfinished(unknown),
-            response: None,
-        };
+        let finish = self.finish_of(OperationStatus::unfinished(unknown), None);
         tracing::info!(
             key = finish.key.as_str(),
             outcome_unknown = unknown,

@@ -397,7 +397,9 @@ impl Ledger for SqliteLedger {
                     &format!(
                         "UPDATE {TABLE} SET status = ?3, lease_owner = NULL, \
                          lease_expires_at = NULL, response_status = ?4, \
-                         response_headers = ?5, response_body = ?6 \
+                         response_headers = ?5, response_body = ?6, \
+                         attempts = attempts + (?7 IS NOT NULL), \
+                         last_attempt_at = coalesce(?7, last_attempt_at) \
                          WHERE key = ?1 AND lease_owner = ?2 AND status = 'in_flight'"
                     ),
                     params![
@@ -406,7 +408,8 @@ impl Ledger for SqliteLedger {
                         finish.status.as_str(),
                         status,
                         headers,
-                        body
+                        body,
+                        finish.last_attempt_at.map(to_millis)
                     ],
                 )
                 .map_err(|err| storage(err, "cannot record the outcome"))?;
