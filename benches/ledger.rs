@@ -2,16 +2,28 @@
 //! (one fresh connection per request), with no ledger, then with each ledger. Every iteration
 //! uses a new key, so each one is a full claim, an attempt record and a finish, never a replay.
 //!
-//! Run: `cargo bench --all-features --bench ledger`. The PostgreSQL case runs when
+//! A second group, `64 at once`, sends [`OPERATIONS`] such POSTs with [`CONCURRENCY`] in flight
+//! at a time to a keep-alive loopback server, the way a busy worker does; its throughput
+//! (elements per second) against `no ledger` is the ledger's cost at fleet throughput.
+//!
+//! Run: `cargo bench --all-features --bench ledger` (or `-- "64 at once"` for the second group
+//! alone). The PostgreSQL case runs when
 //! `IDEMPOTENT_RETRY_PG_URL` is set (`source .ci/postgres.sh && start_postgres` starts one).
 
+#[allow(
+    dead_code,
+    reason = "the keep-alive server is all this bench takes from it"
+)]
+mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use futures_util::StreamExt;
 use idempotent_retry::{Client, IdempotencyKey, Ledger, MemoryLedger};
 use support::{Action, TestServer};
 
@@ -25,16 +37,25 @@ fn client(ledger: Option<impl Ledger>) -> Client {
     .expect("client")
 }
 
-fn ledger_cost(c: &mut Criterion) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+/// Operations per timed iteration of the concurrent group.
+const OPERATIONS: u64 = 2000;
+/// How many of them are in flight at once.
+const CONCURRENCY: usize = 64;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .expect("runtime");
-    let server = runtime.block_on(TestServer::start(vec![], Action::ok("ok")));
-    let url = server.url("/charges");
-    let dir = tempfile::tempdir().expect("temp dir");
+        .expect("runtime")
+}
 
+/// One client per contender: no ledger, then each ledger, its SQLite file in `dir`.
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres")),
+    allow(unused_variables, reason = "the SQL ledgers alone need them")
+)]
+fn contenders(runtime: &tokio::runtime::Runtime, dir: &Path) -> Vec<(&'static str, Client)> {
     let mut clients: Vec<(&str, Client)> = vec![
         ("no ledger", client(None::<MemoryLedger>)),
         ("memory", client(Some(MemoryLedger::new()))),
@@ -42,9 +63,7 @@ fn ledger_cost(c: &mut Criterion) {
     #[cfg(feature = "sqlite")]
     {
         let ledger = runtime
-            .block_on(idempotent_retry::SqliteLedger::open(
-                dir.path().join("bench.db"),
-            ))
+            .block_on(idempotent_retry::SqliteLedger::open(dir.join("bench.db")))
             .expect("sqlite");
         clients.push(("sqlite", client(Some(ledger))));
     }
@@ -59,6 +78,28 @@ fn ledger_cost(c: &mut Criterion) {
         });
         clients.push(("postgres", client(Some(ledger))));
     }
+    clients
+}
+
+/// Sends one keyed POST under the `n`th key of `run` and checks the answer.
+async fn send(client: &Client, url: &str, run: &IdempotencyKey, n: u64) {
+    let key = IdempotencyKey::derive("bench.ledger", &[run.as_str(), &n.to_string()]);
+    let response = client
+        .post(url)
+        .idempotency_key(key)
+        .body("charge")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), 200);
+}
+
+fn ledger_cost(c: &mut Criterion) {
+    let runtime = runtime();
+    let server = runtime.block_on(TestServer::start(vec![], Action::ok("ok")));
+    let url = server.url("/charges");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let clients = contenders(&runtime, dir.path());
 
     let counter = AtomicU64::new(0);
     let run = IdempotencyKey::random();
@@ -67,16 +108,8 @@ fn ledger_cost(c: &mut Criterion) {
     for (name, client) in &clients {
         group.bench_function(*name, |b| {
             b.to_async(&runtime).iter(|| async {
-                let n = counter.fetch_add(1, Ordering::Relaxed).to_string();
-                let key = IdempotencyKey::derive("bench.ledger", &[run.as_str(), &n]);
-                let response = client
-                    .post(&url)
-                    .idempotency_key(key)
-                    .body("charge")
-                    .send()
-                    .await
-                    .expect("sent");
-                assert_eq!(response.status(), 200);
+                let n = counter.fetch_add(1, Ordering::Relaxed);
+                send(client, &url, &run, n).await;
             });
         });
     }
@@ -84,5 +117,32 @@ fn ledger_cost(c: &mut Criterion) {
     drop(server);
 }
 
-criterion_group!(benches, ledger_cost);
+fn ledger_at_concurrency(c: &mut Criterion) {
+    let runtime = runtime();
+    let url = runtime.block_on(common::start_server());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let clients = contenders(&runtime, dir.path());
+
+    let counter = AtomicU64::new(0);
+    let run = IdempotencyKey::random();
+    let mut group = c.benchmark_group("64 at once");
+    group.throughput(Throughput::Elements(OPERATIONS));
+    group.sample_size(10);
+    group.measurement_time(Duration::from_secs(10));
+    for (name, client) in &clients {
+        group.bench_function(*name, |b| {
+            b.to_async(&runtime).iter(|| async {
+                let first = counter.fetch_add(OPERATIONS, Ordering::Relaxed);
+                futures_util::stream::iter(first..first + OPERATIONS)
+                    .map(|n| send(client, &url, &run, n))
+                    .buffer_unordered(CONCURRENCY)
+                    .collect::<()>()
+                    .await;
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, ledger_cost, ledger_at_concurrency);
 criterion_main!(benches);
