@@ -706,3 +706,224 @@ async fn a_killed_process_leaves_its_lease_and_the_next_one_takes_over() {
         "{row:?}"
     );
 }
+
+fn claim_of(key: &str, owner: &str) -> idempotent_retry::Claim {
+    let now = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_704_067_200);
+    idempotent_retry::Claim::builder(key, "f", owner, now, now + Duration::from_secs(60))
+        .expires_at(now + Duration::from_secs(3600))
+        .build()
+        .expect("valid claim")
+}
+
+/// How many rows the file holds, read with a connection of the test's own.
+fn row_count(path: &Path) -> i64 {
+    rusqlite::Connection::open(path)
+        .expect("open")
+        .query_row("SELECT count(*) FROM idempotent_operations", [], |row| {
+            row.get(0)
+        })
+        .expect("count")
+}
+
+/// Sixty-four tasks claim one key at once (their claims share the writer's batches and run in
+/// order inside them): exactly one gets the row, every other one sees that winner's lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_claims_of_one_key_have_exactly_one_winner() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("operations.db");
+    let ledger = SqliteLedger::open(&path).await.expect("open");
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(64));
+    let mut claims = tokio::task::JoinSet::new();
+    for n in 0..64 {
+        let (ledger, barrier) = (ledger.clone(), barrier.clone());
+        claims.spawn(async move {
+            barrier.wait().await;
+            ledger
+                .claim(&claim_of("contested", &format!("run-{n}")))
+                .await
+        });
+    }
+    let (mut winners, mut existing) = (Vec::new(), Vec::new());
+    while let Some(claimed) = claims.join_next().await {
+        match claimed.expect("task").expect("claimed") {
+            idempotent_retry::Claimed::New(record) => winners.push(record.lease_owner),
+            idempotent_retry::Claimed::Existing(record) => existing.push(record.lease_owner),
+            other => panic!("nothing to take over: {other:?}"),
+        }
+    }
+    assert_eq!(winners.len(), 1, "{winners:?}");
+    assert_eq!(existing.len(), 63);
+    assert!(
+        existing.iter().all(|owner| *owner == winners[0]),
+        "{existing:?}"
+    );
+    assert_eq!(row_count(&path), 1);
+}
+
+/// Five hundred operations claimed, counted and finished at once all land, each with its own
+/// result, and a new connection to the file finds every one of them finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_keys_at_once_all_land() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("operations.db");
+    let ledger = SqliteLedger::open(&path).await.expect("open");
+    let mut runs = tokio::task::JoinSet::new();
+    for n in 0..500 {
+        let ledger = ledger.clone();
+        runs.spawn(async move {
+            let (key, owner) = (format!("key-{n}"), format!("run-{n}"));
+            let claim = claim_of(&key, &owner);
+            assert!(matches!(
+                ledger.claim(&claim).await.expect("claim"),
+                idempotent_retry::Claimed::New(_)
+            ));
+            let update =
+                idempotent_retry::AttemptUpdate::new(&key, &owner, claim.now, claim.lease_until)
+                    .expect("valid update");
+            ledger.record_attempt(&update).await.expect("attempt");
+            let finish =
+                idempotent_retry::Finish::new(&key, &owner, OperationStatus::Succeeded, None)
+                    .expect("valid finish");
+            ledger.finish(&finish).await.expect("finish");
+        });
+    }
+    while let Some(run) = runs.join_next().await {
+        run.expect("every operation recorded");
+    }
+    drop(ledger);
+    let reopened = SqliteLedger::open(&path).await.expect("reopen");
+    for n in [0, 123, 499] {
+        let row = reopened
+            .get(&format!("key-{n}"))
+            .await
+            .expect("read")
+            .expect("landed");
+        assert_eq!((row.status, row.attempts), (OperationStatus::Succeeded, 1));
+    }
+    let finished: i64 = rusqlite::Connection::open(&path)
+        .expect("open")
+        .query_row(
+            "SELECT count(*) FROM idempotent_operations \
+             WHERE status = 'succeeded' AND attempts = 1 AND lease_owner IS NULL",
+            [],
+            |row| row.get(0),
+        )
+        .expect("count");
+    assert_eq!(finished, 500);
+}
+
+/// Dropping the last clone ends the writer thread once its queued writes are done, and the
+/// file is closed: SQLite checkpoints the WAL into it and removes the `-wal` file when its last
+/// connection closes, which a thread left running would prevent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_last_clone_writes_what_is_queued_and_closes_the_file() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("operations.db");
+    let wal = dir.path().join("operations.db-wal");
+    let ledger = SqliteLedger::open(&path).await.expect("open");
+    let clone = ledger.clone();
+    clone
+        .claim(&claim_of("acknowledged", "run-a"))
+        .await
+        .expect("claimed");
+    assert!(wal.exists(), "the file is open in WAL mode");
+    // Queued, then abandoned by their callers just before the last clones go.
+    for n in 0..20 {
+        let claim = claim_of(&format!("queued-{n}"), "run-q");
+        let polled = tokio::time::timeout(Duration::ZERO, ledger.claim(&claim)).await;
+        drop(polled);
+    }
+    drop(clone);
+    drop(ledger);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while wal.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the writer thread still holds the file"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(row_count(&path), 21, "every queued write landed");
+}
+
+/// The worker of [`a_write_is_acknowledged_only_once_its_batch_committed`]: it claims new keys
+/// from 64 tasks without end and prints each key once its claim is acknowledged.
+const ACK_WORKER_DB: &str = "IDEMPOTENT_RETRY_TEST_ACK_DB";
+
+/// A real process claiming keys as fast as its writer commits them is killed with SIGKILL,
+/// mid-batch more often than not: every key it was told was recorded is in the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_is_acknowledged_only_once_its_batch_committed() {
+    use std::io::{BufRead, Write};
+
+    if let Ok(db) = std::env::var(ACK_WORKER_DB) {
+        let ledger = SqliteLedger::open(&db).await.expect("open the ledger");
+        let mut tasks = tokio::task::JoinSet::new();
+        for task in 0..64 {
+            let ledger = ledger.clone();
+            tasks.spawn(async move {
+                for n in 0.. {
+                    let key = format!("ack-{task}-{n}");
+                    let claimed = ledger.claim(&claim_of(&key, "run")).await;
+                    assert!(matches!(claimed, Ok(idempotent_retry::Claimed::New(_))));
+                    let mut out = std::io::stdout().lock();
+                    writeln!(out, "{key}")
+                        .and_then(|()| out.flush())
+                        .expect("report");
+                }
+            });
+        }
+        while let Some(task) = tasks.join_next().await {
+            task.expect("the worker's task");
+        }
+        unreachable!("the worker claims until it is killed");
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("operations.db");
+    SqliteLedger::open(&path).await.expect("create the file");
+    let mut worker = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "a_write_is_acknowledged_only_once_its_batch_committed",
+            "--exact",
+            "--nocapture",
+        ])
+        .env(ACK_WORKER_DB, &path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the worker");
+    let mut lines = std::io::BufReader::new(worker.stdout.take().expect("piped")).lines();
+    let mut acknowledged = Vec::new();
+    // Let it run well past its first batches, then kill it without warning.
+    while acknowledged.len() < 2000 {
+        let line = lines
+            .next()
+            .expect("the worker is running")
+            .expect("a line");
+        if line.starts_with("ack-") {
+            acknowledged.push(line);
+        }
+    }
+    worker.kill().expect("SIGKILL the worker");
+    // Whatever it printed before it died was acknowledged too.
+    acknowledged.extend(
+        lines
+            .map_while(Result::ok)
+            .filter(|line| line.starts_with("ack-")),
+    );
+    worker.wait().expect("reap the worker");
+
+    let conn = rusqlite::Connection::open(&path).expect("open");
+    let mut present = conn
+        .prepare("SELECT 1 FROM idempotent_operations WHERE key = ?1")
+        .expect("prepare");
+    let missing: Vec<&String> = acknowledged
+        .iter()
+        .filter(|key| !present.exists([key.as_str()]).expect("query"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "acknowledged but not in the file: {missing:?}"
+    );
+    assert!(row_count(&path) >= i64::try_from(acknowledged.len()).expect("small"));
+}

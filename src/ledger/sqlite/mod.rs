@@ -1,18 +1,23 @@
 //! The SQLite ledger: a file on one machine, shared by every process that opens it.
+//!
+//! One writer thread per ledger commits the writes in batches ([`writer`]); reads run on a
+//! read-only connection of their own, beside it. [`statements`] holds what each call does to
+//! the file, [`migrate`] the schema steps.
+
+mod migrate;
+mod statements;
+mod writer;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, ErrorCode, OpenFlags};
 
-use super::sql::{
-    COLUMNS, Dialect, RawRow, SCHEMA_VERSION, TABLE, next_step, probe, response_columns,
-    shape_error, version_from,
-};
+use self::writer::Writer;
+use super::sql::TABLE;
 use super::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, OperationRecord,
-    to_millis,
 };
 
 /// How long a statement waits for another process's write lock before failing.
@@ -20,12 +25,46 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A [`Ledger`] in an SQLite file: the default for one machine.
 ///
-/// Every process that opens the same file shares the rows; the claim runs in a `BEGIN
-/// IMMEDIATE` transaction, so it is atomic across processes. The file is in WAL mode with
-/// `synchronous = FULL`: a row written is a row kept, even across a power loss. Calls run on
-/// tokio's blocking pool (`spawn_blocking`), never on the async worker threads. The `sqlite`
+/// Every process that opens the same file shares the rows. The file is in WAL mode with
+/// `synchronous = FULL`: a row written is a row kept, even across a power loss. The `sqlite`
 /// feature links the system's SQLite (3.35 or later, checked by [`open`](Self::open));
 /// `sqlite-bundled` compiles SQLite into the crate, so nothing needs installing.
+///
+/// # Writes: one writer, group commit
+///
+/// A ledger and all its clones share one write connection, owned by a thread of its own (not
+/// tokio's blocking pool). Claims, attempts, finishes and purges are queued to it; it takes
+/// every write waiting (at most 256), runs them in order in one `BEGIN IMMEDIATE`
+/// transaction, each under a savepoint of its own, commits them with one sync of the file,
+/// and only then answers each caller. A write that arrives while a batch commits goes into the
+/// next one. Under load, many operations thus share one sync; one operation at a time, each
+/// write is still one transaction.
+///
+/// What is durable when:
+///
+/// - a call that returned `Ok` is committed: it survives a crash of the process or of the
+///   machine, and every process reading the file sees it;
+/// - a write that fails on its own (its lease lost, say) is rolled back to its savepoint
+///   alone: the other writes of its batch still commit and get their own answers;
+/// - when the batch's transaction fails as a whole (the write lock not obtained within the
+///   [busy timeout](Self::set_busy_timeout), a full disk, an I/O error, a failed `COMMIT`),
+///   every write in it gets the error and none of them is recorded;
+/// - a call whose future is dropped after its write was queued still runs, in its batch; only
+///   its answer is lost. The [`Ledger`] cancellation rule holds: the row is as before the call
+///   or as the call would have left it.
+///
+/// Two claims of one key in one batch run one after the other, so exactly one of them wins;
+/// another process's claims wait for the write lock, which `BEGIN IMMEDIATE` takes up front, so
+/// claims stay atomic across processes.
+///
+/// Reads ([`get`](Ledger::get), [`schema_version`](Self::schema_version)) go through a
+/// second, read-only connection on tokio's blocking pool: WAL lets them run beside a batch,
+/// so a read never waits for one, and they see every committed write.
+///
+/// The writer thread ends once the last clone is dropped and the writes queued by then are
+/// done; the file is then closed. If the thread dies (a panic), every write queued or sent
+/// later fails with [`LedgerErrorKind::Unavailable`](super::LedgerErrorKind::Unavailable):
+/// nothing it had not acknowledged was committed.
 ///
 /// # Examples
 ///
@@ -43,12 +82,20 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// ```
 #[derive(Debug, Clone)]
 pub struct SqliteLedger {
-    conn: Arc<Mutex<Connection>>,
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// Declared first, so closed first: the write connection, closing last, checkpoints the
+    /// WAL into the file and removes it, which a read-only connection cannot.
+    reader: Arc<Mutex<Connection>>,
+    writer: Writer,
     path: PathBuf,
 }
 
 impl SqliteLedger {
-    /// Opens (creating if needed) the ledger file at `path` and runs
+    /// Opens (creating if needed) the ledger file at `path`, starts its writer thread and runs
     /// [`migrate`](Self::migrate).
     ///
     /// # Errors
@@ -56,56 +103,65 @@ impl SqliteLedger {
     /// [`LedgerErrorKind::Corrupt`](super::LedgerErrorKind::Corrupt) when the file is not an
     /// SQLite database; [`LedgerErrorKind::Unavailable`](super::LedgerErrorKind::Unavailable)
     /// when it cannot be opened or written (a missing directory, a read-only file system, a
-    /// path that is a directory), or when the linked SQLite is older than 3.35.
+    /// path that is a directory), when the linked SQLite is older than 3.35, or when the
+    /// system refuses the writer thread.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self, LedgerError> {
+        Self::open_with(path.as_ref(), Writer::spawn).await
+    }
+
+    /// [`open`](Self::open), with the writer thread started by `spawn`.
+    async fn open_with(
+        path: &Path,
+        spawn: impl FnOnce(Connection) -> Result<(Writer, std::thread::JoinHandle<()>), LedgerError>,
+    ) -> Result<Self, LedgerError> {
         check_library(rusqlite::version_number(), rusqlite::version())?;
-        let path = path.as_ref().to_path_buf();
+        let path = path.to_path_buf();
         let opened = path.clone();
-        let conn = blocking(move || {
-            let conn = Connection::open(&opened).map_err(|err| storage(err, "cannot open"))?;
-            conn.busy_timeout(DEFAULT_BUSY_TIMEOUT)
-                .map_err(|err| storage(err, "cannot configure"))?;
-            enable_wal(&conn)?;
-            conn.pragma_update(None, "synchronous", "FULL")
-                .map_err(|err| storage(err, "cannot configure"))?;
-            Ok(conn)
+        let conn = blocking(move || open_writer(&opened)).await?;
+        // The thread is not joined: it ends by itself once the last sender is dropped.
+        let (writer, _thread) = spawn(conn)?;
+        writer.alone(migrate::migrate).await?;
+        // After the migration, so the file is in WAL mode with its `-shm` and `-wal` in place,
+        // which a read-only connection needs.
+        let opened = path.clone();
+        let reader = blocking(move || open_reader(&opened)).await?;
+        Ok(SqliteLedger {
+            inner: Arc::new(Inner {
+                reader: Arc::new(Mutex::new(reader)),
+                writer,
+                path,
+            }),
         })
-        .await?;
-        let ledger = SqliteLedger {
-            conn: Arc::new(Mutex::new(conn)),
-            path,
-        };
-        ledger.migrate().await?;
-        Ok(ledger)
     }
 
     /// The file's path.
     #[must_use]
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.inner.path
     }
 
     /// How long a statement waits for another process's write lock before failing with
-    /// [`LedgerErrorKind::Unavailable`](super::LedgerErrorKind::Unavailable).
+    /// [`LedgerErrorKind::Unavailable`](super::LedgerErrorKind::Unavailable). While the writer
+    /// waits, the writes queued behind it wait too.
     ///
     /// Default: 5 s.
     ///
     /// # Errors
     ///
     /// [`LedgerErrorKind::Unavailable`](super::LedgerErrorKind::Unavailable) if SQLite
-    /// refuses the setting.
+    /// refuses the setting, or the writer thread stopped.
     pub async fn set_busy_timeout(&self, timeout: Duration) -> Result<(), LedgerError> {
-        self.with(move |conn| {
-            conn.busy_timeout(timeout)
-                .map_err(|err| storage(err, "cannot configure"))
-        })
-        .await
+        self.inner
+            .writer
+            .alone(move |conn| configure(conn, timeout))
+            .await?;
+        self.read(move |conn| configure(conn, timeout)).await
     }
 
     /// Brings the file to the crate's schema version, creating the table and its index in a
     /// new file, and checks that the table has every column. Safe to run on every start, and
     /// from several processes at once. What it does with older and newer files is in the
-    /// [schema docs](super::Ledger#schema).
+    /// [schema docs](super::Ledger#schema). It runs on the writer thread between two batches.
     ///
     /// # Errors
     ///
@@ -114,9 +170,9 @@ impl SqliteLedger {
     /// release knows (the file is left as it was);
     /// [`LedgerErrorKind::Unavailable`](super::LedgerErrorKind::Unavailable) when it cannot be
     /// written (a read-only file system, another process holding the write lock past the
-    /// [busy timeout](Self::set_busy_timeout)).
+    /// [busy timeout](Self::set_busy_timeout)) or the writer thread stopped.
     pub async fn migrate(&self) -> Result<(), LedgerError> {
-        self.with(migrate_in).await
+        self.inner.writer.alone(migrate::migrate).await
     }
 
     /// The schema version the file is at, from its `PRAGMA user_version` (0 when none is
@@ -130,25 +186,51 @@ impl SqliteLedger {
     /// [`LedgerErrorKind::Unavailable`](super::LedgerErrorKind::Unavailable) when it cannot be
     /// read.
     pub async fn schema_version(&self) -> Result<u32, LedgerError> {
-        self.with(|conn| read_version(conn)).await
+        self.read(|conn| migrate::read_version(conn)).await
     }
 
-    async fn with<T: Send + 'static>(
+    /// Runs `f` on the read-only connection, on tokio's blocking pool.
+    async fn read<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut Connection) -> Result<T, LedgerError> + Send + 'static,
+        f: impl FnOnce(&Connection) -> Result<T, LedgerError> + Send + 'static,
     ) -> Result<T, LedgerError> {
-        let conn = self.conn.clone();
+        let reader = Arc::clone(&self.inner.reader);
         blocking(move || {
-            // A panic inside a statement leaves SQLite's own state consistent (it rolls back
-            // an open transaction when the `Transaction` is dropped), so a poisoned lock is
-            // still usable.
-            let mut conn = conn
+            // A panic inside a read leaves no transaction open (a statement resets when it is
+            // dropped), so a poisoned lock is still usable.
+            let conn = reader
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            f(&mut conn)
+            f(&conn)
         })
         .await
     }
+}
+
+/// The write connection: created if missing, in WAL mode, `synchronous = FULL`.
+fn open_writer(path: &Path) -> Result<Connection, LedgerError> {
+    let conn = Connection::open(path).map_err(|err| storage(err, "cannot open"))?;
+    configure(&conn, DEFAULT_BUSY_TIMEOUT)?;
+    enable_wal(&conn)?;
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(|err| storage(err, "cannot configure"))?;
+    Ok(conn)
+}
+
+/// The read connection: read-only, on a file the write connection has already opened.
+fn open_reader(path: &Path) -> Result<Connection, LedgerError> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
+        | OpenFlags::SQLITE_OPEN_URI
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn =
+        Connection::open_with_flags(path, flags).map_err(|err| storage(err, "cannot open"))?;
+    configure(&conn, DEFAULT_BUSY_TIMEOUT)?;
+    Ok(conn)
+}
+
+fn configure(conn: &Connection, timeout: Duration) -> Result<(), LedgerError> {
+    conn.busy_timeout(timeout)
+        .map_err(|err| storage(err, "cannot configure"))
 }
 
 /// The oldest SQLite the ledger's statements run on: the claim and the take-over are one
@@ -197,10 +279,10 @@ async fn blocking<T: Send + 'static>(
     })?
 }
 
-/// Classifies an SQLite error.
-fn storage(err: rusqlite::Error, what: &str) -> LedgerError {
+/// Classifies an SQLite error, leaving the source to the caller.
+fn classify(err: &rusqlite::Error, what: &str) -> LedgerError {
     let message = format!("{what} ({TABLE})");
-    let error = match err.sqlite_error_code() {
+    match err.sqlite_error_code() {
         Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => LedgerError::corrupt(message),
         Some(_) | None => match err {
             rusqlite::Error::FromSqlConversionFailure(..)
@@ -208,236 +290,53 @@ fn storage(err: rusqlite::Error, what: &str) -> LedgerError {
             | rusqlite::Error::IntegralValueOutOfRange(..) => LedgerError::corrupt(message),
             _ => LedgerError::unavailable(message),
         },
-    };
-    error.with_source(err)
-}
-
-/// The file's `PRAGMA user_version`, as a schema version.
-fn read_version(conn: &Connection) -> Result<u32, LedgerError> {
-    let stored: i64 = conn
-        .pragma_query_value(None, "user_version", |row| row.get(0))
-        .map_err(|err| storage(err, "cannot read the schema version"))?;
-    version_from(stored)
-}
-
-/// Fails unless the table has every column the crate reads.
-fn check_shape(conn: &Connection) -> Result<(), LedgerError> {
-    conn.prepare(&probe())
-        .map(drop)
-        .map_err(|err| shape_error().with_source(err))
-}
-
-fn migrate_in(conn: &mut Connection) -> Result<(), LedgerError> {
-    // A plain read decides whether to take the write lock: most calls find the file current
-    // (`open` migrates on every start), and a newer file is refused before anything is written.
-    while next_step(read_version(conn)?)?.is_some() {
-        apply_next_step(conn)?;
     }
-    check_shape(conn)
 }
 
-/// Runs the step the file is due, if it still is once the write lock is held, in one
-/// transaction with the version it reaches.
-fn apply_next_step(conn: &mut Connection) -> Result<(), LedgerError> {
-    // IMMEDIATE takes the write lock before the version is read again: of two processes
-    // migrating at once, the second waits here and then finds the step done, so no step runs
-    // twice. A step, its check and its version commit together or not at all.
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(|err| storage(err, "cannot begin the migration"))?;
-    let Some(step) = next_step(read_version(&tx)?)? else {
-        return Ok(());
-    };
-    for statement in (step.statements)(Dialect::Sqlite) {
-        if let Err(err) = tx.execute_batch(&statement) {
-            // A statement over a table of another shape (the index on a missing column,
-            // say) fails; name the shape, not the statement. A failed statement does not end
-            // an SQLite transaction, so the check can still run.
-            check_shape(&tx)?;
-            return Err(storage(err, "cannot migrate"));
-        }
-    }
-    // The columns the crate reads are those of the latest version only.
-    if step.to() == SCHEMA_VERSION {
-        check_shape(&tx)?;
-    }
-    tx.pragma_update(None, "user_version", step.to())
-        .map_err(|err| storage(err, "cannot record the schema version"))?;
-    tx.commit()
-        .map_err(|err| storage(err, "cannot commit the migration"))
-}
-
-fn read_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
-    Ok(RawRow {
-        key: row.get(0)?,
-        scope: row.get(1)?,
-        fingerprint: row.get(2)?,
-        status: row.get(3)?,
-        attempts: row.get(4)?,
-        first_attempt_at: row.get(5)?,
-        last_attempt_at: row.get(6)?,
-        lease_owner: row.get(7)?,
-        lease_expires_at: row.get(8)?,
-        response_status: row.get(9)?,
-        response_headers: row.get(10)?,
-        response_body: row.get(11)?,
-        expires_at: row.get(12)?,
-    })
-}
-
-fn select(conn: &Connection, key: &str) -> Result<Option<OperationRecord>, LedgerError> {
-    conn.query_row(
-        &format!("SELECT {COLUMNS} FROM {TABLE} WHERE key = ?1"),
-        params![key],
-        read_row,
-    )
-    .optional()
-    .map_err(|err| storage(err, "cannot read the operation"))?
-    .map(RawRow::into_record)
-    .transpose()
-}
-
-fn claim_in(conn: &mut Connection, claim: &Claim) -> Result<Claimed, LedgerError> {
-    // IMMEDIATE takes the write lock up front: from here to commit no other process can
-    // insert or change the row, so the insert, the read and the take-over are one step.
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(|err| storage(err, "cannot begin the claim"))?;
-    let inserted = tx
-        .query_row(
-            &format!(
-                "INSERT INTO {TABLE} (key, scope, fingerprint, status, attempts, \
-                 first_attempt_at, lease_owner, lease_expires_at, expires_at) \
-                 VALUES (?1, ?2, ?3, 'in_flight', 0, ?4, ?5, ?6, ?7) \
-                 ON CONFLICT (key) DO NOTHING RETURNING {COLUMNS}"
-            ),
-            params![
-                claim.key,
-                claim.scope,
-                claim.fingerprint,
-                to_millis(claim.now),
-                claim.owner,
-                to_millis(claim.lease_until),
-                to_millis(claim.expires_at),
-            ],
-            read_row,
-        )
-        .optional()
-        .map_err(|err| storage(err, "cannot claim the operation"))?;
-    let claimed = if let Some(row) = inserted {
-        Claimed::New(row.into_record()?)
-    } else {
-        let existing = select(&tx, &claim.key)?.ok_or_else(|| {
-            LedgerError::unavailable(format!("operation {} vanished during its claim", claim.key))
-        })?;
-        if claim.may_take_over(&existing) {
-            let record = tx
-                .query_row(
-                    &format!(
-                        "UPDATE {TABLE} SET status = 'in_flight', lease_owner = ?2, \
-                         lease_expires_at = ?3, response_status = NULL, \
-                         response_headers = NULL, response_body = NULL \
-                         WHERE key = ?1 RETURNING {COLUMNS}"
-                    ),
-                    params![claim.key, claim.owner, to_millis(claim.lease_until)],
-                    read_row,
-                )
-                .map_err(|err| storage(err, "cannot take the operation over"))?
-                .into_record()?;
-            Claimed::TakenOver {
-                record,
-                previous: existing.status,
-            }
-        } else {
-            Claimed::Existing(existing)
-        }
-    };
-    tx.commit()
-        .map_err(|err| storage(err, "cannot commit the claim"))?;
-    Ok(claimed)
+/// Classifies an SQLite error, with it as the source.
+fn storage(err: rusqlite::Error, what: &str) -> LedgerError {
+    classify(&err, what).with_source(err)
 }
 
 impl Ledger for SqliteLedger {
     fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
         let claim = claim.clone();
-        Box::pin(self.with(move |conn| claim_in(conn, &claim)))
+        Box::pin(
+            self.inner
+                .writer
+                .batched(move |conn| statements::claim(conn, &claim)),
+        )
     }
 
     fn record_attempt<'a>(&'a self, update: &'a AttemptUpdate) -> LedgerFuture<'a, ()> {
         let update = update.clone();
-        Box::pin(self.with(move |conn| {
-            let changed = conn
-                .execute(
-                    &format!(
-                        "UPDATE {TABLE} SET attempts = attempts + 1, last_attempt_at = ?3, \
-                         lease_expires_at = ?4 \
-                         WHERE key = ?1 AND lease_owner = ?2 AND status = 'in_flight'"
-                    ),
-                    params![
-                        update.key,
-                        update.owner,
-                        to_millis(update.at),
-                        to_millis(update.lease_until)
-                    ],
-                )
-                .map_err(|err| storage(err, "cannot record the attempt"))?;
-            if changed == 0 {
-                return Err(LedgerError::lease_lost(&update.key));
-            }
-            Ok(())
-        }))
+        Box::pin(
+            self.inner
+                .writer
+                .batched(move |conn| statements::record_attempt(conn, &update)),
+        )
     }
 
     fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
         let finish = finish.clone();
-        Box::pin(self.with(move |conn| {
-            let (status, headers, body) = response_columns(finish.response.as_ref());
-            let changed = conn
-                .execute(
-                    &format!(
-                        "UPDATE {TABLE} SET status = ?3, lease_owner = NULL, \
-                         lease_expires_at = NULL, response_status = ?4, \
-                         response_headers = ?5, response_body = ?6, \
-                         attempts = attempts + (?7 IS NOT NULL), \
-                         last_attempt_at = coalesce(?7, last_attempt_at) \
-                         WHERE key = ?1 AND lease_owner = ?2 AND status = 'in_flight'"
-                    ),
-                    params![
-                        finish.key,
-                        finish.owner,
-                        finish.status.as_str(),
-                        status,
-                        headers,
-                        body,
-                        finish.last_attempt_at.map(to_millis)
-                    ],
-                )
-                .map_err(|err| storage(err, "cannot record the outcome"))?;
-            if changed == 0 {
-                return Err(LedgerError::lease_lost(&finish.key));
-            }
-            Ok(())
-        }))
+        Box::pin(
+            self.inner
+                .writer
+                .batched(move |conn| statements::finish(conn, &finish)),
+        )
     }
 
     fn get<'a>(&'a self, key: &'a str) -> LedgerFuture<'a, Option<OperationRecord>> {
         let key = key.to_owned();
-        Box::pin(self.with(move |conn| select(conn, &key)))
+        Box::pin(self.read(move |conn| statements::select(conn, &key)))
     }
 
     fn purge_batch(&self, now: SystemTime, limit: u32) -> LedgerFuture<'_, u64> {
-        Box::pin(self.with(move |conn| {
-            let deleted = conn
-                .execute(
-                    &format!(
-                        "DELETE FROM {TABLE} WHERE key IN \
-                         (SELECT key FROM {TABLE} WHERE expires_at <= ?1 LIMIT ?2)"
-                    ),
-                    params![to_millis(now), i64::from(limit)],
-                )
-                .map_err(|err| storage(err, "cannot purge"))?;
-            Ok(u64::try_from(deleted).unwrap_or(u64::MAX))
-        }))
+        Box::pin(
+            self.inner
+                .writer
+                .batched(move |conn| statements::purge(conn, now, limit)),
+        )
     }
 }
 
@@ -446,7 +345,7 @@ mod tests {
     use super::*;
     use crate::LedgerErrorKind;
     use crate::ledger::ledger_conformance;
-    use crate::ledger::sql::STEPS;
+    use crate::ledger::sql::{Dialect, SCHEMA_VERSION, STEPS};
 
     /// Every case on a new file of its own, with the claims of the concurrent case racing on
     /// two threads (each claim is a transaction on the ledger's connection).
@@ -524,9 +423,12 @@ mod tests {
                 .map_err(|err| storage(err, "cookie"))?;
             Ok((cookie, conn.total_changes()))
         };
-        let before = ledger.with(state).await.expect("state");
+        let before = ledger.inner.writer.alone(state).await.expect("state");
         ledger.migrate().await.expect("again");
-        assert_eq!(ledger.with(state).await.expect("state"), before);
+        assert_eq!(
+            ledger.inner.writer.alone(state).await.expect("state"),
+            before
+        );
         assert_eq!(
             ledger.schema_version().await.expect("version"),
             SCHEMA_VERSION
@@ -607,5 +509,133 @@ mod tests {
         assert_eq!(err.kind(), LedgerErrorKind::Corrupt, "{err}");
         assert!(err.to_string().contains("another shape"), "{err}");
         assert_eq!(user_version(&path), 0, "not stamped");
+    }
+
+    fn claim_of(key: &str) -> Claim {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_704_067_200);
+        Claim::builder(
+            key,
+            "f",
+            format!("run-{key}"),
+            now,
+            now + Duration::from_secs(60),
+        )
+        .expires_at(now + Duration::from_secs(3600))
+        .build()
+        .expect("valid claim")
+    }
+
+    /// The keys with a row, read with a connection of the test's own.
+    fn rows(path: &Path) -> Vec<String> {
+        let conn = Connection::open(path).expect("open");
+        let mut statement = conn
+            .prepare(&format!("SELECT key FROM {TABLE} ORDER BY key"))
+            .expect("select");
+        statement
+            .query_map([], |row| row.get(0))
+            .expect("rows")
+            .collect::<Result<_, _>>()
+            .expect("keys")
+    }
+
+    /// The writer dies inside its second batch's transaction, before `COMMIT`: the first
+    /// batch's claim was acknowledged and is in the file; no claim of the dead batch was told
+    /// it was recorded, and none of them is in the file; every later write fails at once as
+    /// unavailable instead of hanging, while reads still answer from the file.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_writer_that_dies_before_commit_acknowledges_nothing_of_its_batch() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("dies.db");
+        let mut batches = 0;
+        let ledger = SqliteLedger::open_with(&path, |conn| {
+            writer::Writer::spawn_with(
+                conn,
+                Box::new(move |_| {
+                    batches += 1;
+                    assert!(batches < 2, "the writer dies before its second commit");
+                }),
+            )
+        })
+        .await
+        .expect("open");
+        let first = ledger.claim(&claim_of("first")).await.expect("first batch");
+        assert!(matches!(first, Claimed::New(_)), "{first:?}");
+
+        let mut claims = tokio::task::JoinSet::new();
+        for n in 0..50 {
+            let ledger = ledger.clone();
+            claims.spawn(async move { ledger.claim(&claim_of(&format!("doomed-{n:02}"))).await });
+        }
+        let mut refused = 0;
+        while let Some(claimed) = claims.join_next().await {
+            let err = claimed.expect("task").expect_err("never acknowledged");
+            assert_eq!(err.kind(), LedgerErrorKind::Unavailable, "{err}");
+            refused += 1;
+        }
+        assert_eq!(refused, 50);
+        assert_eq!(rows(&path), ["first"], "nothing of the dead batch");
+
+        let later = tokio::time::timeout(Duration::from_secs(5), ledger.claim(&claim_of("later")))
+            .await
+            .expect("answered, not hung");
+        let err = later.expect_err("the writer is gone");
+        assert_eq!(err.kind(), LedgerErrorKind::Unavailable, "{err}");
+        assert!(err.to_string().contains("writer thread stopped"), "{err}");
+        let row = ledger.get("first").await.expect("read").expect("row");
+        assert_eq!(row.lease_owner.as_deref(), Some("run-first"));
+    }
+
+    /// A caller that stops waiting while its claim is queued behind an open batch does not
+    /// break the next batch: its claim lands, and the claims beside it are acknowledged.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_caller_leaves_its_batch_whole() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("dropped.db");
+        let (entered, inside) = std::sync::mpsc::channel::<usize>();
+        let (gate, held) = std::sync::mpsc::channel::<()>();
+        let mut batches = 0;
+        let ledger = SqliteLedger::open_with(&path, |conn| {
+            writer::Writer::spawn_with(
+                conn,
+                Box::new(move |writes| {
+                    batches += 1;
+                    let _ = entered.send(writes);
+                    if batches == 1 {
+                        let _ = held.recv();
+                    }
+                }),
+            )
+        })
+        .await
+        .expect("open");
+        let opener = tokio::spawn({
+            let ledger = ledger.clone();
+            async move { ledger.claim(&claim_of("opener")).await }
+        });
+        let inside = tokio::task::spawn_blocking(move || {
+            assert_eq!(inside.recv().expect("the first batch"), 1);
+            inside
+        })
+        .await
+        .expect("task");
+        // Queued behind the open batch, then abandoned.
+        let abandoned = claim_of("abandoned");
+        let gave_up =
+            tokio::time::timeout(Duration::from_millis(20), ledger.claim(&abandoned)).await;
+        assert!(gave_up.is_err(), "still queued");
+        let kept = tokio::spawn({
+            let ledger = ledger.clone();
+            async move { ledger.claim(&claim_of("kept")).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        gate.send(()).expect("release");
+        assert!(matches!(opener.await.expect("task"), Ok(Claimed::New(_))));
+        assert!(matches!(kept.await.expect("task"), Ok(Claimed::New(_))));
+        assert_eq!(
+            inside.recv().expect("the second batch"),
+            2,
+            "one batch of two"
+        );
+        assert_eq!(rows(&path), ["abandoned", "kept", "opener"]);
     }
 }

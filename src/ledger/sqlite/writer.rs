@@ -1,0 +1,436 @@
+//! The one writer: a thread of its own that owns the ledger's write connection and commits the
+//! writes waiting for it together, one `BEGIN IMMEDIATE` transaction (one fsync) per batch.
+//!
+//! Every write is a closure sent down a channel with the sender of its own reply. The thread
+//! takes the first write waiting, then every other one already queued (at most
+//! [`MAX_BATCH`]), runs them in order inside one transaction, each under a savepoint of its
+//! own, commits, and only then answers each caller with its own result. A write that arrives
+//! while a batch commits goes into the next one.
+//!
+//! A write that fails rolls back to its savepoint: the others in the batch keep their effects
+//! and their answers. A failure that ends the whole transaction (SQLite rolls it back by itself
+//! on a full disk or an I/O error, or the `COMMIT` fails) is told to every caller whose write
+//! was in it, so no caller hears of a write the file does not hold. Work that cannot run
+//! inside a batch (the migration, which runs transactions of its own; a connection setting)
+//! runs alone, between batches.
+//!
+//! The thread ends when every sender is gone (the last [`SqliteLedger`](super::SqliteLedger)
+//! clone dropped) and the writes still queued are done. If it dies (a panic), the queued
+//! writes' reply senders are dropped with it: their callers, and every later one, get
+//! [`LedgerErrorKind::Unavailable`](crate::LedgerErrorKind::Unavailable), never a hang.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::mpsc;
+
+use rusqlite::Connection;
+use tokio::sync::oneshot;
+
+use super::{classify, storage};
+use crate::ledger::LedgerError;
+
+/// The most writes one transaction holds, so that a write waits at most for one batch of this
+/// size ahead of it and for its own.
+pub(super) const MAX_BATCH: usize = 256;
+
+/// The name of every write's savepoint (they never nest: each is released before the next).
+const BEGIN: &str = "BEGIN IMMEDIATE";
+const COMMIT: &str = "COMMIT";
+const ROLLBACK: &str = "ROLLBACK";
+const SAVEPOINT: &str = "SAVEPOINT ledger_write";
+const ROLLBACK_TO: &str = "ROLLBACK TO ledger_write";
+const RELEASE: &str = "RELEASE ledger_write";
+
+/// What the thread runs before each `COMMIT`, given the number of writes in the batch (tests
+/// stop or kill the writer there).
+#[cfg(test)]
+pub(super) type BeforeCommit = Box<dyn FnMut(usize) + Send>;
+
+/// The sending side: cheap to share, one per ledger (its clones share it).
+#[derive(Debug)]
+pub(super) struct Writer {
+    jobs: mpsc::Sender<Job>,
+}
+
+impl Writer {
+    /// Starts the writer thread on `conn`; returns the sender and the thread's handle.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerErrorKind::Unavailable`](crate::LedgerErrorKind::Unavailable) when the system
+    /// refuses a new thread.
+    pub(super) fn spawn(
+        conn: Connection,
+    ) -> Result<(Writer, std::thread::JoinHandle<()>), LedgerError> {
+        Self::start(Batcher {
+            conn,
+            jobs: None,
+            #[cfg(test)]
+            before_commit: None,
+        })
+    }
+
+    /// [`spawn`](Self::spawn), with `hook` run before each `COMMIT`.
+    #[cfg(test)]
+    pub(super) fn spawn_with(
+        conn: Connection,
+        hook: BeforeCommit,
+    ) -> Result<(Writer, std::thread::JoinHandle<()>), LedgerError> {
+        Self::start(Batcher {
+            conn,
+            jobs: None,
+            before_commit: Some(hook),
+        })
+    }
+
+    fn start(mut batcher: Batcher) -> Result<(Writer, std::thread::JoinHandle<()>), LedgerError> {
+        let (jobs, queue) = mpsc::channel();
+        batcher.jobs = Some(queue);
+        let thread = std::thread::Builder::new()
+            .name("idempotent-retry-sqlite-writer".into())
+            .spawn(move || batcher.run())
+            .map_err(|err| {
+                LedgerError::unavailable("cannot start the ledger's writer thread").with_source(err)
+            })?;
+        Ok((Writer { jobs }, thread))
+    }
+
+    /// Runs `write` in the next batch, under a savepoint of its own, and answers once the
+    /// batch committed: its own result then, or the error that ended the transaction.
+    ///
+    /// Dropping the returned future does not cancel the write once it is queued: it runs, and
+    /// its answer is dropped.
+    pub(super) async fn batched<T: Send + 'static>(
+        &self,
+        write: impl FnOnce(&Connection) -> Result<T, LedgerError> + Send + 'static,
+    ) -> Result<T, LedgerError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Job::Batched(Box::new(Pending { write, reply })))?;
+        answer.await.map_err(|_| stopped())?
+    }
+
+    /// Runs `work` alone, outside any batch and with no transaction open, and answers at once.
+    pub(super) async fn alone<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut Connection) -> Result<T, LedgerError> + Send + 'static,
+    ) -> Result<T, LedgerError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Job::Alone(Box::new(move |conn: &mut Connection| {
+            // The caller may have stopped waiting: nothing to tell then.
+            let _ = reply.send(work(conn));
+        })))?;
+        answer.await.map_err(|_| stopped())?
+    }
+
+    fn send(&self, job: Job) -> Result<(), LedgerError> {
+        self.jobs.send(job).map_err(|_| stopped())
+    }
+}
+
+/// The error of a call the writer thread can no longer answer: it died (a panic), so nothing
+/// it had not acknowledged was written.
+fn stopped() -> LedgerError {
+    LedgerError::unavailable(
+        "the ledger's writer thread stopped; writes it did not acknowledge were not committed",
+    )
+}
+
+/// One unit of work for the writer thread.
+enum Job {
+    /// A write that joins the next batch.
+    Batched(Box<dyn Write>),
+    /// Work that runs alone between batches, answering its caller itself.
+    Alone(Box<dyn FnOnce(&mut Connection) + Send>),
+}
+
+/// A queued write, type-erased: run it inside the batch's transaction, or answer it without
+/// running when the transaction could not begin.
+trait Write: Send {
+    /// Runs the write; returns whether it failed and its answer, to send after the commit.
+    fn run(self: Box<Self>, conn: &Connection) -> (bool, Box<dyn Answer>);
+    /// Answers with `err` without running.
+    fn refuse(self: Box<Self>, err: LedgerError);
+}
+
+/// A write's result, held until its batch commits.
+trait Answer: Send {
+    /// The batch committed: sends the write's own result.
+    fn send(self: Box<Self>);
+    /// The batch did not commit: sends `err` instead.
+    fn fail(self: Box<Self>, err: LedgerError);
+}
+
+struct Pending<F, T> {
+    write: F,
+    reply: oneshot::Sender<Result<T, LedgerError>>,
+}
+
+impl<F, T> Write for Pending<F, T>
+where
+    F: FnOnce(&Connection) -> Result<T, LedgerError> + Send,
+    T: Send + 'static,
+{
+    fn run(self: Box<Self>, conn: &Connection) -> (bool, Box<dyn Answer>) {
+        let result = (self.write)(conn);
+        (
+            result.is_err(),
+            Box::new(Ran {
+                result,
+                reply: self.reply,
+            }),
+        )
+    }
+
+    fn refuse(self: Box<Self>, err: LedgerError) {
+        let _ = self.reply.send(Err(err));
+    }
+}
+
+struct Ran<T> {
+    result: Result<T, LedgerError>,
+    reply: oneshot::Sender<Result<T, LedgerError>>,
+}
+
+impl<T: Send + 'static> Answer for Ran<T> {
+    fn send(self: Box<Self>) {
+        // A caller that stopped waiting has closed its channel; the write stands regardless.
+        let _ = self.reply.send(self.result);
+    }
+
+    fn fail(self: Box<Self>, err: LedgerError) {
+        let _ = self.reply.send(Err(err));
+    }
+}
+
+/// The thread's state: the write connection and the queue.
+struct Batcher {
+    conn: Connection,
+    jobs: Option<mpsc::Receiver<Job>>,
+    #[cfg(test)]
+    before_commit: Option<BeforeCommit>,
+}
+
+impl Batcher {
+    fn run(mut self) {
+        let jobs = self
+            .jobs
+            .take()
+            .expect("the queue is set before the thread starts");
+        let mut next = None;
+        loop {
+            // Once every sender is gone, `recv` still hands out what was queued, then fails.
+            let Some(job) = next.take().or_else(|| jobs.recv().ok()) else {
+                return;
+            };
+            let first = match job {
+                Job::Alone(work) => {
+                    work(&mut self.conn);
+                    continue;
+                }
+                Job::Batched(write) => write,
+            };
+            let mut batch = VecDeque::from([first]);
+            while batch.len() < MAX_BATCH {
+                match jobs.try_recv() {
+                    Ok(Job::Batched(write)) => batch.push_back(write),
+                    Ok(alone) => {
+                        next = Some(alone);
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+            while !batch.is_empty() {
+                self.transaction(&mut batch);
+            }
+        }
+    }
+
+    fn execute(&self, sql: &str) -> rusqlite::Result<()> {
+        self.conn.prepare_cached(sql)?.execute([]).map(drop)
+    }
+
+    /// Runs the writes at the front of `queue` in one transaction and answers them. Writes
+    /// left in `queue` (after a transaction SQLite rolled back by itself) go into another.
+    fn transaction(&mut self, queue: &mut VecDeque<Box<dyn Write>>) {
+        if let Err(err) = self.execute(BEGIN) {
+            let err = Arc::new(err);
+            for write in queue.drain(..) {
+                write.refuse(shared(&err, "cannot begin the write"));
+            }
+            return;
+        }
+        let mut done: Vec<Box<dyn Answer>> = Vec::with_capacity(queue.len());
+        while let Some(write) = queue.pop_front() {
+            if let Err(err) = self.execute(SAVEPOINT) {
+                write.refuse(storage(err, "cannot begin the write"));
+                if self.conn.is_autocommit() {
+                    return rolled_back(done);
+                }
+                continue;
+            }
+            let (failed, answer) = write.run(&self.conn);
+            if self.conn.is_autocommit() {
+                // SQLite rolled the whole transaction back (a full disk, an I/O error): the
+                // writes before this one are undone too. This one carries its own error.
+                answer.send();
+                return rolled_back(done);
+            }
+            let undone = if failed {
+                self.execute(ROLLBACK_TO)
+            } else {
+                Ok(())
+            };
+            if let Err(err) = undone.and_then(|()| self.execute(RELEASE)) {
+                // The savepoint could not be closed: this write may be half applied, so the
+                // transaction cannot commit.
+                let err = Arc::new(err);
+                answer.fail(shared(&err, "cannot record the write"));
+                self.abandon(done, &err);
+                return;
+            }
+            done.push(answer);
+        }
+        #[cfg(test)]
+        if let Some(hook) = &mut self.before_commit {
+            hook(done.len());
+        }
+        match self.execute(COMMIT) {
+            Ok(()) => done.into_iter().for_each(Answer::send),
+            Err(err) => self.abandon(done, &Arc::new(err)),
+        }
+    }
+
+    /// Rolls back the open transaction and tells every write in it that it was not recorded.
+    fn abandon(&self, done: Vec<Box<dyn Answer>>, err: &Arc<rusqlite::Error>) {
+        if !self.conn.is_autocommit() {
+            // Failing too leaves the transaction open until the connection closes; the next
+            // BEGIN then fails and says so to its writes.
+            let _ = self.execute(ROLLBACK);
+        }
+        for answer in done {
+            answer.fail(shared(err, "cannot commit the write"));
+        }
+    }
+}
+
+/// Tells the writes of a transaction SQLite rolled back by itself that they were not recorded.
+fn rolled_back(done: Vec<Box<dyn Answer>>) {
+    for answer in done {
+        answer.fail(LedgerError::unavailable(
+            "the write was rolled back with its batch when a later write in it failed",
+        ));
+    }
+}
+
+/// The error of one write among several that one SQLite error failed, each with the error as
+/// its source.
+fn shared(err: &Arc<rusqlite::Error>, what: &str) -> LedgerError {
+    classify(err, what).with_source(Arc::clone(err))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn connection(path: &std::path::Path) -> Connection {
+        let conn = Connection::open(path).expect("open");
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .expect("wal");
+        conn.execute_batch("CREATE TABLE t (k TEXT PRIMARY KEY)")
+            .expect("table");
+        conn
+    }
+
+    fn insert(key: &'static str) -> impl FnOnce(&Connection) -> Result<(), LedgerError> {
+        move |conn| {
+            conn.prepare_cached("INSERT INTO t (k) VALUES (?1)")
+                .and_then(|mut statement| statement.execute([key]))
+                .map(drop)
+                .map_err(|err| storage(err, "insert"))
+        }
+    }
+
+    fn keys(path: &std::path::Path) -> Vec<String> {
+        let conn = Connection::open(path).expect("open");
+        let mut statement = conn.prepare("SELECT k FROM t ORDER BY k").expect("select");
+        statement
+            .query_map([], |row| row.get(0))
+            .expect("rows")
+            .collect::<Result<_, _>>()
+            .expect("keys")
+    }
+
+    /// A failing write rolls back to its own savepoint; the writes beside it in the same
+    /// batch still commit and hear of their own success.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failing_write_fails_alone_in_its_batch() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("w.db");
+        let (entered, inside) = std::sync::mpsc::channel::<usize>();
+        let (gate, held) = std::sync::mpsc::channel::<()>();
+        let mut batches = 0;
+        let (writer, thread) = Writer::spawn_with(
+            connection(&path),
+            Box::new(move |writes| {
+                // Says how many writes each batch holds, and holds the first one open until
+                // the others are queued behind it.
+                batches += 1;
+                let _ = entered.send(writes);
+                if batches == 1 {
+                    let _ = held.recv();
+                }
+            }),
+        )
+        .expect("spawn");
+        let writer = Arc::new(writer);
+        let write = |key| {
+            let writer = Arc::clone(&writer);
+            tokio::spawn(async move { writer.batched(insert(key)).await })
+        };
+        let a = write("a");
+        let inside = tokio::task::spawn_blocking(move || {
+            let first = inside.recv().expect("the first batch");
+            (first, inside)
+        });
+        let (first, inside) = inside.await.expect("task");
+        assert_eq!(first, 1);
+        let (b, dup, c) = (write("b"), write("a"), write("c"));
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        gate.send(()).expect("release");
+        a.await.expect("task").expect("a");
+        b.await
+            .expect("task")
+            .expect("b committed beside the failure");
+        c.await
+            .expect("task")
+            .expect("c committed beside the failure");
+        let err = dup.await.expect("task").expect_err("a duplicate key");
+        assert_eq!(err.kind(), crate::LedgerErrorKind::Unavailable, "{err}");
+        assert_eq!(
+            inside.recv().expect("the second batch"),
+            3,
+            "one batch of three"
+        );
+        assert_eq!(keys(&path), ["a", "b", "c"]);
+        drop(writer);
+        thread.join().expect("the thread ends without a panic");
+    }
+
+    /// Once the sender is dropped, the thread finishes what is queued and exits.
+    #[tokio::test]
+    async fn the_thread_ends_with_its_last_sender_after_the_queued_writes() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("w.db");
+        let (writer, thread) = Writer::spawn(connection(&path)).expect("spawn");
+        // Queued, then abandoned by their callers.
+        for key in ["x", "y", "z"] {
+            let write = writer.batched(insert(key));
+            let polled = tokio::time::timeout(std::time::Duration::ZERO, write).await;
+            drop(polled);
+        }
+        drop(writer);
+        thread.join().expect("the thread ends without a panic");
+        assert_eq!(keys(&path), ["x", "y", "z"]);
+    }
+}
