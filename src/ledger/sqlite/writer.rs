@@ -272,8 +272,13 @@ impl Batcher {
             let (failed, answer) = write.run(&self.conn);
             if self.conn.is_autocommit() {
                 // SQLite rolled the whole transaction back (a full disk, an I/O error): the
-                // writes before this one are undone too. This one carries its own error.
-                answer.send();
+                // writes before this one are undone too. This one carries its own error; had
+                // it none, it was undone with the rest and is told so.
+                if failed {
+                    answer.send();
+                } else {
+                    done.push(answer);
+                }
                 return rolled_back(done);
             }
             let undone = if failed {
