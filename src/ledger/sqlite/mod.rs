@@ -186,7 +186,7 @@ impl SqliteLedger {
     /// [`LedgerErrorKind::Unavailable`](super::LedgerErrorKind::Unavailable) when it cannot be
     /// read.
     pub async fn schema_version(&self) -> Result<u32, LedgerError> {
-        self.read(|conn| migrate::read_version(conn)).await
+        self.read(migrate::read_version).await
     }
 
     /// Runs `f` on the read-only connection, on tokio's blocking pool.
