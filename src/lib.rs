@@ -281,8 +281,6 @@ pub use extension::{LedgerScope, WithoutIdempotencyKey};
 pub use fingerprint::RequestFingerprint;
 pub use key::{IdempotencyKey, InvalidKey, InvalidKeyReason};
 pub use keyed::{DerivationSecret, InvalidSecret};
-#[cfg(feature = "postgres")]
-pub use ledger::PostgresLedger;
 #[cfg(feature = "sqlite")]
 pub use ledger::SqliteLedger;
 pub use ledger::{
@@ -290,6 +288,8 @@ pub use ledger::{
     LedgerErrorKind, LedgerFuture, LedgerOptions, MemoryLedger, OperationRecord,
     OperationRecordBuilder, OperationStatus, SavedResponse,
 };
+#[cfg(feature = "postgres")]
+pub use ledger::{PostgresLedger, PostgresLedgerBuilder};
 #[cfg(feature = "middleware")]
 pub use middleware::IdempotentRetryMiddleware;
 pub use observe::{AttemptEvent, LedgerVerdict, Observer, OperationEvent};

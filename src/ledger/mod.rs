@@ -46,7 +46,7 @@ pub use error::{LedgerError, LedgerErrorKind};
 pub use memory::MemoryLedger;
 pub use options::{LeaseHeldPolicy, LedgerOptions};
 #[cfg(feature = "postgres")]
-pub use postgres::PostgresLedger;
+pub use postgres::{PostgresLedger, PostgresLedgerBuilder};
 pub(crate) use session::{Begin, LedgerHandle, LedgerRun, Operation, can_replay, claim};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteLedger;

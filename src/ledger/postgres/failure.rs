@@ -1,0 +1,66 @@
+//! What a PostgreSQL or pool failure means to the ledger's caller: the storage has another
+//! shape than this crate wrote ([`Corrupt`](crate::LedgerErrorKind::Corrupt)), or it cannot
+//! be reached as configured ([`Unavailable`](crate::LedgerErrorKind::Unavailable)).
+
+use deadpool_postgres::{PoolError, TimeoutType};
+use tokio_postgres::error::SqlState;
+
+use crate::ledger::LedgerError;
+
+/// Whether the error says the storage has another shape than this crate wrote: a missing
+/// table or column, a column of another type.
+pub(super) fn is_shape(err: &tokio_postgres::Error) -> bool {
+    err.code().is_some_and(|code| {
+        *code == SqlState::UNDEFINED_TABLE
+            || *code == SqlState::UNDEFINED_COLUMN
+            || *code == SqlState::DATATYPE_MISMATCH
+    })
+}
+
+/// Classifies a statement's failure: a missing table or column means the storage is not what
+/// this crate wrote; everything else (a lost connection, a refused login, a full disk) means
+/// it is unavailable.
+pub(super) fn database(err: tokio_postgres::Error, what: &str) -> LedgerError {
+    let shape = is_shape(&err);
+    let message = if err.is_closed() {
+        format!("{what}: the connection is closed")
+    } else {
+        what.to_owned()
+    };
+    if shape {
+        LedgerError::corrupt(message).with_source(err)
+    } else {
+        LedgerError::unavailable(message).with_source(err)
+    }
+}
+
+/// Classifies a failure to get a connection from the pool: a new connection that could not
+/// be opened (refused, login denied, an untrusted certificate, too slow), or a closed pool.
+pub(super) fn pool(err: PoolError) -> LedgerError {
+    match err {
+        PoolError::Backend(err) => connect(err),
+        PoolError::Timeout(TimeoutType::Create) => {
+            LedgerError::unavailable("cannot connect: the connect timeout passed").with_source(err)
+        }
+        PoolError::Timeout(_) => {
+            LedgerError::unavailable("no pooled connection came free in time").with_source(err)
+        }
+        PoolError::Closed => {
+            LedgerError::unavailable("the connection pool is closed").with_source(err)
+        }
+        other => LedgerError::unavailable("cannot get a pooled connection").with_source(other),
+    }
+}
+
+/// Classifies a failure to open a connection.
+fn connect(err: tokio_postgres::Error) -> LedgerError {
+    #[cfg(feature = "postgres-rustls")]
+    if super::tls::is_untrusted_certificate(&err) {
+        return LedgerError::unavailable(
+            "cannot connect: the server's TLS certificate is not trusted (see the TLS \
+             certificates the ledger was given)",
+        )
+        .with_source(err);
+    }
+    database(err, "cannot connect")
+}
