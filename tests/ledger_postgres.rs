@@ -2,8 +2,14 @@
 //! receivers: workers racing for one key, a connection lost mid-operation, the incident query,
 //! and `migrate` on new, 0.1 and newer databases, from many workers at once.
 //!
-//! Needs `IDEMPOTENT_RETRY_PG_URL` (`.ci/run` starts a server and sets it). Without it the tests
-//! are skipped, except under `CI`, where they fail.
+//! The ledger's pool and TLS too: the conformance suite over a small pool, the caller's pool
+//! and TLS, claims of many keys and of one key at once, a key waiting on a lock while others
+//! go on, a killed connection replaced, a pool of one under concurrent operations, and an
+//! untrusted certificate.
+//!
+//! Needs `IDEMPOTENT_RETRY_PG_URL`, and for TLS (feature `postgres-rustls`)
+//! `IDEMPOTENT_RETRY_PG_TLS_URL` and `IDEMPOTENT_RETRY_PG_CA` (`.ci/run` starts a server and sets
+//! them). Without them the tests are skipped, except under `CI`, where they fail.
 #![cfg(feature = "postgres")]
 
 mod support;
@@ -594,4 +600,440 @@ async fn workers_migrating_a_new_database_at_once_all_succeed_and_leave_one_vers
         assert_eq!(rows.len(), 1, "{rows:?}");
         assert_eq!(rows[0].0, 1);
     }
+}
+
+// The pool and TLS.
+
+#[cfg(feature = "postgres-rustls")]
+/// The TLS URL and the CA file that signed the server's certificate, or `None` (skipped)
+/// outside CI.
+fn tls_settings() -> Option<(String, String)> {
+    match (
+        std::env::var("IDEMPOTENT_RETRY_PG_TLS_URL"),
+        std::env::var("IDEMPOTENT_RETRY_PG_CA"),
+    ) {
+        (Ok(url), Ok(ca)) => Some((url, ca)),
+        _ if std::env::var_os("CI").is_some() => panic!(
+            "IDEMPOTENT_RETRY_PG_TLS_URL and IDEMPOTENT_RETRY_PG_CA must be set in CI \
+             (.ci/postgres.sh sets them)"
+        ),
+        _ => {
+            eprintln!("skipped: IDEMPOTENT_RETRY_PG_TLS_URL or IDEMPOTENT_RETRY_PG_CA is not set");
+            None
+        }
+    }
+}
+
+#[cfg(feature = "postgres-rustls")]
+/// `tls_url` pointed at the database of `plain_url` (a fresh one), its query kept.
+fn on_database(tls_url: &str, plain_url: &str) -> String {
+    let database = plain_url.rsplit_once('/').expect("database").1;
+    let (path, query) = tls_url.split_once('?').unwrap_or((tls_url, ""));
+    let (prefix, _) = path.rsplit_once('/').expect("URL ends with /database");
+    format!("{prefix}/{database}?{query}")
+}
+
+/// The claim of `key` by `owner` at the fixed instant the concurrency tests use.
+fn claim_of(key: &str, owner: &str) -> idempotent_retry::Claim {
+    let now = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    idempotent_retry::Claim::builder(key, "fp", owner, now, now + Duration::from_secs(60))
+        .expires_at(now + Duration::from_secs(86_400))
+        .build()
+        .expect("valid claim")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_conformance_suite_passes_over_a_small_pool_the_caller_s_pool_and_tls() {
+    use idempotent_retry::testkit::ledger_conformance;
+    let Some(base) = base_url() else { return };
+    ledger_conformance(|| async {
+        let url = fresh_database(&base).await;
+        let ledger = PostgresLedger::builder()
+            .url(&url)
+            .pool_size(3)
+            .build()
+            .await
+            .expect("connect");
+        ledger.migrate().await.expect("migrate");
+        ledger
+    })
+    .await
+    .assert_passed();
+
+    ledger_conformance(|| async {
+        let url = fresh_database(&base).await;
+        let config: tokio_postgres::Config = url.parse().expect("url");
+        let manager = deadpool_postgres::Manager::new(config, NoTls);
+        let pool = deadpool_postgres::Pool::builder(manager)
+            .max_size(4)
+            .build()
+            .expect("pool");
+        let ledger = PostgresLedger::from_pool(pool);
+        ledger.migrate().await.expect("migrate");
+        ledger
+    })
+    .await
+    .assert_passed();
+
+    #[cfg(feature = "postgres-rustls")]
+    {
+        let Some((tls_url, ca)) = tls_settings() else {
+            return;
+        };
+        ledger_conformance(|| async {
+            let url = on_database(&tls_url, &fresh_database(&base).await);
+            let ledger = PostgresLedger::builder()
+                .url(&url)
+                .tls_ca_file(&ca)
+                .build()
+                .await
+                .expect("connect over TLS");
+            ledger.migrate().await.expect("migrate");
+            ledger
+        })
+        .await
+        .assert_passed();
+    }
+}
+
+#[cfg(feature = "postgres-rustls")]
+/// A rustls connector of the test's own, trusting `ca`: what a caller with its own TLS
+/// settings hands the builder.
+fn rustls_connector(ca: &str) -> tokio_postgres_rustls::MakeRustlsConnect {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in CertificateDer::pem_file_iter(ca).expect("read the CA") {
+        roots.add(certificate.expect("PEM")).expect("a CA");
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tokio_postgres_rustls::MakeRustlsConnect::new(config)
+}
+
+#[cfg(feature = "postgres-rustls")]
+#[tokio::test]
+async fn over_tls_the_connection_is_encrypted_from_a_config_and_the_caller_s_connector() {
+    let Some(base) = base_url() else { return };
+    let Some((tls_url, ca)) = tls_settings() else {
+        return;
+    };
+    let url = on_database(&tls_url, &fresh_database(&base).await);
+    let app = format!("tls_{}", IdempotencyKey::random().as_str().replace('-', ""));
+    let mut config: tokio_postgres::Config = url.parse().expect("url");
+    config.application_name(&app);
+    let ledger = PostgresLedger::builder()
+        .config(config)
+        .tls(rustls_connector(&ca))
+        .build()
+        .await
+        .expect("connect over TLS");
+    ledger.migrate().await.expect("migrate");
+    let server = TestServer::start(vec![], Action::ok("charged")).await;
+    let key = IdempotencyKey::derive("tests.pg", &["tls"]);
+    let client = Client::builder()
+        .ledger(ledger.clone())
+        .build()
+        .expect("client");
+    let response = client
+        .post(server.url("/charges"))
+        .idempotency_key(key.clone())
+        .body("charge")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.text().await.expect("body"), "charged");
+    let row = ledger.get(key.as_str()).await.expect("read").expect("row");
+    assert_eq!((row.status, row.attempts), (OperationStatus::Succeeded, 1));
+    // Seen from the server: every session of the ledger is encrypted.
+    let (encrypted, plain): (i64, i64) = {
+        let row = inspector(&base)
+            .await
+            .query_one(
+                "SELECT count(*) FILTER (WHERE s.ssl), count(*) FILTER (WHERE NOT s.ssl) \
+                 FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+                 WHERE a.application_name = $1",
+                &[&app],
+            )
+            .await
+            .expect("sessions");
+        (row.get(0), row.get(1))
+    };
+    assert!(encrypted >= 1, "{encrypted} encrypted sessions");
+    assert_eq!(plain, 0);
+}
+
+#[cfg(feature = "postgres-rustls")]
+#[tokio::test]
+async fn a_certificate_from_an_untrusted_ca_fails_the_build_with_a_typed_error() {
+    let Some((tls_url, _)) = tls_settings() else {
+        return;
+    };
+    let err = PostgresLedger::builder()
+        .url(&tls_url)
+        .tls_ca_file(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/tls/untrusted-ca.pem"
+        ))
+        .build()
+        .await
+        .expect_err("the server's CA is not in the file");
+    assert_eq!(err.kind(), LedgerErrorKind::Unavailable, "{err}");
+    assert_eq!(
+        err.to_string(),
+        "ledger unavailable: cannot connect: the server's TLS certificate is not trusted (see \
+         the TLS certificates the ledger was given)"
+    );
+    // The driver's error stays reachable, down to rustls's reason.
+    let mut chain = Vec::new();
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&err);
+    while let Some(source) = next {
+        chain.push(source.to_string());
+        next = source.source();
+    }
+    assert!(
+        chain.iter().any(|s| s.contains("invalid peer certificate")),
+        "{chain:?}"
+    );
+
+    // Asking for TLS in the URL without giving the ledger any is refused before connecting.
+    let err = PostgresLedger::connect(&tls_url)
+        .await
+        .expect_err("no TLS setting");
+    assert_eq!(err.kind(), LedgerErrorKind::InvalidInput, "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_of_64_keys_at_once_all_land_and_32_claims_of_one_key_have_one_winner() {
+    let Some(base) = base_url() else { return };
+    let url = fresh_database(&base).await;
+    let ledger = PostgresLedger::builder()
+        .url(&url)
+        .pool_size(8)
+        .build()
+        .await
+        .expect("connect");
+    ledger.migrate().await.expect("migrate");
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(64));
+    let mut claims = tokio::task::JoinSet::new();
+    for i in 0..64 {
+        let (ledger, barrier) = (ledger.clone(), barrier.clone());
+        claims.spawn(async move {
+            barrier.wait().await;
+            ledger.claim(&claim_of(&format!("k{i}"), "run-a")).await
+        });
+    }
+    let mut new = 0;
+    while let Some(claimed) = claims.join_next().await {
+        match claimed.expect("task").expect("claimed") {
+            idempotent_retry::Claimed::New(record) => {
+                assert_eq!(record.status, OperationStatus::InFlight);
+                new += 1;
+            }
+            other => panic!("a key of its own was found taken: {other:?}"),
+        }
+    }
+    assert_eq!(new, 64);
+    for i in 0..64 {
+        let row = ledger.get(&format!("k{i}")).await.expect("read");
+        assert!(row.is_some(), "k{i} landed");
+    }
+
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(32));
+    let mut claims = tokio::task::JoinSet::new();
+    for i in 0..32 {
+        let (ledger, barrier) = (ledger.clone(), barrier.clone());
+        claims.spawn(async move {
+            barrier.wait().await;
+            ledger
+                .claim(&claim_of("contended", &format!("run-{i}")))
+                .await
+        });
+    }
+    let mut winners = Vec::new();
+    let mut existing = 0;
+    while let Some(claimed) = claims.join_next().await {
+        match claimed.expect("task").expect("claimed") {
+            idempotent_retry::Claimed::New(record) => winners.push(record.lease_owner),
+            idempotent_retry::Claimed::Existing(_) => existing += 1,
+            other => panic!("a live lease was taken over: {other:?}"),
+        }
+    }
+    assert_eq!((winners.len(), existing), (1, 31), "{winners:?}");
+    let row = ledger.get("contended").await.expect("read").expect("row");
+    assert_eq!(row.lease_owner, winners[0], "the row is the winner's");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_waiting_on_one_key_s_lock_holds_up_no_other_key() {
+    let Some(base) = base_url() else { return };
+    let url = fresh_database(&base).await;
+    let ledger = PostgresLedger::builder()
+        .url(&url)
+        .pool_size(4)
+        .build()
+        .await
+        .expect("connect");
+    ledger.migrate().await.expect("migrate");
+    // Another session inserts the key and holds its transaction open: a claim of that key
+    // must wait for it to end, as a racing worker's insert would.
+    let mut outside = inspector(&url).await;
+    let tx = outside.transaction().await.expect("begin");
+    tx.execute(
+        "INSERT INTO idempotent_operations (key, scope, fingerprint, status, attempts, \
+         first_attempt_at, expires_at) VALUES ('held', '', 'fp', 'unknown', 1, 0, 0)",
+        &[],
+    )
+    .await
+    .expect("insert, uncommitted");
+    let waiting = {
+        let ledger = ledger.clone();
+        tokio::spawn(async move { ledger.claim(&claim_of("held", "run-a")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let others = async {
+        for i in 0..16 {
+            let claimed = ledger
+                .claim(&claim_of(&format!("free{i}"), "run-a"))
+                .await
+                .expect("claimed");
+            assert!(matches!(claimed, idempotent_retry::Claimed::New(_)));
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), others)
+        .await
+        .expect("the other keys are claimed while one key waits");
+    assert!(
+        !waiting.is_finished(),
+        "the held key's claim waits for the lock"
+    );
+    tx.rollback().await.expect("rollback");
+    let claimed = waiting
+        .await
+        .expect("task")
+        .expect("claimed once the lock is gone");
+    assert!(
+        matches!(claimed, idempotent_retry::Claimed::New(_)),
+        "{claimed:?}"
+    );
+}
+
+/// The server processes of the sessions named `app`, sorted.
+async fn session_pids(admin: &tokio_postgres::Client, app: &str) -> Vec<i32> {
+    let mut pids: Vec<i32> = admin
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = $1",
+            &[&app],
+        )
+        .await
+        .expect("sessions")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_connection_fails_at_most_the_call_that_notices_and_is_replaced() {
+    let Some(base) = base_url() else { return };
+    let url = fresh_database(&base).await;
+    let app = format!(
+        "kill_{}",
+        IdempotencyKey::random().as_str().replace('-', "")
+    );
+    let ledger = PostgresLedger::builder()
+        .url(&format!("{url}?application_name={app}"))
+        .pool_size(2)
+        .build()
+        .await
+        .expect("connect");
+    ledger.migrate().await.expect("migrate");
+    ledger.get("warm").await.expect("read");
+    let admin = inspector(&base).await;
+    let before = session_pids(&admin, &app).await;
+    assert!(!before.is_empty());
+    assert_eq!(
+        terminate(&admin, &app).await,
+        i64::try_from(before.len()).expect("few")
+    );
+
+    // The pool hands out no connection it knows closed; one whose end it has not heard of yet
+    // fails the one call that uses it, as unavailable.
+    let mut failures = 0;
+    for i in 0..4 {
+        match ledger.claim(&claim_of(&format!("after{i}"), "run-a")).await {
+            Ok(claimed) => assert!(matches!(claimed, idempotent_retry::Claimed::New(_))),
+            Err(err) => {
+                assert_eq!(err.kind(), LedgerErrorKind::Unavailable, "{err}");
+                failures += 1;
+            }
+        }
+    }
+    assert!(
+        failures <= 2,
+        "{failures} calls failed, one per killed connection at most"
+    );
+    let after = session_pids(&admin, &app).await;
+    assert!(!after.is_empty(), "a new connection serves the ledger");
+    assert!(
+        after.iter().all(|pid| !before.contains(pid)),
+        "{before:?} were killed, {after:?} serve"
+    );
+    assert!(ledger.get("after3").await.expect("read").is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_of_one_serves_16_operations_at_once_in_turn() {
+    let Some(base) = base_url() else { return };
+    let url = fresh_database(&base).await;
+    let ledger = PostgresLedger::builder()
+        .url(&url)
+        .pool_size(1)
+        .build()
+        .await
+        .expect("connect");
+    ledger.migrate().await.expect("migrate");
+    let server = TestServer::start(vec![], Action::ok("charged")).await;
+    let client = Client::builder()
+        .ledger(ledger.clone())
+        .build()
+        .expect("client");
+    let mut sends = tokio::task::JoinSet::new();
+    for i in 0..16 {
+        let (client, url) = (client.clone(), server.url("/charges"));
+        sends.spawn(async move {
+            let key = IdempotencyKey::derive("tests.pg", &["one", &i.to_string()]);
+            let response = client
+                .post(url)
+                .idempotency_key(key.clone())
+                .body("charge")
+                .send()
+                .await?;
+            Ok::<_, idempotent_retry::Error>((key, response.text().await.unwrap_or_default()))
+        });
+    }
+    let all = async {
+        let mut done = Vec::new();
+        while let Some(sent) = sends.join_next().await {
+            done.push(sent.expect("task").expect("sent"));
+        }
+        done
+    };
+    let done = tokio::time::timeout(Duration::from_secs(60), all)
+        .await
+        .expect("16 operations on one connection finish: they queue, never deadlock");
+    assert_eq!(done.len(), 16);
+    for (key, body) in done {
+        assert_eq!(body, "charged");
+        let row = ledger.get(key.as_str()).await.expect("read").expect("row");
+        assert_eq!((row.status, row.attempts), (OperationStatus::Succeeded, 1));
+    }
+    assert_eq!(server.effects(), 16);
+    let status = ledger.pool().status();
+    assert_eq!((status.max_size, status.size), (1, 1));
 }
