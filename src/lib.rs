@@ -206,7 +206,8 @@
 //! | `multipart` | `multipart/form-data` bodies (`RequestBuilder::multipart`); a form of in-memory parts is sent again byte for byte |
 //! | `sqlite` | `SqliteLedger`: the ledger in an SQLite file, linked against the system's SQLite (3.35 or later) |
 //! | `sqlite-bundled` | `sqlite` with SQLite compiled in: nothing to install |
-//! | `postgres` | `PostgresLedger`: the ledger in a PostgreSQL table shared by a fleet (`tokio-postgres`) |
+//! | `postgres` | `PostgresLedger`: the ledger in a PostgreSQL table shared by a fleet, through a pool of connections (`tokio-postgres`, `deadpool-postgres`); plain TCP, or the caller's TLS connector |
+//! | `postgres-rustls` | `postgres` with TLS through rustls and the aws-lc-rs provider, trusting the CAs in a PEM file (`PostgresLedgerBuilder::tls_ca_file`) |
 //! | `testkit` | [`testkit`]: the loopback receiver with fault scripting and a side-effect recorder, deterministic helpers and the ledger conformance suite, for tests |
 //!
 //! (`internals` is for the crate's own benches and fuzz targets, outside semver: leave it off.)
