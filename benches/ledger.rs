@@ -185,7 +185,7 @@ async fn throughput(
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
     let mid = values.len() / 2;
-    if values.len() % 2 == 0 {
+    if values.len().is_multiple_of(2) {
         (values[mid - 1] + values[mid]) / 2.0
     } else {
         values[mid]
@@ -367,9 +367,8 @@ fn svg(cells: &[Cell], options: &Options) -> String {
     for (g, concurrency) in options.concurrency.iter().enumerate() {
         let gx = LEFT + g as f64 * GROUP_W + 20.0;
         for (i, name) in names.iter().enumerate() {
-            let Some(&(_, _, rate, ratio)) = medians
-                .iter()
-                .find(|m| m.0 == *concurrency && m.1 == *name)
+            let Some(&(_, _, rate, ratio)) =
+                medians.iter().find(|m| m.0 == *concurrency && m.1 == *name)
             else {
                 continue;
             };

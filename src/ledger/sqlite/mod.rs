@@ -6,6 +6,7 @@
 
 mod migrate;
 mod statements;
+mod sync;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -583,6 +584,102 @@ mod tests {
         assert!(err.to_string().contains("writer thread stopped"), "{err}");
         let row = ledger.get("first").await.expect("read").expect("row");
         assert_eq!(row.lease_owner.as_deref(), Some("run-first"));
+    }
+
+    /// Opens a ledger whose syncer runs `hook` before each sync, once `armed` is set (the
+    /// migration's own sync at open passes untouched).
+    async fn with_sync_hook(
+        path: &Path,
+        armed: Arc<std::sync::atomic::AtomicBool>,
+        mut hook: impl FnMut(usize) -> std::io::Result<()> + Send + 'static,
+    ) -> SqliteLedger {
+        SqliteLedger::open_with(path, move |conn| {
+            writer::Writer::spawn_hooked(
+                conn,
+                None,
+                Some(Box::new(move |covered| {
+                    if armed.load(std::sync::atomic::Ordering::SeqCst) {
+                        hook(covered)
+                    } else {
+                        Ok(())
+                    }
+                })),
+            )
+        })
+        .await
+        .expect("open")
+    }
+
+    /// A batch is committed before its log is synced, but nobody is told so until the sync:
+    /// while the sync is held, the row is in the file (another connection reads it) and the
+    /// claim is still unanswered; once the sync ends, the claim is acknowledged.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_committed_write_is_acknowledged_only_after_its_log_is_synced() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("synced.db");
+        let (entered, inside) = std::sync::mpsc::channel::<usize>();
+        let (gate, held) = std::sync::mpsc::channel::<()>();
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ledger = with_sync_hook(&path, Arc::clone(&armed), move |covered| {
+            let _ = entered.send(covered);
+            let _ = held.recv();
+            Ok(())
+        })
+        .await;
+        armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        let claim = tokio::spawn({
+            let ledger = ledger.clone();
+            async move { ledger.claim(&claim_of("durable")).await }
+        });
+        let covered = tokio::task::spawn_blocking(move || {
+            inside
+                .recv_timeout(Duration::from_secs(10))
+                .expect("the syncer is asked to sync the claim's batch")
+        })
+        .await
+        .expect("task");
+        assert_eq!(covered, 1);
+        assert_eq!(rows(&path), ["durable"], "committed before the sync");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!claim.is_finished(), "not acknowledged before the sync");
+        gate.send(()).expect("release the sync");
+        let claimed = claim.await.expect("task").expect("acknowledged after it");
+        assert!(matches!(claimed, Claimed::New(_)), "{claimed:?}");
+    }
+
+    /// A failed sync is final: the batch it covered is told its write may not be recorded,
+    /// every later write is refused with the reason, and reads still answer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_sync_fails_its_batch_and_refuses_every_later_write() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("unsynced.db");
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ledger = with_sync_hook(&path, Arc::clone(&armed), |_| {
+            Err(std::io::Error::other("injected I/O error"))
+        })
+        .await;
+        let kept = ledger.claim(&claim_of("kept")).await.expect("synced");
+        assert!(matches!(kept, Claimed::New(_)), "{kept:?}");
+        armed.store(true, std::sync::atomic::Ordering::SeqCst);
+
+        let err = ledger
+            .claim(&claim_of("unsynced"))
+            .await
+            .expect_err("its sync failed");
+        assert_eq!(err.kind(), LedgerErrorKind::Unavailable, "{err}");
+        let message = err.to_string();
+        assert!(message.contains("could not be synced"), "{message}");
+        assert!(message.contains("injected I/O error"), "{message}");
+
+        let later = tokio::time::timeout(Duration::from_secs(5), ledger.claim(&claim_of("later")))
+            .await
+            .expect("answered, not hung")
+            .expect_err("refused after a failed sync");
+        assert_eq!(later.kind(), LedgerErrorKind::Unavailable, "{later}");
+        assert!(later.to_string().contains("writes are refused"), "{later}");
+        assert!(!rows(&path).contains(&"later".to_owned()), "never written");
+        let row = ledger.get("kept").await.expect("read").expect("row");
+        assert_eq!(row.lease_owner.as_deref(), Some("run-kept"));
     }
 
     /// A caller that stops waiting while its claim is queued behind an open batch does not
