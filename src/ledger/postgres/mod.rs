@@ -14,6 +14,7 @@
 
 mod builder;
 mod failure;
+mod group;
 mod migrate;
 mod row;
 mod statements;
@@ -21,6 +22,7 @@ mod statements;
 mod tls;
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use deadpool_postgres::{Object, Pool};
@@ -29,6 +31,7 @@ use tokio_postgres::types::ToSql;
 
 pub use builder::PostgresLedgerBuilder;
 use failure::database;
+use group::{Group, NewRow, Outcome};
 use row::read_row;
 
 use super::sql::response_columns;
@@ -73,6 +76,8 @@ use super::{
 #[derive(Clone)]
 pub struct PostgresLedger {
     pool: Pool,
+    /// The batches claims and finishes go out in (`group.rs`), shared by the clones.
+    group: Arc<Group>,
 }
 
 impl fmt::Debug for PostgresLedger {
@@ -117,7 +122,10 @@ impl PostgresLedger {
     /// pool of more than one connection lets claims of different keys run side by side.
     #[must_use]
     pub fn from_pool(pool: Pool) -> Self {
-        PostgresLedger { pool }
+        PostgresLedger {
+            group: Arc::new(Group::new(pool.clone())),
+            pool,
+        }
     }
 
     /// The pool the ledger draws its connections from, to read its
@@ -168,25 +176,22 @@ impl PostgresLedger {
     }
 
     async fn claim_now(&self, claim: &Claim) -> Result<Claimed, LedgerError> {
-        let client = self.connection().await?;
-        let inserted = client
-            .query_opt(
-                &prepared(&client, &statements::INSERT, "cannot claim the operation").await?,
-                &[
-                    &claim.key,
-                    &claim.scope,
-                    &claim.fingerprint,
-                    &to_millis(claim.now),
-                    &claim.owner,
-                    &to_millis(claim.lease_until),
-                    &to_millis(claim.expires_at),
-                ],
-            )
-            .await
-            .map_err(|err| database(err, "cannot claim the operation"))?;
-        if let Some(row) = inserted {
-            return Ok(Claimed::New(read_row(&row)?));
+        let inserted = self
+            .group
+            .insert(NewRow {
+                key: claim.key.clone(),
+                scope: claim.scope.clone(),
+                fingerprint: claim.fingerprint.clone(),
+                now: to_millis(claim.now),
+                owner: claim.owner.clone(),
+                lease_until: to_millis(claim.lease_until),
+                expires_at: to_millis(claim.expires_at),
+            })
+            .await?;
+        if let Some(record) = inserted {
+            return Ok(Claimed::New(record));
         }
+        let client = self.connection().await?;
         let taken = client
             .query_opt(
                 &prepared(
@@ -288,22 +293,23 @@ impl Ledger for PostgresLedger {
     fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
         Box::pin(async move {
             let (status, headers, body) = response_columns(finish.response.as_ref());
-            let status = status.and_then(|s| i32::try_from(s).ok());
-            self.update_held(
-                &statements::FINISH,
-                &finish.key,
-                &[
-                    &finish.key,
-                    &finish.owner,
-                    &finish.status.as_str(),
-                    &status,
-                    &headers,
-                    &body,
-                    &finish.last_attempt_at.map(to_millis),
-                ],
-                "cannot record the outcome",
-            )
-            .await
+            let changed = self
+                .group
+                .finish(Outcome {
+                    key: finish.key.clone(),
+                    owner: finish.owner.clone(),
+                    status: finish.status.as_str(),
+                    response_status: status.and_then(|s| i32::try_from(s).ok()),
+                    response_headers: headers,
+                    response_body: body,
+                    last_attempt_at: finish.last_attempt_at.map(to_millis),
+                })
+                .await?;
+            if changed {
+                Ok(())
+            } else {
+                Err(LedgerError::lease_lost(&finish.key))
+            }
         })
     }
 
