@@ -42,9 +42,11 @@ pub enum ErrorKind {
     Transport,
     /// Invalid configuration or request: a bad policy, URL, or header, or conflicting keys.
     Builder,
-    /// A retry was due, but the client's [`RetryBudget`](crate::RetryBudget) could not pay for
-    /// it: too many retries lately across the client, so the service is probably struggling.
-    /// The operation was not retried. Check
+    /// A retry was due, but the client's [`RetryBudget`](crate::RetryBudget) refused it: too
+    /// many retries failed lately across the client, so the service is probably down. The
+    /// operation was not retried; the refusal was counted
+    /// ([`RetryBudget::refused`](crate::RetryBudget::refused)) and reported to observers
+    /// ([`Observer::on_retry_refused`](crate::Observer::on_retry_refused)). Check
     /// [`is_outcome_unknown`](Error::is_outcome_unknown), then reconcile or retry later with
     /// the same key.
     BudgetExhausted,
@@ -355,7 +357,9 @@ impl Error {
             ErrorKind::BudgetExhausted => {
                 write!(
                     f,
-                    "retry budget exhausted, not retried after {attempts} attempt{plural}"
+                    "retry budget exhausted, not retried after {attempts} attempt{plural} \
+                     (retries that failed across the client used it up; if the service is \
+                     healthy, size it with RetryBudgetConfig::with_capacity)"
                 )?;
             }
             ErrorKind::KeyReuse | ErrorKind::LeaseHeld | ErrorKind::Ledger => {

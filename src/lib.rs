@@ -293,7 +293,7 @@ pub use ledger::{
 pub use ledger::{PostgresLedger, PostgresLedgerBuilder};
 #[cfg(feature = "middleware")]
 pub use middleware::IdempotentRetryMiddleware;
-pub use observe::{AttemptEvent, LedgerVerdict, Observer, OperationEvent};
+pub use observe::{AttemptEvent, LedgerVerdict, Observer, OperationEvent, RetryRefusedEvent};
 pub use policy::RetryPolicy;
 pub use report::{AttemptRecord, RetryReport, Wait, WaitReason};
 #[cfg(feature = "tower")]
