@@ -49,10 +49,13 @@ async fn post_many(client: &Client, url: &str, n: usize) -> Vec<Result<reqwest::
         .await
 }
 
-/// Records every retry the budget refused: (key, failure, attempt).
+/// One refused retry as the observer heard it: key, failure, attempt.
+type Refusal = (Option<String>, FailureKind, u32);
+
+/// Records every retry the budget refused.
 #[derive(Debug, Default, Clone)]
 struct Refusals {
-    events: Arc<Mutex<Vec<(Option<String>, FailureKind, u32)>>>,
+    events: Arc<Mutex<Vec<Refusal>>>,
 }
 
 impl Observer for Refusals {

@@ -329,7 +329,7 @@ async fn half_failing(in_flight: usize) {
             move |delivery: Delivery| {
                 let nth = retries_seen.fetch_add(1, Ordering::Relaxed);
                 async move {
-                    if nth % 2 == 0 {
+                    if nth.is_multiple_of(2) {
                         Reply::status(503)
                     } else {
                         let n = delivery.record_effect();
