@@ -357,9 +357,9 @@ impl Error {
             ErrorKind::BudgetExhausted => {
                 write!(
                     f,
-                    "retry budget exhausted, not retried after {attempts} attempt{plural} \
-                     (retries that failed across the client used it up; if the service is \
-                     healthy, size it with RetryBudgetConfig::with_capacity)"
+                    "retry budget exhausted after {attempts} attempt{plural}, retry not sent: \
+                     failed retries across the client used it up; if the service is healthy, \
+                     size it with RetryBudgetConfig::with_capacity"
                 )?;
             }
             ErrorKind::KeyReuse | ErrorKind::LeaseHeld | ErrorKind::Ledger => {
@@ -489,6 +489,22 @@ mod tests {
         assert_eq!(
             text,
             "invalid configuration: max_attempts must be at least 1"
+        );
+    }
+
+    #[test]
+    fn a_budget_refusal_says_how_to_size_the_budget() {
+        let key = IdempotencyKey::new("k_9").expect("valid key");
+        let mut report = RetryReport::new(Some(key));
+        report.attempts = 1;
+        let err = Error::operation(ErrorKind::BudgetExhausted, report, false)
+            .with_failure(Some(FailureKind::Throttled));
+        assert_eq!(
+            err.to_string(),
+            "retry budget exhausted after 1 attempt, retry not sent: failed retries across the \
+             client used it up; if the service is healthy, size it with \
+             RetryBudgetConfig::with_capacity (last failure: throttled); not executed; \
+             idempotency key k_9"
         );
     }
 }

@@ -208,6 +208,7 @@ async fn soak(in_flight: usize) {
     assert_eq!(receiver.effects(), ops as u64, "one effect per operation");
     assert_eq!(receiver.keyless_effects(), 0);
     let per_key = arrivals_per_key(&receiver);
+    assert_eq!(per_key.len(), ops, "no attempt carried a key of its own");
     for ((result, key), drawn) in results.iter().zip(&keys).zip(&mix) {
         assert_eq!(receiver.effects_for(key.as_str()), 1, "{key}: {drawn:?}");
         let report = report_of(result);
