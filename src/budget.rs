@@ -237,8 +237,10 @@ impl RetryBudgetConfig {
 ///   retry still costs double: it held a connection and the server for the whole timeout.
 /// - **Finagle and tower's ratio budget** (retries at most 20% of requests plus 10 per second,
 ///   over a 10 s window) and **Envoy** (retries at most 20% of active requests, at least 3)
-///   scale with the traffic, so a burst in flight is allowed; but they read a clock, and
-///   Finagle's window lets `1.2 n` requests and more through an outage of `n` operations.
+///   scale the allowance with the traffic. But a ratio still judges a retry before it answers:
+///   a blip in which more than a fifth of the operations in flight fail at once (four in five
+///   in the soak) is shed all the same. Finagle's also reads a clock, and its window lets
+///   `1.2 n` requests and more through an outage of `n` operations.
 /// - **gRPC retry throttling** (10 tokens, -1 per failure, +0.1 per success, no retries at or
 ///   below half) bounds an outage to 5 retries, and one burst of failures in flight turns
 ///   retries off for the next 50 successes: it cannot tell a blip from an outage either.
@@ -261,6 +263,11 @@ impl RetryBudgetConfig {
 ///   bounded by the policy's attempts and reconcile window, and an empty bucket admits them.
 /// - **It refills on its own once the service recovers**: every first-attempt success deposits
 ///   the success reward; `retry_cost / success_reward` of them pay for one failed retry again.
+///
+/// The price is the `c` above: until the first retries fail, the bucket cannot know it is
+/// facing an outage, so each operation in flight may send one retry. Where everything is in
+/// flight at once (a thundering herd of 1000 callers, `examples/herd.rs`), that is about two
+/// calls per caller where charging each retry when it was sent kept it at 1.1.
 ///
 /// Counting "success": any response the client returns as `Ok` (a 2xx, or a final 4xx such as
 /// 404 or 422) means the server is answering. A retry whose outcome never arrives (the
