@@ -1,4 +1,5 @@
-//! A hook for metrics: told about every attempt and every operation, by every front end.
+//! A hook for metrics: told about every attempt, every operation and every retry the budget
+//! refuses, by every front end.
 //!
 //! The `tracing` span and events are for people reading logs; an [`Observer`] is for code
 //! (counters, histograms, alerts on outcome-unknown operations). It is called synchronously
@@ -14,9 +15,10 @@ use crate::classify::FailureKind;
 use crate::error::ErrorKind;
 use crate::key::IdempotencyKey;
 
-/// Receives an event after each attempt and at the end of each operation.
+/// Receives an event after each attempt, at the end of each operation, and when the retry
+/// budget refuses a retry.
 ///
-/// Both methods do nothing by default; implement the ones you need. Install it with
+/// Every method does nothing by default; implement the ones you need. Install it with
 /// [`ClientBuilder::observer`](crate::ClientBuilder::observer); the tower layer and the
 /// middleware built from the same builder call it too. For a single callback, a closure is
 /// enough: [`ClientBuilder::on_attempt`](crate::ClientBuilder::on_attempt), [`ClientBuilder::on_operation`](crate::ClientBuilder::on_operation).
