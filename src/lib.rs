@@ -255,6 +255,7 @@ mod ledger;
 #[cfg(feature = "middleware")]
 mod middleware;
 mod observe;
+mod operation_outcome;
 mod outcome;
 mod policy;
 mod readable;
@@ -263,6 +264,7 @@ pub mod retry_after;
 #[cfg(feature = "tower")]
 mod service;
 mod settings;
+mod telemetry;
 #[cfg(feature = "testkit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub mod testkit;
@@ -296,6 +298,7 @@ pub use ledger::{PostgresLedger, PostgresLedgerBuilder};
 #[cfg(feature = "middleware")]
 pub use middleware::IdempotentRetryMiddleware;
 pub use observe::{AttemptEvent, LedgerVerdict, Observer, OperationEvent, RetryRefusedEvent};
+pub use operation_outcome::Outcome;
 pub use policy::RetryPolicy;
 pub use report::{AttemptRecord, RetryReport, Wait, WaitReason};
 #[cfg(feature = "tower")]

@@ -302,6 +302,7 @@ pub struct ClientBuilder {
     ledger: Option<Arc<dyn Ledger>>,
     ledger_options: LedgerOptions,
     redirects: RedirectPolicy,
+    key_in_spans: bool,
 }
 
 impl fmt::Debug for ClientBuilder {
@@ -317,6 +318,7 @@ impl fmt::Debug for ClientBuilder {
             .field("budget", &self.budget)
             .field("ledger", &self.ledger)
             .field("redirects", &self.redirects)
+            .field("key_in_spans", &self.key_in_spans)
             .finish_non_exhaustive()
     }
 }
@@ -345,6 +347,7 @@ impl ClientBuilder {
             ledger: None,
             ledger_options: LedgerOptions::new(),
             redirects: RedirectPolicy::default(),
+            key_in_spans: false,
         }
     }
 
@@ -472,6 +475,19 @@ impl ClientBuilder {
     /// Default: none (no header).
     pub fn attempt_header(mut self, header: HeaderName) -> Self {
         self.attempt_header = Some(header);
+        self
+    }
+
+    /// Whether the operation's `idempotent_request` span carries the key, as the attribute
+    /// `idempotent_retry.idempotency_key` ([traces](crate#traces)). Off unless asked for: a
+    /// derived key can reveal what it was derived from (a plain SHA-256 of guessable inputs,
+    /// see [`DerivationSecret`](crate::DerivationSecret)), and every trace backend that
+    /// receives the span keeps it. Turn it on to find an operation's trace by its key. The
+    /// `warn` and `error` events that end a failed operation name the key either way.
+    ///
+    /// Default: off.
+    pub fn key_in_spans(mut self, enabled: bool) -> Self {
+        self.key_in_spans = enabled;
         self
     }
 
@@ -664,6 +680,7 @@ impl ClientBuilder {
                 ledger,
                 options: Arc::new(self.ledger_options),
             }),
+            key_in_spans: self.key_in_spans,
         }
     }
 

@@ -33,6 +33,7 @@ use crate::outcome::Exposure;
 use crate::policy::RetryPolicy;
 use crate::report::{AttemptRecord, RetryReport, Wait};
 use crate::settings::{Jitter, Settings};
+use crate::telemetry::WireTrace;
 use crate::transport::{BoxError, SendError, Transport};
 use crate::window;
 
@@ -49,6 +50,8 @@ pub(super) struct Attempts<'s> {
     exposure: Exposure,
     ledger: Option<&'s LedgerRun>,
     budget_tab: BudgetTab<'s>,
+    /// The operation's span: each request on the wire gets a CLIENT span under it.
+    span: &'s tracing::Span,
 }
 
 /// What the engine keeps of one attempt's result until it has decided.
@@ -68,6 +71,7 @@ impl<'s> Attempts<'s> {
         policy: RetryPolicy,
         attempt_timeout: Duration,
         ledger: Option<&'s LedgerRun>,
+        span: &'s tracing::Span,
     ) -> Self {
         let started = settings.clock.now();
         Attempts {
@@ -88,6 +92,7 @@ impl<'s> Attempts<'s> {
             exposure: Exposure::default(),
             ledger,
             budget_tab: BudgetTab::new(settings.budget.as_ref()),
+            span,
         }
     }
 
@@ -108,6 +113,7 @@ impl<'s> Attempts<'s> {
         T: Transport<Q>,
     {
         let mut original = Some(request);
+        let mut wire = WireTrace::new(self.span.clone(), T::WIRE_SPANS);
         loop {
             if let Err(source) = transport.ready().await {
                 return Err(self.finish_not_ready(source));
@@ -150,10 +156,13 @@ impl<'s> Attempts<'s> {
 
             self.budget_tab.sending();
             self.exposure().sending();
+            wire.open(&mut attempt);
             let sent = if enforced {
-                transport.send_attempt(attempt, original.as_ref()).await
+                transport
+                    .send_attempt(attempt, original.as_ref(), &mut wire)
+                    .await
             } else {
-                let send = transport.send_attempt(attempt, original.as_ref());
+                let send = transport.send_attempt(attempt, original.as_ref(), &mut wire);
                 match tokio::time::timeout(budget, send).await {
                     Ok(sent) => sent,
                     Err(elapsed) => Err(SendError::Failed {
@@ -163,12 +172,18 @@ impl<'s> Attempts<'s> {
                 }
             };
             let result = match sent {
-                Ok(response) => Ok(response),
+                Ok(response) => {
+                    wire.answered(response.status(), response.version());
+                    Ok(response)
+                }
                 Err(SendError::Failed { kind, source }) => {
+                    wire.failed(kind.as_str());
                     self.exposure().failed(kind);
                     Err((kind, source))
                 }
                 Err(SendError::Refused(err)) => {
+                    // Refused before anything went out: the conventions' catch-all.
+                    wire.failed("_OTHER");
                     self.exposure().not_sent();
                     self.budget_tab.not_sent();
                     return Err(err);

@@ -18,7 +18,9 @@
 //! 5. **observe** ([`operation_ended`]): the observers hear how the operation ended, once,
 //!    after the ledger has settled what the caller gets.
 //!
-//! Every stage runs inside the operation's `idempotent_request` span.
+//! Every stage runs inside the operation's `idempotent_request` span (INTERNAL; its attributes
+//! recorded at the end by `telemetry/operation.rs`); each request on the wire gets a CLIENT
+//! span under it from the attempts stage (`telemetry/wire.rs`).
 
 mod attempts;
 mod settle;
@@ -35,6 +37,7 @@ use crate::ledger::{self, Begin, LedgerHandle};
 use crate::observe::{LedgerVerdict, OperationEvent};
 use crate::report::RetryReport;
 use crate::settings::{Overrides, Settings};
+use crate::telemetry::operation;
 use crate::transport::Transport;
 
 use attempts::Attempts;
@@ -56,24 +59,15 @@ where
     T: Transport<Q>,
 {
     let settled = settle::settle(settings, &mut request, overrides)?;
-    let span = operation_span(&settled.method, request.host(), settled.key.as_ref());
-    run(settings, request, settled, transport)
-        .instrument(span)
+    let span = operation::open(
+        &settled.method,
+        request.host(),
+        settled.key.as_ref(),
+        settings.key_in_spans,
+    );
+    run(settings, request, settled, transport, &span)
+        .instrument(span.clone())
         .await
-}
-
-/// The `tracing` span one operation runs in: method, host and key.
-fn operation_span(
-    method: &Method,
-    host: Option<&str>,
-    key: Option<&IdempotencyKey>,
-) -> tracing::Span {
-    tracing::info_span!(
-        "idempotent_request",
-        method = %method,
-        host = host.unwrap_or(""),
-        key = key.map_or("", IdempotencyKey::as_str),
-    )
 }
 
 /// The stages after settle.
@@ -82,6 +76,7 @@ async fn run<Q, T>(
     request: Q,
     settled: Settled,
     transport: T,
+    span: &tracing::Span,
 ) -> Result<T::Response, Error>
 where
     Q: RetryRequest,
@@ -100,6 +95,7 @@ where
                 &settled,
                 host.as_deref(),
                 transport,
+                span,
             )
             .await
         }
@@ -112,10 +108,12 @@ where
                 settled.policy,
                 settled.attempt_timeout,
                 None,
+                span,
             );
             (attempts.run(request, transport).await, None)
         }
     };
+    operation::ended(span, &result, verdict);
     operation_ended(
         settings,
         &settled.method,
@@ -136,6 +134,7 @@ async fn ledgered<Q, T>(
     settled: &Settled,
     host: Option<&str>,
     transport: T,
+    span: &tracing::Span,
 ) -> (Result<T::Response, Error>, Option<LedgerVerdict>)
 where
     Q: RetryRequest,
@@ -182,6 +181,7 @@ where
         settled.policy.with_reconcile_window(left),
         settled.attempt_timeout,
         Some(&run),
+        span,
     );
     let result = attempts.run(request, transport).await;
     (run.finish(result).await, None)
