@@ -158,11 +158,11 @@ mod tests {
         ));
         assert_eq!(Outcome::of(&unknown).as_str(), "unknown");
         assert_eq!(Outcome::of(&unknown).idempotency_key(), Some(&key));
-        let not_done: Result<http::Response<()>, Error> =
-            Err(Error::operation(ErrorKind::AttemptsExhausted, report, false));
-        assert_eq!(
-            Outcome::of(&not_done),
-            Outcome::NotDone { key: Some(key) }
-        );
+        let not_done: Result<http::Response<()>, Error> = Err(Error::operation(
+            ErrorKind::AttemptsExhausted,
+            report,
+            false,
+        ));
+        assert_eq!(Outcome::of(&not_done), Outcome::NotDone { key: Some(key) });
     }
 }

@@ -39,7 +39,10 @@ impl Transport<reqwest::Request> for ReqwestTransport<'_> {
 
     /// The engine sends through `send_attempt`; this is the same, with the hops' spans under
     /// the current span.
-    async fn send(&mut self, mut request: reqwest::Request) -> Result<reqwest::Response, SendError> {
+    async fn send(
+        &mut self,
+        mut request: reqwest::Request,
+    ) -> Result<reqwest::Response, SendError> {
         let mut wire = WireTrace::new(tracing::Span::current(), true);
         wire.open(&mut request);
         self.send_attempt(request, None, &mut wire).await

@@ -48,8 +48,8 @@ pub(crate) fn ended<R: RetryResponse>(
     let (attempts, stop) = match result {
         Ok(response) => {
             let report = response.extensions().and_then(RetryReport::from_extensions);
-            let replayed =
-                verdict == Some(LedgerVerdict::Replayed) || report.is_some_and(RetryReport::is_replayed);
+            let replayed = verdict == Some(LedgerVerdict::Replayed)
+                || report.is_some_and(RetryReport::is_replayed);
             (
                 report.map_or(0, RetryReport::attempts),
                 if replayed { "replayed" } else { "answered" },

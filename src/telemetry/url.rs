@@ -18,7 +18,10 @@ pub(crate) fn redacted(url: &Url) -> String {
         let _ = url.set_password(Some(REDACTED));
     }
     if url.query().is_some() {
-        let names: Vec<String> = url.query_pairs().map(|(name, _)| name.into_owned()).collect();
+        let names: Vec<String> = url
+            .query_pairs()
+            .map(|(name, _)| name.into_owned())
+            .collect();
         if names.is_empty() {
             url.set_query(None);
         } else {
@@ -57,6 +60,9 @@ mod tests {
             redact("http://127.0.0.1:8080/v1/emails"),
             "http://127.0.0.1:8080/v1/emails"
         );
-        assert_eq!(redact("http://127.0.0.1:8080/a?"), "http://127.0.0.1:8080/a");
+        assert_eq!(
+            redact("http://127.0.0.1:8080/a?"),
+            "http://127.0.0.1:8080/a"
+        );
     }
 }
