@@ -134,6 +134,7 @@
 //! | [`ClientBuilder::redirects`] | 10 hops | per attempt, as reqwest; the key to the original origin only |
 //! | [`ClientBuilder::attempt_header`] | none | the key, not the attempt number, makes a retry safe |
 //! | [`ClientBuilder::ledger`] | none | what the client knows lives for one `send` |
+//! | [`ClientBuilder::key_in_spans`] | off | a derived key can reveal its inputs, and every trace backend keeps what it receives; failed operations' `warn` events name the key either way |
 //! | [`LedgerOptions::retention`] | 7 days | cheap to keep, and covers manual replays and incident forensics; never less than twice the request's reconcile window |
 //! | [`LedgerOptions::lease_slack`] | 30 s | far above the clock skew of NTP-synchronized workers (milliseconds) |
 //! | [`LedgerOptions::max_body`] | 64 KiB | an API's JSON answer; a longer body is passed through and not saved |
@@ -183,18 +184,47 @@
 //! process's lease lapses. [`ClientBuilder::ledger`] has an example, [`Ledger`] the stages of
 //! one run, the schema and the incident query.
 //!
-//! # Testing and observability
+//! # Testing
 //!
 //! Time is read through a [`Clock`], waits go through a [`Sleeper`], [`ClientBuilder::rng_seed`]
 //! fixes the jitter: tests assert exact delays without waiting. [`testkit`] has an idempotent
 //! loopback receiver with fault scripting and a side-effect recorder, for senders and handlers.
 //!
-//! Each operation runs in a `tracing` span `idempotent_request` (method, host, key); a retried
-//! attempt emits an `info` event (attempt, outcome class, status, delay and why), a failed
-//! operation a `warn`, a 422 on a keyed request an `error`. Bodies and headers other than the
-//! key are never logged. For metrics, an [`Observer`] ([`ClientBuilder::observer`], or a
-//! closure: [`ClientBuilder::on_attempt`], [`ClientBuilder::on_operation`]) hears every attempt
-//! and every operation.
+//! # Traces
+//!
+//! Spans follow the OpenTelemetry HTTP client conventions: each operation is one INTERNAL span
+//! `idempotent_request`, and each request on the wire (every attempt, and every redirect hop
+//! the [`Client`] follows inside one) is one CLIENT span under it, named after its method.
+//! They are plain `tracing` spans with the fields `tracing-opentelemetry` maps (`otel.name`,
+//! `otel.kind`, `otel.status_code`): add its layer to the application's subscriber and they
+//! export as such, with no OpenTelemetry crate in this one. With the feature `opentelemetry`,
+//! each request also carries its own CLIENT span's trace context (`traceparent`, written by
+//! the globally configured propagator), from the [`Client`] and the tower layer. The
+//! middleware opens no CLIENT span and writes no context: `reqwest-tracing` under it does both
+//! per attempt.
+//!
+//! | span | attribute | value |
+//! |---|---|---|
+//! | operation (INTERNAL) | `http.request.method`, `server.address` | the request's |
+//! | | `idempotent_retry.idempotency_key` | the key, only with [`ClientBuilder::key_in_spans`] |
+//! | | `idempotent_retry.attempts` | attempts sent; 0 when the ledger answered |
+//! | | `idempotent_retry.outcome` | `done`, `not_done` or `unknown` ([`Outcome`]) |
+//! | | `idempotent_retry.stop_reason` | `answered`, `replayed`, or the error's [`ErrorKind::as_str`] (`attempts_exhausted`, `budget_exhausted`, ...) |
+//! | | status | error when the operation ended without a response |
+//! | request (CLIENT) | `http.request.method` | the method; `_OTHER` for one the conventions do not list |
+//! | | `server.address`, `server.port`, `url.full` | from the URL; in `url.full` a user name and password are `REDACTED:REDACTED` and every query value is `REDACTED` (the crate cannot tell which parameter holds a secret) |
+//! | | `http.request.resend_count` | from the operation's second request on: 1, 2, ..., whatever the cause (a retry, or a redirect hop) |
+//! | | `http.response.status_code`, `network.protocol.version` | when a response arrived |
+//! | | `error.type` | from 400 on, the status code; without a response, the [`FailureKind::as_str`] (`connection_reset`, `timeout`, `connect`, ...) |
+//! | | status | error with `error.type` |
+//!
+//! Between two attempts, the operation span gets an `info` event "attempt failed, retrying with
+//! the same key" (`attempt`, `outcome`, `status`, `delay_ms`, `why`): the wait and its reason.
+//! A failed operation ends with a `warn` event and a 422 on a keyed request with an `error`
+//! event, both naming the key. Bodies and headers other than the key are never logged. For
+//! code that reacts to events, an [`Observer`] ([`ClientBuilder::observer`], or a closure:
+//! [`ClientBuilder::on_attempt`], [`ClientBuilder::on_operation`]) hears every attempt, every
+//! operation and every retry the budget refuses.
 //!
 //! # Features
 //!
@@ -210,6 +240,7 @@
 //! | `sqlite-bundled` | `sqlite` with SQLite compiled in: nothing to install |
 //! | `postgres` | `PostgresLedger`: the ledger in a PostgreSQL table shared by a fleet, through a pool of connections (`tokio-postgres`, `deadpool-postgres`); plain TCP, or the caller's TLS connector |
 //! | `postgres-rustls` | `postgres` with TLS through rustls and the aws-lc-rs provider, trusting the CAs in a PEM file (`PostgresLedgerBuilder::tls_ca_file`) |
+//! | `opentelemetry` | trace context on the wire: each request carries its own CLIENT span's `traceparent` ([traces](#traces)); needs a `tracing-opentelemetry` layer (0.34, OpenTelemetry 0.33) in the subscriber |
 //! | `testkit` | [`testkit`]: the loopback receiver with fault scripting and a side-effect recorder, deterministic helpers and the ledger conformance suite, for tests |
 //!
 //! (`internals` is for the crate's own benches and fuzz targets, outside semver: leave it off.)

@@ -29,6 +29,7 @@ const SETTINGS: &[&str] = &[
     "ClientBuilder::redirects",
     "ClientBuilder::attempt_header",
     "ClientBuilder::ledger",
+    "ClientBuilder::key_in_spans",
     "LedgerOptions::retention",
     "LedgerOptions::lease_slack",
     "LedgerOptions::max_body",
@@ -256,6 +257,11 @@ fn check(row: &Row) -> Result<(), String> {
             expect(setting, value == "none", none)
         }
         "ClientBuilder::ledger" => expect(setting, value == "none", client.ledger().is_none()),
+        "ClientBuilder::key_in_spans" => {
+            // Setting the table's value on a default builder changes nothing.
+            let table = format!("{:?}", Client::builder().key_in_spans(switch(value)?));
+            expect(setting, table, format!("{:?}", Client::builder()))
+        }
         "LedgerOptions::retention" => expect(
             setting,
             ledger_options().retention(duration(value)?),
