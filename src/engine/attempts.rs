@@ -37,6 +37,8 @@ use crate::telemetry::WireTrace;
 use crate::transport::{BoxError, SendError, Transport};
 use crate::window;
 
+use super::settle::Settled;
+
 /// One logical operation's attempts in flight: its policy, state and report.
 pub(super) struct Attempts<'s> {
     settings: &'s Settings,
@@ -61,25 +63,24 @@ struct Outcome<R> {
 }
 
 impl<'s> Attempts<'s> {
-    /// The key is settled and in the request; nothing has been sent. `policy` is the run's
-    /// (with a ledger, its window is what earlier runs left).
+    /// The key is settled and in the request (`key`, moved out of `settled`); nothing has been
+    /// sent. `policy` is the run's (with a ledger, its window is what earlier runs left).
     pub(super) fn begin(
         settings: &'s Settings,
-        method: &'s Method,
+        settled: &'s Settled,
         host: Option<&'s str>,
         key: Option<IdempotencyKey>,
         policy: RetryPolicy,
-        attempt_timeout: Duration,
         ledger: Option<&'s LedgerRun>,
-        span: &'s tracing::Span,
     ) -> Self {
+        let method = &settled.method;
         let started = settings.clock.now();
         Attempts {
             settings,
             method,
             host,
             policy,
-            attempt_timeout,
+            attempt_timeout: settled.attempt_timeout,
             state: OperationState {
                 started,
                 attempts: 0,
@@ -92,7 +93,7 @@ impl<'s> Attempts<'s> {
             exposure: Exposure::default(),
             ledger,
             budget_tab: BudgetTab::new(settings.budget.as_ref()),
-            span,
+            span: &settled.span,
         }
     }
 

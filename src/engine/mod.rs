@@ -59,14 +59,9 @@ where
     T: Transport<Q>,
 {
     let settled = settle::settle(settings, &mut request, overrides)?;
-    let span = operation::open(
-        &settled.method,
-        request.host(),
-        settled.key.as_ref(),
-        settings.key_in_spans,
-    );
-    run(settings, request, settled, transport, &span)
-        .instrument(span.clone())
+    let span = settled.span.clone();
+    run(settings, request, settled, transport)
+        .instrument(span)
         .await
 }
 
@@ -76,7 +71,6 @@ async fn run<Q, T>(
     request: Q,
     settled: Settled,
     transport: T,
-    span: &tracing::Span,
 ) -> Result<T::Response, Error>
 where
     Q: RetryRequest,
@@ -95,25 +89,22 @@ where
                 &settled,
                 host.as_deref(),
                 transport,
-                span,
             )
             .await
         }
         (_, key) => {
             let attempts = Attempts::begin(
                 settings,
-                &settled.method,
+                &settled,
                 host.as_deref(),
                 key,
                 settled.policy,
-                settled.attempt_timeout,
                 None,
-                span,
             );
             (attempts.run(request, transport).await, None)
         }
     };
-    operation::ended(span, &result, verdict);
+    operation::ended(&settled.span, &result, verdict);
     operation_ended(
         settings,
         &settled.method,
@@ -134,7 +125,6 @@ async fn ledgered<Q, T>(
     settled: &Settled,
     host: Option<&str>,
     transport: T,
-    span: &tracing::Span,
 ) -> (Result<T::Response, Error>, Option<LedgerVerdict>)
 where
     Q: RetryRequest,
@@ -175,13 +165,11 @@ where
     let left = run.window_left(window, settings.clock.wall());
     let attempts = Attempts::begin(
         settings,
-        &settled.method,
+        settled,
         host,
         Some(key),
         settled.policy.with_reconcile_window(left),
-        settled.attempt_timeout,
         Some(&run),
-        span,
     );
     let result = attempts.run(request, transport).await;
     (run.finish(result).await, None)
