@@ -226,6 +226,24 @@
 //! [`ClientBuilder::on_attempt`], [`ClientBuilder::on_operation`]) hears every attempt, every
 //! operation and every retry the budget refuses.
 //!
+//! # Metrics
+//!
+//! With the feature `metrics`, every front end records through the
+//! [`metrics`](https://docs.rs/metrics) facade, into whichever recorder the application
+//! installs (a Prometheus or OpenTelemetry exporter, say); without a recorder nothing is kept.
+//! The facade rather than the OpenTelemetry metrics API: the library only records, the
+//! application picks the backend, and no OpenTelemetry version is pinned on users.
+//!
+//! | name | kind | unit | labels | recorded |
+//! |---|---|---|---|---|
+//! | `http.client.request.duration` | histogram | s | `http.request.method`, `server.address`, `server.port`, `http.response.status_code`, `error.type`, `network.protocol.version` (as the [CLIENT span](#traces) has them) | per request on the wire (attempt or redirect hop), to its response head or failure; the middleware's attempts too |
+//! | `idempotent_retry.operations` | counter | `{operation}` | `outcome` (`done`, `not_done`, `unknown`), `stop_reason` (as the operation span's) | per operation ended |
+//! | `idempotent_retry.retries` | counter | `{retry}` | `reason`: the [`FailureKind::as_str`] of the failure retried | per retry decided, before its wait |
+//! | `idempotent_retry.retries.refused` | counter | `{retry}` | `reason`, as above | per retry the [budget](#retry-budget) refused |
+//! | `idempotent_retry.ledger.replays` | counter | `{operation}` | | per operation answered from the ledger, nothing sent |
+//! | `idempotent_retry.ledger.refusals` | counter | `{operation}` | `reason`: the [`ErrorKind::as_str`] (`key_reuse`, `lease_held`, ...) | per operation the ledger refused, nothing sent |
+//! | `idempotent_retry.budget.tokens` | gauge | `{token}` | | tokens in the retry budget after each attempt's charge or admission and each success; one gauge per process, so with several budgets it shows the one that moved last |
+//!
 //! # Features
 //!
 //! | feature | adds |
@@ -241,6 +259,7 @@
 //! | `postgres` | `PostgresLedger`: the ledger in a PostgreSQL table shared by a fleet, through a pool of connections (`tokio-postgres`, `deadpool-postgres`); plain TCP, or the caller's TLS connector |
 //! | `postgres-rustls` | `postgres` with TLS through rustls and the aws-lc-rs provider, trusting the CAs in a PEM file (`PostgresLedgerBuilder::tls_ca_file`) |
 //! | `opentelemetry` | trace context on the wire: each request carries its own CLIENT span's `traceparent` ([traces](#traces)); needs a `tracing-opentelemetry` layer (0.34, OpenTelemetry 0.33) in the subscriber |
+//! | `metrics` | [metrics](#metrics) through the `metrics` facade (0.24) |
 //! | `testkit` | [`testkit`]: the loopback receiver with fault scripting and a side-effect recorder, deterministic helpers and the ledger conformance suite, for tests |
 //!
 //! (`internals` is for the crate's own benches and fuzz targets, outside semver: leave it off.)

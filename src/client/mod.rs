@@ -662,6 +662,7 @@ impl ClientBuilder {
     }
 
     pub(crate) fn settings_unchecked(self) -> Settings {
+        crate::telemetry::metrics::describe();
         Settings {
             policy: self.policy,
             host_policies: self.host_policies,

@@ -43,7 +43,7 @@ impl Transport<reqwest::Request> for ReqwestTransport<'_> {
         &mut self,
         mut request: reqwest::Request,
     ) -> Result<reqwest::Response, SendError> {
-        let mut wire = WireTrace::new(tracing::Span::current(), true);
+        let mut wire = WireTrace::new(tracing::Span::current(), true, &self.0.settings.clock);
         wire.open(&mut request);
         self.send_attempt(request, None, &mut wire).await
     }

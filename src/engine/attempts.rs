@@ -33,7 +33,7 @@ use crate::outcome::Exposure;
 use crate::policy::RetryPolicy;
 use crate::report::{AttemptRecord, RetryReport, Wait};
 use crate::settings::{Jitter, Settings};
-use crate::telemetry::WireTrace;
+use crate::telemetry::{WireTrace, metrics};
 use crate::transport::{BoxError, SendError, Transport};
 use crate::window;
 
@@ -114,7 +114,7 @@ impl<'s> Attempts<'s> {
         T: Transport<Q>,
     {
         let mut original = Some(request);
-        let mut wire = WireTrace::new(self.span.clone(), T::WIRE_SPANS);
+        let mut wire = WireTrace::new(self.span.clone(), T::WIRE_SPANS, &self.settings.clock);
         loop {
             if let Err(source) = transport.ready().await {
                 return Err(self.finish_not_ready(source));
@@ -197,6 +197,7 @@ impl<'s> Attempts<'s> {
             let decided_at = self.settings.clock.now();
             let decision = self.decide(&outcome, decided_at);
             let decision = self.budget_tab.admit(decision);
+            metrics::budget_tokens(self.settings.budget.as_ref());
             if let Decision::Stop {
                 kind: Some(kind),
                 stop: Stop::BudgetExhausted,
@@ -368,6 +369,7 @@ impl<'s> Attempts<'s> {
     /// Hook point: the budget refused the retry `decide` chose (the observers'
     /// `on_retry_refused`).
     fn retry_refused(&self, number: u32, kind: FailureKind) {
+        metrics::retry_refused(kind);
         if let (Some(observer), Some(budget)) = (&self.settings.observer, &self.settings.budget) {
             observer.on_retry_refused(&RetryRefusedEvent {
                 key: self.report.idempotency_key(),
@@ -389,6 +391,7 @@ impl<'s> Attempts<'s> {
         status: Option<StatusCode>,
         wait: Wait,
     ) {
+        metrics::retry(kind);
         tracing::info!(
             attempt = number,
             outcome = kind.as_str(),
@@ -402,6 +405,7 @@ impl<'s> Attempts<'s> {
     /// Hook point (success): the response is the answer.
     fn finish_with_response<R: RetryResponse>(mut self, mut response: R, attempts: u32) -> R {
         self.budget_tab.settle_success();
+        metrics::budget_tokens(self.settings.budget.as_ref());
         log_final(response.status(), self.report.idempotency_key(), attempts);
         response.extensions_mut().insert(self.report);
         response

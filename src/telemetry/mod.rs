@@ -5,8 +5,10 @@
 //! `otel.kind`, `otel.status_code`), so the library needs no OpenTelemetry crate to be
 //! exported by one; with the feature `opentelemetry`, each request also carries its own span's
 //! trace context (`propagate.rs`). The attribute table is in the crate docs
-//! ([`crate#traces`]).
+//! ([`crate#traces`]). With the feature `metrics`, the same points record metrics through the
+//! `metrics` facade (`metrics.rs`, table in [`crate#metrics`]).
 
+pub(crate) mod metrics;
 pub(crate) mod operation;
 #[cfg(feature = "opentelemetry")]
 mod propagate;

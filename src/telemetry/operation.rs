@@ -13,6 +13,8 @@ use crate::observe::LedgerVerdict;
 use crate::operation_outcome::Outcome;
 use crate::report::RetryReport;
 
+use super::metrics;
+
 /// Opens the `idempotent_request` span of one operation. The key is an attribute only when
 /// `with_key` (the caller opted in: a key can be derived from private inputs, and it is one
 /// value per operation in every backend that indexes attributes).
@@ -35,16 +37,14 @@ pub(crate) fn open(
     )
 }
 
-/// Records how the operation ended: attempts, outcome, why it stopped; an error status when
-/// it ended without a response.
+/// Records how the operation ended: on the span, attempts, outcome, why it stopped and an
+/// error status when it ended without a response; the operation and ledger counters (feature
+/// `metrics`).
 pub(crate) fn ended<R: RetryResponse>(
     span: &tracing::Span,
     result: &Result<R, Error>,
     verdict: Option<LedgerVerdict>,
 ) {
-    if span.is_disabled() {
-        return;
-    }
     let (attempts, stop) = match result {
         Ok(response) => {
             let report = response.extensions().and_then(RetryReport::from_extensions);
@@ -55,12 +55,22 @@ pub(crate) fn ended<R: RetryResponse>(
                 if replayed { "replayed" } else { "answered" },
             )
         }
-        Err(err) => {
-            span.record("otel.status_code", "error");
-            (err.attempts(), err.kind().as_str())
-        }
+        Err(err) => (err.attempts(), err.kind().as_str()),
     };
+    let outcome = Outcome::of(result).as_str();
+    metrics::operation(outcome, stop);
+    match verdict {
+        Some(LedgerVerdict::Replayed) => metrics::ledger_replay(),
+        Some(LedgerVerdict::Refused) => metrics::ledger_refusal(stop),
+        None => {}
+    }
+    if span.is_disabled() {
+        return;
+    }
+    if result.is_err() {
+        span.record("otel.status_code", "error");
+    }
     span.record("idempotent_retry.attempts", attempts);
-    span.record("idempotent_retry.outcome", Outcome::of(result).as_str());
+    span.record("idempotent_retry.outcome", outcome);
     span.record("idempotent_retry.stop_reason", stop);
 }

@@ -1,16 +1,22 @@
 //! One CLIENT span per request on the wire: each attempt, and each redirect hop the client
 //! follows inside an attempt, with the OpenTelemetry HTTP client attributes and
-//! `http.request.resend_count` from the operation's second request on.
+//! `http.request.resend_count` from the operation's second request on; with the feature
+//! `metrics`, the same request's `http.client.request.duration`.
 //!
 //! The engine opens a span before each attempt and closes it with what came back; the
 //! client's redirect loop closes one and opens the next per hop. A front end only attaches
 //! the open span to its I/O ([`WireTrace::span`]), so no front end names an attribute.
 
+use std::sync::Arc;
+
 use http::{Method, StatusCode, Version};
 use tracing::field::Empty;
 
+#[cfg(feature = "metrics")]
+use super::metrics::RequestTimer;
 use super::url::redacted;
 use crate::exchange::RetryRequest;
+use crate::time::Clock;
 
 /// The spans of one operation's requests on the wire, children of its operation span.
 #[derive(Debug)]
@@ -22,17 +28,29 @@ pub(crate) struct WireTrace {
     /// Whether spans are opened, and the trace context goes into each request's headers
     /// (feature `opentelemetry`): `false` when the layer under the front end does both.
     traced: bool,
+    /// The open request's duration metric and when it started (feature `metrics`).
+    #[cfg(feature = "metrics")]
+    timer: Option<(RequestTimer, tokio::time::Instant)>,
+    #[cfg(feature = "metrics")]
+    clock: Arc<dyn Clock>,
 }
 
 impl WireTrace {
     /// Spans under `parent`, each request carrying its own span's trace context (feature
-    /// `opentelemetry`, through the global propagator); none at all unless `traced`.
-    pub(crate) fn new(parent: tracing::Span, traced: bool) -> Self {
+    /// `opentelemetry`, through the global propagator); none at all unless `traced`. Request
+    /// durations (feature `metrics`) are read from `clock`, spans or not.
+    pub(crate) fn new(parent: tracing::Span, traced: bool, clock: &Arc<dyn Clock>) -> Self {
+        #[cfg(not(feature = "metrics"))]
+        let _ = clock;
         WireTrace {
             parent,
             sent: 0,
             current: None,
             traced,
+            #[cfg(feature = "metrics")]
+            timer: None,
+            #[cfg(feature = "metrics")]
+            clock: Arc::clone(clock),
         }
     }
 
@@ -40,11 +58,42 @@ impl WireTrace {
     pub(crate) fn open<Q: RetryRequest>(&mut self, request: &mut Q) {
         let resends = self.sent;
         self.sent = self.sent.saturating_add(1);
-        if !self.traced {
-            return;
-        }
         let method = method_label(request.method());
-        let span = tracing::info_span!(
+        let span = if self.traced {
+            self.span_for(method)
+        } else {
+            tracing::Span::none()
+        };
+        let url = if !span.is_disabled() || cfg!(feature = "metrics") {
+            request.url()
+        } else {
+            None
+        };
+        if !span.is_disabled() {
+            if let Some(url) = &url {
+                span.record("server.address", url.host_str().unwrap_or(""));
+                if let Some(port) = url.port_or_known_default() {
+                    span.record("server.port", port);
+                }
+                span.record("url.full", redacted(url).as_str());
+            }
+            // Recommended if and only if the request was resent, whatever the cause.
+            if resends > 0 {
+                span.record("http.request.resend_count", resends);
+            }
+            #[cfg(feature = "opentelemetry")]
+            super::propagate::inject(&span, request.headers_mut());
+        }
+        #[cfg(feature = "metrics")]
+        {
+            self.timer = Some((RequestTimer::new(method, url.as_ref()), self.clock.now()));
+        }
+        self.current = Some(span);
+    }
+
+    /// A CLIENT span for a request with this method, its other attributes still empty.
+    fn span_for(&self, method: &'static str) -> tracing::Span {
+        tracing::info_span!(
             parent: &self.parent,
             "http_request",
             otel.name = method,
@@ -58,23 +107,7 @@ impl WireTrace {
             http.response.status_code = Empty,
             error.type = Empty,
             network.protocol.version = Empty,
-        );
-        if !span.is_disabled() {
-            if let Some(url) = request.url() {
-                span.record("server.address", url.host_str().unwrap_or(""));
-                if let Some(port) = url.port_or_known_default() {
-                    span.record("server.port", port);
-                }
-                span.record("url.full", redacted(&url).as_str());
-            }
-            // Recommended if and only if the request was resent, whatever the cause.
-            if resends > 0 {
-                span.record("http.request.resend_count", resends);
-            }
-            #[cfg(feature = "opentelemetry")]
-            super::propagate::inject(&span, request.headers_mut());
-        }
-        self.current = Some(span);
+        )
     }
 
     /// The open request's span, for the front end to run its I/O in (a disabled span when
@@ -86,11 +119,20 @@ impl WireTrace {
     /// Closes the open span with the response's status and protocol version; a status of 400
     /// or more is an error (its `error.type` is the status code, as the conventions say).
     pub(crate) fn answered(&mut self, status: StatusCode, version: Option<Version>) {
+        let version = version.and_then(version_label);
+        #[cfg(feature = "metrics")]
+        if let Some((timer, started)) = self.timer.take() {
+            timer.answered(
+                status,
+                version,
+                self.clock.now().saturating_duration_since(started),
+            );
+        }
         let Some(span) = self.current.take() else {
             return;
         };
         span.record("http.response.status_code", status.as_u16());
-        if let Some(version) = version.and_then(version_label) {
+        if let Some(version) = version {
             span.record("network.protocol.version", version);
         }
         if status.as_u16() >= 400 {
@@ -102,6 +144,13 @@ impl WireTrace {
     /// Closes the open span as failed, `error_type` a low-cardinality name of the failure
     /// (a [`FailureKind`](crate::FailureKind)'s `as_str`).
     pub(crate) fn failed(&mut self, error_type: &str) {
+        #[cfg(feature = "metrics")]
+        if let Some((timer, started)) = self.timer.take() {
+            timer.failed(
+                error_type,
+                self.clock.now().saturating_duration_since(started),
+            );
+        }
         let Some(span) = self.current.take() else {
             return;
         };
