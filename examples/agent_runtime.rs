@@ -17,8 +17,9 @@
 //!    answered from the ledger without sending anything; step 4, the model re-planning the
 //!    same refund, is recognised as the same call; steps 7 and 8 end unknown and not done, and
 //!    their tool results tell the model what it may do.
-//! 3. **Durable-execution mode**: an engine retries an activity three times; each execution
-//!    sends one attempt, all of them with one key and inside one window, through the ledger.
+//! 3. **Durable-execution mode**: an engine retries an activity; each execution sends one
+//!    attempt, all of them with one key and inside one window, through the ledger; the
+//!    execution after a success whose result the engine lost is answered from the ledger.
 
 use std::error::Error as StdError;
 use std::fs::OpenOptions;
@@ -355,10 +356,22 @@ async fn durable_execution(receiver: &Receiver, dir: &Path) -> Result<(), BoxErr
     // First execution: 503. Second: the charge commits, the answer is lost.
     receiver.inject(When::key_attempt(&key, 1), Fault::status(503));
     receiver.inject(When::key_attempt(&key, 2), Fault::ResetAfterCommit);
+    let url = receiver.url("/tools/charge_card");
     for execution in 1..=5 {
-        match charge_card_activity(&receiver.url("/tools/charge_card"), dir, &key).await {
+        match charge_card_activity(&url, dir, &key).await {
             Ok(text) => {
                 println!("   execution {execution}: {text}");
+                // The worker dies before the engine records the result: the engine runs the
+                // activity once more, and the ledger answers it with nothing sent.
+                let before = receiver.arrivals();
+                let text = charge_card_activity(&url, dir, &key).await?;
+                println!(
+                    "   execution {} (the result was lost with its worker): {text}",
+                    execution + 1
+                );
+                if receiver.arrivals() != before {
+                    return Err("the ledger should have answered without sending".into());
+                }
                 return Ok(());
             }
             Err(text) => println!("   execution {execution}: {text}; the engine retries"),
@@ -395,8 +408,17 @@ async fn charge_card_activity(
         Ok(response) => RetryReport::of(response).map_or(0, RetryReport::attempts),
         Err(err) => err.attempts(),
     };
+    let replayed = result
+        .as_ref()
+        .ok()
+        .and_then(RetryReport::of)
+        .is_some_and(RetryReport::is_replayed);
     let outcome = Outcome::of(&result);
-    let text = format!("{outcome} after {attempts} attempt(s) in this execution");
+    let text = if replayed {
+        format!("{outcome}, answered from the ledger, nothing sent")
+    } else {
+        format!("{outcome} after {attempts} attempt(s) in this execution")
+    };
     match outcome {
         Outcome::Done { .. } => Ok(text),
         // Unknown or not done: the engine's retry sends again with the same key.

@@ -350,3 +350,49 @@ fn a_connect_failure_is_timed_and_not_done() {
         1
     );
 }
+
+/// The middleware opens no CLIENT span (`reqwest-tracing` under it does), but its attempts are
+/// timed all the same.
+#[cfg(feature = "middleware")]
+#[test]
+fn the_middleware_times_each_attempt() {
+    let metrics = recorded(|| async {
+        let server = TestServer::start(vec![Action::status(503)], Action::ok("done")).await;
+        let retry = Client::builder()
+            .policy(fast())
+            .build_middleware()
+            .expect("valid");
+        reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+            .with(retry)
+            .build()
+            .post(server.url("/v1/charges"))
+            .header("Idempotency-Key", "m_middleware")
+            .send()
+            .await
+            .expect("answered");
+    });
+    assert_eq!(
+        samples(
+            &metrics,
+            "http.client.request.duration",
+            &[("http.response.status_code", "503")]
+        ),
+        1
+    );
+    assert_eq!(
+        samples(
+            &metrics,
+            "http.client.request.duration",
+            &[("http.response.status_code", "200")]
+        ),
+        1
+    );
+    assert_eq!(
+        counter(
+            &metrics,
+            "idempotent_retry.operations",
+            &[("outcome", "done"), ("stop_reason", "answered")]
+        ),
+        1
+    );
+}
