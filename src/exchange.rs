@@ -78,8 +78,9 @@ pub trait RetryRequest: Sized + Send + 'static {
     }
 
     /// The absolute URL the request goes to, for its attempt span's `url.full`,
-    /// `server.address` and `server.port` ([traces](crate#traces)). Asked only while that span
-    /// is recorded. The default is `None`.
+    /// `server.address` and `server.port` ([traces](crate#traces)) and the same labels of its
+    /// duration metric ([metrics](crate#metrics)). Asked only when the span is recorded or the
+    /// feature `metrics` is on. The default is `None`.
     fn url(&self) -> Option<reqwest::Url> {
         None
     }

@@ -236,7 +236,7 @@
 //!
 //! | name | kind | unit | labels | recorded |
 //! |---|---|---|---|---|
-//! | `http.client.request.duration` | histogram | s | `http.request.method`, `server.address`, `server.port`, `http.response.status_code`, `error.type`, `network.protocol.version` (as the [CLIENT span](#traces) has them) | per request on the wire (attempt or redirect hop), to its response head or failure; the middleware's attempts too |
+//! | `http.client.request.duration` | histogram | s | `http.request.method`, `server.address`, `server.port`, `http.response.status_code`, `error.type`, `network.protocol.version` (as the [CLIENT span](#traces) has them) | per request on the wire (attempt or redirect hop), to its response head or failure (a request cancelled by dropping `send` records nothing); the middleware's attempts too |
 //! | `idempotent_retry.operations` | counter | `{operation}` | `outcome` (`done`, `not_done`, `unknown`), `stop_reason` (as the operation span's) | per operation ended |
 //! | `idempotent_retry.retries` | counter | `{retry}` | `reason`: the [`FailureKind::as_str`] of the failure retried | per retry decided, before its wait |
 //! | `idempotent_retry.retries.refused` | counter | `{retry}` | `reason`, as above | per retry the [budget](#retry-budget) refused |
