@@ -371,7 +371,7 @@ mod tests {
 
     /// A new database on the test server, so a test sees no other test's tables; its URL and
     /// a plain client on it.
-    async fn fresh_database(base: &str) -> (String, Client) {
+    pub(super) async fn fresh_database(base: &str) -> (String, Client) {
         let (admin, connection) = tokio_postgres::connect(base, NoTls)
             .await
             .expect("connect to the test server");
