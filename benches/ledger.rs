@@ -138,11 +138,17 @@ async fn contenders(options: &Options, dir: &Path) -> Vec<(&'static str, Client)
         && let Ok(base) = std::env::var("IDEMPOTENT_RETRY_PG_URL")
     {
         let url = fresh_database(&base).await;
-        let mut builder = idempotent_retry::PostgresLedger::builder().url(&url);
-        if let Some(pool) = options.pool {
-            builder = builder.pool_size(pool);
-        }
-        let ledger = builder.build().await.expect("postgres");
+        let ledger = match options.pool {
+            Some(pool) => idempotent_retry::PostgresLedger::builder()
+                .url(&url)
+                .pool_size(pool)
+                .build()
+                .await
+                .expect("postgres"),
+            None => idempotent_retry::PostgresLedger::connect(&url)
+                .await
+                .expect("postgres"),
+        };
         ledger.migrate().await.expect("migrate");
         clients.push(("postgres", client(Some(ledger))));
     }
