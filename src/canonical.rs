@@ -238,7 +238,7 @@ impl<'a> Members<'a> {
             .collect();
         // Names are unique, so an unstable sort is deterministic.
         if bytewise {
-            members.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
+            members.sort_unstable_by_key(|&(name, _)| name);
         } else {
             members.sort_unstable_by(|(a, _), (b, _)| a.encode_utf16().cmp(b.encode_utf16()));
         }
