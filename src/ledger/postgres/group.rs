@@ -8,8 +8,9 @@
 //! `INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING` (in key order, so two batches
 //! racing for the same keys take their locks in the same order), the outcomes in one
 //! `UPDATE ... FROM unnest(...)`, both in one transaction. Under no load a call is a batch of
-//! one and goes out at once; under load the calls that queued while the slots were busy share
-//! the next commit. Each caller is answered after the commit, with its own row.
+//! one and goes out at once as its own single statement; under load the calls that queued
+//! while the slots were busy share the next commit. Each caller is answered after the commit,
+//! with its own row.
 //!
 //! Each row of a batch is as atomic as the single statement it replaces: of any number of
 //! workers inserting one key, exactly one gets the row, and an outcome is written only by the
@@ -190,7 +191,13 @@ fn dispatch(pool: Pool) -> mpsc::UnboundedSender<Job> {
 /// Runs one batch and answers its calls. The batch's slot is given back as soon as its
 /// transaction ends: the calls that then run alone (after a lock wait, or a key's second
 /// call) hold none.
-async fn run(pool: &Pool, jobs: Vec<Job>, slot: tokio::sync::OwnedSemaphorePermit) {
+async fn run(pool: &Pool, mut jobs: Vec<Job>, slot: tokio::sync::OwnedSemaphorePermit) {
+    if jobs.len() == 1 {
+        // A batch of one shares nothing: its single statement, as with no batching at all
+        // (one operation at a time costs what it did), holding no slot while it runs.
+        drop(slot);
+        return alone(pool, jobs.pop().expect("one job")).await;
+    }
     let (mut inserts, mut finishes, mut again) = (Vec::new(), Vec::new(), Vec::new());
     let (mut inserting, mut finishing) = (HashSet::new(), HashSet::new());
     for job in jobs {

@@ -54,9 +54,9 @@ use super::{
 /// Claims of new keys and finishes go out in batches: what queues while two batches are on
 /// the wire goes out together in the next, as one transaction (one insert and one update over
 /// arrays, pipelined in one round trip), so that under load many operations share one commit
-/// and the server's one WAL flush; one operation at a time, each is a batch of one. Every row
-/// of a batch is as atomic as its single statement, and each caller is answered after the
-/// commit with its own row. A batch waits at most 250 ms for a row lock another session holds
+/// and the server's one WAL flush; one operation at a time, each call is its own statement.
+/// Every row of a batch is as atomic as its single statement, and each caller is answered
+/// after the commit with its own row. A batch waits at most 250 ms for a row lock another session holds
 /// on one of its keys; then its calls run one by one, so claims of different keys never wait
 /// on each other beyond that. Take-overs, attempts, reads and purges are single statements.
 ///
