@@ -286,8 +286,10 @@ pub use keyed::{DerivationSecret, InvalidSecret};
 pub use ledger::SqliteLedger;
 pub use ledger::{
     AttemptUpdate, Claim, ClaimBuilder, Claimed, Finish, LeaseHeldPolicy, Ledger, LedgerError,
-    LedgerErrorKind, LedgerFuture, LedgerOptions, MemoryLedger, OperationRecord,
-    OperationRecordBuilder, OperationStatus, SavedResponse,
+    HttpProbe, LedgerErrorKind, LedgerFuture, LedgerOptions, ListFilter, MemoryLedger,
+    OperationRecord, OperationRecordBuilder, OperationStatus, ReconcileClaim, ReconcileFn,
+    ReconcileFuture, Reconciled, Reconciler, Resolution, ResolutionKind, ResolutionNote, Resolve,
+    SavedResponse, SendAgain, SweepReport, reconcile_fn, resolve_by_hand,
 };
 #[cfg(feature = "postgres")]
 pub use ledger::{PostgresLedger, PostgresLedgerBuilder};

@@ -33,7 +33,11 @@ mod memory;
 mod options;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod probe;
+mod reconcile;
+mod reconciler;
 mod release;
+mod resolution;
 mod session;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
@@ -45,6 +49,13 @@ pub use conformance::{ConformanceFailure, ConformanceReport, ledger_conformance}
 pub use error::{LedgerError, LedgerErrorKind};
 pub use memory::MemoryLedger;
 pub use options::{LeaseHeldPolicy, LedgerOptions};
+pub use probe::HttpProbe;
+pub(crate) use reconcile::{Context as ReconcileContext, Reconcilers, reconcile as reconcile_key, sweep};
+pub use reconcile::{Reconciled, SweepReport, resolve_by_hand};
+pub use reconciler::{ReconcileFn, ReconcileFuture, Reconciler, SendAgain, reconcile_fn};
+pub use resolution::{
+    ReconcileClaim, Resolution, ResolutionKind, ResolutionNote, Resolve,
+};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresLedger, PostgresLedgerBuilder};
 pub(crate) use session::{Begin, LedgerHandle, LedgerRun, Operation, can_replay, claim};
@@ -205,6 +216,14 @@ pub struct OperationRecord {
     pub response: Option<SavedResponse>,
     /// When [`Ledger::purge_expired`] may delete the row.
     pub expires_at: SystemTime,
+    /// The request's method, as the claim recorded it (`None` in rows written before schema
+    /// version 2, or by a claim that did not say).
+    pub method: Option<String>,
+    /// The request's URL without credentials, as the claim recorded it (`None` as for
+    /// [`method`](Self::method)).
+    pub url: Option<String>,
+    /// The last resolution of an unknown outcome, when there was one.
+    pub resolution: Option<ResolutionNote>,
 }
 
 impl OperationRecord {
@@ -246,6 +265,9 @@ impl OperationRecord {
                 lease_expires_at: None,
                 response: None,
                 expires_at,
+                method: None,
+                url: None,
+                resolution: None,
             },
         }
     }
@@ -263,6 +285,8 @@ impl OperationRecord {
 /// | [`last_attempt_at`](Self::last_attempt_at) | none |
 /// | [`lease`](Self::lease) | none |
 /// | [`response`](Self::response) | none |
+/// | [`request`](Self::request) | none |
+/// | [`resolution`](Self::resolution) | none |
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct OperationRecordBuilder {
@@ -305,6 +329,19 @@ impl OperationRecordBuilder {
     /// The final response. Default: none.
     pub fn response(mut self, response: SavedResponse) -> Self {
         self.record.response = Some(response);
+        self
+    }
+
+    /// The request's method and URL. Default: none.
+    pub fn request(mut self, method: impl Into<String>, url: impl Into<String>) -> Self {
+        self.record.method = Some(method.into());
+        self.record.url = Some(url.into());
+        self
+    }
+
+    /// The last resolution. Default: none.
+    pub fn resolution(mut self, note: ResolutionNote) -> Self {
+        self.record.resolution = Some(note);
         self
     }
 
@@ -360,6 +397,10 @@ pub struct Claim {
     /// Rows first attempted at or before this instant are outside the reconcile window: they
     /// must not be taken over.
     pub window_cutoff: SystemTime,
+    /// The request's method, recorded in a new row for reconcilers and operators.
+    pub method: Option<String>,
+    /// The request's URL without credentials, recorded in a new row.
+    pub url: Option<String>,
 }
 
 impl Claim {
@@ -399,6 +440,8 @@ impl Claim {
                 lease_until,
                 expires_at: lease_until,
                 window_cutoff: SystemTime::UNIX_EPOCH,
+                method: None,
+                url: None,
             },
         }
     }
@@ -429,6 +472,7 @@ impl Claim {
 /// | [`scope`](Self::scope) | empty |
 /// | [`expires_at`](Self::expires_at) | the lease's end |
 /// | [`window_cutoff`](Self::window_cutoff) | the Unix epoch (no row is outside the window) |
+/// | [`request`](Self::request) | none |
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct ClaimBuilder {
@@ -452,6 +496,13 @@ impl ClaimBuilder {
     /// Default: the Unix epoch.
     pub fn window_cutoff(mut self, cutoff: SystemTime) -> Self {
         self.claim.window_cutoff = cutoff;
+        self
+    }
+
+    /// The request's method and URL (without credentials), for a new row. Default: none.
+    pub fn request(mut self, method: impl Into<String>, url: impl Into<String>) -> Self {
+        self.claim.method = Some(method.into());
+        self.claim.url = Some(url.into());
         self
     }
 
@@ -846,6 +897,158 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
                 }
             }
         })
+    }
+    /// Holds an unresolved row while it is reconciled, in one atomic step, as
+    /// [`claim`](Self::claim) holds a row while it is sent:
+    ///
+    /// - a row [`ReconcileClaim::may_take`] allows (unknown, or in flight under a lapsed lease):
+    ///   sets it in flight under the claim's lease, keeping everything else (its response is
+    ///   none already); returns [`Claimed::TakenOver`] with the status it had;
+    /// - any other row: changes nothing; returns it as [`Claimed::Existing`];
+    /// - no row: returns `None`.
+    ///
+    /// The lease then excludes every run and every other reconciler until
+    /// [`resolve`](Self::resolve) (or [`finish`](Self::finish)) releases it, or it lapses. The
+    /// provided method refuses with [`LedgerErrorKind::Unsupported`]: a ledger written before
+    /// reconciling existed keeps compiling, and its unresolved rows are answered
+    /// `ReconcileWindow` as before.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerErrorKind::Unsupported`] from the provided method; a [`LedgerError`] when the
+    /// storage fails, with nothing claimed.
+    fn claim_unresolved<'a>(
+        &'a self,
+        claim: &'a ReconcileClaim,
+    ) -> LedgerFuture<'a, Option<Claimed>> {
+        let _ = claim;
+        Box::pin(std::future::ready(Err(LedgerError::unsupported(
+            "claim_unresolved",
+        ))))
+    }
+
+    /// Writes a reconciler's answer and releases the lease, if `owner` still holds it:
+    /// `status` = [`Resolve::status`], `response` = [`Resolve::response`],
+    /// `first_attempt_at` = [`Resolve::window_from`] when set, `expires_at` = the later of
+    /// itself and [`Resolve::keep_until`] when set, the resolution = [`Resolve::note`] when set
+    /// (kept as it was otherwise), `lease_owner` and `lease_expires_at` cleared; `attempts`
+    /// and `last_attempt_at` stay. The provided method refuses as
+    /// [`claim_unresolved`](Self::claim_unresolved)'s does.
+    ///
+    /// # Errors
+    ///
+    /// As for [`finish`](Self::finish), and [`LedgerErrorKind::Unsupported`] from the provided
+    /// method.
+    fn resolve<'a>(&'a self, resolve: &'a Resolve) -> LedgerFuture<'a, ()> {
+        let _ = resolve;
+        Box::pin(std::future::ready(Err(LedgerError::unsupported("resolve"))))
+    }
+
+    /// At most `limit` unresolved rows ([`Unknown`](OperationStatus::Unknown) or
+    /// [`InFlight`](OperationStatus::InFlight), live leases included) first attempted at or
+    /// before `older_than`, oldest first (ties by key). A read: nothing is held; a sweep holds
+    /// each row with [`claim_unresolved`](Self::claim_unresolved) before it acts.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerErrorKind::InvalidInput`] when `limit` is 0; [`LedgerErrorKind::Unsupported`]
+    /// from the provided method; a [`LedgerError`] when the storage cannot be read.
+    fn unresolved(
+        &self,
+        limit: u32,
+        older_than: SystemTime,
+    ) -> LedgerFuture<'_, Vec<OperationRecord>> {
+        let filter = ListFilter::new(limit).unresolved().older_than(older_than);
+        Box::pin(async move { self.list(&filter).await })
+    }
+
+    /// The rows `filter` selects, oldest first (ties by key), at most its limit: what operators
+    /// list. The provided method refuses as [`claim_unresolved`](Self::claim_unresolved)'s
+    /// does.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerErrorKind::InvalidInput`] when the limit is 0; [`LedgerErrorKind::Unsupported`]
+    /// from the provided method; a [`LedgerError`] when the storage cannot be read.
+    fn list<'a>(&'a self, filter: &'a ListFilter) -> LedgerFuture<'a, Vec<OperationRecord>> {
+        let _ = filter;
+        Box::pin(std::future::ready(Err(LedgerError::unsupported("list"))))
+    }
+}
+
+/// Which rows [`Ledger::list`] returns: every condition set must hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ListFilter {
+    /// At most this many rows.
+    pub limit: u32,
+    /// Only rows with this status.
+    pub status: Option<OperationStatus>,
+    /// Only unresolved rows (unknown or in flight).
+    pub unresolved: bool,
+    /// Only rows of this scope.
+    pub scope: Option<String>,
+    /// Only rows first attempted at or before this time.
+    pub older_than: Option<SystemTime>,
+}
+
+impl ListFilter {
+    /// Every row, at most `limit` of them.
+    #[must_use]
+    pub fn new(limit: u32) -> Self {
+        ListFilter {
+            limit,
+            status: None,
+            unresolved: false,
+            scope: None,
+            older_than: None,
+        }
+    }
+
+    /// Only rows with `status`.
+    #[must_use]
+    pub fn status(mut self, status: OperationStatus) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    /// Only unresolved rows.
+    #[must_use]
+    pub fn unresolved(mut self) -> Self {
+        self.unresolved = true;
+        self
+    }
+
+    /// Only rows of `scope`.
+    #[must_use]
+    pub fn scope(mut self, scope: impl Into<String>) -> Self {
+        self.scope = Some(scope.into());
+        self
+    }
+
+    /// Only rows first attempted at or before `at`.
+    #[must_use]
+    pub fn older_than(mut self, at: SystemTime) -> Self {
+        self.older_than = Some(at);
+        self
+    }
+
+    /// Whether `row` is selected (the limit aside): the rule every ledger applies.
+    #[must_use]
+    pub fn selects(&self, row: &OperationRecord) -> bool {
+        self.status.is_none_or(|status| row.status == status)
+            && (!self.unresolved || row.status.is_unresolved())
+            && self.scope.as_ref().is_none_or(|scope| &row.scope == scope)
+            && self.older_than.is_none_or(|at| row.first_attempt_at <= at)
+    }
+
+    /// Refuses a limit of 0.
+    pub(crate) fn check(&self) -> Result<(), LedgerError> {
+        if self.limit == 0 {
+            Err(LedgerError::invalid("list limit must be at least 1"))
+        } else {
+            Ok(())
+        }
     }
 }
 

@@ -2,9 +2,10 @@
 //!
 //! One writer thread per ledger commits the writes in batches ([`writer`]); reads run on a
 //! read-only connection of their own, beside it. [`statements`] holds what each call does to
-//! the file, [`migrate`] the schema steps.
+//! the file, [`reconcile`] what reconciling does to it, [`migrate`] the schema steps.
 
 mod migrate;
+mod reconcile;
 mod statements;
 mod writer;
 
@@ -17,7 +18,8 @@ use rusqlite::{Connection, ErrorCode, OpenFlags};
 use self::writer::Writer;
 use super::sql::TABLE;
 use super::{
-    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, OperationRecord,
+    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, ListFilter,
+    OperationRecord, ReconcileClaim, Resolve,
 };
 
 /// How long a statement waits for another process's write lock before failing.
@@ -337,6 +339,32 @@ impl Ledger for SqliteLedger {
                 .writer
                 .batched(move |conn| statements::purge(conn, now, limit)),
         )
+    }
+
+    fn claim_unresolved<'a>(
+        &'a self,
+        claim: &'a ReconcileClaim,
+    ) -> LedgerFuture<'a, Option<Claimed>> {
+        let claim = claim.clone();
+        Box::pin(
+            self.inner
+                .writer
+                .batched(move |conn| reconcile::claim_unresolved(conn, &claim)),
+        )
+    }
+
+    fn resolve<'a>(&'a self, resolve: &'a Resolve) -> LedgerFuture<'a, ()> {
+        let resolve = resolve.clone();
+        Box::pin(
+            self.inner
+                .writer
+                .batched(move |conn| reconcile::resolve(conn, &resolve)),
+        )
+    }
+
+    fn list<'a>(&'a self, filter: &'a ListFilter) -> LedgerFuture<'a, Vec<OperationRecord>> {
+        let filter = filter.clone();
+        Box::pin(self.read(move |conn| reconcile::list(conn, &filter)))
     }
 }
 
