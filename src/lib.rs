@@ -285,8 +285,8 @@ pub use keyed::{DerivationSecret, InvalidSecret};
 #[cfg(feature = "sqlite")]
 pub use ledger::SqliteLedger;
 pub use ledger::{
-    AttemptUpdate, Claim, ClaimBuilder, Claimed, Finish, LeaseHeldPolicy, Ledger, LedgerError,
-    HttpProbe, LedgerErrorKind, LedgerFuture, LedgerOptions, ListFilter, MemoryLedger,
+    AttemptUpdate, Claim, ClaimBuilder, Claimed, Finish, HttpProbe, LeaseHeldPolicy, Ledger,
+    LedgerError, LedgerErrorKind, LedgerFuture, LedgerOptions, ListFilter, MemoryLedger,
     OperationRecord, OperationRecordBuilder, OperationStatus, ReconcileClaim, ReconcileFn,
     ReconcileFuture, Reconciled, Reconciler, Resolution, ResolutionKind, ResolutionNote, Resolve,
     SavedResponse, SendAgain, SweepReport, reconcile_fn, resolve_by_hand,

@@ -210,9 +210,7 @@ impl Ledger for MemoryLedger {
                 .filter(|row| filter.selects(row))
                 .cloned()
                 .collect();
-            rows.sort_by(|a, b| {
-                (a.first_attempt_at, &a.key).cmp(&(b.first_attempt_at, &b.key))
-            });
+            rows.sort_by(|a, b| (a.first_attempt_at, &a.key).cmp(&(b.first_attempt_at, &b.key)));
             rows.truncate(usize::try_from(filter.limit).unwrap_or(usize::MAX));
             rows
         });

@@ -49,15 +49,15 @@ pub use conformance::{ConformanceFailure, ConformanceReport, ledger_conformance}
 pub use error::{LedgerError, LedgerErrorKind};
 pub use memory::MemoryLedger;
 pub use options::{LeaseHeldPolicy, LedgerOptions};
-pub use probe::HttpProbe;
-pub(crate) use reconcile::{Context as ReconcileContext, Reconcilers, reconcile as reconcile_key, sweep};
-pub use reconcile::{Reconciled, SweepReport, resolve_by_hand};
-pub use reconciler::{ReconcileFn, ReconcileFuture, Reconciler, SendAgain, reconcile_fn};
-pub use resolution::{
-    ReconcileClaim, Resolution, ResolutionKind, ResolutionNote, Resolve,
-};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresLedger, PostgresLedgerBuilder};
+pub use probe::HttpProbe;
+pub(crate) use reconcile::{
+    Context as ReconcileContext, Reconcilers, reconcile as reconcile_key, sweep,
+};
+pub use reconcile::{Reconciled, SweepReport, resolve_by_hand};
+pub use reconciler::{ReconcileFn, ReconcileFuture, Reconciler, SendAgain, reconcile_fn};
+pub use resolution::{ReconcileClaim, Resolution, ResolutionKind, ResolutionNote, Resolve};
 pub(crate) use session::{Begin, LedgerHandle, LedgerRun, Operation, can_replay, claim};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteLedger;

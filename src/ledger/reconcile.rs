@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime};
 
 use super::reconciler::Reconciler;
 use super::{
-    Claimed, Ledger, LedgerError, LedgerOptions, OperationRecord, OperationStatus,
-    ReconcileClaim, Resolution, ResolutionKind, ResolutionNote, Resolve, later,
+    Claimed, Ledger, LedgerError, LedgerOptions, OperationRecord, OperationStatus, ReconcileClaim,
+    Resolution, ResolutionKind, ResolutionNote, Resolve, later,
 };
 use crate::key::IdempotencyKey;
 use crate::time::Clock;

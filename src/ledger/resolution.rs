@@ -90,7 +90,9 @@ impl FromStr for ResolutionKind {
             "done" => Ok(ResolutionKind::Done),
             "not_done" => Ok(ResolutionKind::NotDone),
             "send_again" => Ok(ResolutionKind::SendAgain),
-            other => Err(LedgerError::corrupt(format!("unknown resolution {other:?}"))),
+            other => Err(LedgerError::corrupt(format!(
+                "unknown resolution {other:?}"
+            ))),
         }
     }
 }
@@ -323,7 +325,10 @@ mod tests {
         assert_eq!(unknown.status, OperationStatus::Unknown);
         assert_eq!((unknown.window_from, unknown.note), (None, None));
         let err = Resolve::new("k", "", Resolution::NotDone, None, t(9), day).expect_err("empty");
-        assert!(err.to_string().contains("the lease token must not be empty"));
+        assert!(
+            err.to_string()
+                .contains("the lease token must not be empty")
+        );
     }
 
     #[test]

@@ -220,8 +220,8 @@ pub(crate) async fn claim<R: RetryResponse>(
             }
             // A run or a reconciler holding the row: with a reconciler to ask once it is
             // released, wait for it as for any held lease below.
-            let held = existing.status == OperationStatus::InFlight
-                && !may_reconcile(&existing, now);
+            let held =
+                existing.status == OperationStatus::InFlight && !may_reconcile(&existing, now);
             if reconciled.is_some() || reconciler.is_none() || !held {
                 return Err(
                     Error::operation(ErrorKind::ReconcileWindow, report, unresolved)

@@ -362,7 +362,10 @@ mod tests {
         assert_eq!(record.attempts, 2);
         assert_eq!(COLUMNS.split(", ").count(), COLUMN_COUNT);
         let note = record.resolution.clone().expect("resolved");
-        assert_eq!((note.kind, note.by.as_str()), (ResolutionKind::Done, "operator alice"));
+        assert_eq!(
+            (note.kind, note.by.as_str()),
+            (ResolutionKind::Done, "operator alice")
+        );
         assert_eq!(record.method.as_deref(), Some("POST"));
         let response = record.response.expect("saved");
         assert_eq!(response.status, 201);
@@ -424,8 +427,14 @@ mod tests {
                 Param::Int(5)
             ]
         );
-        let (sql, params) = list_query(Dialect::Sqlite, &super::super::ListFilter::new(1).unresolved());
-        assert!(sql.contains("WHERE status IN ('unknown', 'in_flight') ORDER BY"), "{sql}");
+        let (sql, params) = list_query(
+            Dialect::Sqlite,
+            &super::super::ListFilter::new(1).unresolved(),
+        );
+        assert!(
+            sql.contains("WHERE status IN ('unknown', 'in_flight') ORDER BY"),
+            "{sql}"
+        );
         assert!(sql.ends_with("LIMIT ?1"), "{sql}");
         assert_eq!(params, vec![Param::Int(1)]);
     }

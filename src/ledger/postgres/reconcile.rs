@@ -9,7 +9,9 @@ use tokio_postgres::types::ToSql;
 
 use super::failure::database;
 use super::{prepared, read_row, select};
-use crate::ledger::sql::{COLUMN_COUNT, COLUMNS, Dialect, Param, TABLE, list_query, response_columns};
+use crate::ledger::sql::{
+    COLUMN_COUNT, COLUMNS, Dialect, Param, TABLE, list_query, response_columns,
+};
 use crate::ledger::{
     Claimed, LedgerError, ListFilter, OperationRecord, OperationStatus, ReconcileClaim, Resolve,
     to_millis,
