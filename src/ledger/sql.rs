@@ -123,6 +123,7 @@ pub(crate) const COLUMNS: &str = "key, scope, fingerprint, status, attempts, fir
 
 /// How many columns [`COLUMNS`] names: a statement that returns something after them reads it
 /// at this index.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) const COLUMN_COUNT: usize = 19;
 
 /// The version-1 table, with the body column's type (`BLOB` or `BYTEA`) filled in.
