@@ -36,6 +36,15 @@ fn claim(key: &str, scope: &str, fingerprint: &str, secs: u64) -> Claim {
     .expect("valid claim")
 }
 
+/// A row to make: key, scope, fingerprint, when claimed, and how it ended (none: in flight).
+type Row = (
+    &'static str,
+    &'static str,
+    &'static str,
+    u64,
+    Option<(OperationStatus, Option<SavedResponse>)>,
+);
+
 /// A ledger file with every status, two keys for one request, and one expired row.
 async fn ledger_with_every_status(path: &Path) {
     let ledger = SqliteLedger::open(path).await.expect("open");
@@ -49,13 +58,7 @@ async fn ledger_with_every_status(path: &Path) {
         vec![("content-type".into(), "application/json".into())],
         Some(br#"{"id":"ch_1"}"#.to_vec()),
     );
-    let rows: [(
-        &str,
-        &str,
-        &str,
-        u64,
-        Option<(OperationStatus, Option<SavedResponse>)>,
-    ); 6] = [
+    let rows: [Row; 6] = [
         (
             "order-1",
             "charges",

@@ -346,10 +346,7 @@ mod tests {
     #[test]
     fn a_reconcile_claim_takes_unknown_rows_and_dead_runs_only() {
         let claim = ReconcileClaim::new("k", "r", t(100), t(160)).expect("valid");
-        let row = |status| {
-            let builder = OperationRecord::builder("k", "f", t(0), t(3600)).status(status);
-            builder
-        };
+        let row = |status| OperationRecord::builder("k", "f", t(0), t(3600)).status(status);
         let unknown = row(OperationStatus::Unknown).build().expect("valid");
         assert!(claim.may_take(&unknown));
         let live = row(OperationStatus::InFlight)
