@@ -46,6 +46,9 @@ impl Dialect {
 pub(crate) struct Step {
     /// The version the step starts from.
     pub(crate) from: u32,
+    /// Columns the step adds to the table, each only if it is missing (a store whose version
+    /// was lost may have them already): name and type. They are added before the statements.
+    pub(crate) columns: &'static [(&'static str, &'static str)],
     /// The statements, in order, for a dialect.
     pub(crate) statements: fn(Dialect) -> Vec<String>,
 }
@@ -65,14 +68,28 @@ pub(crate) const STEPS: &[Step] = &[
         // `IF NOT EXISTS` makes one step serve both kinds of version-0 store: a new one gets the
         // table and the index; a 0.1 one already has both and keeps its rows. The columns are
         // checked with [`probe`] once the last step has run.
+        columns: &[],
         statements: |dialect| vec![schema(dialect.bytes_type()), index()],
     },
     Step {
         from: 1,
         // Reconciling: what the request was (for reconcilers and operators), and the last
         // resolution of an unknown outcome (how, by whom, when, why). Every column may be
-        // NULL, so the rows already there are kept as they are.
-        statements: |_| reconciling(),
+        // NULL, so the rows already there are kept as they are; and an index for sweeps of
+        // unresolved rows.
+        columns: &[
+            ("method", "TEXT"),
+            ("url", "TEXT"),
+            ("resolution", "TEXT"),
+            ("resolved_by", "TEXT"),
+            ("resolved_at", "BIGINT"),
+            ("resolution_reason", "TEXT"),
+        ],
+        statements: |_| {
+            vec![format!(
+                "CREATE INDEX IF NOT EXISTS {TABLE}_status ON {TABLE} (status, first_attempt_at)"
+            )]
+        },
     },
 ];
 
@@ -148,24 +165,14 @@ fn schema(bytes_type: &str) -> String {
 }
 
 /// The index on `expires_at`, for purges.
-/// Schema version 2: the request and the resolution, and an index for sweeps of unresolved
-/// rows.
-fn reconciling() -> Vec<String> {
-    let mut statements: Vec<String> = [
-        ("method", "TEXT"),
-        ("url", "TEXT"),
-        ("resolution", "TEXT"),
-        ("resolved_by", "TEXT"),
-        ("resolved_at", "BIGINT"),
-        ("resolution_reason", "TEXT"),
-    ]
-    .iter()
-    .map(|(column, kind)| format!("ALTER TABLE {TABLE} ADD COLUMN {column} {kind}"))
-    .collect();
-    statements.push(format!(
-        "CREATE INDEX IF NOT EXISTS {TABLE}_status ON {TABLE} (status, first_attempt_at)"
-    ));
-    statements
+/// `ALTER TABLE ... ADD COLUMN` of one of a [`Step`]'s columns; PostgreSQL's with `IF NOT
+/// EXISTS` (SQLite has no such clause: its migration looks the column up first).
+pub(crate) fn add_column(dialect: Dialect, (name, kind): (&str, &str)) -> String {
+    let guard = match dialect {
+        Dialect::Sqlite => "",
+        Dialect::Postgres => "IF NOT EXISTS ",
+    };
+    format!("ALTER TABLE {TABLE} ADD COLUMN {guard}{name} {kind}")
 }
 
 /// One value bound to a statement that [`list_query`] builds.

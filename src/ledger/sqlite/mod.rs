@@ -372,8 +372,8 @@ impl Ledger for SqliteLedger {
 mod tests {
     use super::*;
     use crate::LedgerErrorKind;
-    use crate::ledger::ledger_conformance;
     use crate::ledger::sql::{Dialect, SCHEMA_VERSION, STEPS};
+    use crate::ledger::{from_millis, ledger_conformance};
 
     /// Every case on a new file of its own, with the claims of the concurrent case racing on
     /// two threads (each claim is a transaction on the ledger's connection).
@@ -461,6 +461,36 @@ mod tests {
             ledger.schema_version().await.expect("version"),
             SCHEMA_VERSION
         );
+    }
+
+    /// A file a release at schema version 1 left, with a row: migrated to version 2 with the
+    /// row kept, its request and resolution unknown, and reconcilable.
+    #[tokio::test]
+    async fn a_version_1_file_gains_the_reconciling_columns_with_its_rows_kept() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("v1.db");
+        let conn = Connection::open(&path).expect("open");
+        for statement in (STEPS[0].statements)(Dialect::Sqlite) {
+            conn.execute_batch(&statement)
+                .expect("the version 1 schema");
+        }
+        conn.execute_batch(&format!(
+            "INSERT INTO {TABLE} (key, scope, fingerprint, status, attempts, first_attempt_at, \
+             expires_at) VALUES ('k', 's', 'f', 'unknown', 2, 1000, 9000); \
+             PRAGMA user_version = 1"
+        ))
+        .expect("a version 1 row");
+        drop(conn);
+        let ledger = SqliteLedger::open(&path).await.expect("open and migrate");
+        assert_eq!(user_version(&path), 2);
+        let row = ledger.get("k").await.expect("read").expect("kept");
+        assert_eq!((row.attempts, row.method, row.resolution), (2, None, None));
+        let hold =
+            ReconcileClaim::new("k", "r", from_millis(10_000), from_millis(70_000)).expect("valid");
+        assert!(matches!(
+            ledger.claim_unresolved(&hold).await.expect("hold"),
+            Some(Claimed::TakenOver { .. })
+        ));
     }
 
     #[tokio::test]
