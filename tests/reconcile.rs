@@ -7,7 +7,8 @@
 //!
 //! The retry loop runs on a virtual clock (the window passes in a call); the sockets are real.
 //! With `IDEMPOTENT_RETRY_KEEP_LEDGER` set to a path, the crash case on SQLite copies its file
-//! there for inspection (`idempotent-retry-ledger list --sqlite PATH`).
+//! there as the killed run left it, for inspection (`idempotent-retry-ledger --sqlite PATH
+//! list`).
 #![cfg(feature = "sqlite")]
 
 mod support;
@@ -317,6 +318,16 @@ async fn a_run_killed_after_the_charge_is_resolved_done_by_the_probe_and_replaye
             "{name}"
         );
 
+        if let (Some(path), Some(keep)) = (
+            store.sqlite_path(),
+            std::env::var("IDEMPOTENT_RETRY_KEEP_LEDGER").ok(),
+        ) {
+            // The file as the killed run left it (WAL included), for the operators' command.
+            rusqlite::Connection::open(path)
+                .and_then(|conn| conn.execute("VACUUM INTO ?1", [keep]))
+                .expect("copy the ledger file");
+        }
+
         time.advance(WINDOW + Duration::from_secs(1));
         // Without a reconciler, the run past its window is refused, outcome unknown.
         let plain = client(store.open().await, &time, "plain", None);
@@ -361,12 +372,6 @@ async fn a_run_killed_after_the_charge_is_resolved_done_by_the_probe_and_replaye
             .await
             .expect("replayed again");
         assert_eq!(provider.lookups(key.as_str()), 1, "{name}");
-        if let (Some(path), Some(keep)) = (
-            store.sqlite_path(),
-            std::env::var_os("IDEMPOTENT_RETRY_KEEP_LEDGER"),
-        ) {
-            std::fs::copy(path, keep).expect("copy the ledger file");
-        }
     }
 }
 

@@ -764,26 +764,35 @@ impl Finish {
 ///     response_status   INTEGER,            -- the final response, when there was one
 ///     response_headers  TEXT,               -- JSON array of [name, value] pairs
 ///     response_body     BLOB,               -- BYTEA in PostgreSQL; NULL if over the limit
-///     expires_at        BIGINT NOT NULL     -- when purge_expired may delete the row
+///     expires_at        BIGINT NOT NULL,    -- when purge_expired may delete the row
+///     method            TEXT,               -- the request, as the claim recorded it
+///     url               TEXT,               -- (without credentials)
+///     resolution        TEXT,               -- done | not_done | send_again, when resolved
+///     resolved_by       TEXT,               -- the reconciler and worker, or the operator
+///     resolved_at       BIGINT,
+///     resolution_reason TEXT                -- an operator's reason
 /// );
 /// CREATE INDEX IF NOT EXISTS idempotent_operations_expires_at
 ///     ON idempotent_operations (expires_at);
+/// CREATE INDEX IF NOT EXISTS idempotent_operations_status
+///     ON idempotent_operations (status, first_attempt_at);
 /// -- PostgreSQL only: the schema version, in one row (SQLite uses PRAGMA user_version)
 /// CREATE TABLE IF NOT EXISTS idempotent_operations_schema (version INTEGER NOT NULL);
 /// ```
 ///
 /// ## Versions
 ///
-/// This is **schema version 1**, and the store records its version: an SQLite file in its
+/// This is **schema version 2** (version 1 had neither the request nor the resolution
+/// columns, nor the status index), and the store records its version: an SQLite file in its
 /// `PRAGMA user_version` (so the file is the ledger's own: nothing else should set that
 /// pragma), a PostgreSQL database in the one row of `idempotent_operations_schema`.
 /// `SqliteLedger::schema_version` and `PostgresLedger::schema_version` read it. `migrate`
 /// (which `SqliteLedger::open` runs on every start) compares it with the version this release
 /// knows:
 ///
-/// - **none recorded** (0): a new store gets the table, the index and version 1; a store made
-///   by the 0.1 `migrate`, which recorded no version, is checked to have every column and
-///   stamped version 1, its rows untouched;
+/// - **none recorded** (0): a new store gets the table and the indexes at version 2; a store
+///   made by the 0.1 `migrate`, which recorded no version, gets the columns it lacks, is
+///   checked to have every column and is stamped version 2, its rows untouched;
 /// - **older**: the steps from there to the current version run, one version at a time;
 /// - **the same**: nothing changes, so `migrate` may run on every start;
 /// - **newer** (a later release wrote the store): [`LedgerErrorKind::Corrupt`], with both
@@ -816,6 +825,12 @@ impl Finish {
 ///     OR status IN ('unknown', 'in_flight')        -- still unresolved: reconcile by key
 /// ORDER BY first_seen;
 /// ```
+///
+/// The `idempotent-retry-ledger` command (feature `cli`) asks both without SQL: `list --status
+/// unresolved` and `duplicates`, and settles a row with `resolve` (see [`resolve_by_hand`]).
+/// A sweep settles unresolved rows through a [`Reconciler`]: [`unresolved`](Self::unresolved),
+/// then for each row [`claim_unresolved`](Self::claim_unresolved) and
+/// [`resolve`](Self::resolve), under a lease as a run's writes are.
 pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// Claims the operation, in one atomic step:
     ///
