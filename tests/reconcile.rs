@@ -579,3 +579,81 @@ async fn two_sweepers_racing_probe_each_key_once() {
         assert_eq!(again.unresolved, 0, "{name}: {again}");
     }
 }
+
+/// The "retry with the same key" reconciler: past the window, the run sends the charge again
+/// with the same key, and the receiver (which still holds the key) replays its answer: one
+/// charge, no lookup.
+#[tokio::test]
+async fn send_again_resends_with_the_same_key_and_the_receiver_replays() {
+    for store in Store::all().await {
+        let name = store.name();
+        let provider = Provider::start(Duration::ZERO).await;
+        let time = VirtualTime::new();
+        let key = IdempotencyKey::derive("tests.reconcile", &[name, "send-again"]);
+        provider
+            .receiver
+            .inject(When::key_attempt(&key, 1), Fault::ResetAfterCommit);
+        provider
+            .receiver
+            .inject(When::key_attempt(&key, 2), Fault::ResetBeforeHandler);
+        let ledger = store.open().await;
+        let first = client(ledger.clone(), &time, "first", None);
+        let err = charge(&first, &provider, &key)
+            .await
+            .expect_err("answers lost");
+        assert!(err.is_outcome_unknown(), "{name}: {err}");
+        time.advance(WINDOW + Duration::from_secs(1));
+        let next = Client::builder()
+            .http(testkit::loopback_http().expect("client"))
+            .policy(policy())
+            .clock(time.clone())
+            .sleeper(time.clone())
+            .ledger(store.open().await)
+            .reconciler(idempotent_retry::SendAgain::new())
+            .build()
+            .expect("valid");
+        let response = charge(&next, &provider, &key).await.expect("sent again");
+        assert_eq!(response.status(), 200, "{name}");
+        assert_eq!(
+            response
+                .headers()
+                .get(idempotent_retry::testkit::REPLAYED_HEADER)
+                .and_then(|v| v.to_str().ok()),
+            Some("true"),
+            "{name}: the receiver replayed"
+        );
+        assert_eq!(provider.receiver.effects_for(key.as_str()), 1, "{name}");
+        assert_eq!(provider.charge_arrivals(), 3, "{name}");
+        let note = row(&ledger, &key).await.resolution.expect("recorded");
+        assert_eq!(note.kind, ResolutionKind::SendAgain, "{name}");
+        assert!(
+            note.by.starts_with("send-again (worker "),
+            "{name}: {}",
+            note.by
+        );
+    }
+}
+
+/// A probe whose answer is over a mebibyte gets no answer: still unknown.
+#[tokio::test]
+async fn a_probe_answer_over_a_mebibyte_is_no_answer() {
+    let receiver = Receiver::builder()
+        .handler(|_| async { Reply::ok("x".repeat((1 << 20) + 1)) })
+        .start()
+        .await
+        .expect("receiver");
+    let url = receiver.url("/lookup");
+    let probe = HttpProbe::new(
+        testkit::loopback_http().expect("client"),
+        move |_| url.clone(),
+        |_, _| Resolution::NotDone,
+    );
+    let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_704_067_200);
+    let record = OperationRecord::builder("k", "f", at, at + WINDOW)
+        .status(OperationStatus::Unknown)
+        .build()
+        .expect("valid");
+    use idempotent_retry::Reconciler as _;
+    assert_eq!(probe.reconcile(&record).await, Resolution::Unknown);
+    assert_eq!(receiver.arrivals(), 1, "asked once");
+}

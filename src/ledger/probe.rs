@@ -9,6 +9,10 @@ use bytes::Bytes;
 use super::reconciler::{ReconcileFuture, Reconciler};
 use super::{OperationRecord, Resolution};
 
+/// The longest probe answer read: a lookup's JSON, with room to spare. A longer one is no
+/// answer (the outcome stays unknown), so a hostile or broken server cannot fill memory.
+const PROBE_BODY_LIMIT: usize = 1 << 20;
+
 type UrlFor = dyn Fn(&OperationRecord) -> String + Send + Sync;
 type Interpret = dyn Fn(&OperationRecord, http::Response<Bytes>) -> Resolution + Send + Sync;
 
@@ -18,7 +22,7 @@ type Interpret = dyn Fn(&OperationRecord, http::Response<Bytes>) -> Resolution +
 ///
 /// The probe is sent once, through the `reqwest::Client` given (set its timeouts there; keep
 /// them inside the reconcile lease), with no idempotency key and no retry: a probe that
-/// cannot be sent, times out, or whose body cannot be read answers
+/// cannot be sent, times out, or whose body cannot be read (or is over 1 MiB) answers
 /// [`Resolution::Unknown`] (logged at `warn` with the key), and the row stays unknown for the
 /// next attempt to reconcile it.
 ///
@@ -85,10 +89,21 @@ impl HttpProbe {
         for (name, value) in response.headers() {
             answer = answer.header(name, value);
         }
-        let body = response
-            .bytes()
+        let mut response = response;
+        let mut body = Vec::new();
+        while let Some(chunk) = response
+            .chunk()
             .await
-            .map_err(|err| format!("the probe's answer from {url} could not be read: {err}"))?;
+            .map_err(|err| format!("the probe's answer from {url} could not be read: {err}"))?
+        {
+            if body.len() + chunk.len() > PROBE_BODY_LIMIT {
+                return Err(format!(
+                    "the probe's answer from {url} is longer than {PROBE_BODY_LIMIT} bytes"
+                ));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let body = Bytes::from(body);
         answer
             .body(body)
             .map_err(|err| format!("the probe's answer from {url} is not a response: {err}"))

@@ -185,11 +185,18 @@ impl ReconcileClaim {
     /// window and fingerprint do not matter: reconciling is for rows past their window too.
     #[must_use]
     pub fn may_take(&self, row: &OperationRecord) -> bool {
-        match row.status {
-            OperationStatus::Unknown => true,
-            OperationStatus::InFlight => row.lease_expires_at.is_none_or(|until| until <= self.now),
-            _ => false,
-        }
+        reconcilable(row, self.now)
+    }
+}
+
+/// Whether `row` may be held to reconcile it at `now`: unknown, or in flight under a lease that
+/// lapsed at or before `now` (its run died). A live lease is a run still sending, or another
+/// reconciler asking.
+pub(crate) fn reconcilable(row: &OperationRecord, now: SystemTime) -> bool {
+    match row.status {
+        OperationStatus::Unknown => true,
+        OperationStatus::InFlight => row.lease_expires_at.is_none_or(|until| until <= now),
+        _ => false,
     }
 }
 

@@ -12,6 +12,7 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
 
 use super::reconcile::{self, Context, Reconciled, Reconcilers};
+use super::resolution::reconcilable;
 use super::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerOptions, OperationRecord,
     OperationStatus, SavedResponse, later,
@@ -190,7 +191,7 @@ pub(crate) async fn claim<R: RetryResponse>(
             let reconciler = handle.reconcilers.for_scope(&existing.scope);
             if reconciled.is_none()
                 && let Some(reconciler) = reconciler
-                && may_reconcile(&existing, now)
+                && reconcilable(&existing, now)
             {
                 // Ask before answering `ReconcileWindow`: found done, the claim replays it;
                 // found not done (or to send again), the row's window is new and the claim
@@ -221,7 +222,7 @@ pub(crate) async fn claim<R: RetryResponse>(
             // A run or a reconciler holding the row: with a reconciler to ask once it is
             // released, wait for it as for any held lease below.
             let held =
-                existing.status == OperationStatus::InFlight && !may_reconcile(&existing, now);
+                existing.status == OperationStatus::InFlight && !reconcilable(&existing, now);
             if reconciled.is_some() || reconciler.is_none() || !held {
                 return Err(
                     Error::operation(ErrorKind::ReconcileWindow, report, unresolved)
@@ -322,16 +323,6 @@ async fn release_unused_claim(ledger: &dyn Ledger, claim: &Claim, claimed: &Clai
     };
     if let Err(err) = ledger.finish(&finish).await {
         tracing::warn!(key = claim.key.as_str(), error = %err, "could not release an abandoned claim; its lease will lapse");
-    }
-}
-
-/// Whether a row past its window is one a reconciler could settle at `now`: unknown, or in
-/// flight under a lease that lapsed (its run died). A live lease is a run still sending.
-fn may_reconcile(row: &OperationRecord, now: SystemTime) -> bool {
-    match row.status {
-        OperationStatus::Unknown => true,
-        OperationStatus::InFlight => row.lease_expires_at.is_none_or(|until| until <= now),
-        _ => false,
     }
 }
 
