@@ -48,6 +48,11 @@ type Row = (
 /// A ledger file with every status, two keys for one request, and one expired row.
 async fn ledger_with_every_status(path: &Path) {
     let ledger = SqliteLedger::open(path).await.expect("open");
+    rows_in_every_status(&ledger).await;
+}
+
+/// Every status, two keys for one request, and one expired row, written to `ledger`.
+async fn rows_in_every_status(ledger: &dyn Ledger) {
     let finish = |key: &str, status, response, secs: u64| {
         Finish::new(key, format!("worker-a/{key}"), status, response)
             .expect("valid finish")
@@ -369,4 +374,57 @@ fn usage_errors_exit_2_and_a_missing_file_exits_3() {
         .expect("run");
     assert!(failed(&output, 3).contains("no ledger file at"));
     assert!(!missing.exists(), "a missing file is not created");
+}
+
+/// The same rows in a PostgreSQL database print the same table and JSON as in SQLite.
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn a_postgres_ledger_prints_as_the_sqlite_one_does() {
+    let Ok(base) = std::env::var("IDEMPOTENT_RETRY_PG_URL") else {
+        eprintln!("skipped: IDEMPOTENT_RETRY_PG_URL is not set");
+        return;
+    };
+    let (admin, connection) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the test server");
+    tokio::spawn(connection);
+    let name = format!(
+        "ir_{}",
+        idempotent_retry::IdempotencyKey::random()
+            .as_str()
+            .replace('-', "")
+    );
+    admin
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .expect("create a database");
+    let (prefix, _) = base.rsplit_once('/').expect("URL ends with /database");
+    let url = format!("{prefix}/{name}");
+    let ledger = idempotent_retry::PostgresLedger::connect(&url)
+        .await
+        .expect("connect");
+    ledger.migrate().await.expect("migrate");
+    rows_in_every_status(&ledger).await;
+    let run = |args: &[&str]| {
+        Command::new(BIN)
+            .args(["--postgres", &url, "--now", NOW])
+            .args(args)
+            .output()
+            .expect("run the command")
+    };
+    golden("list.txt", &ok(&run(&["list"])));
+    golden("list.json", &ok(&run(&["list", "--json"])));
+    golden("duplicates.txt", &ok(&run(&["duplicates"])));
+    assert_eq!(
+        ok(&run(&[
+            "resolve",
+            "order-5",
+            "--not-done",
+            "--operator",
+            "alice",
+            "--reason",
+            "r"
+        ])),
+        "order-5: resolved not_done by operator alice\n"
+    );
 }

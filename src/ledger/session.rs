@@ -631,3 +631,19 @@ fn outcome_of(status: StatusCode) -> OperationStatus {
         OperationStatus::FailedFinal
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recorded_url_keeps_everything_but_the_credentials() {
+        let url =
+            reqwest::Url::parse("https://alice:s3cret@api.example.com:8443/v1/charges?order=17")
+                .expect("a URL");
+        assert_eq!(
+            without_credentials(&url),
+            "https://api.example.com:8443/v1/charges?order=17"
+        );
+    }
+}
