@@ -125,23 +125,11 @@ impl Store {
 mod postgres {
     use std::sync::Arc;
 
-    use idempotent_retry::{IdempotencyKey, Ledger, PostgresLedger};
-    use tokio_postgres::NoTls;
+    use idempotent_retry::{Ledger, PostgresLedger};
 
     /// A new database on the test server, or `None` without one.
     pub(super) async fn fresh() -> Option<String> {
-        let base = std::env::var("IDEMPOTENT_RETRY_PG_URL").ok()?;
-        let (admin, connection) = tokio_postgres::connect(&base, NoTls)
-            .await
-            .expect("connect to the test server");
-        tokio::spawn(connection);
-        let name = format!("ir_{}", IdempotencyKey::random().as_str().replace('-', ""));
-        admin
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .expect("create a database");
-        let (prefix, _) = base.rsplit_once('/').expect("URL ends with /database");
-        Some(format!("{prefix}/{name}"))
+        super::support::fresh_postgres_database().await
     }
 
     pub(super) async fn open(url: &str) -> Arc<dyn Ledger> {

@@ -689,6 +689,11 @@ impl Finish {
 ///   before a claim's [`now`](Claim::now)) another claim may take the row over, and the old
 ///   holder's writes are refused from then on. [`finish`](Self::finish) releases the lease
 ///   (both fields `None`).
+/// - **Reconciling holds the same lease.** [`claim_unresolved`](Self::claim_unresolved) takes
+///   an unknown row, or one whose run died in flight, under a lease as a claim does (whatever
+///   its window or fingerprint), so neither a run nor another reconciler acts on the key
+///   meanwhile; [`resolve`](Self::resolve) is then the holder's write that releases it,
+///   refused as [`finish`](Self::finish) is for anyone else.
 /// - **The fingerprint.** A row is only ever taken over by a claim with the same
 ///   `fingerprint`: the same key sent with another request is a caller's bug, answered with
 ///   [`Claimed::Existing`] (the client then refuses it), never a take-over.

@@ -68,6 +68,11 @@ fn main() -> ExitCode {
     }
 }
 
+/// The schema version that added the columns this command reads (see the `Ledger` docs'
+/// "Versions").
+#[cfg(feature = "postgres")]
+const RECONCILING_SCHEMA: u32 = 2;
+
 async fn open(location: &Location) -> Result<Box<dyn Ledger>, LedgerError> {
     match location {
         Location::Sqlite(path) => {
@@ -84,7 +89,20 @@ async fn open(location: &Location) -> Result<Box<dyn Ledger>, LedgerError> {
         #[cfg(feature = "postgres")]
         Location::Postgres(url) => {
             let ledger = idempotent_retry::PostgresLedger::connect(url).await?;
-            // The workers migrate their database; an operator's command reads it as they left it.
+            // The workers migrate their database (once all of them run a release that knows the
+            // new version); an operator's command reads it as they left it, and says so when it
+            // is older than what the command reads.
+            let version = ledger.schema_version().await?;
+            if version < RECONCILING_SCHEMA {
+                return Err(LedgerError::new(
+                    idempotent_retry::LedgerErrorKind::InvalidInput,
+                    format!(
+                        "the database is at schema version {version}; this command reads version \
+                         {RECONCILING_SCHEMA} (the request and resolution columns): run \
+                         PostgresLedger::migrate once every worker runs this release"
+                    ),
+                ));
+            }
             Ok(Box::new(ledger))
         }
         #[cfg(not(feature = "postgres"))]
