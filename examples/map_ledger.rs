@@ -11,6 +11,11 @@
 //! 3. sends the same operation again (a redelivered job): it is answered from the ledger,
 //!    and nothing is sent.
 //!
+//! It implements the reconciling methods too (`claim_unresolved`, `resolve`, `list`), so a
+//! `Reconciler`, `Client::reconcile_unresolved` and the operators' command work on it; a ledger
+//! that leaves them to the trait's provided methods still compiles, and answers unresolved
+//! rows past their window with `ReconcileWindow` as before.
+//!
 //! A store with real durability (a database, a key-value service) follows the same shape:
 //! the claim's check-and-write in one conditional write (an `INSERT ... ON CONFLICT`, a
 //! conditional put), the holder checks in the update's condition.

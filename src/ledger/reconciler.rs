@@ -27,7 +27,9 @@ pub type ReconcileFuture<'a> = Pin<Box<dyn Future<Output = Resolution> + Send + 
 ///
 /// The answer must be finished within the lease (the policy's attempt timeout plus
 /// [`LedgerOptions::lease_slack`](crate::LedgerOptions::lease_slack)); after that another run
-/// may take the row, and a late answer is refused and counted as failed. A reconciler that
+/// may take the row, and a late answer is refused and counted as failed. A call dropped while
+/// its reconciler runs (a caller's timeout around `send`) leaves the hold to lapse the same
+/// way, and the row as it was. A reconciler that
 /// cannot tell (the lookup failed, timed out, or says nothing) answers
 /// [`Resolution::Unknown`]: never guess `NotDone`, which lets the operation be sent again.
 pub trait Reconciler: Send + Sync + fmt::Debug + 'static {
