@@ -1,31 +1,110 @@
-//! What a ledger costs per operation: one keyed `POST` sent with `send()` to a loopback server
-//! (one fresh connection per request), with no ledger, then with each ledger. Every iteration
-//! uses a new key, so each one is a full claim, an attempt record and a finish, never a replay.
+//! What a ledger costs at a worker's throughput: keyed `POST`s sent with `send()` to one
+//! keep-alive loopback hyper server, 1, 16 and 64 in flight at a time, with no ledger and with
+//! each ledger. Every operation uses a new key, so each one pays a full claim and finish, never
+//! a replay.
 //!
-//! A second group, `64 at once`, sends [`OPERATIONS`] such POSTs with [`CONCURRENCY`] in flight
-//! at a time to a keep-alive loopback server, the way a busy worker does; its throughput
-//! (elements per second) against `no ledger` is the ledger's cost at fleet throughput.
+//! The contenders take turns inside every round (the order rotating from round to round), so
+//! a change in the machine's load falls on all of them alike; each figure is the median over
+//! the rounds, and its ratio to no ledger is taken within each round before the median.
 //!
-//! Run: `cargo bench --all-features --bench ledger` (or `-- "64 at once"` for the second group
-//! alone). The PostgreSQL case runs when
-//! `IDEMPOTENT_RETRY_PG_URL` is set (`source .ci/postgres.sh && start_postgres` starts one).
+//! Run: `cargo bench --all-features --bench ledger` (about a minute). The PostgreSQL contender
+//! runs when `IDEMPOTENT_RETRY_PG_URL` is set (`source .ci/postgres.sh && start_postgres`
+//! starts one). Options after `--`:
+//!
+//! - `--rounds N` (default 5), `--operations N` per contender and round (default 2000; a
+//!   quarter of it at concurrency 1);
+//! - `--concurrency 1,16,64` (the default) and `--only none,sqlite` to pick contenders;
+//! - `--pool N`: the PostgreSQL ledger's pool size (default: the ledger's default, 16);
+//! - `--svg PATH`: also draw throughput against concurrency per ledger (`docs/ledger.svg`).
 
 #[allow(
     dead_code,
     reason = "the keep-alive server is all this bench takes from it"
 )]
 mod common;
-#[path = "../tests/support/mod.rs"]
-mod support;
 
+use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use futures_util::StreamExt;
-use idempotent_retry::{Client, IdempotencyKey, Ledger, MemoryLedger};
-use support::{Action, TestServer};
+use idempotent_retry::{Client, Clock, IdempotencyKey, Ledger, MemoryLedger, TokioClock};
+
+/// The bench's settings, from its command line.
+struct Options {
+    rounds: usize,
+    operations: u64,
+    concurrency: Vec<usize>,
+    only: Option<Vec<String>>,
+    pool: Option<usize>,
+    svg: Option<String>,
+}
+
+impl Options {
+    fn parse() -> Options {
+        let mut options = Options {
+            rounds: 5,
+            operations: 2000,
+            concurrency: vec![1, 16, 64],
+            only: None,
+            pool: None,
+            svg: None,
+        };
+        let mut args = std::env::args().skip(1);
+        while let Some(arg) = args.next() {
+            let mut value = |name: &str| {
+                args.next()
+                    .unwrap_or_else(|| panic!("{name} needs a value"))
+            };
+            match arg.as_str() {
+                "--rounds" => options.rounds = value("--rounds").parse().expect("--rounds N"),
+                "--operations" => {
+                    options.operations = value("--operations").parse().expect("--operations N");
+                }
+                "--concurrency" => {
+                    options.concurrency = value("--concurrency")
+                        .split(',')
+                        .map(|n| n.trim().parse().expect("--concurrency 1,16,64"))
+                        .collect();
+                }
+                "--only" => {
+                    options.only = Some(
+                        value("--only")
+                            .split(',')
+                            .map(|s| s.trim().to_owned())
+                            .collect(),
+                    );
+                }
+                "--pool" => options.pool = Some(value("--pool").parse().expect("--pool N")),
+                "--svg" => options.svg = Some(value("--svg")),
+                // `cargo bench` passes `--bench`; a filter criterion would take is ignored.
+                _ => {}
+            }
+        }
+        assert!(options.rounds > 0, "--rounds must be at least 1");
+        options
+    }
+
+    fn wants(&self, name: &str) -> bool {
+        // No ledger is always measured: every ratio is taken against it.
+        name == "none"
+            || self
+                .only
+                .as_ref()
+                .is_none_or(|only| only.iter().any(|o| o == name))
+    }
+
+    /// Operations per contender and round at `concurrency`: fewer one at a time, where each
+    /// durable operation waits for its own commits.
+    fn operations_at(&self, concurrency: usize) -> u64 {
+        if concurrency == 1 {
+            (self.operations / 4).max(1)
+        } else {
+            self.operations
+        }
+    }
+}
 
 fn client(ledger: Option<impl Ledger>) -> Client {
     let builder = Client::builder();
@@ -37,48 +116,89 @@ fn client(ledger: Option<impl Ledger>) -> Client {
     .expect("client")
 }
 
-/// Operations per timed iteration of the concurrent group.
-const OPERATIONS: u64 = 2000;
-/// How many of them are in flight at once.
-const CONCURRENCY: usize = 64;
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
-
 /// One client per contender: no ledger, then each ledger, its SQLite file in `dir`.
 #[cfg_attr(
     not(any(feature = "sqlite", feature = "postgres")),
     allow(unused_variables, reason = "the SQL ledgers alone need them")
 )]
-fn contenders(runtime: &tokio::runtime::Runtime, dir: &Path) -> Vec<(&'static str, Client)> {
-    let mut clients: Vec<(&str, Client)> = vec![
-        ("no ledger", client(None::<MemoryLedger>)),
-        ("memory", client(Some(MemoryLedger::new()))),
-    ];
+async fn contenders(options: &Options, dir: &Path) -> Vec<(&'static str, Client)> {
+    let mut clients: Vec<(&str, Client)> = vec![("none", client(None::<MemoryLedger>))];
+    if options.wants("memory") {
+        clients.push(("memory", client(Some(MemoryLedger::new()))));
+    }
     #[cfg(feature = "sqlite")]
-    {
-        let ledger = runtime
-            .block_on(idempotent_retry::SqliteLedger::open(dir.join("bench.db")))
+    if options.wants("sqlite") {
+        let ledger = idempotent_retry::SqliteLedger::open(dir.join("bench.db"))
+            .await
             .expect("sqlite");
         clients.push(("sqlite", client(Some(ledger))));
     }
     #[cfg(feature = "postgres")]
-    if let Ok(pg) = std::env::var("IDEMPOTENT_RETRY_PG_URL") {
-        let ledger = runtime.block_on(async {
-            let ledger = idempotent_retry::PostgresLedger::connect(&pg)
+    if options.wants("postgres")
+        && let Ok(base) = std::env::var("IDEMPOTENT_RETRY_PG_URL")
+    {
+        let url = fresh_database(&base).await;
+        let ledger = match options.pool {
+            Some(pool) => idempotent_retry::PostgresLedger::builder()
+                .url(&url)
+                .pool_size(pool)
+                .build()
                 .await
-                .expect("postgres");
-            ledger.migrate().await.expect("migrate");
-            ledger
-        });
+                .expect("postgres"),
+            None => idempotent_retry::PostgresLedger::connect(&url)
+                .await
+                .expect("postgres"),
+        };
+        ledger.migrate().await.expect("migrate");
         clients.push(("postgres", client(Some(ledger))));
     }
     clients
+}
+
+/// A new database on the server at `base`, so each run starts from an empty table whatever
+/// else the server holds; returns its URL.
+#[cfg(feature = "postgres")]
+async fn fresh_database(base: &str) -> String {
+    let (admin, connection) = tokio_postgres::connect(base, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the PostgreSQL server");
+    tokio::spawn(connection);
+    let name = format!(
+        "ir_bench_{}",
+        IdempotencyKey::random().as_str().replace('-', "")
+    );
+    admin
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .expect("create the bench's database");
+    let (prefix, _) = base.rsplit_once('/').expect("URL ends with /database");
+    format!("{prefix}/{name}")
+}
+
+/// Drops the databases [`fresh_database`] made, this run's and any an interrupted run left.
+#[cfg(feature = "postgres")]
+async fn drop_bench_databases() {
+    let Ok(base) = std::env::var("IDEMPOTENT_RETRY_PG_URL") else {
+        return;
+    };
+    let (admin, connection) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the PostgreSQL server");
+    tokio::spawn(connection);
+    let names = admin
+        .query(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'ir\\_bench\\_%'",
+            &[],
+        )
+        .await
+        .expect("list the bench's databases");
+    for row in names {
+        let name: String = row.get(0);
+        admin
+            .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
+            .await
+            .expect("drop the bench's database");
+    }
 }
 
 /// Sends one keyed POST under the `n`th key of `run` and checks the answer.
@@ -92,57 +212,251 @@ async fn send(client: &Client, url: &str, run: &IdempotencyKey, n: u64) {
         .await
         .expect("sent");
     assert_eq!(response.status(), 200);
+    let _ = response.bytes().await.expect("body");
 }
 
-fn ledger_cost(c: &mut Criterion) {
-    let runtime = runtime();
-    let server = runtime.block_on(TestServer::start(vec![], Action::ok("ok")));
-    let url = server.url("/charges");
-    let dir = tempfile::tempdir().expect("temp dir");
-    let clients = contenders(&runtime, dir.path());
+/// Operations per second for `operations` operations, `concurrency` at a time.
+async fn throughput(
+    client: &Client,
+    url: &str,
+    run: &IdempotencyKey,
+    counter: &AtomicU64,
+    operations: u64,
+    concurrency: usize,
+) -> f64 {
+    let clock = TokioClock::new();
+    let first = counter.fetch_add(operations, Ordering::Relaxed);
+    let start = clock.now();
+    futures_util::stream::iter(first..first + operations)
+        .map(|n| send(client, url, run, n))
+        .buffer_unordered(concurrency)
+        .collect::<()>()
+        .await;
+    operations as f64 / (clock.now() - start).as_secs_f64()
+}
 
-    let counter = AtomicU64::new(0);
-    let run = IdempotencyKey::random();
-    let mut group = c.benchmark_group("send with ledger");
-    group.measurement_time(Duration::from_secs(5));
-    for (name, client) in &clients {
-        group.bench_function(*name, |b| {
-            b.to_async(&runtime).iter(|| async {
-                let n = counter.fetch_add(1, Ordering::Relaxed);
-                send(client, &url, &run, n).await;
-            });
-        });
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    if values.len().is_multiple_of(2) {
+        (values[mid - 1] + values[mid]) / 2.0
+    } else {
+        values[mid]
     }
-    group.finish();
-    drop(server);
 }
 
-fn ledger_at_concurrency(c: &mut Criterion) {
-    let runtime = runtime();
-    let url = runtime.block_on(common::start_server());
-    let dir = tempfile::tempdir().expect("temp dir");
-    let clients = contenders(&runtime, dir.path());
+/// One contender's figures at one concurrency.
+struct Cell {
+    name: &'static str,
+    concurrency: usize,
+    /// Operations per second, one per round.
+    rates: Vec<f64>,
+    /// Its rate over no ledger's in the same round, one per round.
+    ratios: Vec<f64>,
+}
 
-    let counter = AtomicU64::new(0);
-    let run = IdempotencyKey::random();
-    let mut group = c.benchmark_group("64 at once");
-    group.throughput(Throughput::Elements(OPERATIONS));
-    group.sample_size(10);
-    group.measurement_time(Duration::from_secs(10));
-    for (name, client) in &clients {
-        group.bench_function(*name, |b| {
-            b.to_async(&runtime).iter(|| async {
-                let first = counter.fetch_add(OPERATIONS, Ordering::Relaxed);
-                futures_util::stream::iter(first..first + OPERATIONS)
-                    .map(|n| send(client, &url, &run, n))
-                    .buffer_unordered(CONCURRENCY)
-                    .collect::<()>()
+fn main() {
+    let options = Options::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let cells = runtime.block_on(async {
+        let url = common::start_server().await;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let clients = contenders(&options, dir.path()).await;
+        let run = IdempotencyKey::random();
+        let counter = AtomicU64::new(0);
+        // Warm up every client's connections, statement caches and files.
+        for (_, client) in &clients {
+            throughput(client, &url, &run, &counter, 200, 16).await;
+        }
+        let mut cells = Vec::new();
+        for &concurrency in &options.concurrency {
+            let operations = options.operations_at(concurrency);
+            let mut rates = vec![Vec::new(); clients.len()];
+            for round in 0..options.rounds {
+                for turn in 0..clients.len() {
+                    let which = (round + turn) % clients.len();
+                    let rate = throughput(
+                        &clients[which].1,
+                        &url,
+                        &run,
+                        &counter,
+                        operations,
+                        concurrency,
+                    )
                     .await;
-            });
-        });
+                    rates[which].push(rate);
+                }
+            }
+            for (i, (name, _)) in clients.iter().enumerate() {
+                let ratios = rates[i]
+                    .iter()
+                    .zip(&rates[0])
+                    .map(|(rate, none)| rate / none)
+                    .collect();
+                cells.push(Cell {
+                    name,
+                    concurrency,
+                    rates: rates[i].clone(),
+                    ratios,
+                });
+            }
+        }
+        drop(clients);
+        #[cfg(feature = "postgres")]
+        drop_bench_databases().await;
+        cells
+    });
+    runtime.shutdown_timeout(Duration::from_secs(1));
+
+    println!(
+        "\n| in flight | ledger | ops/s (median of {} rounds) | min..max | ratio to no ledger (median) | min..max |",
+        options.rounds
+    );
+    println!("|---:|---|---:|---:|---:|---:|");
+    for cell in &cells {
+        let (mut rates, mut ratios) = (cell.rates.clone(), cell.ratios.clone());
+        let rate = median(&mut rates);
+        let ratio = median(&mut ratios);
+        println!(
+            "| {} | {} | {:.0} | {:.0}..{:.0} | {:.3} | {:.3}..{:.3} |",
+            cell.concurrency,
+            cell.name,
+            rate,
+            rates[0],
+            rates[rates.len() - 1],
+            ratio,
+            ratios[0],
+            ratios[ratios.len() - 1],
+        );
     }
-    group.finish();
+    if let Some(path) = &options.svg {
+        std::fs::write(path, svg(&cells, &options)).expect("write the chart");
+        println!("\nchart written to {path}");
+    }
 }
 
-criterion_group!(benches, ledger_cost, ledger_at_concurrency);
-criterion_main!(benches);
+/// A grouped bar chart: one group per concurrency, one bar per ledger (its median ops/s), the
+/// ratio to no ledger above each bar. Plain SVG text, no dependencies.
+fn svg(cells: &[Cell], options: &Options) -> String {
+    const GROUP_W: f64 = 300.0;
+    const PLOT_H: f64 = 300.0;
+    const TOP: f64 = 70.0;
+    const LEFT: f64 = 70.0;
+    const COLOURS: [(&str, &str); 4] = [
+        ("none", "#9aa5b1"),
+        ("memory", "#7fb77e"),
+        ("sqlite", "#2f6f9f"),
+        ("postgres", "#c2773a"),
+    ];
+    let names: Vec<&str> = COLOURS
+        .iter()
+        .map(|(name, _)| *name)
+        .filter(|name| cells.iter().any(|c| c.name == *name))
+        .collect();
+    let colour = |name: &str| {
+        COLOURS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or("#555555", |(_, c)| *c)
+    };
+    let medians: Vec<(usize, &str, f64, f64)> = cells
+        .iter()
+        .map(|cell| {
+            let (mut rates, mut ratios) = (cell.rates.clone(), cell.ratios.clone());
+            (
+                cell.concurrency,
+                cell.name,
+                median(&mut rates),
+                median(&mut ratios),
+            )
+        })
+        .collect();
+    let max = medians.iter().map(|m| m.2).fold(1.0_f64, f64::max);
+    // A round top of the scale: 1, 2 or 5 times a power of ten.
+    let magnitude = 10f64.powf(max.log10().floor());
+    let top = [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * magnitude)
+        .find(|t| *t >= max)
+        .unwrap_or(max);
+    let scale = PLOT_H / top;
+    let width = LEFT + GROUP_W * options.concurrency.len() as f64 + 30.0;
+    let height = TOP + PLOT_H + 80.0;
+    let base = TOP + PLOT_H;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="#ffffff"/>
+<text x="{x}" y="24" text-anchor="middle" font-size="16">Keyed POSTs per second by ledger and operations in flight (ratio to no ledger above each bar)</text>"##,
+        x = width / 2.0,
+    );
+    let legend_w = 110.0;
+    let legend_x = width / 2.0 - legend_w * names.len() as f64 / 2.0;
+    for (i, name) in names.iter().enumerate() {
+        let x = legend_x + i as f64 * legend_w;
+        let _ = writeln!(
+            out,
+            r##"<rect x="{x:.1}" y="38" width="12" height="12" fill="{c}"/><text x="{tx:.1}" y="48">{label}</text>"##,
+            c = colour(name),
+            tx = x + 16.0,
+            label = if *name == "none" { "no ledger" } else { name },
+        );
+    }
+    for tick in 0..=4 {
+        let value = top * f64::from(tick) / 4.0;
+        let y = base - value * scale;
+        let _ = writeln!(
+            out,
+            r##"<line x1="{LEFT}" y1="{y:.1}" x2="{x2:.1}" y2="{y:.1}" stroke="#dddddd"/>
+<text x="{tx}" y="{ty:.1}" text-anchor="end">{value:.0}</text>"##,
+            x2 = width - 30.0,
+            tx = LEFT - 6.0,
+            ty = y + 4.0,
+        );
+    }
+    let bar_w = (GROUP_W - 40.0) / names.len() as f64;
+    for (g, concurrency) in options.concurrency.iter().enumerate() {
+        let gx = LEFT + g as f64 * GROUP_W + 20.0;
+        for (i, name) in names.iter().enumerate() {
+            let Some(&(_, _, rate, ratio)) =
+                medians.iter().find(|m| m.0 == *concurrency && m.1 == *name)
+            else {
+                continue;
+            };
+            let h = rate * scale;
+            let x = gx + i as f64 * bar_w;
+            let _ = writeln!(
+                out,
+                r##"<rect x="{x:.1}" y="{y:.1}" width="{w:.1}" height="{h:.1}" fill="{c}"/>
+<text x="{tx:.1}" y="{ly:.1}" text-anchor="middle" font-size="11">{ratio:.2}</text>"##,
+                y = base - h,
+                w = bar_w - 6.0,
+                c = colour(name),
+                tx = x + (bar_w - 6.0) / 2.0,
+                ly = base - h - 4.0,
+            );
+        }
+        let _ = writeln!(
+            out,
+            r##"<text x="{x:.1}" y="{y}" text-anchor="middle" font-size="13">{concurrency} in flight</text>"##,
+            x = gx + (GROUP_W - 40.0) / 2.0,
+            y = base + 22.0,
+        );
+    }
+    let _ = writeln!(
+        out,
+        r##"<line x1="{LEFT}" y1="{base}" x2="{x2:.1}" y2="{base}" stroke="#333"/>
+<text x="{x}" y="{y}" text-anchor="middle" font-size="11" fill="#555">one keep-alive loopback server, a new key per operation; median of {rounds} interleaved rounds; SQLite WAL synchronous=FULL, PostgreSQL 15 on loopback; benches/ledger.rs</text>
+</svg>"##,
+        x2 = width - 30.0,
+        x = width / 2.0,
+        y = base + 56.0,
+        rounds = options.rounds,
+    );
+    out
+}

@@ -25,8 +25,9 @@
 //!   - *full*: a uniform draw in `[0, min(cap, base * 2^n)]` (the crate's default);
 //!   - *decorrelated*: `min(cap, U(base, 3 * previous wait))`.
 //! - **Budget**: with it, all callers share one [`RetryBudget`] with the crate's default
-//!   numbers, as the clones of one `Client` in one service do; a retry the budget refuses ends
-//!   that caller's operation (it "gave up": `ErrorKind::BudgetExhausted` in the real client).
+//!   numbers, as the clones of one `Client` in one service do: a retry that fails is charged, a
+//!   first call that succeeds deposits, and a retry the budget refuses ends that caller's
+//!   operation (it "gave up": `ErrorKind::BudgetExhausted` in the real client).
 //!
 //! # The columns
 //!
@@ -119,12 +120,11 @@ impl Row {
     }
 }
 
-/// Per caller: retries so far, the last wait, and what its last retry cost the budget.
+/// Per caller: retries so far and the last wait.
 #[derive(Debug, Clone, Copy, Default)]
 struct Caller {
     retries: u32,
     last_wait: Duration,
-    last_cost: Option<u32>,
 }
 
 /// What to simulate, besides the strategy and the budget.
@@ -159,21 +159,22 @@ fn simulate(strategy: Strategy, budget: bool, clients: usize, setup: Setup) -> R
         peak = peak.max(*arrived);
         let caller = &mut callers[id];
         if *arrived <= CAPACITY_PER_SLOT {
-            if let Some(budget) = &budget {
-                budget.record_success(caller.last_cost);
+            if let (Some(budget), 0) = (&budget, caller.retries) {
+                budget.record_first_attempt_success();
             }
             last_end = last_end.max(at);
             continue;
         }
-        // A 503: pay for the retry, or give up.
+        // A 503: a retry that failed is charged; then the next retry is admitted, or the
+        // caller gives up.
         if let Some(budget) = &budget {
-            match budget.try_withdraw(FailureKind::ServerError) {
-                Some(cost) => caller.last_cost = Some(cost),
-                None => {
-                    gave_up += 1;
-                    last_end = last_end.max(at);
-                    continue;
-                }
+            if caller.retries > 0 {
+                budget.charge_failed_retry(FailureKind::ServerError);
+            }
+            if !budget.try_admit(FailureKind::ServerError) {
+                gave_up += 1;
+                last_end = last_end.max(at);
+                continue;
             }
         }
         let wait = strategy.wait(caller.retries, caller.last_wait, &mut rng);

@@ -1,11 +1,13 @@
-//! The retry budget: a token bucket shared by every clone of a client.
+//! The retry budget: a token bucket shared by every clone of a client, charged when a retry
+//! fails.
 //!
 //! Retries multiply load exactly when a service is failing: five attempts per operation is five
 //! times the traffic during an outage. A budget bounds the *extra* traffic retries add, across
-//! all operations of a client, whatever each operation's policy allows.
+//! all operations of a client, whatever each operation's policy allows, and lets through the
+//! retries of a blip, which succeed.
 //!
-//! The numbers, and why this design over tower's ratio budget or gRPC's throttling, are in
-//! [`RetryBudget`]'s docs.
+//! The numbers, and why this design over AWS's bucket as it is, tower's ratio budget or gRPC's
+//! throttling, are in [`RetryBudget`]'s docs.
 //!
 //! # Sharing
 //!
@@ -15,7 +17,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::classify::FailureKind;
 use crate::decide::{Decision, Stop};
@@ -26,15 +28,17 @@ use crate::error::Error;
 /// # Default
 ///
 /// [`RetryBudgetConfig::new()`] holds the AWS SDKs' standard-mode numbers, listed with their
-/// reasons in the crate's [defaults table](crate#defaults); the bucket starts full. A retry
-/// after a 409 "still in progress" is free (see [`cost_of`](Self::cost_of)).
+/// reasons in the crate's [defaults table](crate#defaults); the bucket starts full and is
+/// charged when a retry fails. A retry after a 409 "still in progress" is free (see
+/// [`cost_of`](Self::cost_of)).
 ///
 /// # Examples
 ///
 /// ```
 /// use idempotent_retry::{RetryBudget, RetryBudgetConfig};
 ///
-/// // A smaller burst: 20 retries from full, refilled by 5 first-attempt successes each.
+/// // A smaller allowance: 20 failed retries from full, each refilled by 5 first-attempt
+/// // successes.
 /// let budget = RetryBudget::with_config(RetryBudgetConfig::new().with_capacity(100))?;
 /// assert_eq!(budget.available(), 100);
 ///
@@ -80,8 +84,8 @@ impl RetryBudgetConfig {
         self
     }
 
-    /// What a retry costs, unless the attempt before it timed out. Must be at least 1. A cost
-    /// equal to the capacity lets one retry drain a full bucket.
+    /// What a retry that fails costs, unless it timed out. Must be at least 1. A cost equal to
+    /// the capacity lets one failed retry drain a full bucket.
     ///
     /// Default: 5.
     pub const fn with_retry_cost(mut self, tokens: u32) -> Self {
@@ -89,7 +93,7 @@ impl RetryBudgetConfig {
         self
     }
 
-    /// What a retry after a timed-out attempt costs. Must be at least 1.
+    /// What a retry that timed out costs. Must be at least 1.
     ///
     /// Default: 10.
     pub const fn with_timeout_cost(mut self, tokens: u32) -> Self {
@@ -113,13 +117,13 @@ impl RetryBudgetConfig {
         self.capacity
     }
 
-    /// The configured cost of a retry (set with [`with_retry_cost`](Self::with_retry_cost)).
+    /// The configured cost of a failed retry (set with [`with_retry_cost`](Self::with_retry_cost)).
     #[must_use]
     pub const fn retry_cost(&self) -> u32 {
         self.retry_cost
     }
 
-    /// The configured cost of a retry after a timeout
+    /// The configured cost of a retry that timed out
     /// (set with [`with_timeout_cost`](Self::with_timeout_cost)).
     #[must_use]
     pub const fn timeout_cost(&self) -> u32 {
@@ -133,7 +137,8 @@ impl RetryBudgetConfig {
         self.success_reward
     }
 
-    /// What a retry after a failure of this kind costs.
+    /// What a retry that failed this way costs, and so the level the bucket must hold to admit
+    /// a retry after a failure of this kind.
     ///
     /// A 409 that says the operation's own first attempt is still running
     /// ([`FailureKind::InProgress`]) costs nothing: the server is answering, quickly and
@@ -177,61 +182,105 @@ impl RetryBudgetConfig {
     }
 }
 
-/// A token bucket that limits retries across every operation that shares it.
+/// A token bucket that limits retries across every operation that shares it, charged when a
+/// retry fails.
 ///
 /// A handle: clones share one bucket. Every [`Client`](crate::Client) has one by default
 /// ([`ClientBuilder::retry_budget`](crate::ClientBuilder::retry_budget) replaces or shares it,
 /// [`ClientBuilder::without_retry_budget`](crate::ClientBuilder::without_retry_budget) turns it
 /// off). The numbers are set with [`RetryBudgetConfig`].
 ///
-/// The two operations below are what the client's retry loop calls; they are public for
-/// other front ends and simulations. The bucket is a single atomic counter, so it is cheap to
-/// share across threads and never blocks.
+/// The methods below are what the retry loop calls; they are public for other front ends and
+/// simulations. The bucket is one atomic level and one atomic counter: cheap to share across
+/// threads, never blocking, and no clock is read. An operation that succeeds on its first
+/// attempt costs one atomic update (its deposit).
 ///
-/// # Why this design
-///
-/// This is the token bucket of the AWS SDKs' "standard" retry mode, with its numbers (the
-/// crate's [defaults table](crate#defaults) lists them):
+/// # How it works
 ///
 /// | event | tokens |
 /// |---|---|
 /// | capacity (and the starting level) | the capacity |
-/// | a retry after a timeout | - the timeout cost |
-/// | any other retry | - the retry cost |
-/// | an operation succeeds after a retry | + the cost of that last retry (refund) |
+/// | a retry is due | sent if the level is at least what it would cost ([`try_admit`](Self::try_admit)); nothing taken |
+/// | a retry that was sent fails (timed out) | - the timeout cost |
+/// | a retry that was sent fails (a 409 "still in progress") | nothing |
+/// | a retry that was sent fails (any other way) | - the retry cost |
+/// | a retry that was sent succeeds | nothing |
 /// | an operation succeeds on its first attempt | + the success reward, up to the capacity |
 ///
-/// A retry the bucket cannot pay for is not sent; the operation ends with
-/// [`ErrorKind::BudgetExhausted`](crate::ErrorKind::BudgetExhausted).
+/// The level never goes below zero. A retry the bucket refuses is not sent: the operation ends
+/// with [`ErrorKind::BudgetExhausted`](crate::ErrorKind::BudgetExhausted), the refusal is
+/// counted ([`refused`](Self::refused)) and observers hear of it
+/// ([`Observer::on_retry_refused`](crate::Observer::on_retry_refused)).
 ///
-/// We chose it over the alternatives because of what it guarantees:
+/// # Why this design
 ///
-/// - **A hard bound, independent of time and speed.** A full bucket pays for
-///   `b = capacity / retry_cost` retries. During a total outage, `n` operations send at most
-///   `n + b` requests, however long the outage lasts, and no clock is read to enforce it (so
-///   it is as deterministic as the rest of the loop). tower's ratio budget (retries up to 20%
-///   of requests plus 10 per second, over a 10 s window) lets `1.2 n` requests and more through
-///   and depends on the clock; gRPC's throttling (10 tokens, -1 per failure, +0.1 per
-///   success, no retries at or below half) bounds an outage to 5 retries, which is so tight
-///   that one unlucky burst of failures turns retries off for the next 50 successes.
-/// - **Untouched in normal operation.** Under 10% random transient failures, each operation
-///   deposits about `0.9` times the success reward and a retry that then succeeds is
-///   refunded, so the bucket stays full and every retry the policy allows is sent.
-/// - **It refills on its own once the service recovers.** Every first-attempt success adds
-///   the success reward; `retry_cost / success_reward` of them pay for one retry again. No
-///   timer is needed.
-/// - **Timeouts cost double.** A timed-out attempt held a connection and server resources for
-///   the whole timeout; retrying those is the first thing to cut.
+/// A budget must tell a blip from an outage. In a blip, many operations in flight fail at once
+/// and their retries succeed; in an outage, the retries fail too. Only what a retry *did*
+/// tells them apart, so that is what is charged.
 ///
-/// Google's SRE book suggests retries stay under 10% of requests per client; the default
-/// bucket sustains more than that (one retry per `retry_cost / success_reward` first-attempt
-/// successes) plus a burst of `b`, and the cap (not the ratio) is what bounds an outage.
+/// - **AWS standard mode** (500 tokens, 5 per retry, 10 per retry after a timeout, the cost
+///   refunded when the retry succeeds, +1 per first-attempt success) takes the cost when the
+///   retry is sent. Its long-run accounting is the one kept here: an operation that succeeds
+///   after `k` retries has paid for `k - 1` failed ones either way, and the numbers are the same.
+///   But a retry in flight holds its tokens until it answers, so a burst of transient failures
+///   across many operations in flight (100 retries drain a full bucket) is refused *before*
+///   the successful retries can refund it. Measured with the soak in `tests/budget_soak.rs`:
+///   a third of 600 operations lost at 48 and at 256 in flight against a service that answered
+///   every retry. Users of the SDKs report the same (once the bucket is empty, every call loses
+///   its retries).
+/// - **AWS "retry behavior 2.1"** lowers a throttled retry to 5 tokens against 14 for other
+///   errors, and drops the separate timeout cost. Here a throttled retry that succeeds (the
+///   server paced it with `Retry-After` and then answered) costs nothing at all, and holds
+///   nothing while it waits; one that is throttled again costs the retry cost, like any retry
+///   that failed, so a server answering 429 to everything is bounded like an outage (a cheaper
+///   throttle would let `cost / throttled cost` times as many retries through). A timed-out
+///   retry still costs double: it held a connection and the server for the whole timeout.
+/// - **Finagle and tower's ratio budget** (retries at most 20% of requests plus 10 per second,
+///   over a 10 s window) and **Envoy** (retries at most 20% of active requests, at least 3)
+///   scale the allowance with the traffic. But a ratio still judges a retry before it answers:
+///   a blip in which more than a fifth of the operations in flight fail at once (four in five
+///   in the soak) is shed all the same. Finagle's also reads a clock, and its window lets
+///   `1.2 n` requests and more through an outage of `n` operations.
+/// - **gRPC retry throttling** (10 tokens, -1 per failure, +0.1 per success, no retries at or
+///   below half) bounds an outage to 5 retries, and one burst of failures in flight turns
+///   retries off for the next 50 successes: it cannot tell a blip from an outage either.
+/// - **Google SRE** suggests retries stay under 10% of requests per client. In steady state
+///   this bucket sustains one failed retry per `retry_cost / success_reward` first-attempt
+///   successes (20% by default); the cap, not the ratio, is what bounds an outage.
+///
+/// What it guarantees:
+///
+/// - **An outage is bounded, at any concurrency, without a clock.** A full bucket pays for
+///   `b = capacity / retry_cost` failed retries (100 by default). Once they have failed, no
+///   retry is admitted until first-attempt successes refill the bucket. Retries admitted before
+///   that but not yet failed are at most one per operation in flight, so during a total outage
+///   `n` operations with `c` in flight send at most `n + b + c` requests, however long it lasts
+///   (measured: `docs/performance.md`).
+/// - **A blip costs nothing.** A retry that succeeds is never charged, however many are in
+///   flight at once; a retry waiting out the server's `Retry-After` holds no tokens.
+/// - **A 409 "still in progress" is free** ([`RetryBudgetConfig::cost_of`]): the server is
+///   answering, quickly and correctly, about our own first attempt. Those retries are still
+///   bounded by the policy's attempts and reconcile window, and an empty bucket admits them.
+/// - **It refills on its own once the service recovers**: every first-attempt success deposits
+///   the success reward; `retry_cost / success_reward` of them pay for one failed retry again.
+///
+/// The price is the `c` above: until the first retries fail, the bucket cannot know it is
+/// facing an outage, so each operation in flight may send one retry. Where everything is in
+/// flight at once (a thundering herd of 1000 callers, `examples/herd.rs`), that is about two
+/// calls per caller where charging each retry when it was sent kept it at 1.1.
 ///
 /// Counting "success": any response the client returns as `Ok` (a 2xx, or a final 4xx such as
-/// 404 or 422) means the server is answering, so it deposits. Operations that end with an
-/// error deposit nothing.
+/// 404 or 422) means the server is answering. A retry whose outcome never arrives (the
+/// operation was dropped while it was in flight) is charged the retry cost, as a failure.
 ///
-/// Measurements are in the crate's `docs/performance.md`.
+/// # Sizing
+///
+/// `capacity / retry_cost` is how many failed retries the client may send before it stops
+/// retrying (and how many extra requests an outage costs, plus one per operation in flight).
+/// Raise the capacity ([`RetryBudgetConfig::with_capacity`]) when operations end with
+/// [`BudgetExhausted`](crate::ErrorKind::BudgetExhausted) against a service that is merely
+/// unreliable; lower it for a service that must be protected harder; give each downstream
+/// service a budget of its own rather than one for all.
 ///
 /// # Examples
 ///
@@ -241,14 +290,18 @@ impl RetryBudgetConfig {
 /// let budget = RetryBudget::new();
 /// let shared = budget.clone(); // same bucket
 ///
-/// // An attempt answered 503: may we retry?
-/// let cost = budget.try_withdraw(FailureKind::ServerError).expect("a full bucket pays");
-/// assert_eq!(cost, 5);
-/// assert_eq!(shared.available(), 495);
+/// // An attempt answered 503: may we retry? Admitting takes nothing.
+/// assert!(budget.try_admit(FailureKind::ServerError));
+/// assert_eq!(shared.available(), 500);
 ///
-/// // The retry succeeded: refund it.
-/// shared.record_success(Some(cost));
-/// assert_eq!(budget.available(), 500);
+/// // The retry failed too: now it is paid for.
+/// assert_eq!(shared.charge_failed_retry(FailureKind::ServerError), 5);
+/// assert_eq!(budget.available(), 495);
+///
+/// // Another operation succeeds on its first attempt: one token back.
+/// budget.record_first_attempt_success();
+/// assert_eq!(shared.available(), 496);
+/// assert_eq!(shared.refused(), 0);
 /// ```
 #[derive(Clone)]
 pub struct RetryBudget {
@@ -258,12 +311,14 @@ pub struct RetryBudget {
 struct Bucket {
     config: RetryBudgetConfig,
     tokens: AtomicU32,
+    refused: AtomicU64,
 }
 
 impl fmt::Debug for RetryBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RetryBudget")
             .field("available", &self.available())
+            .field("refused", &self.refused())
             .field("config", &self.inner.config)
             .finish()
     }
@@ -298,6 +353,7 @@ impl RetryBudget {
             inner: Arc::new(Bucket {
                 config,
                 tokens: AtomicU32::new(config.capacity),
+                refused: AtomicU64::new(0),
             }),
         }
     }
@@ -313,55 +369,79 @@ impl RetryBudget {
         self.inner.tokens.load(Ordering::Acquire)
     }
 
-    /// Pays for one retry after a failure of this kind, if the bucket can: returns the cost
-    /// withdrawn, to be refunded with [`record_success`](Self::record_success) if the retry
-    /// succeeds. `None` means the retry must not be sent; nothing was withdrawn.
-    #[must_use = "a withdrawal that is not used wastes tokens; `None` means do not retry"]
-    pub fn try_withdraw(&self, failure: FailureKind) -> Option<u32> {
+    /// Retries refused since the bucket was made, by every clone: each one ended an operation
+    /// with [`ErrorKind::BudgetExhausted`](crate::ErrorKind::BudgetExhausted). A counter for
+    /// metrics; a rising count against a healthy service means the capacity is too small.
+    #[must_use]
+    pub fn refused(&self) -> u64 {
+        self.inner.refused.load(Ordering::Relaxed)
+    }
+
+    /// May a retry after a failure of this kind be sent? Yes when the level is at least what
+    /// the retry would cost if it failed ([`RetryBudgetConfig::cost_of`]); nothing is taken
+    /// either way. A refusal is counted ([`refused`](Self::refused)); the retry must not be
+    /// sent.
+    #[must_use = "`false` means the retry must not be sent"]
+    pub fn try_admit(&self, failure: FailureKind) -> bool {
+        let admitted = self.available() >= self.inner.config.cost_of(failure);
+        if !admitted {
+            self.inner.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        admitted
+    }
+
+    /// A retry that was sent failed this way: takes its cost from the bucket (the level stops
+    /// at zero) and returns the cost.
+    pub fn charge_failed_retry(&self, failure: FailureKind) -> u32 {
         let cost = self.inner.config.cost_of(failure);
-        self.inner
-            .tokens
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tokens| {
-                tokens.checked_sub(cost)
-            })
-            .ok()
-            .map(|_| cost)
+        self.charge(cost);
+        cost
     }
 
-    /// Gives back what a retry that was never sent cost. The bucket never rises above its
-    /// capacity.
-    pub(crate) fn refund(&self, cost: u32) {
-        self.deposit(cost);
+    fn charge(&self, cost: u32) {
+        if cost > 0 {
+            // `fetch_update` with a closure that always returns `Some` cannot fail.
+            let _ = self
+                .inner
+                .tokens
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+                    Some(now.saturating_sub(cost))
+                });
+        }
     }
 
-    /// Records that an operation ended with a final answer. `last_cost` is what the retry
-    /// that produced it cost (refunded), or `None` when the first attempt succeeded (the
-    /// success reward is deposited). The bucket never rises above its capacity.
-    pub fn record_success(&self, last_cost: Option<u32>) {
-        self.deposit(last_cost.unwrap_or(self.inner.config.success_reward));
-    }
-
-    fn deposit(&self, tokens: u32) {
+    /// An operation succeeded on its first attempt: deposits the success reward. The bucket
+    /// never rises above its capacity. (A success after retries deposits nothing: its failed
+    /// retries were charged, the one that succeeded was not.)
+    pub fn record_first_attempt_success(&self) {
         let capacity = self.inner.config.capacity;
+        let reward = self.inner.config.success_reward;
+        // A full bucket (the usual case) is only read: no write to a line every core shares.
+        if self.inner.tokens.load(Ordering::Relaxed) >= capacity {
+            return;
+        }
         // `fetch_update` with a closure that always returns `Some` cannot fail.
         let _ = self
             .inner
             .tokens
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
-                Some(now.saturating_add(tokens).min(capacity))
+                Some(now.saturating_add(reward).min(capacity))
             });
     }
 }
 
-/// One operation's dealings with the budget, kept by the attempt loop: the cost of its last
-/// retry, so a success refunds exactly that, and whether that retry is still waiting to be
-/// sent. An operation dropped before a retry it paid for goes out (its caller gave up during
-/// the wait) gives the tokens back: a retry that never happened costs nothing.
+/// One operation's dealings with the budget, kept by the attempt loop: whether a retry was
+/// admitted and not yet sent, whether one is in flight (so its failure is charged when the
+/// loop learns of it), and whether the operation retried at all (a first-attempt success
+/// deposits). An operation dropped while a retry it sent is in flight is charged for it, as a
+/// failure: its outcome will never be known, and an outage must stay bounded even when callers
+/// give up first.
 #[derive(Debug)]
 pub(crate) struct BudgetTab<'b> {
     budget: Option<&'b RetryBudget>,
-    last_cost: Option<u32>,
-    unsent: bool,
+    admitted: bool,
+    in_flight: bool,
+    retried: bool,
 }
 
 impl<'b> BudgetTab<'b> {
@@ -369,48 +449,70 @@ impl<'b> BudgetTab<'b> {
     pub(crate) fn new(budget: Option<&'b RetryBudget>) -> Self {
         BudgetTab {
             budget,
-            last_cost: None,
-            unsent: false,
+            admitted: false,
+            in_flight: false,
+            retried: false,
         }
     }
 
-    /// Asks the budget to pay for the retry `decide` chose; a refusal turns the decision into
-    /// a stop.
+    /// Learns how the attempt just made ended (from `decide`'s decision about it), charges it
+    /// if it was a retry that failed, and asks the budget to admit the retry `decide` chose: a
+    /// refusal turns the decision into a stop.
     pub(crate) fn admit(&mut self, decision: Decision) -> Decision {
-        match (self.budget, decision) {
-            (Some(budget), Decision::Retry { kind, .. }) => match budget.try_withdraw(kind) {
-                Some(cost) => {
-                    self.last_cost = Some(cost);
-                    self.unsent = true;
-                    decision
-                }
-                None => Decision::Stop {
-                    kind: Some(kind),
-                    stop: Stop::BudgetExhausted,
-                },
+        let Some(budget) = self.budget else {
+            return decision;
+        };
+        let failed = match decision {
+            Decision::Return => None,
+            Decision::Retry { kind, .. } => Some(kind),
+            Decision::Stop { kind, .. } => kind,
+        };
+        if std::mem::take(&mut self.in_flight)
+            && let Some(kind) = failed
+        {
+            budget.charge_failed_retry(kind);
+        }
+        match decision {
+            Decision::Retry { kind, .. } if !budget.try_admit(kind) => Decision::Stop {
+                kind: Some(kind),
+                stop: Stop::BudgetExhausted,
             },
-            _ => decision,
+            Decision::Retry { .. } => {
+                self.admitted = true;
+                decision
+            }
+            Decision::Return | Decision::Stop { .. } => decision,
         }
     }
 
-    /// The retry paid for is being sent: its cost is spent.
+    /// An attempt is being sent: if it is the retry admitted last, it is now in flight.
     pub(crate) fn sending(&mut self) {
-        self.unsent = false;
+        if std::mem::take(&mut self.admitted) {
+            self.in_flight = true;
+            self.retried = true;
+        }
     }
 
-    /// The operation ends with a final answer: refund its last retry or reward the success.
+    /// The attempt being sent was refused before it left (the transport says nothing was
+    /// sent): it is not in flight and costs nothing.
+    pub(crate) fn not_sent(&mut self) {
+        self.in_flight = false;
+    }
+
+    /// The operation ends with a final answer; on its first attempt, that deposits the reward.
     pub(crate) fn settle_success(&mut self) {
-        self.unsent = false;
-        if let Some(budget) = self.budget {
-            budget.record_success(self.last_cost);
+        self.in_flight = false;
+        if let (Some(budget), false) = (self.budget, self.retried) {
+            budget.record_first_attempt_success();
         }
     }
 }
 
 impl Drop for BudgetTab<'_> {
     fn drop(&mut self) {
-        if let (true, Some(budget), Some(cost)) = (self.unsent, self.budget, self.last_cost) {
-            budget.refund(cost);
+        if let (true, Some(budget)) = (self.in_flight, self.budget) {
+            // The retry went out and its outcome will never be known: charged as a failure.
+            budget.charge(budget.inner.config.retry_cost);
         }
     }
 }
@@ -434,16 +536,15 @@ mod tests {
         }
     }
 
-    /// Withdraws for `kind` until the bucket refuses; returns how many retries it paid for.
-    /// Bounded by the capacity (every cost here is at least 1 token), so a bucket that never
-    /// refuses fails the test instead of hanging it.
-    fn drain(budget: &RetryBudget, kind: FailureKind) -> usize {
-        let most = budget.config().capacity() as usize + 1;
-        let paid = std::iter::from_fn(|| budget.try_withdraw(kind))
-            .take(most)
-            .count();
-        assert!(paid < most, "the bucket never refused a {kind:?} retry");
-        paid
+    fn refused(kind: FailureKind) -> Decision {
+        Decision::Stop {
+            kind: Some(kind),
+            stop: Stop::BudgetExhausted,
+        }
+    }
+
+    fn budget_of(capacity: u32) -> RetryBudget {
+        RetryBudget::with_config(RetryBudgetConfig::new().with_capacity(capacity)).expect("valid")
     }
 
     #[test]
@@ -454,6 +555,7 @@ mod tests {
         assert_eq!(config.timeout_cost(), 10);
         assert_eq!(config.success_reward(), 1);
         assert_eq!(RetryBudget::default().available(), 500);
+        assert_eq!(RetryBudget::default().refused(), 0);
         assert!(config.validate().is_ok());
     }
 
@@ -471,77 +573,89 @@ mod tests {
         let budget = RetryBudget::with_config(config).expect("valid");
         assert_eq!(budget.config(), config);
 
-        assert_eq!(budget.try_withdraw(FailureKind::Timeout), Some(7));
-        assert_eq!(budget.try_withdraw(FailureKind::ServerError), Some(3));
+        assert_eq!(budget.charge_failed_retry(FailureKind::Timeout), 7);
+        assert_eq!(budget.charge_failed_retry(FailureKind::ServerError), 3);
         assert_eq!(budget.available(), 10);
-        budget.record_success(None);
+        budget.record_first_attempt_success();
         assert_eq!(budget.available(), 12, "a first-attempt success deposits 2");
     }
 
     #[test]
-    fn a_full_bucket_pays_for_exactly_one_hundred_retries() {
+    fn admitting_takes_nothing_and_a_full_bucket_pays_for_one_hundred_failed_retries() {
         let budget = RetryBudget::new();
-        assert_eq!(drain(&budget, FailureKind::ServerError), 100);
-        assert_eq!(budget.available(), 0);
-        assert_eq!(budget.try_withdraw(FailureKind::Connect), None);
-    }
-
-    #[test]
-    fn timeouts_cost_double() {
-        let budget = RetryBudget::new();
-        assert_eq!(budget.try_withdraw(FailureKind::Timeout), Some(10));
-        assert_eq!(budget.try_withdraw(FailureKind::ConnectionReset), Some(5));
-        assert_eq!(budget.available(), 485);
-    }
-
-    #[test]
-    fn a_refusal_withdraws_nothing() {
-        let config = RetryBudgetConfig::new().with_capacity(12);
-        let budget = RetryBudget::with_config(config).expect("valid");
-        assert_eq!(budget.try_withdraw(FailureKind::Timeout), Some(10));
-        assert_eq!(budget.try_withdraw(FailureKind::Timeout), None);
-        assert_eq!(budget.available(), 2);
-    }
-
-    #[test]
-    fn successes_refund_and_reward_up_to_capacity() {
-        let budget = RetryBudget::new();
-        budget.record_success(None);
-        assert_eq!(budget.available(), 500, "never above capacity");
-        let cost = budget.try_withdraw(FailureKind::Timeout);
-        assert_eq!(budget.available(), 490);
-        budget.record_success(cost);
-        assert_eq!(budget.available(), 500);
-        drain(&budget, FailureKind::ServerError);
-        for _ in 0..4 {
-            budget.record_success(None);
+        for _ in 0..1_000 {
+            assert!(budget.try_admit(FailureKind::ServerError));
         }
-        assert_eq!(budget.try_withdraw(FailureKind::ServerError), None);
-        budget.record_success(None);
-        assert_eq!(budget.try_withdraw(FailureKind::ServerError), Some(5));
+        assert_eq!(budget.available(), 500, "admitting takes nothing");
+        let mut failed = 0;
+        while budget.try_admit(FailureKind::ServerError) {
+            budget.charge_failed_retry(FailureKind::ServerError);
+            failed += 1;
+            assert!(failed <= 100, "the bucket never refused");
+        }
+        assert_eq!(failed, 100);
+        assert_eq!(budget.available(), 0);
+        assert!(!budget.try_admit(FailureKind::Connect));
+        assert_eq!(budget.refused(), 2, "each refusal is counted");
     }
 
     #[test]
-    fn clones_share_one_bucket() {
-        let a = RetryBudget::new();
+    fn timeouts_cost_double_and_need_double_to_be_admitted() {
+        let budget = budget_of(14);
+        assert!(budget.try_admit(FailureKind::Timeout));
+        assert_eq!(budget.charge_failed_retry(FailureKind::Timeout), 10);
+        assert_eq!(budget.available(), 4);
+        assert!(!budget.try_admit(FailureKind::Timeout));
+        assert!(!budget.try_admit(FailureKind::ServerError));
+        budget.record_first_attempt_success();
+        assert!(budget.try_admit(FailureKind::ServerError));
+        assert!(!budget.try_admit(FailureKind::Timeout));
+        assert_eq!(budget.refused(), 3);
+    }
+
+    #[test]
+    fn the_level_stops_at_zero_and_deposits_at_the_capacity() {
+        let budget = budget_of(12);
+        budget.record_first_attempt_success();
+        assert_eq!(budget.available(), 12, "never above capacity");
+        budget.charge_failed_retry(FailureKind::Timeout);
+        budget.charge_failed_retry(FailureKind::Timeout);
+        assert_eq!(budget.available(), 0, "never below zero");
+        for _ in 0..4 {
+            budget.record_first_attempt_success();
+        }
+        assert!(!budget.try_admit(FailureKind::ServerError));
+        budget.record_first_attempt_success();
+        assert!(budget.try_admit(FailureKind::ServerError));
+    }
+
+    #[test]
+    fn clones_share_one_bucket_and_one_counter() {
+        let a = budget_of(10);
         let b = a.clone();
-        let _ = a.try_withdraw(FailureKind::ServerError);
-        assert_eq!(b.available(), 495);
-        assert!(format!("{b:?}").contains("available: 495"));
+        a.charge_failed_retry(FailureKind::ServerError);
+        assert_eq!(b.available(), 5);
+        a.charge_failed_retry(FailureKind::ServerError);
+        assert!(!a.try_admit(FailureKind::Throttled));
+        assert_eq!(b.refused(), 1);
+        let debug = format!("{b:?}");
+        assert!(
+            debug.contains("available: 0") && debug.contains("refused: 1"),
+            "{debug}"
+        );
     }
 
     #[test]
-    fn a_conflict_in_progress_is_free_and_an_empty_bucket_still_allows_it() {
-        let budget = RetryBudget::with_config(RetryBudgetConfig::new().with_capacity(10)).unwrap();
-        assert_eq!(budget.try_withdraw(FailureKind::Timeout), Some(10));
+    fn a_conflict_in_progress_is_free_and_an_empty_bucket_still_admits_it() {
+        let budget = budget_of(10);
+        budget.charge_failed_retry(FailureKind::Timeout);
         assert_eq!(budget.available(), 0);
-        assert_eq!(budget.try_withdraw(FailureKind::ServerError), None);
+        assert!(!budget.try_admit(FailureKind::ServerError));
         // The server is answering: waiting out our own first attempt is not outage load.
-        assert_eq!(budget.try_withdraw(FailureKind::InProgress), Some(0));
+        assert!(budget.try_admit(FailureKind::InProgress));
+        assert_eq!(budget.charge_failed_retry(FailureKind::InProgress), 0);
         assert_eq!(budget.available(), 0);
-        // A success after a free retry refunds nothing it did not take.
-        budget.record_success(Some(0));
-        assert_eq!(budget.available(), 0);
+        assert_eq!(budget.refused(), 1);
     }
 
     #[test]
@@ -566,75 +680,152 @@ mod tests {
     }
 
     #[test]
-    fn tab_turns_a_refused_retry_into_a_stop_and_refunds_the_last_cost() {
-        let config = RetryBudgetConfig::new().with_capacity(15);
-        let budget = RetryBudget::with_config(config).expect("valid");
+    fn a_tab_charges_a_retry_by_how_it_failed_and_never_one_that_succeeded() {
+        let budget = budget_of(30);
         let mut tab = BudgetTab::new(Some(&budget));
-        let decision = retry(FailureKind::Timeout);
-        assert_eq!(tab.admit(decision), decision);
-        tab.sending();
-        let decision = retry(FailureKind::ServerError);
-        assert_eq!(tab.admit(decision), decision);
-        tab.sending();
-        assert_eq!(budget.available(), 0);
+        // The first attempt failed: not a retry, nothing charged.
         assert_eq!(
-            tab.admit(retry(FailureKind::Throttled)),
-            Decision::Stop {
-                kind: Some(FailureKind::Throttled),
-                stop: Stop::BudgetExhausted
-            }
+            tab.admit(retry(FailureKind::Timeout)),
+            retry(FailureKind::Timeout)
         );
+        tab.sending();
+        assert_eq!(budget.available(), 30);
+        // The retry timed out: 10.
+        let decision = retry(FailureKind::ServerError);
+        assert_eq!(
+            tab.admit(retry(FailureKind::Timeout)),
+            retry(FailureKind::Timeout)
+        );
+        assert_eq!(budget.available(), 20);
+        tab.sending();
+        // The next one met a 503: 5.
+        assert_eq!(tab.admit(decision), decision);
+        assert_eq!(budget.available(), 15);
+        tab.sending();
+        // The last one answered: nothing, and a success after retries deposits nothing.
+        assert_eq!(tab.admit(Decision::Return), Decision::Return);
         tab.settle_success();
         drop(tab);
-        assert_eq!(budget.available(), 5, "the last retry's cost comes back");
+        assert_eq!(budget.available(), 15);
 
+        // A first-attempt success deposits the reward.
         let mut tab = BudgetTab::new(Some(&budget));
-        let untouched = Decision::Return;
-        assert_eq!(tab.admit(untouched), untouched);
+        tab.sending();
+        assert_eq!(tab.admit(Decision::Return), Decision::Return);
+        tab.settle_success();
+        assert_eq!(budget.available(), 16);
+        assert_eq!(budget.refused(), 0);
+    }
+
+    #[test]
+    fn a_tab_turns_a_refused_retry_into_a_stop_after_charging_the_retry_that_failed() {
+        let budget = budget_of(10);
+        let mut tab = BudgetTab::new(Some(&budget));
+        tab.sending();
+        assert_eq!(
+            tab.admit(retry(FailureKind::Timeout)),
+            retry(FailureKind::Timeout)
+        );
+        tab.sending();
+        // The retry timed out: charged 10, which empties the bucket, so the next is refused.
+        assert_eq!(
+            tab.admit(retry(FailureKind::Timeout)),
+            refused(FailureKind::Timeout)
+        );
+        assert_eq!(budget.available(), 0);
+        assert_eq!(budget.refused(), 1);
+        drop(tab);
+        assert_eq!(budget.available(), 0, "nothing in flight at the end");
+
         let mut off = BudgetTab::new(None);
         assert_eq!(
             off.admit(retry(FailureKind::Timeout)),
             retry(FailureKind::Timeout)
         );
-        assert_eq!(budget.available(), 5);
-        tab.settle_success();
-        assert_eq!(
-            budget.available(),
-            6,
-            "a first-attempt success deposits the reward"
-        );
     }
 
     #[test]
-    fn a_retry_dropped_before_it_is_sent_gives_its_tokens_back() {
+    fn a_stop_after_a_failed_retry_still_charges_it() {
+        let budget = budget_of(10);
+        let mut tab = BudgetTab::new(Some(&budget));
+        tab.sending();
+        let _ = tab.admit(retry(FailureKind::ServerError));
+        tab.sending();
+        let exhausted = Decision::Stop {
+            kind: Some(FailureKind::ServerError),
+            stop: Stop::Exhausted,
+        };
+        assert_eq!(tab.admit(exhausted), exhausted);
+        assert_eq!(budget.available(), 5);
+        assert_eq!(budget.refused(), 0);
+    }
+
+    #[test]
+    fn a_retry_dropped_in_flight_is_charged_and_one_never_sent_is_not() {
         let budget = RetryBudget::new();
         for _ in 0..300 {
             let mut tab = BudgetTab::new(Some(&budget));
-            assert_eq!(
-                tab.admit(retry(FailureKind::ServerError)),
-                retry(FailureKind::ServerError)
-            );
-            assert_eq!(budget.available(), 495);
+            tab.sending();
+            let _ = tab.admit(retry(FailureKind::ServerError));
             // The caller gives up during the wait.
             drop(tab);
         }
         assert_eq!(budget.available(), 500);
-        // A retry that went out keeps its cost until the operation ends.
+        // A retry that went out and whose caller gave up before it answered is a failure.
         let mut tab = BudgetTab::new(Some(&budget));
+        tab.sending();
+        let _ = tab.admit(retry(FailureKind::InProgress));
+        tab.sending();
+        drop(tab);
+        assert_eq!(budget.available(), 495);
+        // One the transport refused before it left is not.
+        let mut tab = BudgetTab::new(Some(&budget));
+        tab.sending();
         let _ = tab.admit(retry(FailureKind::ServerError));
         tab.sending();
+        tab.not_sent();
         drop(tab);
         assert_eq!(budget.available(), 495);
     }
 
     #[test]
-    fn concurrent_withdrawals_never_overdraw() {
+    fn a_blip_across_a_thousand_operations_in_flight_costs_nothing() {
         let budget = RetryBudget::new();
-        let paid: usize = std::thread::scope(|scope| {
+        let mut tabs: Vec<BudgetTab<'_>> =
+            (0..1_000).map(|_| BudgetTab::new(Some(&budget))).collect();
+        for tab in &mut tabs {
+            tab.sending();
+            assert_eq!(
+                tab.admit(retry(FailureKind::ConnectionReset)),
+                retry(FailureKind::ConnectionReset)
+            );
+            tab.sending();
+        }
+        // Every retry is in flight at once; then every one answers.
+        for tab in &mut tabs {
+            assert_eq!(tab.admit(Decision::Return), Decision::Return);
+            tab.settle_success();
+        }
+        drop(tabs);
+        assert_eq!(budget.available(), 500);
+        assert_eq!(budget.refused(), 0);
+    }
+
+    #[test]
+    fn concurrent_charges_never_go_below_zero_or_admit_after_the_drain() {
+        let budget = RetryBudget::new();
+        let failed: usize = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..4)
                 .map(|_| {
                     let budget = budget.clone();
-                    scope.spawn(move || drain(&budget, FailureKind::ServerError))
+                    scope.spawn(move || {
+                        let mut failed = 0;
+                        while budget.try_admit(FailureKind::ServerError) {
+                            budget.charge_failed_retry(FailureKind::ServerError);
+                            failed += 1;
+                        }
+                        failed
+                    })
                 })
                 .collect();
             handles
@@ -642,8 +833,10 @@ mod tests {
                 .map(|h| h.join().expect("no panic"))
                 .sum()
         });
-        assert_eq!(paid, 100);
+        // Each thread has at most one admitted retry not yet charged when the bucket empties.
+        assert!((100..=103).contains(&failed), "{failed} failed retries");
         assert_eq!(budget.available(), 0);
+        assert_eq!(budget.refused(), 4);
     }
 
     fn any_kind() -> impl Strategy<Value = FailureKind> {
@@ -652,12 +845,13 @@ mod tests {
             Just(FailureKind::ServerError),
             Just(FailureKind::Throttled),
             Just(FailureKind::ConnectionReset),
+            Just(FailureKind::InProgress),
         ]
     }
 
     proptest! {
-        /// Whatever happens, the level stays within [0, capacity], and the retries paid for
-        /// never exceed what the capacity plus the deposits can cover.
+        /// Whatever happens, the level stays within [0, capacity], and it moves by exactly
+        /// the charges and deposits that fit.
         #[test]
         fn prop_level_stays_in_bounds(
             capacity in 10u32..2_000,
@@ -671,27 +865,78 @@ mod tests {
         ) {
             let config = RetryBudgetConfig::new().with_capacity(capacity);
             let budget = RetryBudget::with_config(config).expect("valid");
-            let (mut spent, mut deposited) = (0u64, 0u64);
             for event in events {
                 let before = budget.available();
                 match event {
                     Some(kind) => {
-                        if let Some(cost) = budget.try_withdraw(kind) {
-                            spent += u64::from(cost);
-                        } else {
-                            prop_assert!(before < config.cost_of(kind));
-                        }
+                        prop_assert_eq!(
+                            budget.try_admit(kind),
+                            before >= config.cost_of(kind)
+                        );
+                        prop_assert_eq!(budget.available(), before, "admitting takes nothing");
+                        let cost = budget.charge_failed_retry(kind);
+                        prop_assert_eq!(cost, config.cost_of(kind));
+                        prop_assert_eq!(budget.available(), before.saturating_sub(cost));
                     }
                     None => {
-                        budget.record_success(None);
-                        deposited += u64::from(budget.available() - before);
+                        budget.record_first_attempt_success();
+                        prop_assert_eq!(
+                            budget.available(),
+                            (before + config.success_reward()).min(capacity)
+                        );
                     }
                 }
-                prop_assert!(budget.available() <= capacity);
             }
-            prop_assert_eq!(
-                u64::from(budget.available()) + spent,
-                u64::from(capacity) + deposited
+        }
+
+        /// A total outage at any concurrency: `ops` operations of up to `attempts` attempts,
+        /// `in_flight` at a time, stepped in any order. Every attempt fails; the retries sent
+        /// stay within what a full bucket pays for plus one per operation in flight.
+        #[test]
+        fn prop_an_outage_sends_at_most_the_bucket_plus_one_retry_per_operation_in_flight(
+            capacity in 10u32..600,
+            ops in 1usize..400,
+            in_flight in 1usize..300,
+            attempts in 2u32..8,
+            kind in any_kind().prop_filter("charged", |k| *k != FailureKind::InProgress),
+            order in proptest::collection::vec(any::<prop::sample::Index>(), 4_000),
+        ) {
+            let config = RetryBudgetConfig::new().with_capacity(capacity);
+            let budget = RetryBudget::with_config(config).expect("valid");
+            // (tab, attempts sent); operations start as slots free up.
+            let mut running: Vec<(BudgetTab<'_>, u32)> = Vec::new();
+            let (mut started, mut retries) = (0usize, 0u64);
+            let mut order = order.into_iter();
+            while started < ops || !running.is_empty() {
+                while running.len() < in_flight && started < ops {
+                    let mut tab = BudgetTab::new(Some(&budget));
+                    tab.sending();
+                    running.push((tab, 1));
+                    started += 1;
+                }
+                // The next attempt to come back, in the order drawn (then oldest first).
+                let i = order.next().map_or(0, |ix| ix.index(running.len()));
+                let (tab, sent) = &mut running[i];
+                let decision = if *sent < attempts {
+                    retry(kind)
+                } else {
+                    Decision::Stop { kind: Some(kind), stop: Stop::Exhausted }
+                };
+                match tab.admit(decision) {
+                    Decision::Retry { .. } => {
+                        tab.sending();
+                        *sent += 1;
+                        retries += 1;
+                    }
+                    _ => {
+                        running.swap_remove(i);
+                    }
+                }
+            }
+            let bucket = u64::from(capacity / config.cost_of(kind));
+            prop_assert!(
+                retries <= bucket + in_flight.min(ops) as u64,
+                "{} retries; bucket {}, in flight {}", retries, bucket, in_flight
             );
         }
     }

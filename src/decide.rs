@@ -78,7 +78,7 @@ pub(crate) enum Stop {
     NotRetrySafe,
     /// A transport failure that retrying cannot fix.
     Fatal,
-    /// A retry was due but the client's retry budget could not pay for it.
+    /// A retry was due but the client's retry budget refused it.
     BudgetExhausted,
 }
 

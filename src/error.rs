@@ -42,9 +42,11 @@ pub enum ErrorKind {
     Transport,
     /// Invalid configuration or request: a bad policy, URL, or header, or conflicting keys.
     Builder,
-    /// A retry was due, but the client's [`RetryBudget`](crate::RetryBudget) could not pay for
-    /// it: too many retries lately across the client, so the service is probably struggling.
-    /// The operation was not retried. Check
+    /// A retry was due, but the client's [`RetryBudget`](crate::RetryBudget) refused it: too
+    /// many retries failed lately across the client, so the service is probably down. The
+    /// operation was not retried; the refusal was counted
+    /// ([`RetryBudget::refused`](crate::RetryBudget::refused)) and reported to observers
+    /// ([`Observer::on_retry_refused`](crate::Observer::on_retry_refused)). Check
     /// [`is_outcome_unknown`](Error::is_outcome_unknown), then reconcile or retry later with
     /// the same key.
     BudgetExhausted,
@@ -355,7 +357,9 @@ impl Error {
             ErrorKind::BudgetExhausted => {
                 write!(
                     f,
-                    "retry budget exhausted, not retried after {attempts} attempt{plural}"
+                    "retry budget exhausted after {attempts} attempt{plural}, retry not sent: \
+                     failed retries across the client used it up; if the service is healthy, \
+                     size it with RetryBudgetConfig::with_capacity"
                 )?;
             }
             ErrorKind::KeyReuse | ErrorKind::LeaseHeld | ErrorKind::Ledger => {
@@ -485,6 +489,22 @@ mod tests {
         assert_eq!(
             text,
             "invalid configuration: max_attempts must be at least 1"
+        );
+    }
+
+    #[test]
+    fn a_budget_refusal_says_how_to_size_the_budget() {
+        let key = IdempotencyKey::new("k_9").expect("valid key");
+        let mut report = RetryReport::new(Some(key));
+        report.attempts = 1;
+        let err = Error::operation(ErrorKind::BudgetExhausted, report, false)
+            .with_failure(Some(FailureKind::Throttled));
+        assert_eq!(
+            err.to_string(),
+            "retry budget exhausted after 1 attempt, retry not sent: failed retries across the \
+             client used it up; if the service is healthy, size it with \
+             RetryBudgetConfig::with_capacity (last failure: throttled); not executed; \
+             idempotency key k_9"
         );
     }
 }

@@ -124,9 +124,9 @@
 //! | [`RetryPolicy::with_reconcile_window`] | 24 h | Stripe v1 may prune a key after 24 h: a later retry would be a new request (keep it shorter than your receiver keeps keys; PayPal: 6 h) |
 //! | [`RetryPolicy::with_attempt_timeout`] | 30 s | each attempt, from connecting until the response body has been read |
 //! | [`RetryPolicy::with_max_retry_after`] | 60 s | the longest server-requested wait honoured, as in the Stainless SDKs |
-//! | [`RetryBudgetConfig::with_capacity`] | 500 tokens | the AWS SDKs' standard mode; the bucket starts full and pays for 100 retries, the most an outage adds |
-//! | [`RetryBudgetConfig::with_retry_cost`] | 5 tokens | the AWS SDKs' standard mode |
-//! | [`RetryBudgetConfig::with_timeout_cost`] | 10 tokens | a timed-out attempt held the server for the whole timeout: those are cut first |
+//! | [`RetryBudgetConfig::with_capacity`] | 500 tokens | the AWS SDKs' standard mode; the bucket starts full and pays for 100 retries that fail, the most an outage adds beyond one retry per operation in flight |
+//! | [`RetryBudgetConfig::with_retry_cost`] | 5 tokens | the AWS SDKs' standard mode, charged when the retry fails |
+//! | [`RetryBudgetConfig::with_timeout_cost`] | 10 tokens | a retry that timed out held the server for the whole timeout: those are cut first |
 //! | [`RetryBudgetConfig::with_success_reward`] | 1 token | a drained bucket refills from first-attempt successes, with no timer |
 //! | [`ClientBuilder::retry_budget`] | on | one new [`RetryBudget`] per built client, shared by its clones: retries multiply load exactly when a service fails |
 //! | [`ClientBuilder::key_header`] | `Idempotency-Key` | the IETF draft's name and Stripe's; set `PayPal-Request-Id` and the like here |
@@ -154,12 +154,14 @@
 //!
 //! # Retry budget
 //!
-//! Every retry is also paid for from a token bucket ([`RetryBudget`], [`RetryBudgetConfig`])
-//! shared by a client's clones and the front ends built from its builder: a successful retry is
-//! refunded, a first-attempt success deposits, a retry after a 409 "still in progress" is free.
-//! It bounds the extra load retries add during an outage, however many operations fail; a
-//! refused retry ends the operation with [`ErrorKind::BudgetExhausted`], key and outcome flag
-//! included.
+//! Every retry also answers to a token bucket ([`RetryBudget`], [`RetryBudgetConfig`]) shared
+//! by a client's clones and the front ends built from its builder: a retry is sent while the
+//! bucket holds its cost and is charged only if it fails, a first-attempt success deposits, a
+//! 409 "still in progress" is free. It bounds the extra load retries add during an outage,
+//! however many operations fail, and lets a blip's retries through, however many are in
+//! flight; a refused retry ends the operation with [`ErrorKind::BudgetExhausted`], key and
+//! outcome flag included, and is counted ([`RetryBudget::refused`],
+//! [`Observer::on_retry_refused`]).
 //!
 //! # Durable operations
 //!
@@ -313,7 +315,7 @@ pub use ledger::{
 pub use ledger::{PostgresLedger, PostgresLedgerBuilder};
 #[cfg(feature = "middleware")]
 pub use middleware::IdempotentRetryMiddleware;
-pub use observe::{AttemptEvent, LedgerVerdict, Observer, OperationEvent};
+pub use observe::{AttemptEvent, LedgerVerdict, Observer, OperationEvent, RetryRefusedEvent};
 pub use policy::RetryPolicy;
 pub use report::{AttemptRecord, RetryReport, Wait, WaitReason};
 #[cfg(feature = "tower")]

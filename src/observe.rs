@@ -1,4 +1,5 @@
-//! A hook for metrics: told about every attempt and every operation, by every front end.
+//! A hook for metrics: told about every attempt, every operation and every retry the budget
+//! refuses, by every front end.
 //!
 //! The `tracing` span and events are for people reading logs; an [`Observer`] is for code
 //! (counters, histograms, alerts on outcome-unknown operations). It is called synchronously
@@ -14,9 +15,10 @@ use crate::classify::FailureKind;
 use crate::error::ErrorKind;
 use crate::key::IdempotencyKey;
 
-/// Receives an event after each attempt and at the end of each operation.
+/// Receives an event after each attempt, at the end of each operation, and when the retry
+/// budget refuses a retry.
 ///
-/// Both methods do nothing by default; implement the ones you need. Install it with
+/// Every method does nothing by default; implement the ones you need. Install it with
 /// [`ClientBuilder::observer`](crate::ClientBuilder::observer); the tower layer and the
 /// middleware built from the same builder call it too. For a single callback, a closure is
 /// enough: [`ClientBuilder::on_attempt`](crate::ClientBuilder::on_attempt), [`ClientBuilder::on_operation`](crate::ClientBuilder::on_operation).
@@ -67,6 +69,15 @@ pub trait Observer: Send + Sync + fmt::Debug + 'static {
     fn on_operation(&self, event: &OperationEvent<'_>) {
         let _ = event;
     }
+
+    /// Called when the [`RetryBudget`](crate::RetryBudget) refuses a retry, before the
+    /// operation ends with [`ErrorKind::BudgetExhausted`] (its
+    /// [`on_attempt`](Self::on_attempt) and [`on_operation`](Self::on_operation) follow).
+    /// Count these: a client that sheds retries against a healthy service needs a larger
+    /// budget ([`RetryBudgetConfig::with_capacity`](crate::RetryBudgetConfig::with_capacity)).
+    fn on_retry_refused(&self, event: &RetryRefusedEvent<'_>) {
+        let _ = event;
+    }
 }
 
 /// One attempt, as an [`Observer`] sees it.
@@ -89,6 +100,27 @@ pub struct AttemptEvent<'a> {
     pub delay: Option<Duration>,
     /// Time since the first attempt started, at the end of this one.
     pub elapsed: Duration,
+}
+
+/// A retry the [`RetryBudget`](crate::RetryBudget) refused, as an [`Observer`] sees it.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct RetryRefusedEvent<'a> {
+    /// The key the operation's attempts carried.
+    pub key: Option<&'a IdempotencyKey>,
+    /// The request method.
+    pub method: &'a Method,
+    /// The target host.
+    pub host: Option<&'a str>,
+    /// The attempt whose retry was refused (1 for the first): the attempts sent.
+    pub attempt: u32,
+    /// How that attempt failed.
+    pub failure: FailureKind,
+    /// Tokens in the budget when it refused.
+    pub available: u32,
+    /// Retries the budget has refused so far, this one included
+    /// ([`RetryBudget::refused`](crate::RetryBudget::refused)).
+    pub refused: u64,
 }
 
 /// One finished operation, as an [`Observer`] sees it.
@@ -180,6 +212,11 @@ impl Observer for Chain {
     fn on_operation(&self, event: &OperationEvent<'_>) {
         self.0.on_operation(event);
         self.1.on_operation(event);
+    }
+
+    fn on_retry_refused(&self, event: &RetryRefusedEvent<'_>) {
+        self.0.on_retry_refused(event);
+        self.1.on_retry_refused(event);
     }
 }
 

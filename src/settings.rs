@@ -36,7 +36,8 @@ pub(crate) struct Settings {
     pub(crate) observer: Option<Arc<dyn Observer>>,
     /// Carries the attempt number on each attempt when set.
     pub(crate) attempt_header: Option<HeaderName>,
-    /// Pays for every retry, shared by all clones of the front end; `None` when turned off.
+    /// Admits every retry and is charged for those that fail, shared by all clones of the front
+    /// end; `None` when turned off.
     pub(crate) budget: Option<RetryBudget>,
     /// The durable operation ledger, if any: every front end claims, records and finishes
     /// through it (`engine/mod.rs`).

@@ -8,11 +8,13 @@
 
 mod support;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use idempotent_retry::{
-    Client, Error, ErrorKind, FailureKind, RetryBudget, RetryBudgetConfig, RetryPolicy, RetryReport,
+    Client, Error, ErrorKind, FailureKind, Observer, RetryBudget, RetryBudgetConfig, RetryPolicy,
+    RetryRefusedEvent, RetryReport,
 };
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -47,6 +49,25 @@ async fn post_many(client: &Client, url: &str, n: usize) -> Vec<Result<reqwest::
         .await
 }
 
+/// One refused retry as the observer heard it: key, failure, attempt.
+type Refusal = (Option<String>, FailureKind, u32);
+
+/// Records every retry the budget refused.
+#[derive(Debug, Default, Clone)]
+struct Refusals {
+    events: Arc<Mutex<Vec<Refusal>>>,
+}
+
+impl Observer for Refusals {
+    fn on_retry_refused(&self, event: &RetryRefusedEvent<'_>) {
+        self.events.lock().expect("not poisoned").push((
+            event.key.map(ToString::to_string),
+            event.failure,
+            event.attempt,
+        ));
+    }
+}
+
 fn count_kind(results: &[Result<reqwest::Response, Error>], kind: ErrorKind) -> usize {
     results
         .iter()
@@ -55,22 +76,26 @@ fn count_kind(results: &[Result<reqwest::Response, Error>], kind: ErrorKind) -> 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn total_outage_of_1000_operations_sends_at_most_1_1x_plus_20_requests() {
+async fn total_outage_of_1000_operations_sends_at_most_the_bucket_plus_one_retry_per_operation_in_flight()
+ {
     let server = TestServer::start(vec![], Action::status(503)).await;
-    let client = client_with(Client::builder());
+    let refusals = Refusals::default();
+    let client = client_with(Client::builder().observer(refusals.clone()));
     let ops = 1000;
 
     let results = post_many(&client, &server.url("/charge"), ops).await;
 
     let requests = server.hits();
-    let limit = ops + ops / 10 + 20;
+    // A full bucket pays for 500 / 5 = 100 failed retries, and nothing refills it; retries
+    // admitted before the last of those failed are at most one per operation in flight.
+    let limit = ops + 100 + CONCURRENCY;
     assert!(
         requests <= limit,
         "{requests} requests for {ops} operations (limit {limit})"
     );
-    // A full bucket pays for exactly 500 / 5 = 100 retries, and nothing refills it.
-    assert_eq!(requests, ops + 100);
-    assert!(client.retry_budget().expect("on by default").available() < 5);
+    assert!(requests >= ops + 100, "{requests} requests");
+    let budget = client.retry_budget().expect("on by default");
+    assert_eq!(budget.available(), 0);
 
     let refused = count_kind(&results, ErrorKind::BudgetExhausted);
     let exhausted = count_kind(&results, ErrorKind::AttemptsExhausted);
@@ -79,7 +104,15 @@ async fn total_outage_of_1000_operations_sends_at_most_1_1x_plus_20_requests() {
         ops,
         "every operation failed, none silently"
     );
-    assert!(refused >= ops - 100, "{refused} refused by the budget");
+    assert!(
+        refused >= ops - 100 - CONCURRENCY,
+        "{refused} refused by the budget"
+    );
+    assert_eq!(
+        budget.refused(),
+        refused as u64,
+        "one refusal counted per operation shed"
+    );
 
     // A refused operation says what a caller needs to reconcile.
     let mut err = results
@@ -94,6 +127,10 @@ async fn total_outage_of_1000_operations_sends_at_most_1_1x_plus_20_requests() {
     assert_eq!(err.failure(), Some(FailureKind::ServerError));
     assert_eq!(err.status().map(|s| s.as_u16()), Some(503));
     assert!(err.to_string().contains("retry budget exhausted"), "{err}");
+    assert!(
+        err.to_string().contains("RetryBudgetConfig::with_capacity"),
+        "the message names the setting that sizes the budget: {err}"
+    );
     assert!(err.to_string().contains(&key), "{err}");
     let sent_with_key = server
         .keys()
@@ -193,7 +230,7 @@ async fn after_the_outage_the_budget_refills_and_retries_resume() {
     let results = post_many(&client, &outage.url("/charge"), 150).await;
     assert!(results.iter().all(Result::is_err));
     let drained = budget.available();
-    assert!(drained < 5, "{drained} tokens left");
+    assert_eq!(drained, 0, "{drained} tokens left");
 
     // Still failing: a new operation gets one attempt and a typed refusal.
     let still_down = TestServer::start(vec![], Action::status(503)).await;
@@ -260,9 +297,9 @@ async fn waiting_out_a_409_in_progress_costs_no_tokens() {
     let budget =
         RetryBudget::with_config(RetryBudgetConfig::new().with_capacity(10)).expect("valid budget");
     let client = client_with(Client::builder().retry_budget(budget.clone()));
-    // Empty the bucket, as an outage elsewhere would.
-    assert_eq!(budget.try_withdraw(FailureKind::ServerError), Some(5));
-    assert_eq!(budget.try_withdraw(FailureKind::ServerError), Some(5));
+    // Empty the bucket, as failed retries elsewhere would.
+    assert_eq!(budget.charge_failed_retry(FailureKind::ServerError), 5);
+    assert_eq!(budget.charge_failed_retry(FailureKind::ServerError), 5);
     assert_eq!(budget.available(), 0);
 
     // Our own first attempt still running: three 409s, then the saved answer. An empty bucket
@@ -297,7 +334,9 @@ async fn waiting_out_a_409_in_progress_costs_no_tokens() {
 async fn a_refused_throttled_retry_reports_the_outcome_as_not_executed() {
     let budget =
         RetryBudget::with_config(RetryBudgetConfig::new().with_capacity(10)).expect("valid budget");
-    while budget.try_withdraw(FailureKind::ServerError).is_some() {}
+    while budget.available() > 0 {
+        budget.charge_failed_retry(FailureKind::ServerError);
+    }
     let client = client_with(Client::builder().retry_budget(budget));
     let server = TestServer::start(vec![], Action::status(429)).await;
 

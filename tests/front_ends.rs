@@ -12,7 +12,7 @@ use std::time::Duration;
 use http::HeaderName;
 use idempotent_retry::{
     AttemptEvent, Client, ClientBuilder, ErrorKind, FailureKind, IdempotencyKey, Observer,
-    OperationEvent, RetryPolicy,
+    OperationEvent, RetryBudget, RetryBudgetConfig, RetryPolicy, RetryRefusedEvent,
 };
 use support::front::{Call, FrontEnd, front_ends};
 use support::*;
@@ -703,6 +703,66 @@ impl Observer for Logger {
             .lock()
             .unwrap()
             .push(format!("observer: operation {}", event.attempts));
+    }
+
+    fn on_retry_refused(&self, event: &RetryRefusedEvent<'_>) {
+        let key = event.key.map_or("none", IdempotencyKey::as_str);
+        self.0.lock().unwrap().push(format!(
+            "observer: refused after attempt {} {:?} {} tokens, {} refused {key}",
+            event.attempt, event.failure, event.available, event.refused
+        ));
+    }
+}
+
+#[tokio::test]
+async fn a_retry_the_budget_refuses_is_counted_and_heard_by_every_observer_first() {
+    let log: Arc<Mutex<Vec<String>>> = Arc::default();
+    let budget =
+        RetryBudget::with_config(RetryBudgetConfig::new().with_capacity(10)).expect("valid");
+    // Two failed retries elsewhere empty the shared bucket.
+    budget.charge_failed_retry(FailureKind::ServerError);
+    budget.charge_failed_retry(FailureKind::ServerError);
+    let settings = || {
+        Client::builder()
+            .policy(fast())
+            .retry_budget(budget.clone())
+            .observer(Logger(Arc::clone(&log)))
+            .observer(Logger(Arc::clone(&log)))
+    };
+    for (n, front) in front_ends(settings).into_iter().enumerate() {
+        let name = front.name();
+        log.lock().unwrap().clear();
+        let server = TestServer::start(vec![], Action::status(503)).await;
+        let err = front
+            .send(Call::post(server.url("/")))
+            .await
+            .expect_err("503 and an empty budget");
+        assert_eq!(err.kind(), ErrorKind::BudgetExhausted, "{name}");
+        assert_eq!(server.hits(), 1, "{name}: the refused retry was not sent");
+        assert!(err.is_outcome_unknown(), "{name}");
+        let key = one_key(&server, name);
+        assert!(err.to_string().contains(&key), "{name}: {err}");
+        assert!(
+            err.to_string().contains("RetryBudgetConfig::with_capacity"),
+            "{name}: {err}"
+        );
+        let refused = n + 1;
+        assert_eq!(budget.refused(), refused as u64, "{name}");
+        let heard = format!(
+            "observer: refused after attempt 1 ServerError 0 tokens, {refused} refused {key}"
+        );
+        assert_eq!(
+            *log.lock().unwrap(),
+            [
+                heard.clone(),
+                heard,
+                "observer: attempt 1".to_owned(),
+                "observer: attempt 1".to_owned(),
+                "observer: operation 1".to_owned(),
+                "observer: operation 1".to_owned(),
+            ],
+            "{name}"
+        );
     }
 }
 

@@ -1275,8 +1275,8 @@ fn budget_config_extremes() {
         .with_success_reward(u32::MAX);
     let budget = RetryBudget::with_config(max).expect("valid");
     assert_eq!(budget.available(), u32::MAX);
-    budget.record_success(None);
-    budget.record_success(Some(u32::MAX));
+    budget.record_first_attempt_success();
+    budget.record_first_attempt_success();
     assert_eq!(
         budget.available(),
         u32::MAX,

@@ -44,9 +44,8 @@ fn policy() -> RetryPolicy {
 }
 
 /// One process sending one operation. Without a retry budget: the budget bounds what a
-/// client's retries add across many operations (`tests/budget.rs` proves it), and its default
-/// 100 retries from full would cut short the patient clients here, which retry through a 409
-/// for as long as a gated first run stays in progress.
+/// client's retries add across many operations (`tests/budget.rs` and `tests/budget_soak.rs`
+/// prove it), and these tests are about one operation's attempts, not a shared allowance.
 fn client(policy: RetryPolicy, seed: u64, sleeper: &RecordingSleeper) -> Client {
     Client::builder()
         .http(testkit::loopback_http().expect("a loopback reqwest client"))

@@ -774,8 +774,9 @@ impl ClientBuilder {
         }
     }
 
-    /// The retry budget: a token bucket that every retry of every clone of the client must
-    /// pay for, so retries cannot multiply the load on a failing service. A retry it refuses
+    /// The retry budget: a token bucket that admits every retry of every clone of the client
+    /// and is charged for those that fail, so retries cannot multiply the load on a failing
+    /// service (see [`RetryBudget`] for how it tells a blip from an outage). A retry it refuses
     /// ends the operation with [`ErrorKind::BudgetExhausted`](crate::ErrorKind::BudgetExhausted).
     /// Pass clones of one [`RetryBudget`] to several builders to share it between clients.
     /// A tower layer or middleware built from this builder gets the budget too, shared by its

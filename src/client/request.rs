@@ -253,8 +253,9 @@ impl RequestBuilder {
     /// # Cancellation
     ///
     /// Dropping the future (a timeout around `send`, a `select!`) stops the operation where it
-    /// is. A retry paid for and not yet sent gives its tokens back to the
-    /// [`RetryBudget`](crate::RetryBudget); with a [`Ledger`](crate::Ledger), the claim is given
+    /// is. A retry admitted and not yet sent costs the [`RetryBudget`](crate::RetryBudget)
+    /// nothing, one in flight is charged as a failed retry; with a [`Ledger`](crate::Ledger), the
+    /// claim is given
     /// back on a spawned task, recorded as outcome unknown if an attempt may have reached the
     /// server, so the next `send` with the key goes ahead at once with the same key and window.
     ///

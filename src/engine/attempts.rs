@@ -2,8 +2,11 @@
 //!
 //! One named step per point where an outside concern plugs in:
 //!
-//! - right after `decide`: the [retry budget](crate::RetryBudget) pays for a retry or turns it
-//!   into a stop ([`BudgetTab::admit`]), so the attempt is recorded with what really happens;
+//! - right after `decide`: the [retry budget](crate::RetryBudget) charges the attempt if it was
+//!   a retry that failed, and admits the next retry or turns it into a stop
+//!   ([`BudgetTab::admit`]), so the attempt is recorded with what really happens;
+//! - [`Attempts::retry_refused`]: the budget refused a retry (the observers'
+//!   `on_retry_refused`);
 //! - [`Attempts::record_attempt`]: the ledger records an attempt followed by a retry and
 //!   renews the lease; the last attempt is counted by the finish instead;
 //! - [`Attempts::attempt_ended`]: one attempt's outcome and the decision about it are known
@@ -25,7 +28,7 @@ use crate::error::{Error, ErrorKind};
 use crate::exchange::{RetryRequest, RetryResponse};
 use crate::key::IdempotencyKey;
 use crate::ledger::{LedgerError, LedgerRun};
-use crate::observe::AttemptEvent;
+use crate::observe::{AttemptEvent, RetryRefusedEvent};
 use crate::outcome::Exposure;
 use crate::policy::RetryPolicy;
 use crate::report::{AttemptRecord, RetryReport, Wait};
@@ -167,6 +170,7 @@ impl<'s> Attempts<'s> {
                 }
                 Err(SendError::Refused(err)) => {
                     self.exposure().not_sent();
+                    self.budget_tab.not_sent();
                     return Err(err);
                 }
             };
@@ -177,6 +181,13 @@ impl<'s> Attempts<'s> {
             let decided_at = self.settings.clock.now();
             let decision = self.decide(&outcome, decided_at);
             let decision = self.budget_tab.admit(decision);
+            if let Decision::Stop {
+                kind: Some(kind),
+                stop: Stop::BudgetExhausted,
+            } = decision
+            {
+                self.retry_refused(number, kind);
+            }
             if outcome.result.is_ok() {
                 // A response is judged by its status: the answer, or a retried or final kind.
                 self.exposure().answered(match decision {
@@ -336,6 +347,22 @@ impl<'s> Attempts<'s> {
             "attempt not recorded in the ledger"
         );
         err
+    }
+
+    /// Hook point: the budget refused the retry `decide` chose (the observers'
+    /// `on_retry_refused`).
+    fn retry_refused(&self, number: u32, kind: FailureKind) {
+        if let (Some(observer), Some(budget)) = (&self.settings.observer, &self.settings.budget) {
+            observer.on_retry_refused(&RetryRefusedEvent {
+                key: self.report.idempotency_key(),
+                method: self.method,
+                host: self.host,
+                attempt: number,
+                failure: kind,
+                available: budget.available(),
+                refused: budget.refused(),
+            });
+        }
     }
 
     /// Hook point: a retry is decided and about to wait.

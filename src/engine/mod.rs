@@ -11,8 +11,8 @@
 //! 2. **claim** (`ledger/session.rs`, with a ledger and a key): the fingerprint, the claim under
 //!    a lease, or an answer with nothing sent (the saved response replayed, `KeyReuse`,
 //!    `LeaseHeld`, `ReconcileWindow`); the run's window is what earlier runs left of it;
-//! 3. **attempts** (`attempts.rs`): send, classify, decide, pay the budget, record the attempt,
-//!    wait;
+//! 3. **attempts** (`attempts.rs`): send, classify, decide, charge a failed retry and admit the
+//!    next one from the budget, record the attempt, wait;
 //! 4. **finish** (`ledger/session.rs`): the outcome and the saved response written, the lease
 //!    released; a run dropped before this releases its lease on a spawned task;
 //! 5. **observe** ([`operation_ended`]): the observers hear how the operation ended, once,

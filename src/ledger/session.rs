@@ -270,38 +270,62 @@ pub(crate) async fn claim<R: RetryResponse>(
     }
 }
 
-/// Runs the ledger's claim so that it is never lost: polled here first (an in-memory ledger
-/// answers at once, with no task spawned), and if it has to wait, finished on a task of its
-/// own. When the caller is dropped while the claim is in flight, that task still learns what
-/// the claim did and releases a lease it took, so the row is not left held by a run that is
-/// gone.
+/// Runs the ledger's claim so that it is never lost: polled by the caller (no task spawned),
+/// and if the caller is dropped while the claim is in flight, finished on a task of its own
+/// that learns what the claim did and releases a lease it took, so the row is not left held by
+/// a run that is gone.
 async fn claim_detached(ledger: &Arc<dyn Ledger>, claim: Claim) -> Result<Claimed, LedgerError> {
     let key = claim.key.clone();
     let detached = Arc::clone(ledger);
-    let mut pending = Box::pin(async move {
-        let claimed = detached.claim(&claim).await;
-        (claimed, claim, detached)
-    });
-    let first = std::future::poll_fn(|cx| Poll::Ready(pending.as_mut().poll(cx))).await;
-    if let Poll::Ready((claimed, _, _)) = first {
-        return claimed;
+    let mut in_flight = ClaimInFlight {
+        key,
+        pending: Some(Box::pin(async move {
+            let claimed = detached.claim(&claim).await;
+            (claimed, claim, detached)
+        })),
+    };
+    std::future::poll_fn(|cx| in_flight.poll(cx)).await
+}
+
+/// What a claim future yields: the ledger's answer, with the claim and the ledger for a
+/// release.
+type ClaimOutput = (Result<Claimed, LedgerError>, Claim, Arc<dyn Ledger>);
+
+/// A claim the caller is polling. Dropped before it answered, it hands the claim to a task
+/// registered as a release in flight (`release.rs`): a later claim of the same key in this
+/// process waits for that claim to land and, its caller being gone, to be given back.
+struct ClaimInFlight {
+    key: String,
+    pending: Option<std::pin::Pin<Box<dyn Future<Output = ClaimOutput> + Send>>>,
+}
+
+impl ClaimInFlight {
+    fn poll(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<Claimed, LedgerError>> {
+        let pending = self
+            .pending
+            .as_mut()
+            .expect("polled again only while the claim is pending");
+        let Poll::Ready((claimed, _, _)) = pending.as_mut().poll(cx) else {
+            return Poll::Pending;
+        };
+        self.pending = None;
+        Poll::Ready(claimed)
     }
-    if tokio::runtime::Handle::try_current().is_err() {
-        // No tokio runtime to finish it on: wait for it here.
-        return pending.await.0;
+}
+
+impl Drop for ClaimInFlight {
+    fn drop(&mut self) {
+        let Some(pending) = self.pending.take() else {
+            return;
+        };
+        // Without a tokio runtime nothing runs it: a lease it took lapses, as after a crash.
+        super::release::spawn(std::mem::take(&mut self.key), async move {
+            let (claimed, claim, ledger) = pending.await;
+            if let Ok(taken) = claimed {
+                release_unused_claim(&*ledger, &claim, &taken).await;
+            }
+        });
     }
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    // Registered as a release in flight from now on: a claim of the same key in this process
-    // waits for this one to land (and, if its caller is gone, to be given back) first.
-    super::release::spawn(key, async move {
-        let (claimed, claim, ledger) = pending.await;
-        if let Err(Ok(taken)) = tx.send(claimed) {
-            // The caller is gone: give the lease back.
-            release_unused_claim(&*ledger, &claim, &taken).await;
-        }
-    });
-    rx.await
-        .unwrap_or_else(|_| Err(LedgerError::unavailable("the ledger's claim task ended")))
 }
 
 /// Gives back a lease the claim took for a caller that has gone, leaving the row as it found

@@ -64,8 +64,9 @@ pub use layer::IdempotentRetryLayer;
 ///
 /// **Cancellation**: dropping the [`ResponseFuture`] (a timeout outside the layer, a
 /// `select!`) drops the attempt in flight or the wait, and the future's copy of the inner
-/// service with any readiness it reserved (a `ConcurrencyLimit` permit). A retry it had paid
-/// for and not yet sent gives its tokens back to the budget; with a ledger, the claim is given
+/// service with any readiness it reserved (a `ConcurrencyLimit` permit). A retry admitted and
+/// not yet sent costs the budget nothing; one in flight is charged as a failed retry; with a
+/// ledger, the claim is given
 /// back on a spawned task, recorded as outcome unknown when an attempt may have reached the
 /// server, so the next request with the key goes ahead at once. The caller has no report:
 /// treat the outcome as unknown and retry with the same key, or reconcile by key.

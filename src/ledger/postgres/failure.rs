@@ -21,16 +21,21 @@ pub(super) fn is_shape(err: &tokio_postgres::Error) -> bool {
 /// this crate wrote; everything else (a lost connection, a refused login, a full disk) means
 /// it is unavailable.
 pub(super) fn database(err: tokio_postgres::Error, what: &str) -> LedgerError {
-    let shape = is_shape(&err);
+    classify(&err, what).with_source(err)
+}
+
+/// [`database`]'s classification, leaving the source to the caller (one error shared by the
+/// calls of a batch).
+pub(super) fn classify(err: &tokio_postgres::Error, what: &str) -> LedgerError {
     let message = if err.is_closed() {
         format!("{what}: the connection is closed")
     } else {
         what.to_owned()
     };
-    if shape {
-        LedgerError::corrupt(message).with_source(err)
+    if is_shape(err) {
+        LedgerError::corrupt(message)
     } else {
-        LedgerError::unavailable(message).with_source(err)
+        LedgerError::unavailable(message)
     }
 }
 

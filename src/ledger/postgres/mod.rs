@@ -14,6 +14,7 @@
 
 mod builder;
 mod failure;
+mod group;
 mod migrate;
 mod reconcile;
 mod row;
@@ -22,6 +23,7 @@ mod statements;
 mod tls;
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use deadpool_postgres::{Object, Pool};
@@ -30,6 +32,7 @@ use tokio_postgres::types::ToSql;
 
 pub use builder::PostgresLedgerBuilder;
 use failure::database;
+use group::{Group, NewRow, Outcome};
 use row::read_row;
 
 use super::sql::response_columns;
@@ -40,17 +43,28 @@ use super::{
 
 /// A [`Ledger`] in a PostgreSQL table, for fleets of workers sharing one record.
 ///
-/// Every call is one statement on a connection from the ledger's pool, so concurrent
-/// operations run side by side, each statement prepared once per connection. The claim is
-/// `INSERT ... ON CONFLICT (key) DO NOTHING RETURNING`: the insert is the lock, and of any
-/// number of workers racing for one key exactly one gets the row; claims of different keys
-/// never wait on each other. A take-over is one `UPDATE ... WHERE` stating the rule (same
-/// fingerprint, not succeeded, inside the window, lease lapsed), which PostgreSQL re-checks
-/// against the latest row under concurrent updates.
+/// Calls run on connections from the ledger's pool, each statement prepared once per
+/// connection. The claim of a new key is `INSERT ... ON CONFLICT (key) DO NOTHING RETURNING`:
+/// the insert is the lock, and of any number of workers racing for one key exactly one gets
+/// the row. A take-over is one `UPDATE ... WHERE` stating the rule (same fingerprint, not
+/// succeeded, inside the window, lease lapsed), which PostgreSQL re-checks against the latest
+/// row under concurrent updates.
 ///
-/// When a connection is lost, the call that notices fails with
+/// # Group commit
+///
+/// Claims of new keys and finishes go out in batches: what queues while two batches are on
+/// the wire goes out together in the next, as one transaction (one insert and one update over
+/// arrays, pipelined in one round trip), so that under load many operations share one commit
+/// and the server's one WAL flush; one operation at a time, each is a batch of one. Every row
+/// of a batch is as atomic as its single statement, and each caller is answered after the
+/// commit with its own row. A batch waits at most 250 ms for a row lock another session holds
+/// on one of its keys; then its calls run one by one, so claims of different keys never wait
+/// on each other beyond that. Take-overs, attempts, reads and purges are single statements.
+///
+/// When a connection is lost, the calls it was carrying (one, or one batch) fail with
 /// [`LedgerErrorKind::Unavailable`](super::LedgerErrorKind::Unavailable) and the pool
-/// replaces the connection for the next call.
+/// replaces the connection for the next call. A batch's connection that failed or was
+/// abandoned mid-transaction is closed, never handed back to the pool.
 ///
 /// Three ways to make one: [`connect`](Self::connect) with a connection string (plain TCP, a
 /// pool of 16), [`builder`](Self::builder) to set the pool size, the connect timeout and TLS
@@ -74,6 +88,8 @@ use super::{
 #[derive(Clone)]
 pub struct PostgresLedger {
     pool: Pool,
+    /// The batches claims and finishes go out in (`group.rs`), shared by the clones.
+    group: Arc<Group>,
 }
 
 impl fmt::Debug for PostgresLedger {
@@ -118,7 +134,10 @@ impl PostgresLedger {
     /// pool of more than one connection lets claims of different keys run side by side.
     #[must_use]
     pub fn from_pool(pool: Pool) -> Self {
-        PostgresLedger { pool }
+        PostgresLedger {
+            group: Arc::new(Group::new(pool.clone())),
+            pool,
+        }
     }
 
     /// The pool the ledger draws its connections from, to read its
@@ -169,27 +188,24 @@ impl PostgresLedger {
     }
 
     async fn claim_now(&self, claim: &Claim) -> Result<Claimed, LedgerError> {
-        let client = self.connection().await?;
-        let inserted = client
-            .query_opt(
-                &prepared(&client, &statements::INSERT, "cannot claim the operation").await?,
-                &[
-                    &claim.key,
-                    &claim.scope,
-                    &claim.fingerprint,
-                    &to_millis(claim.now),
-                    &claim.owner,
-                    &to_millis(claim.lease_until),
-                    &to_millis(claim.expires_at),
-                    &claim.method,
-                    &claim.url,
-                ],
-            )
-            .await
-            .map_err(|err| database(err, "cannot claim the operation"))?;
-        if let Some(row) = inserted {
-            return Ok(Claimed::New(read_row(&row)?));
+        let inserted = self
+            .group
+            .insert(NewRow {
+                key: claim.key.clone(),
+                scope: claim.scope.clone(),
+                fingerprint: claim.fingerprint.clone(),
+                now: to_millis(claim.now),
+                owner: claim.owner.clone(),
+                lease_until: to_millis(claim.lease_until),
+                expires_at: to_millis(claim.expires_at),
+                method: claim.method.clone(),
+                url: claim.url.clone(),
+            })
+            .await?;
+        if let Some(record) = inserted {
+            return Ok(Claimed::New(record));
         }
+        let client = self.connection().await?;
         let taken = client
             .query_opt(
                 &prepared(
@@ -291,22 +307,23 @@ impl Ledger for PostgresLedger {
     fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
         Box::pin(async move {
             let (status, headers, body) = response_columns(finish.response.as_ref());
-            let status = status.and_then(|s| i32::try_from(s).ok());
-            self.update_held(
-                &statements::FINISH,
-                &finish.key,
-                &[
-                    &finish.key,
-                    &finish.owner,
-                    &finish.status.as_str(),
-                    &status,
-                    &headers,
-                    &body,
-                    &finish.last_attempt_at.map(to_millis),
-                ],
-                "cannot record the outcome",
-            )
-            .await
+            let changed = self
+                .group
+                .finish(Outcome {
+                    key: finish.key.clone(),
+                    owner: finish.owner.clone(),
+                    status: finish.status.as_str(),
+                    response_status: status.and_then(|s| i32::try_from(s).ok()),
+                    response_headers: headers,
+                    response_body: body,
+                    last_attempt_at: finish.last_attempt_at.map(to_millis),
+                })
+                .await?;
+            if changed {
+                Ok(())
+            } else {
+                Err(LedgerError::lease_lost(&finish.key))
+            }
         })
     }
 
@@ -382,7 +399,7 @@ mod tests {
 
     /// A new database on the test server, so a test sees no other test's tables; its URL and
     /// a plain client on it.
-    async fn fresh_database(base: &str) -> (String, Client) {
+    pub(super) async fn fresh_database(base: &str) -> (String, Client) {
         let (admin, connection) = tokio_postgres::connect(base, NoTls)
             .await
             .expect("connect to the test server");

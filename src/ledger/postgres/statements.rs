@@ -17,6 +17,25 @@ pub(super) static INSERT: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// The claims of new keys of one batch, one statement: [`INSERT`] for each row of the arrays,
+/// in key order (so two batches racing for the same keys lock them in the same order and
+/// cannot deadlock). Parameters: the arrays of keys, scopes, fingerprints, times, owners,
+/// lease ends, expiries, methods and URLs. Returns the rows inserted; a key missing from them already had a
+/// row.
+pub(super) static INSERT_MANY: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "INSERT INTO {TABLE} (key, scope, fingerprint, status, attempts, \
+         first_attempt_at, lease_owner, lease_expires_at, expires_at, method, url) \
+         SELECT u.key, u.scope, u.fingerprint, 'in_flight', 0, u.now, u.owner, u.lease, \
+         u.expires, u.method, u.url \
+         FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[], \
+         $6::BIGINT[], $7::BIGINT[], $8::TEXT[], $9::TEXT[]) \
+         AS u(key, scope, fingerprint, now, owner, lease, expires, method, url) \
+         ORDER BY u.key \
+         ON CONFLICT (key) DO NOTHING RETURNING {COLUMNS}"
+    )
+});
+
 /// The take-over of an existing key, one `UPDATE ... WHERE` stating the rule, which
 /// PostgreSQL re-checks against the latest row under concurrent updates. The old status comes
 /// from the locked sub-select: RETURNING alone sees the new row. The rule is
@@ -76,6 +95,38 @@ pub(super) static FINISH: LazyLock<String> = LazyLock::new(|| {
          WHERE key = $1 AND lease_owner = $2 AND status = 'in_flight'"
     )
 });
+
+/// The outcomes of one batch, one statement: [`FINISH`] for each row of the arrays, each
+/// applied only by its lease holder. Parameters: the arrays of keys, owners, statuses, saved
+/// statuses, headers and bodies, and last attempts. Returns the keys whose row changed; a key
+/// missing from them lost its lease.
+pub(super) static FINISH_MANY: LazyLock<String> = LazyLock::new(|| {
+    let assignments = [
+        "status = u.status",
+        "lease_owner = NULL",
+        "lease_expires_at = NULL",
+        "response_status = u.response_status",
+        "response_headers = u.response_headers",
+        "response_body = u.response_body",
+        "attempts = t.attempts + CASE WHEN u.last_attempt_at IS NULL THEN 0 ELSE 1 END",
+        "last_attempt_at = coalesce(u.last_attempt_at, t.last_attempt_at)",
+    ]
+    .join(", ");
+    format!(
+        "UPDATE {TABLE} AS t SET {assignments} \
+         FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::INTEGER[], $5::TEXT[], \
+         $6::BYTEA[], $7::BIGINT[]) \
+         AS u(key, owner, status, response_status, response_headers, response_body, \
+         last_attempt_at) \
+         WHERE t.key = u.key AND t.lease_owner = u.owner AND t.status = 'in_flight' \
+         RETURNING t.key"
+    )
+});
+
+/// A batch's transaction, begun with how long its statements wait for a row lock (another
+/// session's transaction on one of its keys) before the batch gives up and its calls run one
+/// by one, each waiting for its own key alone.
+pub(super) const BATCH_BEGIN: &str = "BEGIN; SET LOCAL lock_timeout = '250ms'";
 
 /// One row by key.
 pub(super) static SELECT: LazyLock<String> =

@@ -7,6 +7,7 @@
 mod migrate;
 mod reconcile;
 mod statements;
+mod sync;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -37,20 +38,33 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// A ledger and all its clones share one write connection, owned by a thread of its own (not
 /// tokio's blocking pool). Claims, attempts, finishes and purges are queued to it; it takes
 /// every write waiting (at most 256), runs them in order in one `BEGIN IMMEDIATE`
-/// transaction, each under a savepoint of its own, commits them with one sync of the file,
-/// and only then answers each caller. A write that arrives while a batch commits goes into the
-/// next one. Under load, many operations thus share one sync; one operation at a time, each
-/// write is still one transaction.
+/// transaction, each under a savepoint of its own, and commits. A write that arrives while a
+/// batch runs goes into the next one. Under load, many operations thus share one commit; one
+/// operation at a time, each write is still one transaction.
+///
+/// Callers are answered only once their batch is on the disk. The file commits with
+/// `synchronous = NORMAL` (WAL mode appends the batch to the `-wal` file without syncing it)
+/// and a second thread syncs the `-wal` file, then answers every batch the sync covered;
+/// meanwhile the writer already runs the next batch, and one sync often covers several. This
+/// is `synchronous = FULL`'s guarantee (FULL is NORMAL plus a sync of the log at each commit),
+/// with the sync taken off the writer's path. A file that cannot be in WAL mode keeps FULL.
 ///
 /// What is durable when:
 ///
-/// - a call that returned `Ok` is committed: it survives a crash of the process or of the
+/// - a call that returned `Ok` is on the disk: it survives a crash of the process or of the
 ///   machine, and every process reading the file sees it;
 /// - a write that fails on its own (its lease lost, say) is rolled back to its savepoint
 ///   alone: the other writes of its batch still commit and get their own answers;
 /// - when the batch's transaction fails as a whole (the write lock not obtained within the
 ///   [busy timeout](Self::set_busy_timeout), a full disk, an I/O error, a failed `COMMIT`),
 ///   every write in it gets the error and none of them is recorded;
+/// - when the sync fails, the batches it covered are told they may not be recorded, and every
+///   later write is refused with the reason: after a failed sync the kernel may have dropped
+///   the pages it could not write, so nothing written since can be promised (open the ledger
+///   again once the disk is sound);
+/// - between its commit and its sync, a batch is visible to readers (this ledger's `get`,
+///   other processes) before its callers are answered; a power loss in that instant undoes it,
+///   and its callers, never answered, sent nothing on the strength of it;
 /// - a call whose future is dropped after its write was queued still runs, in its batch; only
 ///   its answer is lost. The [`Ledger`] cancellation rule holds: the row is as before the call
 ///   or as the call would have left it.
@@ -64,7 +78,7 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// so a read never waits for one, and they see every committed write.
 ///
 /// The writer thread ends once the last clone is dropped and the writes queued by then are
-/// done; the file is then closed. If the thread dies (a panic), every write queued or sent
+/// done and answered; the file is then closed. If the thread dies (a panic), every write queued or sent
 /// later fails with [`LedgerErrorKind::Unavailable`](super::LedgerErrorKind::Unavailable):
 /// nothing it had not acknowledged was committed.
 ///
@@ -641,6 +655,102 @@ mod tests {
         assert!(err.to_string().contains("writer thread stopped"), "{err}");
         let row = ledger.get("first").await.expect("read").expect("row");
         assert_eq!(row.lease_owner.as_deref(), Some("run-first"));
+    }
+
+    /// Opens a ledger whose syncer runs `hook` before each sync, once `armed` is set (the
+    /// migration's own sync at open passes untouched).
+    async fn with_sync_hook(
+        path: &Path,
+        armed: Arc<std::sync::atomic::AtomicBool>,
+        mut hook: impl FnMut(usize) -> std::io::Result<()> + Send + 'static,
+    ) -> SqliteLedger {
+        SqliteLedger::open_with(path, move |conn| {
+            writer::Writer::spawn_hooked(
+                conn,
+                None,
+                Some(Box::new(move |covered| {
+                    if armed.load(std::sync::atomic::Ordering::SeqCst) {
+                        hook(covered)
+                    } else {
+                        Ok(())
+                    }
+                })),
+            )
+        })
+        .await
+        .expect("open")
+    }
+
+    /// A batch is committed before its log is synced, but nobody is told so until the sync:
+    /// while the sync is held, the row is in the file (another connection reads it) and the
+    /// claim is still unanswered; once the sync ends, the claim is acknowledged.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_committed_write_is_acknowledged_only_after_its_log_is_synced() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("synced.db");
+        let (entered, inside) = std::sync::mpsc::channel::<usize>();
+        let (gate, held) = std::sync::mpsc::channel::<()>();
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ledger = with_sync_hook(&path, Arc::clone(&armed), move |covered| {
+            let _ = entered.send(covered);
+            let _ = held.recv();
+            Ok(())
+        })
+        .await;
+        armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        let claim = tokio::spawn({
+            let ledger = ledger.clone();
+            async move { ledger.claim(&claim_of("durable")).await }
+        });
+        let covered = tokio::task::spawn_blocking(move || {
+            inside
+                .recv_timeout(Duration::from_secs(10))
+                .expect("the syncer is asked to sync the claim's batch")
+        })
+        .await
+        .expect("task");
+        assert_eq!(covered, 1);
+        assert_eq!(rows(&path), ["durable"], "committed before the sync");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!claim.is_finished(), "not acknowledged before the sync");
+        gate.send(()).expect("release the sync");
+        let claimed = claim.await.expect("task").expect("acknowledged after it");
+        assert!(matches!(claimed, Claimed::New(_)), "{claimed:?}");
+    }
+
+    /// A failed sync is final: the batch it covered is told its write may not be recorded,
+    /// every later write is refused with the reason, and reads still answer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_sync_fails_its_batch_and_refuses_every_later_write() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("unsynced.db");
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ledger = with_sync_hook(&path, Arc::clone(&armed), |_| {
+            Err(std::io::Error::other("injected I/O error"))
+        })
+        .await;
+        let kept = ledger.claim(&claim_of("kept")).await.expect("synced");
+        assert!(matches!(kept, Claimed::New(_)), "{kept:?}");
+        armed.store(true, std::sync::atomic::Ordering::SeqCst);
+
+        let err = ledger
+            .claim(&claim_of("unsynced"))
+            .await
+            .expect_err("its sync failed");
+        assert_eq!(err.kind(), LedgerErrorKind::Unavailable, "{err}");
+        let message = err.to_string();
+        assert!(message.contains("could not be synced"), "{message}");
+        assert!(message.contains("injected I/O error"), "{message}");
+
+        let later = tokio::time::timeout(Duration::from_secs(5), ledger.claim(&claim_of("later")))
+            .await
+            .expect("answered, not hung")
+            .expect_err("refused after a failed sync");
+        assert_eq!(later.kind(), LedgerErrorKind::Unavailable, "{later}");
+        assert!(later.to_string().contains("writes are refused"), "{later}");
+        assert!(!rows(&path).contains(&"later".to_owned()), "never written");
+        let row = ledger.get("kept").await.expect("read").expect("row");
+        assert_eq!(row.lease_owner.as_deref(), Some("run-kept"));
     }
 
     /// A caller that stops waiting while its claim is queued behind an open batch does not

@@ -1,22 +1,24 @@
 //! The one writer: a thread of its own that owns the ledger's write connection and commits the
-//! writes waiting for it together, one `BEGIN IMMEDIATE` transaction (one fsync) per batch.
+//! writes waiting for it together, one `BEGIN IMMEDIATE` transaction per batch.
 //!
 //! Every write is a closure sent down a channel with the sender of its own reply. The thread
 //! takes the first write waiting, then every other one already queued (at most
 //! [`MAX_BATCH`]), runs them in order inside one transaction, each under a savepoint of its
-//! own, commits, and only then answers each caller with its own result. A write that arrives
-//! while a batch commits goes into the next one.
+//! own, and commits. Each caller is answered with its own result once the batch is durable:
+//! in WAL mode after the [syncer](super::sync) synced the log, which it does while this thread
+//! already runs the next batch; otherwise at the commit. A write that arrives while a batch
+//! runs goes into the next one.
 //!
 //! A write that fails rolls back to its savepoint: the others in the batch keep their effects
 //! and their answers. A failure that ends the whole transaction (SQLite rolls it back by itself
 //! on a full disk or an I/O error, or the `COMMIT` fails) is told to every caller whose write
 //! was in it, so no caller hears of a write the file does not hold. Work that cannot run
 //! inside a batch (the migration, which runs transactions of its own; a connection setting)
-//! runs alone, between batches.
+//! runs alone, between batches, and is answered the same way once durable.
 //!
 //! The thread ends when every sender is gone (the last [`SqliteLedger`](super::SqliteLedger)
-//! clone dropped) and the writes still queued are done. If it dies (a panic), the queued
-//! writes' reply senders are dropped with it: their callers, and every later one, get
+//! clone dropped) and the writes still queued are done and answered. If it dies (a panic), the
+//! queued writes' reply senders are dropped with it: their callers, and every later one, get
 //! [`LedgerErrorKind::Unavailable`](crate::LedgerErrorKind::Unavailable), never a hang.
 
 use std::collections::VecDeque;
@@ -26,6 +28,9 @@ use std::sync::mpsc;
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
+#[cfg(test)]
+use super::sync::BeforeSync;
+use super::sync::{Answer, Durability};
 use super::{classify, storage};
 use crate::ledger::LedgerError;
 
@@ -62,9 +67,15 @@ impl Writer {
     pub(super) fn spawn(
         conn: Connection,
     ) -> Result<(Writer, std::thread::JoinHandle<()>), LedgerError> {
+        let durability = Durability::for_connection(
+            &conn,
+            #[cfg(test)]
+            None,
+        )?;
         Self::start(Batcher {
             conn,
             jobs: None,
+            durability,
             #[cfg(test)]
             before_commit: None,
         })
@@ -76,10 +87,22 @@ impl Writer {
         conn: Connection,
         hook: BeforeCommit,
     ) -> Result<(Writer, std::thread::JoinHandle<()>), LedgerError> {
+        Self::spawn_hooked(conn, Some(hook), None)
+    }
+
+    /// [`spawn`](Self::spawn), with hooks before each `COMMIT` and before each sync.
+    #[cfg(test)]
+    pub(super) fn spawn_hooked(
+        conn: Connection,
+        before_commit: Option<BeforeCommit>,
+        before_sync: Option<BeforeSync>,
+    ) -> Result<(Writer, std::thread::JoinHandle<()>), LedgerError> {
+        let durability = Durability::for_connection(&conn, before_sync)?;
         Self::start(Batcher {
             conn,
             jobs: None,
-            before_commit: Some(hook),
+            durability,
+            before_commit,
         })
     }
 
@@ -109,15 +132,18 @@ impl Writer {
         answer.await.map_err(|_| stopped())?
     }
 
-    /// Runs `work` alone, outside any batch and with no transaction open, and answers at once.
+    /// Runs `work` alone, outside any batch and with no transaction open, and answers once
+    /// what it wrote is durable.
     pub(super) async fn alone<T: Send + 'static>(
         &self,
         work: impl FnOnce(&mut Connection) -> Result<T, LedgerError> + Send + 'static,
     ) -> Result<T, LedgerError> {
         let (reply, answer) = oneshot::channel();
         self.send(Job::Alone(Box::new(move |conn: &mut Connection| {
-            // The caller may have stopped waiting: nothing to tell then.
-            let _ = reply.send(work(conn));
+            Box::new(Ran {
+                result: work(conn),
+                reply,
+            }) as Box<dyn Answer>
         })))?;
         answer.await.map_err(|_| stopped())?
     }
@@ -139,9 +165,12 @@ fn stopped() -> LedgerError {
 enum Job {
     /// A write that joins the next batch.
     Batched(Box<dyn Write>),
-    /// Work that runs alone between batches, answering its caller itself.
-    Alone(Box<dyn FnOnce(&mut Connection) + Send>),
+    /// Work that runs alone between batches; its answer waits for durability like a batch's.
+    Alone(AloneWork),
 }
+
+/// Work that runs alone, returning its answer to send once durable.
+type AloneWork = Box<dyn FnOnce(&mut Connection) -> Box<dyn Answer> + Send>;
 
 /// A queued write, type-erased: run it inside the batch's transaction, or answer it without
 /// running when the transaction could not begin.
@@ -150,14 +179,6 @@ trait Write: Send {
     fn run(self: Box<Self>, conn: &Connection) -> (bool, Box<dyn Answer>);
     /// Answers with `err` without running.
     fn refuse(self: Box<Self>, err: LedgerError);
-}
-
-/// A write's result, held until its batch commits.
-trait Answer: Send {
-    /// The batch committed: sends the write's own result.
-    fn send(self: Box<Self>);
-    /// The batch did not commit: sends `err` instead.
-    fn fail(self: Box<Self>, err: LedgerError);
 }
 
 struct Pending<F, T> {
@@ -202,10 +223,12 @@ impl<T: Send + 'static> Answer for Ran<T> {
     }
 }
 
-/// The thread's state: the write connection and the queue.
+/// The thread's state: the write connection, the queue and how committed batches are
+/// answered.
 struct Batcher {
     conn: Connection,
     jobs: Option<mpsc::Receiver<Job>>,
+    durability: Durability,
     #[cfg(test)]
     before_commit: Option<BeforeCommit>,
 }
@@ -220,11 +243,14 @@ impl Batcher {
         loop {
             // Once every sender is gone, `recv` still hands out what was queued, then fails.
             let Some(job) = next.take().or_else(|| jobs.recv().ok()) else {
+                // Every queued write is committed: wait for their answers, then close.
+                std::mem::replace(&mut self.durability, Durability::AtCommit).finish();
                 return;
             };
             let first = match job {
                 Job::Alone(work) => {
-                    work(&mut self.conn);
+                    let answer = work(&mut self.conn);
+                    self.durability.committed(vec![answer]);
                     continue;
                 }
                 Job::Batched(write) => write,
@@ -253,6 +279,16 @@ impl Batcher {
     /// Runs the writes at the front of `queue` in one transaction and answers them. Writes
     /// left in `queue` (after a transaction SQLite rolled back by itself) go into another.
     fn transaction(&mut self, queue: &mut VecDeque<Box<dyn Write>>) {
+        if self.durability.refused().is_some() {
+            for write in queue.drain(..) {
+                write.refuse(
+                    self.durability
+                        .refused()
+                        .expect("a failed sync is never forgotten"),
+                );
+            }
+            return;
+        }
         if let Err(err) = self.execute(BEGIN) {
             let err = Arc::new(err);
             for write in queue.drain(..) {
@@ -301,7 +337,7 @@ impl Batcher {
             hook(done.len());
         }
         match self.execute(COMMIT) {
-            Ok(()) => done.into_iter().for_each(Answer::send),
+            Ok(()) => self.durability.committed(done),
             Err(err) => self.abandon(done, &Arc::new(err)),
         }
     }
