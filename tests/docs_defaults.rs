@@ -29,6 +29,8 @@ const SETTINGS: &[&str] = &[
     "ClientBuilder::redirects",
     "ClientBuilder::attempt_header",
     "ClientBuilder::ledger",
+    "ClientBuilder::reconciler",
+    "ClientBuilder::reconciler_for_scope",
     "LedgerOptions::retention",
     "LedgerOptions::lease_slack",
     "LedgerOptions::max_body",
@@ -256,6 +258,12 @@ fn check(row: &Row) -> Result<(), String> {
             expect(setting, value == "none", none)
         }
         "ClientBuilder::ledger" => expect(setting, value == "none", client.ledger().is_none()),
+        "ClientBuilder::reconciler" | "ClientBuilder::reconciler_for_scope" => {
+            // No reconciler: the builder's debug output lists none, by default or by scope.
+            let builder = format!("{:?}", Client::builder());
+            let none = builder.contains("reconcilers: Reconcilers { default: None, by_scope: {} }");
+            expect(setting, value == "none", none)
+        }
         "LedgerOptions::retention" => expect(
             setting,
             ledger_options().retention(duration(value)?),

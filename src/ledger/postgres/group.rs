@@ -53,6 +53,8 @@ pub(super) struct NewRow {
     pub(super) owner: String,
     pub(super) lease_until: i64,
     pub(super) expires_at: i64,
+    pub(super) method: Option<String>,
+    pub(super) url: Option<String>,
 }
 
 /// An operation's outcome, as the lease holder writes it.
@@ -307,7 +309,9 @@ async fn together(
     let owners: Vec<&str> = rows().map(|r| r.owner.as_str()).collect();
     let leases: Vec<i64> = rows().map(|r| r.lease_until).collect();
     let expiries: Vec<i64> = rows().map(|r| r.expires_at).collect();
-    let new_rows: [&(dyn ToSql + Sync); 7] = [
+    let methods: Vec<Option<&str>> = rows().map(|r| r.method.as_deref()).collect();
+    let urls: Vec<Option<&str>> = rows().map(|r| r.url.as_deref()).collect();
+    let new_rows: [&(dyn ToSql + Sync); 9] = [
         &keys,
         &scopes,
         &fingerprints,
@@ -315,6 +319,8 @@ async fn together(
         &owners,
         &leases,
         &expiries,
+        &methods,
+        &urls,
     ];
     let outcomes = || finishes.iter().map(|(outcome, _)| outcome);
     let finished: Vec<&str> = outcomes().map(|o| o.key.as_str()).collect();
@@ -421,7 +427,7 @@ async fn insert_alone(pool: &Pool, row: &NewRow) -> Result<Option<OperationRecor
         .prepare_cached(&statements::INSERT)
         .await
         .map_err(|err| database(err, what))?;
-    let params: [&(dyn ToSql + Sync); 7] = [
+    let params: [&(dyn ToSql + Sync); 9] = [
         &row.key,
         &row.scope,
         &row.fingerprint,
@@ -429,6 +435,8 @@ async fn insert_alone(pool: &Pool, row: &NewRow) -> Result<Option<OperationRecor
         &row.owner,
         &row.lease_until,
         &row.expires_at,
+        &row.method,
+        &row.url,
     ];
     client
         .query_opt(&statement, &params)
@@ -479,6 +487,8 @@ mod tests {
             owner: owner.to_owned(),
             lease_until: 1_704_067_260_000,
             expires_at: 1_704_070_800_000,
+            method: None,
+            url: None,
         }
     }
 

@@ -3,7 +3,7 @@
 //!
 //! `mod.rs` holds the ledger and its calls; `builder.rs` the construction (pool size, connect
 //! timeout, TLS); `statements.rs` the text of each statement; `row.rs` a row's decoding;
-//! `migrate.rs` the schema steps and version; `failure.rs` what an error means to the caller;
+//! `reconcile.rs` what reconciling does to the table; `migrate.rs` the schema steps and version; `failure.rs` what an error means to the caller;
 //! `tls.rs` the rustls connector (feature `postgres-rustls`).
 //!
 //! The pool is deadpool-postgres: it keeps a statement cache per connection (each statement is
@@ -16,6 +16,7 @@ mod builder;
 mod failure;
 mod group;
 mod migrate;
+mod reconcile;
 mod row;
 mod statements;
 #[cfg(feature = "postgres-rustls")]
@@ -36,8 +37,8 @@ use row::read_row;
 
 use super::sql::response_columns;
 use super::{
-    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, OperationRecord,
-    OperationStatus, to_millis,
+    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, ListFilter,
+    OperationRecord, OperationStatus, ReconcileClaim, Resolve, to_millis,
 };
 
 /// A [`Ledger`] in a PostgreSQL table, for fleets of workers sharing one record.
@@ -197,6 +198,8 @@ impl PostgresLedger {
                 owner: claim.owner.clone(),
                 lease_until: to_millis(claim.lease_until),
                 expires_at: to_millis(claim.expires_at),
+                method: claim.method.clone(),
+                url: claim.url.clone(),
             })
             .await?;
         if let Some(record) = inserted {
@@ -341,6 +344,20 @@ impl Ledger for PostgresLedger {
                 .map_err(|err| database(err, what))
         })
     }
+    fn claim_unresolved<'a>(
+        &'a self,
+        claim: &'a ReconcileClaim,
+    ) -> LedgerFuture<'a, Option<Claimed>> {
+        Box::pin(async move { reconcile::claim_unresolved(&self.connection().await?, claim).await })
+    }
+
+    fn resolve<'a>(&'a self, resolve: &'a Resolve) -> LedgerFuture<'a, ()> {
+        Box::pin(async move { reconcile::resolve(&self.connection().await?, resolve).await })
+    }
+
+    fn list<'a>(&'a self, filter: &'a ListFilter) -> LedgerFuture<'a, Vec<OperationRecord>> {
+        Box::pin(async move { reconcile::list(&self.connection().await?, filter).await })
+    }
 }
 #[cfg(test)]
 mod tests {
@@ -421,7 +438,7 @@ mod tests {
             .await
             .expect("read");
         let versions: Vec<i32> = rows.iter().map(|row| row.get(0)).collect();
-        assert_eq!(versions, vec![1]);
+        assert_eq!(versions, vec![2]);
     }
 
     #[tokio::test]

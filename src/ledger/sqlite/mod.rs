@@ -2,9 +2,10 @@
 //!
 //! One writer thread per ledger commits the writes in batches ([`writer`]); reads run on a
 //! read-only connection of their own, beside it. [`statements`] holds what each call does to
-//! the file, [`migrate`] the schema steps.
+//! the file, [`reconcile`] what reconciling does to it, [`migrate`] the schema steps.
 
 mod migrate;
+mod reconcile;
 mod statements;
 mod sync;
 mod writer;
@@ -18,7 +19,8 @@ use rusqlite::{Connection, ErrorCode, OpenFlags};
 use self::writer::Writer;
 use super::sql::TABLE;
 use super::{
-    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, OperationRecord,
+    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, ListFilter,
+    OperationRecord, ReconcileClaim, Resolve,
 };
 
 /// How long a statement waits for another process's write lock before failing.
@@ -352,14 +354,40 @@ impl Ledger for SqliteLedger {
                 .batched(move |conn| statements::purge(conn, now, limit)),
         )
     }
+
+    fn claim_unresolved<'a>(
+        &'a self,
+        claim: &'a ReconcileClaim,
+    ) -> LedgerFuture<'a, Option<Claimed>> {
+        let claim = claim.clone();
+        Box::pin(
+            self.inner
+                .writer
+                .batched(move |conn| reconcile::claim_unresolved(conn, &claim)),
+        )
+    }
+
+    fn resolve<'a>(&'a self, resolve: &'a Resolve) -> LedgerFuture<'a, ()> {
+        let resolve = resolve.clone();
+        Box::pin(
+            self.inner
+                .writer
+                .batched(move |conn| reconcile::resolve(conn, &resolve)),
+        )
+    }
+
+    fn list<'a>(&'a self, filter: &'a ListFilter) -> LedgerFuture<'a, Vec<OperationRecord>> {
+        let filter = filter.clone();
+        Box::pin(self.read(move |conn| reconcile::list(conn, &filter)))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::LedgerErrorKind;
-    use crate::ledger::ledger_conformance;
     use crate::ledger::sql::{Dialect, SCHEMA_VERSION, STEPS};
+    use crate::ledger::{from_millis, ledger_conformance};
 
     /// Every case on a new file of its own, with the claims of the concurrent case racing on
     /// two threads (each claim is a transaction on the ledger's connection).
@@ -447,6 +475,36 @@ mod tests {
             ledger.schema_version().await.expect("version"),
             SCHEMA_VERSION
         );
+    }
+
+    /// A file a release at schema version 1 left, with a row: migrated to version 2 with the
+    /// row kept, its request and resolution unknown, and reconcilable.
+    #[tokio::test]
+    async fn a_version_1_file_gains_the_reconciling_columns_with_its_rows_kept() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("v1.db");
+        let conn = Connection::open(&path).expect("open");
+        for statement in (STEPS[0].statements)(Dialect::Sqlite) {
+            conn.execute_batch(&statement)
+                .expect("the version 1 schema");
+        }
+        conn.execute_batch(&format!(
+            "INSERT INTO {TABLE} (key, scope, fingerprint, status, attempts, first_attempt_at, \
+             expires_at) VALUES ('k', 's', 'f', 'unknown', 2, 1000, 9000); \
+             PRAGMA user_version = 1"
+        ))
+        .expect("a version 1 row");
+        drop(conn);
+        let ledger = SqliteLedger::open(&path).await.expect("open and migrate");
+        assert_eq!(user_version(&path), 2);
+        let row = ledger.get("k").await.expect("read").expect("kept");
+        assert_eq!((row.attempts, row.method, row.resolution), (2, None, None));
+        let hold =
+            ReconcileClaim::new("k", "r", from_millis(10_000), from_millis(70_000)).expect("valid");
+        assert!(matches!(
+            ledger.claim_unresolved(&hold).await.expect("hold"),
+            Some(Claimed::TakenOver { .. })
+        ));
     }
 
     #[tokio::test]
