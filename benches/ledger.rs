@@ -135,17 +135,70 @@ async fn contenders(options: &Options, dir: &Path) -> Vec<(&'static str, Client)
     }
     #[cfg(feature = "postgres")]
     if options.wants("postgres")
-        && let Ok(url) = std::env::var("IDEMPOTENT_RETRY_PG_URL")
+        && let Ok(base) = std::env::var("IDEMPOTENT_RETRY_PG_URL")
     {
-        let mut builder = idempotent_retry::PostgresLedger::builder().url(&url);
-        if let Some(pool) = options.pool {
-            builder = builder.pool_size(pool);
-        }
-        let ledger = builder.build().await.expect("postgres");
+        let url = fresh_database(&base).await;
+        let ledger = match options.pool {
+            Some(pool) => idempotent_retry::PostgresLedger::builder()
+                .url(&url)
+                .pool_size(pool)
+                .build()
+                .await
+                .expect("postgres"),
+            None => idempotent_retry::PostgresLedger::connect(&url)
+                .await
+                .expect("postgres"),
+        };
         ledger.migrate().await.expect("migrate");
         clients.push(("postgres", client(Some(ledger))));
     }
     clients
+}
+
+/// A new database on the server at `base`, so each run starts from an empty table whatever
+/// else the server holds; returns its URL.
+#[cfg(feature = "postgres")]
+async fn fresh_database(base: &str) -> String {
+    let (admin, connection) = tokio_postgres::connect(base, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the PostgreSQL server");
+    tokio::spawn(connection);
+    let name = format!(
+        "ir_bench_{}",
+        IdempotencyKey::random().as_str().replace('-', "")
+    );
+    admin
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .expect("create the bench's database");
+    let (prefix, _) = base.rsplit_once('/').expect("URL ends with /database");
+    format!("{prefix}/{name}")
+}
+
+/// Drops the databases [`fresh_database`] made, this run's and any an interrupted run left.
+#[cfg(feature = "postgres")]
+async fn drop_bench_databases() {
+    let Ok(base) = std::env::var("IDEMPOTENT_RETRY_PG_URL") else {
+        return;
+    };
+    let (admin, connection) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the PostgreSQL server");
+    tokio::spawn(connection);
+    let names = admin
+        .query(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'ir\\_bench\\_%'",
+            &[],
+        )
+        .await
+        .expect("list the bench's databases");
+    for row in names {
+        let name: String = row.get(0);
+        admin
+            .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
+            .await
+            .expect("drop the bench's database");
+    }
 }
 
 /// Sends one keyed POST under the `n`th key of `run` and checks the answer.
@@ -252,6 +305,9 @@ fn main() {
                 });
             }
         }
+        drop(clients);
+        #[cfg(feature = "postgres")]
+        drop_bench_databases().await;
         cells
     });
     runtime.shutdown_timeout(Duration::from_secs(1));

@@ -11,6 +11,11 @@
 //! 3. sends the same operation again (a redelivered job): it is answered from the ledger,
 //!    and nothing is sent.
 //!
+//! It implements the reconciling methods too (`claim_unresolved`, `resolve`, `list`), so a
+//! `Reconciler`, `Client::reconcile_unresolved` and the operators' command work on it; a ledger
+//! that leaves them to the trait's provided methods still compiles, and answers unresolved
+//! rows past their window with `ReconcileWindow` as before.
+//!
 //! A store with real durability (a database, a key-value service) follows the same shape:
 //! the claim's check-and-write in one conditional write (an `INSERT ... ON CONFLICT`, a
 //! conditional put), the holder checks in the update's condition.
@@ -24,7 +29,8 @@ use std::time::SystemTime;
 use idempotent_retry::testkit::{self, Fault, Receiver, RecordingSleeper, When};
 use idempotent_retry::{
     AttemptUpdate, Claim, Claimed, Client, Finish, Ledger, LedgerError, LedgerErrorKind,
-    LedgerFuture, OperationRecord, OperationStatus, RetryReport,
+    LedgerFuture, ListFilter, OperationRecord, OperationStatus, ReconcileClaim, Resolve,
+    RetryReport,
 };
 
 /// Operations in process memory, one row per idempotency key. Clones share the rows.
@@ -45,15 +51,18 @@ impl MapLedger {
     fn claim_now(&self, claim: &Claim) -> Result<Claimed, LedgerError> {
         let mut rows = self.rows();
         let Some(row) = rows.get(&claim.key) else {
-            let record = OperationRecord::builder(
+            let mut builder = OperationRecord::builder(
                 &claim.key,
                 &claim.fingerprint,
                 claim.now,
                 claim.expires_at,
             )
             .scope(&claim.scope)
-            .lease(&claim.owner, claim.lease_until)
-            .build()?;
+            .lease(&claim.owner, claim.lease_until);
+            if let (Some(method), Some(url)) = (&claim.method, &claim.url) {
+                builder = builder.request(method, url);
+            }
+            let record = builder.build()?;
             rows.insert(claim.key.clone(), record.clone());
             return Ok(Claimed::New(record));
         };
@@ -142,6 +151,65 @@ impl Ledger for MapLedger {
         }
         let deleted = u64::try_from(expired.len()).unwrap_or(u64::MAX);
         Box::pin(std::future::ready(Ok(deleted)))
+    }
+
+    fn claim_unresolved<'a>(
+        &'a self,
+        claim: &'a ReconcileClaim,
+    ) -> LedgerFuture<'a, Option<Claimed>> {
+        let mut rows = self.rows();
+        let claimed = rows.get_mut(&claim.key).map(|row| {
+            if !claim.may_take(row) {
+                return Claimed::Existing(row.clone());
+            }
+            let previous = row.status;
+            row.status = OperationStatus::InFlight;
+            row.lease_owner = Some(claim.owner.clone());
+            row.lease_expires_at = Some(claim.lease_until);
+            Claimed::TakenOver {
+                record: row.clone(),
+                previous,
+            }
+        });
+        Box::pin(std::future::ready(Ok(claimed)))
+    }
+
+    fn resolve<'a>(&'a self, resolve: &'a Resolve) -> LedgerFuture<'a, ()> {
+        let result = self.as_holder(&resolve.key, &resolve.owner, |row| {
+            row.status = resolve.status;
+            row.response = resolve.response.clone();
+            row.lease_owner = None;
+            row.lease_expires_at = None;
+            if let Some(from) = resolve.window_from {
+                row.first_attempt_at = from;
+            }
+            if let Some(keep) = resolve.keep_until {
+                row.expires_at = row.expires_at.max(keep);
+            }
+            if let Some(note) = &resolve.note {
+                row.resolution = Some(note.clone());
+            }
+        });
+        Box::pin(std::future::ready(result))
+    }
+
+    fn list<'a>(&'a self, filter: &'a ListFilter) -> LedgerFuture<'a, Vec<OperationRecord>> {
+        if filter.limit == 0 {
+            let refused = LedgerError::new(
+                LedgerErrorKind::InvalidInput,
+                "list limit must be at least 1",
+            );
+            return Box::pin(std::future::ready(Err(refused)));
+        }
+        let mut rows: Vec<OperationRecord> = self
+            .rows()
+            .values()
+            .filter(|row| filter.selects(row))
+            .cloned()
+            .collect();
+        rows.sort_by(|a, b| (a.first_attempt_at, &a.key).cmp(&(b.first_attempt_at, &b.key)));
+        rows.truncate(usize::try_from(filter.limit).unwrap_or(usize::MAX));
+        Box::pin(std::future::ready(Ok(rows)))
     }
 }
 

@@ -416,6 +416,10 @@ impl RetryBudget {
     pub fn record_first_attempt_success(&self) {
         let capacity = self.inner.config.capacity;
         let reward = self.inner.config.success_reward;
+        // A full bucket (the usual case) is only read: no write to a line every core shares.
+        if self.inner.tokens.load(Ordering::Relaxed) >= capacity {
+            return;
+        }
         // `fetch_update` with a closure that always returns `Some` cannot fail.
         let _ = self
             .inner

@@ -23,6 +23,8 @@
 //! key), so we want every byte of it under our own tests. The one hard part, shortest round-trip
 //! number formatting with ECMAScript's layout rules, is delegated to the `ryu-js` crate.
 
+use std::io;
+
 use serde_json::{Map, Number, Value};
 
 /// Serializes `value` as RFC 8785 canonical JSON.
@@ -34,7 +36,8 @@ use serde_json::{Map, Number, Value};
 /// its members were inserted in and however its numbers were spelled.
 ///
 /// The walk uses an explicit stack, so arbitrarily deep values do not overflow the thread's
-/// stack.
+/// stack. To write the bytes somewhere without building the string (a hasher, a file), use
+/// [`to_writer`].
 ///
 /// # Examples
 ///
@@ -55,7 +58,73 @@ use serde_json::{Map, Number, Value};
 /// ```
 #[must_use]
 pub fn to_string(value: &Value) -> String {
-    let mut out = String::new();
+    let mut out = Vec::new();
+    walk(value, &mut out);
+    // Every byte written is either copied from a `&str` at char boundaries or ASCII.
+    String::from_utf8(out).expect("canonical JSON is UTF-8")
+}
+
+/// Writes `value` as RFC 8785 canonical JSON (the bytes of [`to_string`]) to `writer`,
+/// without building the string: a hasher wrapped as an [`io::Write`], a file, a socket.
+///
+/// The bytes go to `writer` in small pieces as the walk produces them (a token, a run of a
+/// string); wrap a writer for which each call is costly in an [`io::BufWriter`].
+///
+/// # Errors
+///
+/// The first error `writer` returns; nothing more is written after it.
+///
+/// # Examples
+///
+/// ```
+/// use idempotent_retry::canonical;
+/// use serde_json::json;
+///
+/// let mut out = Vec::new();
+/// canonical::to_writer(&json!({ "b": 2, "a": [1.0, "x"] }), &mut out)?;
+/// assert_eq!(out, br#"{"a":[1,"x"],"b":2}"#);
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub fn to_writer<W: io::Write + ?Sized>(value: &Value, writer: &mut W) -> io::Result<()> {
+    let mut sink = IoSink {
+        writer,
+        failed: None,
+    };
+    walk(value, &mut sink);
+    sink.failed.map_or(Ok(()), Err)
+}
+
+/// Where the walk puts the canonical bytes. Infallible, so the walk stays one loop; a sink
+/// that can fail keeps its first error itself.
+pub(crate) trait Sink {
+    /// Appends `bytes`.
+    fn put(&mut self, bytes: &[u8]);
+}
+
+impl Sink for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+/// An [`io::Write`] as a sink: the first error is kept and ends the writing.
+struct IoSink<'w, W: io::Write + ?Sized> {
+    writer: &'w mut W,
+    failed: Option<io::Error>,
+}
+
+impl<W: io::Write + ?Sized> Sink for IoSink<'_, W> {
+    fn put(&mut self, bytes: &[u8]) {
+        if self.failed.is_none()
+            && let Err(err) = self.writer.write_all(bytes)
+        {
+            self.failed = Some(err);
+        }
+    }
+}
+
+/// Writes `value` into `out`, iteratively.
+pub(crate) fn walk(value: &Value, out: &mut impl Sink) {
     // Containers still being written, innermost last. Each holds the members it has yet to
     // write, so the stack grows with nesting depth, never with the call stack.
     let mut stack: Vec<Frame<'_>> = Vec::new();
@@ -65,22 +134,22 @@ pub fn to_string(value: &Value) -> String {
     loop {
         if let Some(value) = next.take() {
             match value {
-                Value::Null => out.push_str("null"),
-                Value::Bool(true) => out.push_str("true"),
-                Value::Bool(false) => out.push_str("false"),
-                Value::Number(number) => write_number(&mut out, number),
-                Value::String(string) => write_string(&mut out, string),
+                Value::Null => out.put(b"null"),
+                Value::Bool(true) => out.put(b"true"),
+                Value::Bool(false) => out.put(b"false"),
+                Value::Number(number) => write_number(out, number),
+                Value::String(string) => write_string(out, string),
                 Value::Array(items) => {
-                    out.push('[');
+                    out.put(b"[");
                     stack.push(Frame::Array {
                         items: items.iter(),
                         first: true,
                     });
                 }
                 Value::Object(map) => {
-                    out.push('{');
+                    out.put(b"{");
                     stack.push(Frame::Object {
-                        members: sorted_members(map).into_iter(),
+                        members: Members::of(map),
                         first: true,
                     });
                 }
@@ -94,32 +163,31 @@ pub fn to_string(value: &Value) -> String {
             Frame::Array { items, first } => match items.next() {
                 Some(item) => {
                     if !std::mem::replace(first, false) {
-                        out.push(',');
+                        out.put(b",");
                     }
                     next = Some(item);
                 }
                 None => {
-                    out.push(']');
+                    out.put(b"]");
                     stack.pop();
                 }
             },
             Frame::Object { members, first } => match members.next() {
                 Some((name, member)) => {
                     if !std::mem::replace(first, false) {
-                        out.push(',');
+                        out.put(b",");
                     }
-                    write_string(&mut out, name);
-                    out.push(':');
+                    write_string(out, name);
+                    out.put(b":");
                     next = Some(member);
                 }
                 None => {
-                    out.push('}');
+                    out.put(b"}");
                     stack.pop();
                 }
             },
         }
     }
-    out
 }
 
 /// A container whose opening bracket is written and whose members are not all written yet.
@@ -129,28 +197,71 @@ enum Frame<'a> {
         first: bool,
     },
     Object {
-        members: std::vec::IntoIter<(&'a str, &'a Value)>,
+        members: Members<'a>,
         first: bool,
     },
 }
 
-/// The members of `map` in RFC 8785 order: names compared as UTF-16 code unit sequences.
-///
-/// This differs from UTF-8 byte order (and from `serde_json`'s `BTreeMap<String, _>`) only when
-/// a character above U+FFFF meets one in U+E000..=U+FFFF: as UTF-16 the former starts with a
-/// surrogate (0xD800..=0xDBFF) and sorts first, as UTF-8 it starts with 0xF0 and sorts last.
-fn sorted_members(map: &Map<String, Value>) -> Vec<(&str, &Value)> {
-    let mut members: Vec<(&str, &Value)> = map
-        .iter()
-        .map(|(name, value)| (name.as_str(), value))
-        .collect();
-    // Names are unique, so an unstable sort is deterministic.
-    members.sort_unstable_by(|(a, _), (b, _)| a.encode_utf16().cmp(b.encode_utf16()));
-    members
+/// An object's members in RFC 8785 order.
+enum Members<'a> {
+    /// The map's own order, when it is already the canonical one.
+    InOrder(serde_json::map::Iter<'a>),
+    /// Sorted into a list of their own.
+    Sorted(std::vec::IntoIter<(&'a str, &'a Value)>),
 }
 
+impl<'a> Members<'a> {
+    /// The members of `map` in RFC 8785 order: names compared as UTF-16 code unit sequences.
+    ///
+    /// This differs from UTF-8 byte order (and from `serde_json`'s `BTreeMap<String, _>`) only
+    /// when a character above U+FFFF meets one in U+E000..=U+FFFF: as UTF-16 the former starts
+    /// with a surrogate (0xD800..=0xDBFF) and sorts first, as UTF-8 it starts with 0xF0 and
+    /// sorts last. Names with no byte from 0xEE up (the lead bytes of both ranges) order alike
+    /// either way, so a map that iterates them in byte order (serde_json's default map does)
+    /// is walked as it is, with nothing allocated; any other map (names with such characters,
+    /// or the insertion order of serde_json's `preserve_order` feature) is sorted.
+    fn of(map: &'a Map<String, Value>) -> Self {
+        let mut previous: Option<&str> = None;
+        let mut in_order = true;
+        let mut bytewise = true;
+        for name in map.keys() {
+            bytewise &= name.is_ascii() || name.bytes().all(|byte| byte < 0xEE);
+            in_order &= previous.is_none_or(|previous| previous < name.as_str());
+            previous = Some(name);
+        }
+        if in_order && bytewise {
+            return Members::InOrder(map.iter());
+        }
+        let mut members: Vec<(&str, &Value)> = map
+            .iter()
+            .map(|(name, value)| (name.as_str(), value))
+            .collect();
+        // Names are unique, so an unstable sort is deterministic.
+        if bytewise {
+            members.sort_unstable_by_key(|&(name, _)| name);
+        } else {
+            members.sort_unstable_by(|(a, _), (b, _)| a.encode_utf16().cmp(b.encode_utf16()));
+        }
+        Members::Sorted(members.into_iter())
+    }
+}
+
+impl<'a> Iterator for Members<'a> {
+    type Item = (&'a str, &'a Value);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            Members::InOrder(members) => members.next().map(|(name, value)| (name.as_str(), value)),
+            Members::Sorted(members) => members.next(),
+        }
+    }
+}
+
+/// 2^53: up to this magnitude every integer is a double, and every integral double an `i64`.
+const EXACT_INTEGERS: f64 = 9_007_199_254_740_992.0;
+
 /// Appends `number` as ECMAScript's `Number.prototype.toString` prints the nearest double.
-fn write_number(out: &mut String, number: &Number) {
+fn write_number(out: &mut impl Sink, number: &Number) {
     // `as` rounds an integer to the nearest double (ties to even), as RFC 8785 wants for
     // integers beyond 2^53.
     let double = if let Some(unsigned) = number.as_u64() {
@@ -161,53 +272,82 @@ fn write_number(out: &mut String, number: &Number) {
         number.as_f64()
     };
     match double.filter(|double| double.is_finite()) {
+        // An integral double of at most 2^53 in magnitude is an `i64` exactly, and ECMAScript
+        // prints it as its plain decimal digits (`-0` as `0`): itoa's output, at a fraction of
+        // a float formatter's cost. Tool arguments are mostly such integers.
+        Some(double) if double.fract() == 0.0 && double.abs() <= EXACT_INTEGERS => {
+            #[allow(
+                clippy::cast_possible_truncation,
+                reason = "an integral double within 2^53 converts exactly"
+            )]
+            let integer = double as i64;
+            out.put(itoa::Buffer::new().format(integer).as_bytes());
+        }
         // ryu-js prints both zeros as `0`, integers below 1e21 without exponent or fraction,
         // and `e+`/`e-` exponents elsewhere, exactly as ECMAScript does.
-        Some(double) => out.push_str(ryu_js::Buffer::new().format_finite(double)),
+        Some(double) => out.put(ryu_js::Buffer::new().format_finite(double).as_bytes()),
         // Unreachable with serde_json's default features: a `Number` always holds a finite
         // `u64`, `i64` or `f64`. Only the `arbitrary_precision` feature can hold text with no
         // finite double (such as `1e400`); RFC 8785 has no spelling for it, so keep its text.
-        None => out.push_str(&number.to_string()),
+        None => out.put(number.to_string().as_bytes()),
     }
 }
 
-/// Appends `string` as a JSON string literal with RFC 8785's minimal escapes.
-fn write_string(out: &mut String, string: &str) {
-    out.push('"');
+/// For each byte, the escape RFC 8785 gives it: 0 for none, `u` for `\u00xx`, otherwise the
+/// character written after the backslash. One lookup a byte, as serde_json's own writer does.
+static ESCAPES: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut byte = 0;
+    while byte < 0x20 {
+        table[byte] = b'u';
+        byte += 1;
+    }
+    table[0x08] = b'b';
+    table[0x09] = b't';
+    table[0x0a] = b'n';
+    table[0x0c] = b'f';
+    table[0x0d] = b'r';
+    table[b'"' as usize] = b'"';
+    table[b'\\' as usize] = b'\\';
+    table
+};
+
+/// Appends `string` as a JSON string literal with RFC 8785's minimal escapes: `\"`, `\\`,
+/// `\b`, `\f`, `\n`, `\r`, `\t`, the other C0 controls as `\u00xx`, everything else as is.
+fn write_string(out: &mut impl Sink, string: &str) {
+    out.put(b"\"");
     let bytes = string.as_bytes();
     // Start of the run of bytes that need no escape and are not yet written.
     let mut run_start = 0;
     for (index, &byte) in bytes.iter().enumerate() {
-        let escape = match byte {
-            b'"' => "\\\"",
-            b'\\' => "\\\\",
-            0x08 => "\\b",
-            0x0c => "\\f",
-            b'\n' => "\\n",
-            b'\r' => "\\r",
-            b'\t' => "\\t",
-            0x00..=0x1f => "",
-            _ => continue,
-        };
-        // Every byte matched above is ASCII, so `index` is a char boundary.
-        out.push_str(&string[run_start..index]);
-        if escape.is_empty() {
+        let escape = ESCAPES[usize::from(byte)];
+        if escape == 0 {
+            continue;
+        }
+        // Every escaped byte is ASCII, so the run ends at a char boundary.
+        out.put(&bytes[run_start..index]);
+        if escape == b'u' {
             push_unicode_escape(out, byte);
         } else {
-            out.push_str(escape);
+            out.put(&[b'\\', escape]);
         }
         run_start = index + 1;
     }
-    out.push_str(&string[run_start..]);
-    out.push('"');
+    out.put(&bytes[run_start..]);
+    out.put(b"\"");
 }
 
 /// Appends a C0 control byte as a lowercase `\u00xx` escape.
-fn push_unicode_escape(out: &mut String, byte: u8) {
+fn push_unicode_escape(out: &mut impl Sink, byte: u8) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    out.push_str("\\u00");
-    out.push(char::from(HEX[usize::from(byte >> 4)]));
-    out.push(char::from(HEX[usize::from(byte & 0x0f)]));
+    out.put(&[
+        b'\\',
+        b'u',
+        b'0',
+        b'0',
+        HEX[usize::from(byte >> 4)],
+        HEX[usize::from(byte & 0x0f)],
+    ]);
 }
 
 #[cfg(test)]
@@ -551,6 +691,70 @@ mod tests {
         })
     }
 
+    /// RFC 8785 the plain way, to hold the walk against: recursive, and every object's
+    /// members sorted by UTF-16 code units.
+    fn reference(value: &Value) -> String {
+        match value {
+            Value::Array(items) => {
+                let items: Vec<String> = items.iter().map(reference).collect();
+                format!("[{}]", items.join(","))
+            }
+            Value::Object(map) => {
+                let mut members: Vec<(&String, &Value)> = map.iter().collect();
+                members.sort_by(|(a, _), (b, _)| a.encode_utf16().cmp(b.encode_utf16()));
+                let members: Vec<String> = members
+                    .into_iter()
+                    .map(|(name, member)| {
+                        format!(
+                            "{}:{}",
+                            reference(&Value::String(name.clone())),
+                            reference(member)
+                        )
+                    })
+                    .collect();
+                format!("{{{}}}", members.join(","))
+            }
+            leaf => canonical_json(leaf),
+        }
+    }
+
+    /// A writer that fails after taking `room` bytes.
+    struct Full {
+        room: usize,
+        taken: Vec<u8>,
+    }
+
+    impl std::io::Write for Full {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            if self.room == 0 {
+                return Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "full"));
+            }
+            let n = bytes.len().min(self.room);
+            self.taken.extend_from_slice(&bytes[..n]);
+            self.room -= n;
+            Ok(n)
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_failing_writer_s_first_error_is_returned_and_nothing_follows_it() {
+        let value = json!({ "b": [1, 2, 3], "a": "text" });
+        let mut full = Full {
+            room: 7,
+            taken: Vec::new(),
+        };
+        let err = super::to_writer(&value, &mut full).expect_err("no room left");
+        assert_eq!(err.kind(), std::io::ErrorKind::StorageFull);
+        assert_eq!(
+            full.taken, br#"{"a":"t"#,
+            "the bytes before the error, nothing after"
+        );
+    }
+
     proptest! {
         #[test]
         fn output_reparses_to_the_input_and_is_a_fixed_point(value in arbitrary_json()) {
@@ -559,6 +763,20 @@ mod tests {
                 .map_err(|error| TestCaseError::fail(format!("{error}: {text}")))?;
             prop_assert_eq!(normalize_numbers(&reparsed), normalize_numbers(&value));
             prop_assert_eq!(canonical_json(&reparsed), text);
+        }
+
+        /// Whatever the map's order and names, the members come out in UTF-16 order (the
+        /// walk keeps the map's own order only when it is that order), and the writer and the
+        /// string agree byte for byte.
+        #[test]
+        fn the_writer_the_length_and_the_string_agree_with_a_sorting_reference(
+            value in arbitrary_json()
+        ) {
+            let text = canonical_json(&value);
+            prop_assert_eq!(&text, &reference(&value));
+            let mut written = Vec::new();
+            super::to_writer(&value, &mut written).expect("a Vec takes every byte");
+            prop_assert_eq!(written, text.as_bytes());
         }
 
         #[test]

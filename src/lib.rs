@@ -135,6 +135,8 @@
 //! | [`ClientBuilder::attempt_header`] | none | the key, not the attempt number, makes a retry safe |
 //! | [`ClientBuilder::ledger`] | none | what the client knows lives for one `send` |
 //! | [`ClientBuilder::key_in_spans`] | off | a derived key can reveal its inputs, and every trace backend keeps what it receives; failed operations' `warn` events name the key either way |
+//! | [`ClientBuilder::reconciler`] | none | only your receiver can say whether an operation ran: past the window, a run answers `ReconcileWindow` |
+//! | [`ClientBuilder::reconciler_for_scope`] | none | as for the client's reconciler; a scope's own takes precedence over it |
 //! | [`LedgerOptions::retention`] | 7 days | cheap to keep, and covers manual replays and incident forensics; never less than twice the request's reconcile window |
 //! | [`LedgerOptions::lease_slack`] | 30 s | far above the clock skew of NTP-synchronized workers (milliseconds) |
 //! | [`LedgerOptions::max_body`] | 64 KiB | an API's JSON answer; a longer body is passed through and not saved |
@@ -174,7 +176,7 @@
 //! | for a different request (method, URL or canonical body) | [`ErrorKind::KeyReuse`], nothing sent |
 //! | succeeded | the saved response, [`RetryReport::is_replayed`], nothing sent |
 //! | under another run's live lease | [`ErrorKind::LeaseHeld`], nothing sent (or waits: [`LeaseHeldPolicy`]) |
-//! | first attempted longer ago than the reconcile window | [`ErrorKind::ReconcileWindow`], nothing sent |
+//! | first attempted longer ago than the reconcile window | [`ErrorKind::ReconcileWindow`], nothing sent; but an unresolved row is first settled by the scope's [`Reconciler`], if one is set (below) |
 //! | otherwise (unknown, failed, or a lapsed lease left by a crash) | sends with the same key, inside the original window |
 //!
 //! [`MemoryLedger`] serves one process, `SqliteLedger` (feature `sqlite`) one machine,
@@ -183,6 +185,21 @@
 //! carries the key and the outcome flag. A dropped `send` gives its lease back at once, a dead
 //! process's lease lapses. [`ClientBuilder::ledger`] has an example, [`Ledger`] the stages of
 //! one run, the schema and the incident query.
+//!
+//! # Reconciling unknown outcomes
+//!
+//! Inside the window, sending again with the same key is the reconcile: the receiver replays
+//! what ran. After it, a [`Reconciler`] finds out what happened ([`HttpProbe`] asks the
+//! receiver with a `GET` built from the row, [`reconcile_fn`] runs your own lookup,
+//! [`SendAgain`] trusts a receiver that keeps keys longer than the window) and answers a
+//! [`Resolution`]: `Done` (the response to replay), `NotDone` (send it in a new window) or
+//! `Unknown`. It runs under the row's lease, as a run does, and the row records who resolved
+//! it and when: when a run finds the row past its window
+//! ([`ClientBuilder::reconciler`], [`ClientBuilder::reconciler_for_scope`]), on demand
+//! ([`Client::reconcile`]), and in sweeps of unresolved rows
+//! ([`Client::reconcile_unresolved`]). Operators settle rows by hand with
+//! [`resolve_by_hand`], or with the `idempotent-retry-ledger` command (feature `cli`); the
+//! README's "After outcome unknown" says what to do when.
 //!
 //! # Testing
 //!
@@ -260,6 +277,7 @@
 //! | `postgres-rustls` | `postgres` with TLS through rustls and the aws-lc-rs provider, trusting the CAs in a PEM file (`PostgresLedgerBuilder::tls_ca_file`) |
 //! | `opentelemetry` | trace context on the wire: each request carries its own CLIENT span's `traceparent` ([traces](#traces)); needs a `tracing-opentelemetry` layer (0.34, OpenTelemetry 0.33) in the subscriber |
 //! | `metrics` | [metrics](#metrics) through the `metrics` facade (0.24) |
+//! | `cli` | the `idempotent-retry-ledger` command: `list`, `show`, `resolve`, `purge` and `duplicates` over an SQLite ledger file, or a PostgreSQL one with `postgres` too (`--help` has the options and exit statuses) |
 //! | `testkit` | [`testkit`]: the loopback receiver with fault scripting and a side-effect recorder, deterministic helpers and the ledger conformance suite, for tests |
 //!
 //! (`internals` is for the crate's own benches and fuzz targets, outside semver: leave it off.)
@@ -339,9 +357,11 @@ pub use keyed::{DerivationSecret, InvalidSecret};
 #[cfg(feature = "sqlite")]
 pub use ledger::SqliteLedger;
 pub use ledger::{
-    AttemptUpdate, Claim, ClaimBuilder, Claimed, Finish, LeaseHeldPolicy, Ledger, LedgerError,
-    LedgerErrorKind, LedgerFuture, LedgerOptions, MemoryLedger, OperationRecord,
-    OperationRecordBuilder, OperationStatus, SavedResponse,
+    AttemptUpdate, Claim, ClaimBuilder, Claimed, Finish, HttpProbe, LeaseHeldPolicy, Ledger,
+    LedgerError, LedgerErrorKind, LedgerFuture, LedgerOptions, ListFilter, MemoryLedger,
+    OperationRecord, OperationRecordBuilder, OperationStatus, ReconcileClaim, ReconcileFn,
+    ReconcileFuture, Reconciled, Reconciler, Resolution, ResolutionKind, ResolutionNote, Resolve,
+    SavedResponse, SendAgain, SweepReport, reconcile_fn, resolve_by_hand,
 };
 #[cfg(feature = "postgres")]
 pub use ledger::{PostgresLedger, PostgresLedgerBuilder};

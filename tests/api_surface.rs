@@ -16,6 +16,10 @@ use idempotent_retry::{
     SavedResponse, TokioClock, TokioSleeper, Wait, WaitReason, WithoutIdempotencyKey, backoff,
     canonical, retry_after,
 };
+use idempotent_retry::{
+    HttpProbe, ListFilter, ReconcileClaim, ReconcileFn, Reconciled, Resolution, ResolutionKind,
+    ResolutionNote, Resolve, SendAgain, SweepReport,
+};
 use serde_json::json;
 
 fn shareable<T: Send + Sync + Debug + 'static>() {}
@@ -57,6 +61,18 @@ fn every_public_value_type_is_send_sync_debug_and_static() {
     shareable::<RetryPolicy>();
     shareable::<RetryReport>();
     shareable::<SavedResponse>();
+    shareable::<HttpProbe>();
+    shareable::<ListFilter>();
+    shareable::<ReconcileClaim>();
+    shareable::<Reconciled>();
+    shareable::<Resolution>();
+    shareable::<ResolutionKind>();
+    shareable::<ResolutionNote>();
+    shareable::<Resolve>();
+    shareable::<SendAgain>();
+    shareable::<SweepReport>();
+    type Lookup = fn(idempotent_retry::OperationRecord) -> std::future::Ready<Resolution>;
+    shareable::<ReconcileFn<Lookup>>();
     shareable::<TokioClock>();
     shareable::<TokioSleeper>();
     shareable::<Wait>();

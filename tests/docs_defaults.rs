@@ -30,6 +30,8 @@ const SETTINGS: &[&str] = &[
     "ClientBuilder::attempt_header",
     "ClientBuilder::ledger",
     "ClientBuilder::key_in_spans",
+    "ClientBuilder::reconciler",
+    "ClientBuilder::reconciler_for_scope",
     "LedgerOptions::retention",
     "LedgerOptions::lease_slack",
     "LedgerOptions::max_body",
@@ -261,6 +263,12 @@ fn check(row: &Row) -> Result<(), String> {
             // Setting the table's value on a default builder changes nothing.
             let table = format!("{:?}", Client::builder().key_in_spans(switch(value)?));
             expect(setting, table, format!("{:?}", Client::builder()))
+        }
+        "ClientBuilder::reconciler" | "ClientBuilder::reconciler_for_scope" => {
+            // No reconciler: the builder's debug output lists none, by default or by scope.
+            let builder = format!("{:?}", Client::builder());
+            let none = builder.contains("reconcilers: Reconcilers { default: None, by_scope: {} }");
+            expect(setting, value == "none", none)
         }
         "LedgerOptions::retention" => expect(
             setting,

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use idempotent_retry::testkit::{ConformanceReport, ledger_conformance};
 use idempotent_retry::{
-    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerErrorKind, LedgerFuture, MemoryLedger,
-    OperationRecord, SavedResponse,
+    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerErrorKind, LedgerFuture, ListFilter,
+    MemoryLedger, OperationRecord, ReconcileClaim, Resolve, SavedResponse,
 };
 
 /// One rule a [`Faulty`] ledger breaks.
@@ -49,15 +49,18 @@ impl Ledger for Faulty {
             if self.fault == Fault::CheckThenInsert && self.inner.get(&claim.key).await?.is_none() {
                 // Another claim runs between the check and the insert, which then overwrites.
                 tokio::task::yield_now().await;
-                let inserted = OperationRecord::builder(
+                let mut inserted = OperationRecord::builder(
                     &claim.key,
                     &claim.fingerprint,
                     claim.now,
                     claim.expires_at,
                 )
                 .scope(&claim.scope)
-                .lease(&claim.owner, claim.lease_until)
-                .build()?;
+                .lease(&claim.owner, claim.lease_until);
+                if let (Some(method), Some(url)) = (&claim.method, &claim.url) {
+                    inserted = inserted.request(method, url);
+                }
+                let inserted = inserted.build()?;
                 self.inner.claim(claim).await?;
                 return Ok(Claimed::New(inserted));
             }
@@ -128,6 +131,68 @@ impl Ledger for Faulty {
             self.inner.purge_batch(now, limit)
         }
     }
+
+    fn claim_unresolved<'a>(
+        &'a self,
+        claim: &'a ReconcileClaim,
+    ) -> LedgerFuture<'a, Option<Claimed>> {
+        self.inner.claim_unresolved(claim)
+    }
+
+    fn resolve<'a>(&'a self, resolve: &'a Resolve) -> LedgerFuture<'a, ()> {
+        self.inner.resolve(resolve)
+    }
+
+    fn list<'a>(&'a self, filter: &'a ListFilter) -> LedgerFuture<'a, Vec<OperationRecord>> {
+        self.inner.list(filter)
+    }
+}
+
+/// A ledger written before reconciling existed: the required methods only, so the trait's
+/// provided `claim_unresolved`, `resolve` and `list` answer for it.
+#[derive(Debug, Clone, Default)]
+struct BeforeReconciling(MemoryLedger);
+
+impl Ledger for BeforeReconciling {
+    fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
+        self.0.claim(claim)
+    }
+    fn record_attempt<'a>(&'a self, update: &'a AttemptUpdate) -> LedgerFuture<'a, ()> {
+        self.0.record_attempt(update)
+    }
+    fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
+        self.0.finish(finish)
+    }
+    fn get<'a>(&'a self, key: &'a str) -> LedgerFuture<'a, Option<OperationRecord>> {
+        self.0.get(key)
+    }
+    fn purge_batch(&self, now: std::time::SystemTime, limit: u32) -> LedgerFuture<'_, u64> {
+        self.0.purge_batch(now, limit)
+    }
+}
+
+/// Such a ledger keeps compiling and passes every case it passed before; the reconciling
+/// cases fail by name, saying the method is not implemented.
+#[tokio::test]
+async fn a_ledger_from_before_reconciling_fails_only_the_reconciling_cases() {
+    let report = ledger_conformance(|| async { BeforeReconciling::default() }).await;
+    assert_eq!(
+        failed(&report),
+        [
+            "only unknown rows and dead runs are held to reconcile",
+            "concurrent holds of one row acquire it once",
+            "a resolution is written by its holder and releases the row",
+            "unresolved and list select, order and limit rows",
+        ],
+        "{report}"
+    );
+    let says = message(&report, "unresolved and list select, order and limit rows");
+    assert!(
+        says.ends_with(
+            "not supported by this ledger: this ledger does not implement Ledger::list\""
+        ),
+        "{says}"
+    );
 }
 
 async fn run(fault: Fault) -> ConformanceReport {
@@ -160,7 +225,7 @@ async fn the_memory_ledger_passes_every_case_and_the_report_lists_them() {
     assert!(report.passed());
     assert!(report.failures().is_empty());
     let cases: Vec<&str> = report.cases().collect();
-    assert_eq!(cases.len(), 16, "{cases:?}");
+    assert_eq!(cases.len(), 21, "{cases:?}");
     for case in [
         "concurrent claims of one key acquire it once",
         "a lapsed lease is taken over and its holder refused",
@@ -169,12 +234,14 @@ async fn the_memory_ledger_passes_every_case_and_the_report_lists_them() {
         "saved responses round trip",
         "a purge batch honours its limit",
         "purge_expired deletes every expired row in batches",
+        "only unknown rows and dead runs are held to reconcile",
+        "a resolution is written by its holder and releases the row",
     ] {
         assert!(cases.contains(&case), "{case:?} not in {cases:?}");
     }
     assert_eq!(
         report.to_string(),
-        "ledger conformance: 16 of 16 cases passed"
+        "ledger conformance: 21 of 21 cases passed"
     );
 }
 
@@ -301,7 +368,7 @@ async fn a_panicking_ledger_is_reported_case_by_case_and_assert_passed_names_the
         .downcast_ref::<String>()
         .expect("assert_passed panics with the report");
     assert!(
-        text.starts_with("ledger conformance: 0 of 16 cases passed\n  a new key is inserted in flight: panicked: the get of new broke"),
+        text.starts_with("ledger conformance: 0 of 21 cases passed\n  a new key is inserted in flight: panicked: the get of new broke"),
         "{text}"
     );
     assert_eq!(text, &report.to_string());

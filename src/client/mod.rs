@@ -25,7 +25,10 @@ use reqwest::IntoUrl;
 
 use crate::budget::RetryBudget;
 use crate::error::Error;
-use crate::ledger::{Ledger, LedgerError, LedgerHandle, LedgerOptions};
+use crate::ledger::{
+    Ledger, LedgerError, LedgerHandle, LedgerOptions, ReconcileContext, Reconciled, Reconciler,
+    Reconcilers, SweepReport,
+};
 use crate::observe::{AttemptEvent, Chain, Observer, OnAttempt, OnOperation, OperationEvent};
 use crate::policy::RetryPolicy;
 use crate::settings::{Jitter, Settings};
@@ -167,6 +170,77 @@ impl Client {
             .await
     }
 
+    /// What reconciling needs of the client's settings, with its ledger.
+    fn reconcile_context(&self) -> Result<ReconcileContext<'_>, LedgerError> {
+        let settings = &self.inner.settings;
+        let handle = settings.ledger.as_ref().ok_or_else(|| {
+            LedgerError::new(
+                crate::LedgerErrorKind::InvalidInput,
+                "this client has no ledger to reconcile (see ClientBuilder::ledger)",
+            )
+        })?;
+        Ok(ReconcileContext {
+            ledger: &*handle.ledger,
+            options: &handle.options,
+            reconcilers: &handle.reconcilers,
+            clock: &*settings.clock,
+            attempt_timeout: settings.policy.attempt_timeout(),
+            window: settings.policy.reconcile_window(),
+        })
+    }
+
+    /// Reconciles the operation with `key` now: if its row is unresolved (unknown, or in
+    /// flight under a lease that lapsed) and not held, holds it under a lease as a run would,
+    /// asks the [`Reconciler`] of its scope, records the answer (with who and when) and
+    /// releases it. Inside the reconcile window this is rarely needed: the next run with the
+    /// key is the reconcile (the receiver replays).
+    ///
+    /// The hold lasts the client policy's attempt timeout plus the
+    /// [`lease_slack`](LedgerOptions::lease_slack).
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerErrorKind::InvalidInput`](crate::LedgerErrorKind::InvalidInput) when the client
+    /// has no ledger; [`LedgerErrorKind::Unsupported`](crate::LedgerErrorKind::Unsupported)
+    /// for a ledger that does not implement reconciling; the ledger's error otherwise
+    /// ([`LeaseLost`](crate::LedgerErrorKind::LeaseLost) when the reconciler answered after
+    /// the hold lapsed: nothing was recorded).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idempotent_retry::{Client, MemoryLedger, Reconciled, SendAgain};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = Client::builder()
+    ///     .ledger(MemoryLedger::new())
+    ///     .reconciler(SendAgain::new())
+    ///     .build()?;
+    /// assert_eq!(client.reconcile("order-17").await?, Reconciled::Missing);
+    /// # Ok(()) }
+    /// ```
+    pub async fn reconcile(&self, key: &str) -> Result<Reconciled, LedgerError> {
+        crate::ledger::reconcile_key(self.reconcile_context()?, key).await
+    }
+
+    /// One batch of a sweep of unresolved operations: at most `limit` rows whose reconcile
+    /// window (the client policy's) has ended and whose outcome is still unknown (or whose run
+    /// died in flight), oldest first, each reconciled as [`reconcile`](Self::reconcile) does,
+    /// under its own hold, so sweepers on several workers never ask about one key at once.
+    /// Returns the counts by outcome; call it again (from a periodic job) for the next batch.
+    ///
+    /// # Errors
+    ///
+    /// As [`reconcile`](Self::reconcile), and [`LedgerErrorKind::InvalidInput`](crate::LedgerErrorKind::InvalidInput)
+    /// for a `limit` of 0, when the rows cannot be listed. A failure on one row is counted in
+    /// [`SweepReport::failed`] and the sweep goes on.
+    pub async fn reconcile_unresolved(&self, limit: u32) -> Result<SweepReport, LedgerError> {
+        let cx = self.reconcile_context()?;
+        let older_than = crate::window::cutoff(cx.clock.wall(), cx.window);
+        crate::ledger::sweep(cx, limit, older_than).await
+    }
+
     /// Runs a `reqwest::Request` as one logical operation, by the same rules as
     /// [`RequestBuilder::send`]: `client.execute(builder.build()?)` runs exactly as
     /// `builder.send()`.
@@ -301,6 +375,7 @@ pub struct ClientBuilder {
     budget: Option<RetryBudget>,
     ledger: Option<Arc<dyn Ledger>>,
     ledger_options: LedgerOptions,
+    reconcilers: Reconcilers,
     redirects: RedirectPolicy,
     key_in_spans: bool,
 }
@@ -317,6 +392,7 @@ impl fmt::Debug for ClientBuilder {
             .field("attempt_header", &self.attempt_header)
             .field("budget", &self.budget)
             .field("ledger", &self.ledger)
+            .field("reconcilers", &self.reconcilers)
             .field("redirects", &self.redirects)
             .field("key_in_spans", &self.key_in_spans)
             .finish_non_exhaustive()
@@ -346,6 +422,7 @@ impl ClientBuilder {
             budget: Some(RetryBudget::new()),
             ledger: None,
             ledger_options: LedgerOptions::new(),
+            reconcilers: Reconcilers::default(),
             redirects: RedirectPolicy::default(),
             key_in_spans: false,
         }
@@ -580,6 +657,35 @@ impl ClientBuilder {
         self
     }
 
+    /// Who is asked what happened to an operation whose outcome is unknown, for every scope
+    /// without a reconciler of its own ([`reconciler_for_scope`](Self::reconciler_for_scope)):
+    /// a run that finds its row unresolved after the reconcile window asks it before
+    /// answering [`ErrorKind::ReconcileWindow`](crate::ErrorKind::ReconcileWindow), and
+    /// [`Client::reconcile`] and [`Client::reconcile_unresolved`] ask it on demand. See
+    /// [`Reconciler`]; it needs a [`ledger`](Self::ledger).
+    ///
+    /// Default: none.
+    pub fn reconciler(mut self, reconciler: impl Reconciler) -> Self {
+        self.reconcilers.default = Some(Arc::new(reconciler));
+        self
+    }
+
+    /// The [`Reconciler`] for operations of `scope` (the request's
+    /// [`ledger_scope`](crate::RequestBuilder::ledger_scope), by default its host), over the
+    /// client's [`reconciler`](Self::reconciler).
+    ///
+    /// Default: none.
+    pub fn reconciler_for_scope(
+        mut self,
+        scope: impl Into<String>,
+        reconciler: impl Reconciler,
+    ) -> Self {
+        self.reconcilers
+            .by_scope
+            .insert(scope.into(), Arc::new(reconciler));
+        self
+    }
+
     /// The engine's settings: everything but the reqwest client.
     ///
     /// # Errors
@@ -680,6 +786,7 @@ impl ClientBuilder {
             ledger: self.ledger.map(|ledger| LedgerHandle {
                 ledger,
                 options: Arc::new(self.ledger_options),
+                reconcilers: Arc::new(self.reconcilers),
             }),
             key_in_spans: self.key_in_spans,
         }

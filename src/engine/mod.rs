@@ -147,6 +147,7 @@ where
     let window = settled.policy.reconcile_window();
     let operation = ledger::Operation {
         key: &key,
+        method: settled.method.as_str(),
         scope: settled
             .scope
             .clone()

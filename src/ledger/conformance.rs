@@ -14,8 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::{
-    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerErrorKind, OperationRecord,
-    OperationStatus, SavedResponse,
+    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerErrorKind, ListFilter,
+    OperationRecord, OperationStatus, ReconcileClaim, Resolution, ResolutionKind, ResolutionNote,
+    Resolve, SavedResponse,
 };
 
 /// What one case found: `Err` says what differed.
@@ -70,6 +71,23 @@ const CASES: &[(&str, Case)] = &[
     ("purge_expired deletes every expired row in batches", |l| {
         Box::pin(purge_expired(l))
     }),
+    ("a new row keeps the request's method and URL", |l| {
+        Box::pin(request_recorded(l))
+    }),
+    (
+        "only unknown rows and dead runs are held to reconcile",
+        |l| Box::pin(hold_unresolved(l)),
+    ),
+    ("concurrent holds of one row acquire it once", |l| {
+        Box::pin(concurrent_holds(l))
+    }),
+    (
+        "a resolution is written by its holder and releases the row",
+        |l| Box::pin(resolutions(l)),
+    ),
+    ("unresolved and list select, order and limit rows", |l| {
+        Box::pin(listing(l))
+    }),
 ];
 
 /// Runs the [`Ledger`] conformance suite: every case of the contract the trait documents, each
@@ -80,7 +98,12 @@ const CASES: &[(&str, Case)] = &[
 /// fingerprint (the same key with another request is never taken over), the window (its
 /// start kept across runs and take-overs, rows at or before the cutoff left alone), saved
 /// responses (status, headers, body, an absent body), [`get`](Ledger::get), and purge (only
-/// expired rows, the batch limit, [`purge_expired`](Ledger::purge_expired) looping).
+/// expired rows, the batch limit, [`purge_expired`](Ledger::purge_expired) looping), and
+/// reconciling: the request's method and URL kept, [`claim_unresolved`](Ledger::claim_unresolved)
+/// holding only unknown rows and dead runs (and one of concurrent holds winning),
+/// [`resolve`](Ledger::resolve) by the holder only with each resolution's status, window and
+/// note, and [`unresolved`](Ledger::unresolved) and [`list`](Ledger::list) selecting,
+/// ordering and limiting rows.
 ///
 /// `factory` must return an **empty** ledger each time (for shared storage: a new database,
 /// schema or table), since the purge cases count rows. The cases use fixed times in 2024 and
@@ -1154,5 +1177,371 @@ async fn purge_expired(ledger: Arc<dyn Ledger>) -> Outcome {
         0,
         "rows a second purge_expired deletes"
     );
+    Ok(())
+}
+
+/// A row finished with `status` by a run first claimed at `now` (one attempt at `now + 1`),
+/// or left in flight with no attempt.
+async fn finished(
+    ledger: &dyn Ledger,
+    key: &str,
+    scope: &str,
+    status: OperationStatus,
+    now: u64,
+) -> Outcome {
+    let claim = Claim::builder(key, "f1", "w1", at(now), at(now + LEASE))
+        .scope(scope)
+        .expires_at(at(now + RETENTION))
+        .build()
+        .expect("the suite's claims are valid");
+    claim_new(ledger, &claim, "the first claim").await?;
+    if status != OperationStatus::InFlight {
+        // Recorded on its own, not by the finish: a case about reconciling fails only for
+        // what reconciling does.
+        ok(
+            ledger.record_attempt(&update(key, "w1", now + 1)).await,
+            "the attempt",
+        )?;
+        ok(
+            ledger.finish(&finish(key, "w1", status, None)).await,
+            "the finish",
+        )?;
+    }
+    Ok(())
+}
+
+fn hold(key: &str, owner: &str, now: u64) -> ReconcileClaim {
+    ReconcileClaim::new(key, owner, at(now), at(now + LEASE))
+        .expect("the suite's holds are valid: the lease ends after the claim")
+}
+
+async fn request_recorded(ledger: Arc<dyn Ledger>) -> Outcome {
+    let ledger = &*ledger;
+    let url = "https://api.example.com/v1/charges?order=17";
+    let claim = Claim::builder("req", "f1", "w1", at(0), at(LEASE))
+        .scope(SCOPE)
+        .expires_at(at(RETENTION))
+        .request("POST", url)
+        .build()
+        .expect("valid");
+    let record = claim_new(ledger, &claim, "a claim that names its request").await?;
+    let want = (Some("POST".to_owned()), Some(url.to_owned()));
+    ensure_eq!(
+        (record.method, record.url),
+        want.clone(),
+        "the row the claim returns"
+    );
+    let stored = row(ledger, "req", "get").await?;
+    ensure_eq!((stored.method, stored.url), want, "the row get returns");
+    ensure_eq!(stored.resolution, None, "a new row's resolution");
+    Ok(())
+}
+
+async fn hold_unresolved(ledger: Arc<dyn Ledger>) -> Outcome {
+    let ledger = &*ledger;
+    finished(ledger, "unknown", SCOPE, OperationStatus::Unknown, 0).await?;
+    let step = "a hold of an unknown row, long past its window";
+    let Some(Claimed::TakenOver { record, previous }) = ok(
+        ledger.claim_unresolved(&hold("unknown", "r1", 5_000)).await,
+        step,
+    )?
+    else {
+        return Err(format!("{step}: expected TakenOver"));
+    };
+    ensure_eq!(
+        previous,
+        OperationStatus::Unknown,
+        "{step}: the status before"
+    );
+    let expected = OperationRecord::builder("unknown", "f1", at(0), at(RETENTION))
+        .scope(SCOPE)
+        .attempts(1)
+        .last_attempt_at(at(1))
+        .lease("r1", at(5_000 + LEASE))
+        .build()
+        .expect("valid");
+    ensure_eq!(record, expected, "{step}: the row it returns");
+    ensure_eq!(
+        row(ledger, "unknown", "get").await?,
+        expected,
+        "{step}: the row after it"
+    );
+    let step = "a second hold while the first lasts";
+    match ok(
+        ledger.claim_unresolved(&hold("unknown", "r2", 5_001)).await,
+        step,
+    )? {
+        Some(Claimed::Existing(existing)) => ensure_eq!(existing, expected, "{step}"),
+        other => return Err(format!("{step}: expected Existing, got {other:?}")),
+    }
+    let step = "a run's claim while the hold lasts";
+    claim_existing(ledger, &claim("unknown", "f1", "w3", 5_002), step).await?;
+    ok(
+        ledger.claim_unresolved(&hold("missing", "r1", 0)).await,
+        "a hold of a key with no row",
+    )?
+    .map_or(Ok(()), |found| {
+        Err(format!(
+            "a hold of a key with no row: expected None, got {found:?}"
+        ))
+    })?;
+    // A run that died: its lease lapsed, so the row may be held.
+    finished(ledger, "dead", SCOPE, OperationStatus::InFlight, 0).await?;
+    let step = "a hold of a dead run's row before its lease lapsed";
+    match ok(
+        ledger
+            .claim_unresolved(&hold("dead", "r1", LEASE - 1))
+            .await,
+        step,
+    )? {
+        Some(Claimed::Existing(_)) => {}
+        other => return Err(format!("{step}: expected Existing, got {other:?}")),
+    }
+    let step = "a hold of a dead run's row once its lease lapsed";
+    match ok(
+        ledger.claim_unresolved(&hold("dead", "r1", LEASE)).await,
+        step,
+    )? {
+        Some(Claimed::TakenOver { previous, record }) => {
+            ensure_eq!(
+                previous,
+                OperationStatus::InFlight,
+                "{step}: the status before"
+            );
+            ensure_eq!(
+                record.lease_owner.as_deref(),
+                Some("r1"),
+                "{step}: the holder"
+            );
+        }
+        other => return Err(format!("{step}: expected TakenOver, got {other:?}")),
+    }
+    for (key, status) in [
+        ("done", OperationStatus::Succeeded),
+        ("failed", OperationStatus::FailedFinal),
+    ] {
+        finished(ledger, key, SCOPE, status, 0).await?;
+        let step = format!("a hold of a {status} row");
+        match ok(ledger.claim_unresolved(&hold(key, "r1", 10)).await, &step)? {
+            Some(Claimed::Existing(existing)) => {
+                ensure_eq!(existing.status, status, "{step}: the row, unchanged");
+            }
+            other => return Err(format!("{step}: expected Existing, got {other:?}")),
+        }
+    }
+    Ok(())
+}
+
+async fn concurrent_holds(ledger: Arc<dyn Ledger>) -> Outcome {
+    const RACERS: usize = 16;
+    finished(&*ledger, "race", SCOPE, OperationStatus::Unknown, 0).await?;
+    let tasks: Vec<_> = (0..RACERS)
+        .map(|i| {
+            let ledger = Arc::clone(&ledger);
+            tokio::spawn(async move {
+                let owner = format!("r{i}");
+                let held = ledger.claim_unresolved(&hold("race", &owner, 100)).await;
+                (owner, held)
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    for task in tasks {
+        let (owner, held) = task
+            .await
+            .map_err(|err| format!("a concurrent hold panicked: {err}"))?;
+        match ok(held, "a concurrent hold")? {
+            Some(Claimed::TakenOver { .. }) => winners.push(owner),
+            Some(Claimed::Existing(_)) => {}
+            other => {
+                return Err(format!(
+                    "a concurrent hold: expected TakenOver or Existing, got {other:?}"
+                ));
+            }
+        }
+    }
+    ensure_eq!(
+        winners.len(),
+        1,
+        "holds that acquired the row ({winners:?})"
+    );
+    let stored = row(&*ledger, "race", "get").await?;
+    ensure_eq!(
+        stored.lease_owner.as_deref(),
+        winners.first().map(String::as_str),
+        "the row's holder"
+    );
+    Ok(())
+}
+
+async fn resolutions(ledger: Arc<dyn Ledger>) -> Outcome {
+    let ledger = &*ledger;
+    let day = Duration::from_secs(86_400);
+    let note = |kind| Some(ResolutionNote::new(kind, "probe (worker a)", at(5_010)));
+    let answer = SavedResponse::new(
+        200,
+        vec![("content-type".into(), "application/json".into())],
+        Some(br#"{"id":"ch_1"}"#.to_vec()),
+    );
+    for (key, resolution) in [
+        ("done", Resolution::Done(answer.clone())),
+        ("not-done", Resolution::NotDone),
+        ("again", Resolution::SendAgain),
+        ("unknown", Resolution::Unknown),
+    ] {
+        finished(ledger, key, SCOPE, OperationStatus::Unknown, 0).await?;
+        ok(
+            ledger.claim_unresolved(&hold(key, "r1", 5_000)).await,
+            "the hold",
+        )?;
+        let write = |owner: &str| {
+            Resolve::new(
+                key,
+                owner,
+                resolution.clone(),
+                note(ResolutionKind::Done),
+                at(5_010),
+                day,
+            )
+            .expect("the suite's resolutions are valid")
+        };
+        refused(
+            ledger.resolve(&write("r2")).await,
+            LedgerErrorKind::LeaseLost,
+            &format!("{key}: a resolution by another than the holder"),
+        )?;
+        let write = write("r1");
+        ok(
+            ledger.resolve(&write).await,
+            &format!("{key}: the holder's resolution"),
+        )?;
+        let mut expected = OperationRecord::builder(
+            key,
+            "f1",
+            write.window_from.unwrap_or(at(0)),
+            write
+                .keep_until
+                .map_or(at(RETENTION), |keep| keep.max(at(RETENTION))),
+        )
+        .scope(SCOPE)
+        .status(write.status)
+        .attempts(1)
+        .last_attempt_at(at(1));
+        if let Some(response) = write.response.clone() {
+            expected = expected.response(response);
+        }
+        if let Some(note) = write.note.clone() {
+            expected = expected.resolution(note);
+        }
+        let expected = expected.build().expect("valid");
+        ensure_eq!(
+            row(ledger, key, "get").await?,
+            expected,
+            "{key}: the row after its resolution"
+        );
+        refused(
+            ledger.resolve(&write).await,
+            LedgerErrorKind::LeaseLost,
+            &format!("{key}: the same resolution again, the hold released"),
+        )?;
+    }
+    // A note with a reason round trips; a later resolution without a note keeps it.
+    finished(ledger, "reason", SCOPE, OperationStatus::Unknown, 0).await?;
+    ok(
+        ledger.claim_unresolved(&hold("reason", "r1", 10)).await,
+        "the hold",
+    )?;
+    let with_reason = ResolutionNote::new(ResolutionKind::SendAgain, "operator alice", at(11))
+        .with_reason("the provider keeps keys 30 days");
+    let write = Resolve::new(
+        "reason",
+        "r1",
+        Resolution::SendAgain,
+        Some(with_reason.clone()),
+        at(11),
+        day,
+    )
+    .expect("valid");
+    ok(ledger.resolve(&write).await, "a resolution with a reason")?;
+    ok(
+        ledger.claim_unresolved(&hold("reason", "r2", 20)).await,
+        "a second hold",
+    )?;
+    let write =
+        Resolve::new("reason", "r2", Resolution::Unknown, None, at(21), day).expect("valid");
+    ok(
+        ledger.resolve(&write).await,
+        "a second resolution, still unknown",
+    )?;
+    ensure_eq!(
+        row(ledger, "reason", "get").await?.resolution,
+        Some(with_reason),
+        "the note after a resolution that records none"
+    );
+    Ok(())
+}
+
+async fn listing(ledger: Arc<dyn Ledger>) -> Outcome {
+    let ledger = &*ledger;
+    for (key, scope, status, now) in [
+        ("d-unknown", "a", OperationStatus::Unknown, 30),
+        ("c-flight", "b", OperationStatus::InFlight, 20),
+        ("b-unknown", "a", OperationStatus::Unknown, 20),
+        ("a-done", "a", OperationStatus::Succeeded, 10),
+        ("e-failed", "b", OperationStatus::FailedFinal, 40),
+    ] {
+        finished(ledger, key, scope, status, now).await?;
+        ensure_eq!(
+            row(ledger, key, "get").await?.status,
+            status,
+            "{key}: the row made"
+        );
+    }
+    let keys = |rows: Vec<OperationRecord>| rows.into_iter().map(|r| r.key).collect::<Vec<_>>();
+    let listed = ok(ledger.unresolved(10, at(30)).await, "unresolved, all")?;
+    ensure_eq!(
+        keys(listed),
+        ["b-unknown", "c-flight", "d-unknown"],
+        "unresolved rows, oldest first, ties by key"
+    );
+    let listed = ok(ledger.unresolved(2, at(30)).await, "unresolved, two")?;
+    ensure_eq!(
+        keys(listed),
+        ["b-unknown", "c-flight"],
+        "unresolved rows, at most the limit"
+    );
+    let listed = ok(ledger.unresolved(10, at(29)).await, "unresolved, older")?;
+    ensure_eq!(
+        keys(listed),
+        ["b-unknown", "c-flight"],
+        "unresolved rows first attempted at or before the time"
+    );
+    let listed = ok(ledger.list(&ListFilter::new(10)).await, "list, all")?;
+    ensure_eq!(
+        keys(listed),
+        ["a-done", "b-unknown", "c-flight", "d-unknown", "e-failed"],
+        "every row"
+    );
+    let filter = ListFilter::new(10)
+        .scope("a")
+        .status(OperationStatus::Unknown);
+    let listed = ok(ledger.list(&filter).await, "list by scope and status")?;
+    ensure_eq!(
+        keys(listed),
+        ["b-unknown", "d-unknown"],
+        "rows of scope a, unknown"
+    );
+    let filter = ListFilter::new(10).scope("b").older_than(at(20));
+    let listed = ok(ledger.list(&filter).await, "list by scope and age")?;
+    ensure_eq!(
+        keys(listed),
+        ["c-flight"],
+        "rows of scope b first attempted by 20 s"
+    );
+    refused(
+        ledger.list(&ListFilter::new(0)).await,
+        LedgerErrorKind::InvalidInput,
+        "a list limit of 0",
+    )?;
     Ok(())
 }

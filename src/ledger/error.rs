@@ -23,6 +23,9 @@ pub enum LedgerErrorKind {
     LeaseLost,
     /// An argument was refused (a purge limit of 0, say).
     InvalidInput,
+    /// The ledger does not implement the method (a ledger written before it existed, which
+    /// kept the trait's provided method).
+    Unsupported,
 }
 
 impl fmt::Display for LedgerErrorKind {
@@ -32,6 +35,7 @@ impl fmt::Display for LedgerErrorKind {
             LedgerErrorKind::Corrupt => "ledger storage is corrupt",
             LedgerErrorKind::LeaseLost => "lease lost",
             LedgerErrorKind::InvalidInput => "invalid ledger input",
+            LedgerErrorKind::Unsupported => "not supported by this ledger",
         })
     }
 }
@@ -73,6 +77,13 @@ impl LedgerError {
 
     pub(crate) fn invalid(message: impl Into<String>) -> Self {
         LedgerError::new(LedgerErrorKind::InvalidInput, message)
+    }
+
+    pub(crate) fn unsupported(method: &str) -> Self {
+        LedgerError::new(
+            LedgerErrorKind::Unsupported,
+            format!("this ledger does not implement Ledger::{method}"),
+        )
     }
 
     pub(crate) fn lease_lost(key: &str) -> Self {

@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
 use super::{
-    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, OperationRecord,
-    OperationStatus,
+    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, ListFilter,
+    OperationRecord, OperationStatus, ReconcileClaim, Resolve,
 };
 
 /// A [`Ledger`] in process memory.
@@ -72,6 +72,9 @@ impl MemoryLedger {
                 lease_expires_at: Some(claim.lease_until),
                 response: None,
                 expires_at: claim.expires_at,
+                method: claim.method.clone(),
+                url: claim.url.clone(),
+                resolution: None,
             };
             rows.insert(claim.key.clone(), record.clone());
             return Claimed::New(record);
@@ -156,6 +159,62 @@ impl Ledger for MemoryLedger {
         }
         let deleted = u64::try_from(doomed.len()).unwrap_or(u64::MAX);
         Box::pin(std::future::ready(Ok(deleted)))
+    }
+
+    fn claim_unresolved<'a>(
+        &'a self,
+        claim: &'a ReconcileClaim,
+    ) -> LedgerFuture<'a, Option<Claimed>> {
+        let mut rows = self.lock();
+        let claimed = rows.get_mut(&claim.key).map(|row| {
+            if !claim.may_take(row) {
+                return Claimed::Existing(row.clone());
+            }
+            let previous = row.status;
+            row.status = OperationStatus::InFlight;
+            row.lease_owner = Some(claim.owner.clone());
+            row.lease_expires_at = Some(claim.lease_until);
+            Claimed::TakenOver {
+                record: row.clone(),
+                previous,
+            }
+        });
+        Box::pin(std::future::ready(Ok(claimed)))
+    }
+
+    fn resolve<'a>(&'a self, resolve: &'a Resolve) -> LedgerFuture<'a, ()> {
+        let mut rows = self.lock();
+        let result = Self::held(&mut rows, &resolve.key, &resolve.owner).map(|row| {
+            row.status = resolve.status;
+            row.lease_owner = None;
+            row.lease_expires_at = None;
+            row.response = resolve.response.clone();
+            if let Some(from) = resolve.window_from {
+                row.first_attempt_at = from;
+            }
+            if let Some(keep) = resolve.keep_until {
+                row.expires_at = row.expires_at.max(keep);
+            }
+            if let Some(note) = &resolve.note {
+                row.resolution = Some(note.clone());
+            }
+        });
+        Box::pin(std::future::ready(result))
+    }
+
+    fn list<'a>(&'a self, filter: &'a ListFilter) -> LedgerFuture<'a, Vec<OperationRecord>> {
+        let listed = filter.check().map(|()| {
+            let mut rows: Vec<OperationRecord> = self
+                .lock()
+                .values()
+                .filter(|row| filter.selects(row))
+                .cloned()
+                .collect();
+            rows.sort_by(|a, b| (a.first_attempt_at, &a.key).cmp(&(b.first_attempt_at, &b.key)));
+            rows.truncate(usize::try_from(filter.limit).unwrap_or(usize::MAX));
+            rows
+        });
+        Box::pin(std::future::ready(listed))
     }
 }
 

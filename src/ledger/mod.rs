@@ -33,7 +33,11 @@ mod memory;
 mod options;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod probe;
+mod reconcile;
+mod reconciler;
 mod release;
+mod resolution;
 mod session;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
@@ -47,6 +51,13 @@ pub use memory::MemoryLedger;
 pub use options::{LeaseHeldPolicy, LedgerOptions};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresLedger, PostgresLedgerBuilder};
+pub use probe::HttpProbe;
+pub(crate) use reconcile::{
+    Context as ReconcileContext, Reconcilers, reconcile as reconcile_key, sweep,
+};
+pub use reconcile::{Reconciled, SweepReport, resolve_by_hand};
+pub use reconciler::{ReconcileFn, ReconcileFuture, Reconciler, SendAgain, reconcile_fn};
+pub use resolution::{ReconcileClaim, Resolution, ResolutionKind, ResolutionNote, Resolve};
 pub(crate) use session::{Begin, LedgerHandle, LedgerRun, Operation, can_replay, claim};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteLedger;
@@ -205,6 +216,14 @@ pub struct OperationRecord {
     pub response: Option<SavedResponse>,
     /// When [`Ledger::purge_expired`] may delete the row.
     pub expires_at: SystemTime,
+    /// The request's method, as the claim recorded it (`None` in rows written before schema
+    /// version 2, or by a claim that did not say).
+    pub method: Option<String>,
+    /// The request's URL without credentials, as the claim recorded it (`None` as for
+    /// [`method`](Self::method)).
+    pub url: Option<String>,
+    /// The last resolution of an unknown outcome, when there was one.
+    pub resolution: Option<ResolutionNote>,
 }
 
 impl OperationRecord {
@@ -246,6 +265,9 @@ impl OperationRecord {
                 lease_expires_at: None,
                 response: None,
                 expires_at,
+                method: None,
+                url: None,
+                resolution: None,
             },
         }
     }
@@ -263,6 +285,8 @@ impl OperationRecord {
 /// | [`last_attempt_at`](Self::last_attempt_at) | none |
 /// | [`lease`](Self::lease) | none |
 /// | [`response`](Self::response) | none |
+/// | [`request`](Self::request) | none |
+/// | [`resolution`](Self::resolution) | none |
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct OperationRecordBuilder {
@@ -305,6 +329,19 @@ impl OperationRecordBuilder {
     /// The final response. Default: none.
     pub fn response(mut self, response: SavedResponse) -> Self {
         self.record.response = Some(response);
+        self
+    }
+
+    /// The request's method and URL. Default: none.
+    pub fn request(mut self, method: impl Into<String>, url: impl Into<String>) -> Self {
+        self.record.method = Some(method.into());
+        self.record.url = Some(url.into());
+        self
+    }
+
+    /// The last resolution. Default: none.
+    pub fn resolution(mut self, note: ResolutionNote) -> Self {
+        self.record.resolution = Some(note);
         self
     }
 
@@ -360,6 +397,10 @@ pub struct Claim {
     /// Rows first attempted at or before this instant are outside the reconcile window: they
     /// must not be taken over.
     pub window_cutoff: SystemTime,
+    /// The request's method, recorded in a new row for reconcilers and operators.
+    pub method: Option<String>,
+    /// The request's URL without credentials, recorded in a new row.
+    pub url: Option<String>,
 }
 
 impl Claim {
@@ -399,6 +440,8 @@ impl Claim {
                 lease_until,
                 expires_at: lease_until,
                 window_cutoff: SystemTime::UNIX_EPOCH,
+                method: None,
+                url: None,
             },
         }
     }
@@ -429,6 +472,7 @@ impl Claim {
 /// | [`scope`](Self::scope) | empty |
 /// | [`expires_at`](Self::expires_at) | the lease's end |
 /// | [`window_cutoff`](Self::window_cutoff) | the Unix epoch (no row is outside the window) |
+/// | [`request`](Self::request) | none |
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct ClaimBuilder {
@@ -452,6 +496,13 @@ impl ClaimBuilder {
     /// Default: the Unix epoch.
     pub fn window_cutoff(mut self, cutoff: SystemTime) -> Self {
         self.claim.window_cutoff = cutoff;
+        self
+    }
+
+    /// The request's method and URL (without credentials), for a new row. Default: none.
+    pub fn request(mut self, method: impl Into<String>, url: impl Into<String>) -> Self {
+        self.claim.method = Some(method.into());
+        self.claim.url = Some(url.into());
         self
     }
 
@@ -638,6 +689,11 @@ impl Finish {
 ///   before a claim's [`now`](Claim::now)) another claim may take the row over, and the old
 ///   holder's writes are refused from then on. [`finish`](Self::finish) releases the lease
 ///   (both fields `None`).
+/// - **Reconciling holds the same lease.** [`claim_unresolved`](Self::claim_unresolved) takes
+///   an unknown row, or one whose run died in flight, under a lease as a claim does (whatever
+///   its window or fingerprint), so neither a run nor another reconciler acts on the key
+///   meanwhile; [`resolve`](Self::resolve) is then the holder's write that releases it,
+///   refused as [`finish`](Self::finish) is for anyone else.
 /// - **The fingerprint.** A row is only ever taken over by a claim with the same
 ///   `fingerprint`: the same key sent with another request is a caller's bug, answered with
 ///   [`Claimed::Existing`] (the client then refuses it), never a take-over.
@@ -713,26 +769,35 @@ impl Finish {
 ///     response_status   INTEGER,            -- the final response, when there was one
 ///     response_headers  TEXT,               -- JSON array of [name, value] pairs
 ///     response_body     BLOB,               -- BYTEA in PostgreSQL; NULL if over the limit
-///     expires_at        BIGINT NOT NULL     -- when purge_expired may delete the row
+///     expires_at        BIGINT NOT NULL,    -- when purge_expired may delete the row
+///     method            TEXT,               -- the request, as the claim recorded it
+///     url               TEXT,               -- (without credentials)
+///     resolution        TEXT,               -- done | not_done | send_again, when resolved
+///     resolved_by       TEXT,               -- the reconciler and worker, or the operator
+///     resolved_at       BIGINT,
+///     resolution_reason TEXT                -- an operator's reason
 /// );
 /// CREATE INDEX IF NOT EXISTS idempotent_operations_expires_at
 ///     ON idempotent_operations (expires_at);
+/// CREATE INDEX IF NOT EXISTS idempotent_operations_status
+///     ON idempotent_operations (status, first_attempt_at);
 /// -- PostgreSQL only: the schema version, in one row (SQLite uses PRAGMA user_version)
 /// CREATE TABLE IF NOT EXISTS idempotent_operations_schema (version INTEGER NOT NULL);
 /// ```
 ///
 /// ## Versions
 ///
-/// This is **schema version 1**, and the store records its version: an SQLite file in its
+/// This is **schema version 2** (version 1 had neither the request nor the resolution
+/// columns, nor the status index), and the store records its version: an SQLite file in its
 /// `PRAGMA user_version` (so the file is the ledger's own: nothing else should set that
 /// pragma), a PostgreSQL database in the one row of `idempotent_operations_schema`.
 /// `SqliteLedger::schema_version` and `PostgresLedger::schema_version` read it. `migrate`
 /// (which `SqliteLedger::open` runs on every start) compares it with the version this release
 /// knows:
 ///
-/// - **none recorded** (0): a new store gets the table, the index and version 1; a store made
-///   by the 0.1 `migrate`, which recorded no version, is checked to have every column and
-///   stamped version 1, its rows untouched;
+/// - **none recorded** (0): a new store gets the table and the indexes at version 2; a store
+///   made by the 0.1 `migrate`, which recorded no version, gets the columns it lacks, is
+///   checked to have every column and is stamped version 2, its rows untouched;
 /// - **older**: the steps from there to the current version run, one version at a time;
 /// - **the same**: nothing changes, so `migrate` may run on every start;
 /// - **newer** (a later release wrote the store): [`LedgerErrorKind::Corrupt`], with both
@@ -765,6 +830,12 @@ impl Finish {
 ///     OR status IN ('unknown', 'in_flight')        -- still unresolved: reconcile by key
 /// ORDER BY first_seen;
 /// ```
+///
+/// The `idempotent-retry-ledger` command (feature `cli`) asks both without SQL: `list --status
+/// unresolved` and `duplicates`, and settles a row with `resolve` (see [`resolve_by_hand`]).
+/// A sweep settles unresolved rows through a [`Reconciler`]: [`unresolved`](Self::unresolved),
+/// then for each row [`claim_unresolved`](Self::claim_unresolved) and
+/// [`resolve`](Self::resolve), under a lease as a run's writes are.
 pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// Claims the operation, in one atomic step:
     ///
@@ -846,6 +917,158 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
                 }
             }
         })
+    }
+    /// Holds an unresolved row while it is reconciled, in one atomic step, as
+    /// [`claim`](Self::claim) holds a row while it is sent:
+    ///
+    /// - a row [`ReconcileClaim::may_take`] allows (unknown, or in flight under a lapsed lease):
+    ///   sets it in flight under the claim's lease, keeping everything else (its response is
+    ///   none already); returns [`Claimed::TakenOver`] with the status it had;
+    /// - any other row: changes nothing; returns it as [`Claimed::Existing`];
+    /// - no row: returns `None`.
+    ///
+    /// The lease then excludes every run and every other reconciler until
+    /// [`resolve`](Self::resolve) (or [`finish`](Self::finish)) releases it, or it lapses. The
+    /// provided method refuses with [`LedgerErrorKind::Unsupported`]: a ledger written before
+    /// reconciling existed keeps compiling, and its unresolved rows are answered
+    /// `ReconcileWindow` as before.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerErrorKind::Unsupported`] from the provided method; a [`LedgerError`] when the
+    /// storage fails, with nothing claimed.
+    fn claim_unresolved<'a>(
+        &'a self,
+        claim: &'a ReconcileClaim,
+    ) -> LedgerFuture<'a, Option<Claimed>> {
+        let _ = claim;
+        Box::pin(std::future::ready(Err(LedgerError::unsupported(
+            "claim_unresolved",
+        ))))
+    }
+
+    /// Writes a reconciler's answer and releases the lease, if `owner` still holds it:
+    /// `status` = [`Resolve::status`], `response` = [`Resolve::response`],
+    /// `first_attempt_at` = [`Resolve::window_from`] when set, `expires_at` = the later of
+    /// itself and [`Resolve::keep_until`] when set, the resolution = [`Resolve::note`] when set
+    /// (kept as it was otherwise), `lease_owner` and `lease_expires_at` cleared; `attempts`
+    /// and `last_attempt_at` stay. The provided method refuses as
+    /// [`claim_unresolved`](Self::claim_unresolved)'s does.
+    ///
+    /// # Errors
+    ///
+    /// As for [`finish`](Self::finish), and [`LedgerErrorKind::Unsupported`] from the provided
+    /// method.
+    fn resolve<'a>(&'a self, resolve: &'a Resolve) -> LedgerFuture<'a, ()> {
+        let _ = resolve;
+        Box::pin(std::future::ready(Err(LedgerError::unsupported("resolve"))))
+    }
+
+    /// At most `limit` unresolved rows ([`Unknown`](OperationStatus::Unknown) or
+    /// [`InFlight`](OperationStatus::InFlight), live leases included) first attempted at or
+    /// before `older_than`, oldest first (ties by key). A read: nothing is held; a sweep holds
+    /// each row with [`claim_unresolved`](Self::claim_unresolved) before it acts.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerErrorKind::InvalidInput`] when `limit` is 0; [`LedgerErrorKind::Unsupported`]
+    /// from the provided method; a [`LedgerError`] when the storage cannot be read.
+    fn unresolved(
+        &self,
+        limit: u32,
+        older_than: SystemTime,
+    ) -> LedgerFuture<'_, Vec<OperationRecord>> {
+        let filter = ListFilter::new(limit).unresolved().older_than(older_than);
+        Box::pin(async move { self.list(&filter).await })
+    }
+
+    /// The rows `filter` selects, oldest first (ties by key), at most its limit: what operators
+    /// list. The provided method refuses as [`claim_unresolved`](Self::claim_unresolved)'s
+    /// does.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerErrorKind::InvalidInput`] when the limit is 0; [`LedgerErrorKind::Unsupported`]
+    /// from the provided method; a [`LedgerError`] when the storage cannot be read.
+    fn list<'a>(&'a self, filter: &'a ListFilter) -> LedgerFuture<'a, Vec<OperationRecord>> {
+        let _ = filter;
+        Box::pin(std::future::ready(Err(LedgerError::unsupported("list"))))
+    }
+}
+
+/// Which rows [`Ledger::list`] returns: every condition set must hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ListFilter {
+    /// At most this many rows.
+    pub limit: u32,
+    /// Only rows with this status.
+    pub status: Option<OperationStatus>,
+    /// Only unresolved rows (unknown or in flight).
+    pub unresolved: bool,
+    /// Only rows of this scope.
+    pub scope: Option<String>,
+    /// Only rows first attempted at or before this time.
+    pub older_than: Option<SystemTime>,
+}
+
+impl ListFilter {
+    /// Every row, at most `limit` of them.
+    #[must_use]
+    pub fn new(limit: u32) -> Self {
+        ListFilter {
+            limit,
+            status: None,
+            unresolved: false,
+            scope: None,
+            older_than: None,
+        }
+    }
+
+    /// Only rows with `status`.
+    #[must_use]
+    pub fn status(mut self, status: OperationStatus) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    /// Only unresolved rows.
+    #[must_use]
+    pub fn unresolved(mut self) -> Self {
+        self.unresolved = true;
+        self
+    }
+
+    /// Only rows of `scope`.
+    #[must_use]
+    pub fn scope(mut self, scope: impl Into<String>) -> Self {
+        self.scope = Some(scope.into());
+        self
+    }
+
+    /// Only rows first attempted at or before `at`.
+    #[must_use]
+    pub fn older_than(mut self, at: SystemTime) -> Self {
+        self.older_than = Some(at);
+        self
+    }
+
+    /// Whether `row` is selected (the limit aside): the rule every ledger applies.
+    #[must_use]
+    pub fn selects(&self, row: &OperationRecord) -> bool {
+        self.status.is_none_or(|status| row.status == status)
+            && (!self.unresolved || row.status.is_unresolved())
+            && self.scope.as_ref().is_none_or(|scope| &row.scope == scope)
+            && self.older_than.is_none_or(|at| row.first_attempt_at <= at)
+    }
+
+    /// Refuses a limit of 0.
+    pub(crate) fn check(&self) -> Result<(), LedgerError> {
+        if self.limit == 0 {
+            Err(LedgerError::invalid("list limit must be at least 1"))
+        } else {
+            Ok(())
+        }
     }
 }
 

@@ -11,6 +11,8 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
 
+use super::reconcile::{self, Context, Reconciled, Reconcilers};
+use super::resolution::reconcilable;
 use super::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerOptions, OperationRecord,
     OperationStatus, SavedResponse, later,
@@ -31,6 +33,8 @@ use crate::window;
 pub(crate) struct LedgerHandle {
     pub(crate) ledger: Arc<dyn Ledger>,
     pub(crate) options: Arc<LedgerOptions>,
+    /// Asked about a row whose outcome is unknown once its window has ended.
+    pub(crate) reconcilers: Arc<Reconcilers>,
 }
 
 /// How many times a claim looks again when the row changes between its statements (another
@@ -50,6 +54,8 @@ pub(crate) enum Begin<R> {
 #[derive(Debug)]
 pub(crate) struct Operation<'a> {
     pub(crate) key: &'a IdempotencyKey,
+    /// The request's method, recorded in a new row.
+    pub(crate) method: &'a str,
     pub(crate) scope: String,
     pub(crate) fingerprint: RequestFingerprint,
     /// The policy's reconcile window, counted from the operation's first attempt.
@@ -92,11 +98,13 @@ pub(crate) async fn claim<R: RetryResponse>(
 ) -> Result<Begin<R>, Error> {
     let Operation {
         key,
+        method,
         scope,
         fingerprint,
         window,
         attempt_timeout,
     } = operation;
+    let url = fingerprint.url().map(without_credentials);
     let options = &handle.options;
     let retention = options.retention_for(&scope).max(window.saturating_mul(2));
     let owner = format!("{}/{}", options.worker, IdempotencyKey::random());
@@ -105,6 +113,8 @@ pub(crate) async fn claim<R: RetryResponse>(
     super::release::settled(key.as_str()).await;
     let mut waited = Duration::ZERO;
     let mut rounds = 0;
+    // A row past its window is reconciled at most once per claim.
+    let mut reconciled: Option<String> = None;
     loop {
         let now = clock.wall();
         let claim = Claim {
@@ -116,6 +126,8 @@ pub(crate) async fn claim<R: RetryResponse>(
             lease_until: later(now, attempt_timeout.saturating_add(options.lease_slack)),
             expires_at: later(now, retention),
             window_cutoff: window::cutoff(now, window),
+            method: Some(method.to_owned()),
+            url: url.clone(),
         };
         let cutoff = claim.window_cutoff;
         let claimed = claim_detached(&handle.ledger, claim)
@@ -176,18 +188,56 @@ pub(crate) async fn claim<R: RetryResponse>(
         }
         let unresolved = existing.status.is_unresolved();
         if !window::is_open(existing.first_attempt_at, cutoff) {
-            return Err(
-                Error::operation(ErrorKind::ReconcileWindow, report, unresolved)
-                    .with_window(window)
-                    .with_message(format!(
-                        "first attempted at {}, {} ago",
-                        rfc3339(existing.first_attempt_at),
-                        human(
-                            now.duration_since(existing.first_attempt_at)
-                                .unwrap_or_default()
-                        )
-                    )),
-            );
+            let reconciler = handle.reconcilers.for_scope(&existing.scope);
+            if reconciled.is_none()
+                && let Some(reconciler) = reconciler
+                && reconcilable(&existing, now)
+            {
+                // Ask before answering `ReconcileWindow`: found done, the claim replays it;
+                // found not done (or to send again), the row's window is new and the claim
+                // takes it; still unknown, the answer below says so.
+                let cx = Context {
+                    ledger: &*handle.ledger,
+                    options,
+                    reconcilers: &handle.reconcilers,
+                    clock,
+                    attempt_timeout,
+                    window,
+                };
+                let name = reconciler.name().to_owned();
+                match reconcile::reconcile(cx, key.as_str()).await {
+                    Ok(Reconciled::StillUnknown) => {
+                        reconciled = Some(format!("; {name} could not tell"));
+                    }
+                    Err(err) => {
+                        reconciled = Some(format!("; {name} could not reconcile it: {err}"));
+                    }
+                    // Settled, or held by another run: look again (a bounded number of times).
+                    Ok(_) => rounds += 1,
+                }
+                if rounds < CLAIM_ROUNDS {
+                    continue;
+                }
+            }
+            // A run or a reconciler holding the row: with a reconciler to ask once it is
+            // released, wait for it as for any held lease below.
+            let held =
+                existing.status == OperationStatus::InFlight && !reconcilable(&existing, now);
+            if reconciled.is_some() || reconciler.is_none() || !held {
+                return Err(
+                    Error::operation(ErrorKind::ReconcileWindow, report, unresolved)
+                        .with_window(window)
+                        .with_message(format!(
+                            "first attempted at {}, {} ago{}",
+                            rfc3339(existing.first_attempt_at),
+                            human(
+                                now.duration_since(existing.first_attempt_at)
+                                    .unwrap_or_default()
+                            ),
+                            reconciled.as_deref().unwrap_or("")
+                        )),
+                );
+            }
         }
         let lease = existing
             .lease_expires_at
@@ -298,6 +348,15 @@ async fn release_unused_claim(ledger: &dyn Ledger, claim: &Claim, claimed: &Clai
     if let Err(err) = ledger.finish(&finish).await {
         tracing::warn!(key = claim.key.as_str(), error = %err, "could not release an abandoned claim; its lease will lapse");
     }
+}
+
+/// The URL as a row records it: without a user name or password.
+fn without_credentials(url: &reqwest::Url) -> String {
+    let mut url = url.clone();
+    // Only URLs that cannot have credentials refuse these, and they have none to remove.
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    url.to_string()
 }
 
 /// The lease holder as a person reads it: the worker's name (set with
@@ -594,5 +653,21 @@ fn outcome_of(status: StatusCode) -> OperationStatus {
         OperationStatus::Succeeded
     } else {
         OperationStatus::FailedFinal
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recorded_url_keeps_everything_but_the_credentials() {
+        let url =
+            reqwest::Url::parse("https://alice:s3cret@api.example.com:8443/v1/charges?order=17")
+                .expect("a URL");
+        assert_eq!(
+            without_credentials(&url),
+            "https://api.example.com:8443/v1/charges?order=17"
+        );
     }
 }

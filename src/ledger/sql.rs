@@ -1,14 +1,17 @@
 //! What the SQL ledgers share: the table, the column list, the schema version and the steps
 //! that reach it, and turning a row into a record.
 
-use super::{LedgerError, OperationRecord, OperationStatus, SavedResponse, from_millis};
+use super::{
+    LedgerError, OperationRecord, OperationStatus, ResolutionKind, ResolutionNote, SavedResponse,
+    from_millis,
+};
 
 /// The ledger's table.
 pub(crate) const TABLE: &str = "idempotent_operations";
 
 /// The schema version this crate reads and writes: the table shape [`schema`] creates is
 /// version 1. A change to the shape raises it by one and appends a step to [`STEPS`].
-pub(crate) const SCHEMA_VERSION: u32 = 1;
+pub(crate) const SCHEMA_VERSION: u32 = 2;
 
 /// Where PostgreSQL keeps the version: a table of one row (SQLite uses `PRAGMA user_version`).
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
@@ -43,6 +46,9 @@ impl Dialect {
 pub(crate) struct Step {
     /// The version the step starts from.
     pub(crate) from: u32,
+    /// Columns the step adds to the table, each only if it is missing (a store whose version
+    /// was lost may have them already): name and type. They are added before the statements.
+    pub(crate) columns: &'static [(&'static str, &'static str)],
     /// The statements, in order, for a dialect.
     pub(crate) statements: fn(Dialect) -> Vec<String>,
 }
@@ -56,13 +62,36 @@ impl Step {
 
 /// Every step, oldest first: `STEPS[n]` goes from version `n` to `n + 1`, so the last one ends
 /// at [`SCHEMA_VERSION`].
-pub(crate) const STEPS: &[Step] = &[Step {
-    from: 0,
-    // `IF NOT EXISTS` makes one step serve both kinds of version-0 store: a new one gets the
-    // table and the index; a 0.1 one already has both and keeps its rows. Either way the
-    // caller then checks the columns with [`probe`] before recording version 1.
-    statements: |dialect| vec![schema(dialect.bytes_type()), index()],
-}];
+pub(crate) const STEPS: &[Step] = &[
+    Step {
+        from: 0,
+        // `IF NOT EXISTS` makes one step serve both kinds of version-0 store: a new one gets the
+        // table and the index; a 0.1 one already has both and keeps its rows. The columns are
+        // checked with [`probe`] once the last step has run.
+        columns: &[],
+        statements: |dialect| vec![schema(dialect.bytes_type()), index()],
+    },
+    Step {
+        from: 1,
+        // Reconciling: what the request was (for reconcilers and operators), and the last
+        // resolution of an unknown outcome (how, by whom, when, why). Every column may be
+        // NULL, so the rows already there are kept as they are; and an index for sweeps of
+        // unresolved rows.
+        columns: &[
+            ("method", "TEXT"),
+            ("url", "TEXT"),
+            ("resolution", "TEXT"),
+            ("resolved_by", "TEXT"),
+            ("resolved_at", "BIGINT"),
+            ("resolution_reason", "TEXT"),
+        ],
+        statements: |_| {
+            vec![format!(
+                "CREATE INDEX IF NOT EXISTS {TABLE}_status ON {TABLE} (status, first_attempt_at)"
+            )]
+        },
+    },
+];
 
 // A version without its step (or a step past the version) would leave stores stamped with a
 // version whose shape they do not have.
@@ -106,7 +135,13 @@ pub(crate) fn shape_error() -> LedgerError {
 /// The columns, in the order [`RawRow`] expects them.
 pub(crate) const COLUMNS: &str = "key, scope, fingerprint, status, attempts, first_attempt_at, \
      last_attempt_at, lease_owner, lease_expires_at, response_status, response_headers, \
-     response_body, expires_at";
+     response_body, expires_at, method, url, resolution, resolved_by, resolved_at, \
+     resolution_reason";
+
+/// How many columns [`COLUMNS`] names: a statement that returns something after them reads it
+/// at this index.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) const COLUMN_COUNT: usize = 19;
 
 /// The version-1 table, with the body column's type (`BLOB` or `BYTEA`) filled in.
 fn schema(bytes_type: &str) -> String {
@@ -130,6 +165,64 @@ fn schema(bytes_type: &str) -> String {
 }
 
 /// The index on `expires_at`, for purges.
+/// `ALTER TABLE ... ADD COLUMN` of one of a [`Step`]'s columns; PostgreSQL's with `IF NOT
+/// EXISTS` (SQLite has no such clause: its migration looks the column up first).
+pub(crate) fn add_column(dialect: Dialect, (name, kind): (&str, &str)) -> String {
+    let guard = match dialect {
+        Dialect::Sqlite => "",
+        Dialect::Postgres => "IF NOT EXISTS ",
+    };
+    format!("ALTER TABLE {TABLE} ADD COLUMN {guard}{name} {kind}")
+}
+
+/// One value bound to a statement that [`list_query`] builds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Param {
+    Text(String),
+    Int(i64),
+}
+
+/// The `SELECT` for [`Ledger::list`](super::Ledger::list) in `dialect`, with its parameters
+/// in order; the limit is the last one.
+pub(crate) fn list_query(dialect: Dialect, filter: &super::ListFilter) -> (String, Vec<Param>) {
+    let mut conditions = Vec::new();
+    let mut params = Vec::new();
+    let bind = |param: Param, params: &mut Vec<Param>| {
+        params.push(param);
+        match dialect {
+            Dialect::Sqlite => format!("?{}", params.len()),
+            Dialect::Postgres => format!("${}", params.len()),
+        }
+    };
+    if let Some(status) = filter.status {
+        let at = bind(Param::Text(status.as_str().to_owned()), &mut params);
+        conditions.push(format!("status = {at}"));
+    }
+    if filter.unresolved {
+        conditions.push("status IN ('unknown', 'in_flight')".to_owned());
+    }
+    if let Some(scope) = &filter.scope {
+        let at = bind(Param::Text(scope.clone()), &mut params);
+        conditions.push(format!("scope = {at}"));
+    }
+    if let Some(older_than) = filter.older_than {
+        let at = bind(Param::Int(super::to_millis(older_than)), &mut params);
+        conditions.push(format!("first_attempt_at <= {at}"));
+    }
+    let limit = bind(Param::Int(i64::from(filter.limit)), &mut params);
+    let conditions = if conditions.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", conditions.join(" AND "))
+    };
+    (
+        format!(
+            "SELECT {COLUMNS} FROM {TABLE}{conditions} ORDER BY first_attempt_at, key LIMIT {limit}"
+        ),
+        params,
+    )
+}
+
 fn index() -> String {
     format!("CREATE INDEX IF NOT EXISTS {TABLE}_expires_at ON {TABLE} (expires_at)")
 }
@@ -156,6 +249,12 @@ pub(crate) struct RawRow {
     pub(crate) response_headers: Option<String>,
     pub(crate) response_body: Option<Vec<u8>>,
     pub(crate) expires_at: i64,
+    pub(crate) method: Option<String>,
+    pub(crate) url: Option<String>,
+    pub(crate) resolution: Option<String>,
+    pub(crate) resolved_by: Option<String>,
+    pub(crate) resolved_at: Option<i64>,
+    pub(crate) resolution_reason: Option<String>,
 }
 
 impl RawRow {
@@ -187,6 +286,21 @@ impl RawRow {
                 })
             }
         };
+        let resolution = match (&self.resolution, &self.resolved_by, self.resolved_at) {
+            (None, _, _) => None,
+            (Some(kind), Some(by), Some(at)) => Some(ResolutionNote {
+                kind: kind.parse::<ResolutionKind>()?,
+                by: by.clone(),
+                at: from_millis(at),
+                reason: self.resolution_reason.clone(),
+            }),
+            (Some(_), _, _) => {
+                return Err(LedgerError::corrupt(format!(
+                    "row {}: a resolution without who made it or when",
+                    self.key
+                )));
+            }
+        };
         Ok(OperationRecord {
             status: self.status.parse::<OperationStatus>()?,
             attempts,
@@ -196,6 +310,9 @@ impl RawRow {
             lease_expires_at: self.lease_expires_at.map(from_millis),
             response,
             expires_at: from_millis(self.expires_at),
+            method: self.method,
+            url: self.url,
+            resolution,
             key: self.key,
             scope: self.scope,
             fingerprint: self.fingerprint,
@@ -238,6 +355,12 @@ mod tests {
             response_headers: Some(r#"[["content-type","text/plain"]]"#.into()),
             response_body: Some(b"ok".to_vec()),
             expires_at: 9_000,
+            method: Some("POST".into()),
+            url: Some("https://api.example.com/v1/charges".into()),
+            resolution: Some("done".into()),
+            resolved_by: Some("operator alice".into()),
+            resolved_at: Some(5_000),
+            resolution_reason: None,
         }
     }
 
@@ -245,6 +368,13 @@ mod tests {
     fn a_valid_row_decodes_and_round_trips_its_response() {
         let record = raw().into_record().expect("valid");
         assert_eq!(record.attempts, 2);
+        assert_eq!(COLUMNS.split(", ").count(), COLUMN_COUNT);
+        let note = record.resolution.clone().expect("resolved");
+        assert_eq!(
+            (note.kind, note.by.as_str()),
+            (ResolutionKind::Done, "operator alice")
+        );
+        assert_eq!(record.method.as_deref(), Some("POST"));
         let response = record.response.expect("saved");
         assert_eq!(response.status, 201);
         let (status, headers, body) = response_columns(Some(&response));
@@ -282,6 +412,42 @@ mod tests {
     }
 
     #[test]
+    fn a_list_binds_each_condition_once_and_the_limit_last() {
+        let at = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(2);
+        let filter = super::super::ListFilter::new(5)
+            .status(OperationStatus::Unknown)
+            .scope("s")
+            .older_than(at);
+        let (sql, params) = list_query(Dialect::Postgres, &filter);
+        assert!(
+            sql.ends_with(
+                "WHERE status = $1 AND scope = $2 AND first_attempt_at <= $3 \
+                 ORDER BY first_attempt_at, key LIMIT $4"
+            ),
+            "{sql}"
+        );
+        assert_eq!(
+            params,
+            vec![
+                Param::Text("unknown".into()),
+                Param::Text("s".into()),
+                Param::Int(2_000),
+                Param::Int(5)
+            ]
+        );
+        let (sql, params) = list_query(
+            Dialect::Sqlite,
+            &super::super::ListFilter::new(1).unresolved(),
+        );
+        assert!(
+            sql.contains("WHERE status IN ('unknown', 'in_flight') ORDER BY"),
+            "{sql}"
+        );
+        assert!(sql.ends_with("LIMIT ?1"), "{sql}");
+        assert_eq!(params, vec![Param::Int(1)]);
+    }
+
+    #[test]
     fn a_newer_version_is_refused_and_names_both_versions() {
         let err = next_step(SCHEMA_VERSION + 1).expect_err("newer");
         assert_eq!(err.kind(), LedgerErrorKind::Corrupt);
@@ -304,7 +470,9 @@ mod tests {
 
     #[test]
     fn impossible_values_are_corrupt_not_panics() {
-        let cases: [fn(&mut RawRow); 4] = [
+        let cases: [fn(&mut RawRow); 6] = [
+            |r| r.resolution = Some("maybe".into()),
+            |r| r.resolved_at = None,
             |r| r.attempts = -1,
             |r| r.status = "done".into(),
             |r| r.response_status = Some(70_000),

@@ -12,6 +12,8 @@ pub mod front;
 pub mod ledgers;
 pub mod logs;
 pub mod policy;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 pub mod raw;
 pub mod server;
 
@@ -19,6 +21,8 @@ pub use crash::*;
 pub use ledgers::*;
 pub use logs::*;
 pub use policy::*;
+#[cfg(feature = "postgres")]
+pub use postgres::*;
 pub use raw::*;
 pub use server::*;
 pub mod time;

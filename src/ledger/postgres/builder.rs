@@ -127,14 +127,14 @@ impl PostgresLedgerBuilder {
         self
     }
 
-    /// The most connections the ledger opens. Each ledger call holds one for one statement
-    /// (a claim, an attempt, a finish), so calls beyond the pool's size queue for the next
-    /// free connection rather than fail. Claims of different keys run on different
-    /// connections and never wait on each other; a pool of 1 serializes them.
+    /// The most connections the ledger opens. Two of them at a time carry the batches of
+    /// claims and finishes ([group commit](PostgresLedger#group-commit)); the others serve
+    /// take-overs, attempts, reads and the calls of a batch that waited on a lock. Calls
+    /// beyond the pool's size queue for the next free connection rather than fail; a pool of
+    /// 1 serializes everything.
     ///
     /// 16 by default: enough that a worker with 64 operations in flight on a loopback or
-    /// same-zone database rarely queues (a statement holds its connection for well under a
-    /// millisecond of the operation's time), and few enough that six workers stay under
+    /// same-zone database rarely queues, and few enough that six workers stay under
     /// PostgreSQL's default `max_connections` of 100. Connections are opened as they are
     /// needed, not up front.
     ///

@@ -8,8 +8,9 @@
 //! `INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING` (in key order, so two batches
 //! racing for the same keys take their locks in the same order), the outcomes in one
 //! `UPDATE ... FROM unnest(...)`, both in one transaction. Under no load a call is a batch of
-//! one and goes out at once; under load the calls that queued while the slots were busy share
-//! the next commit. Each caller is answered after the commit, with its own row.
+//! one and goes out at once as its own single statement; under load the calls that queued
+//! while the slots were busy share the next commit. Each caller is answered after the commit,
+//! with its own row.
 //!
 //! Each row of a batch is as atomic as the single statement it replaces: of any number of
 //! workers inserting one key, exactly one gets the row, and an outcome is written only by the
@@ -52,6 +53,8 @@ pub(super) struct NewRow {
     pub(super) owner: String,
     pub(super) lease_until: i64,
     pub(super) expires_at: i64,
+    pub(super) method: Option<String>,
+    pub(super) url: Option<String>,
 }
 
 /// An operation's outcome, as the lease holder writes it.
@@ -154,11 +157,12 @@ fn stopped() -> LedgerError {
     )
 }
 
-/// How many batches run at once: a quarter of the pool (at least one), so that the calls
-/// queued behind them make large batches while the rest of the pool serves the statements
-/// that are not batched (take-overs, reads, attempts).
+/// How many batches run at once: two (one when the pool has one connection), so that one
+/// batch is on the wire while the calls behind it gather into the next; more would make
+/// smaller batches and more commits, the cost batching exists to share. The rest of the pool
+/// serves the statements that are not batched (take-overs, reads, attempts).
 fn slots(pool: &Pool) -> usize {
-    (pool.status().max_size / 4).max(1)
+    pool.status().max_size.clamp(1, 2)
 }
 
 /// Starts the dispatcher on the current runtime; it ends when the returned sender and its
@@ -189,7 +193,13 @@ fn dispatch(pool: Pool) -> mpsc::UnboundedSender<Job> {
 /// Runs one batch and answers its calls. The batch's slot is given back as soon as its
 /// transaction ends: the calls that then run alone (after a lock wait, or a key's second
 /// call) hold none.
-async fn run(pool: &Pool, jobs: Vec<Job>, slot: tokio::sync::OwnedSemaphorePermit) {
+async fn run(pool: &Pool, mut jobs: Vec<Job>, slot: tokio::sync::OwnedSemaphorePermit) {
+    if jobs.len() == 1 {
+        // A batch of one shares nothing: its single statement, as with no batching at all
+        // (one operation at a time costs what it did), holding no slot while it runs.
+        drop(slot);
+        return alone(pool, jobs.pop().expect("one job")).await;
+    }
     let (mut inserts, mut finishes, mut again) = (Vec::new(), Vec::new(), Vec::new());
     let (mut inserting, mut finishing) = (HashSet::new(), HashSet::new());
     for job in jobs {
@@ -299,7 +309,9 @@ async fn together(
     let owners: Vec<&str> = rows().map(|r| r.owner.as_str()).collect();
     let leases: Vec<i64> = rows().map(|r| r.lease_until).collect();
     let expiries: Vec<i64> = rows().map(|r| r.expires_at).collect();
-    let new_rows: [&(dyn ToSql + Sync); 7] = [
+    let methods: Vec<Option<&str>> = rows().map(|r| r.method.as_deref()).collect();
+    let urls: Vec<Option<&str>> = rows().map(|r| r.url.as_deref()).collect();
+    let new_rows: [&(dyn ToSql + Sync); 9] = [
         &keys,
         &scopes,
         &fingerprints,
@@ -307,6 +319,8 @@ async fn together(
         &owners,
         &leases,
         &expiries,
+        &methods,
+        &urls,
     ];
     let outcomes = || finishes.iter().map(|(outcome, _)| outcome);
     let finished: Vec<&str> = outcomes().map(|o| o.key.as_str()).collect();
@@ -413,7 +427,7 @@ async fn insert_alone(pool: &Pool, row: &NewRow) -> Result<Option<OperationRecor
         .prepare_cached(&statements::INSERT)
         .await
         .map_err(|err| database(err, what))?;
-    let params: [&(dyn ToSql + Sync); 7] = [
+    let params: [&(dyn ToSql + Sync); 9] = [
         &row.key,
         &row.scope,
         &row.fingerprint,
@@ -421,6 +435,8 @@ async fn insert_alone(pool: &Pool, row: &NewRow) -> Result<Option<OperationRecor
         &row.owner,
         &row.lease_until,
         &row.expires_at,
+        &row.method,
+        &row.url,
     ];
     client
         .query_opt(&statement, &params)
@@ -452,4 +468,194 @@ async fn finish_alone(pool: &Pool, outcome: &Outcome) -> Result<bool, LedgerErro
         .await
         .map(|changed| changed > 0)
         .map_err(|err| database(err, what))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::ledger::postgres::PostgresLedger;
+    use crate::ledger::postgres::tests::{fresh_database, url};
+
+    fn new_row(key: &str, owner: &str) -> NewRow {
+        NewRow {
+            key: key.to_owned(),
+            scope: String::new(),
+            fingerprint: "fp".to_owned(),
+            now: 1_704_067_200_000,
+            owner: owner.to_owned(),
+            lease_until: 1_704_067_260_000,
+            expires_at: 1_704_070_800_000,
+            method: None,
+            url: None,
+        }
+    }
+
+    fn outcome(key: &str, owner: &str) -> Outcome {
+        Outcome {
+            key: key.to_owned(),
+            owner: owner.to_owned(),
+            status: "succeeded",
+            response_status: Some(200),
+            response_headers: Some("[]".to_owned()),
+            response_body: Some(b"ok".to_vec()),
+            last_attempt_at: Some(1_704_067_201_000),
+        }
+    }
+
+    /// A migrated ledger on a new database, its pool, and a session of the test's own.
+    async fn ledger(base: &str, pool_size: usize) -> (Pool, tokio_postgres::Client) {
+        let (url, client) = fresh_database(base).await;
+        let ledger = PostgresLedger::builder()
+            .url(&url)
+            .pool_size(pool_size)
+            .build()
+            .await
+            .expect("connect");
+        ledger.migrate().await.expect("migrate");
+        (ledger.pool().clone(), client)
+    }
+
+    fn slot() -> tokio::sync::OwnedSemaphorePermit {
+        Arc::new(Semaphore::new(1))
+            .try_acquire_owned()
+            .expect("a new semaphore has a permit")
+    }
+
+    /// One batch of inserts and finishes, a key twice among them and a finish whose lease is
+    /// someone else's: every call gets its own answer, as its single statement would give.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_answers_each_call_with_its_own_row() {
+        let Some(base) = url() else { return };
+        let (pool, _) = ledger(&base, 4).await;
+        let (held, answer) = oneshot::channel();
+        run(
+            &pool,
+            vec![Job::Insert(new_row("done", "run-a"), held)],
+            slot(),
+        )
+        .await;
+        assert!(answer.await.expect("answered").expect("inserted").is_some());
+
+        let mut replies = Vec::new();
+        let mut jobs = Vec::new();
+        for (key, owner) in [("b", "run-b"), ("a", "run-a"), ("b", "run-c")] {
+            let (reply, answer) = oneshot::channel();
+            jobs.push(Job::Insert(new_row(key, owner), reply));
+            replies.push(answer);
+        }
+        let (mine, finished) = oneshot::channel();
+        jobs.push(Job::Finish(outcome("done", "run-a"), mine));
+        let (theirs, refused) = oneshot::channel();
+        jobs.push(Job::Finish(outcome("a", "someone-else"), theirs));
+        run(&pool, jobs, slot()).await;
+
+        let mut inserted = Vec::new();
+        for answer in replies {
+            inserted.push(
+                answer
+                    .await
+                    .expect("answered")
+                    .expect("no error")
+                    .map(|record| record.lease_owner.unwrap_or_default()),
+            );
+        }
+        assert_eq!(
+            inserted,
+            [Some("run-b".to_owned()), Some("run-a".to_owned()), None],
+            "the second call of key b finds the first's row"
+        );
+        assert!(finished.await.expect("answered").expect("written"));
+        assert!(
+            !refused.await.expect("answered").expect("answered"),
+            "not the lease holder: nothing changed"
+        );
+    }
+
+    /// Another session holds a key's row lock (it inserted the key and keeps its transaction
+    /// open): the batch holding that key gives up after its lock timeout, and the other keys
+    /// of the batch are claimed while the lock is still held; the held key is claimed once
+    /// the lock is gone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_key_whose_lock_is_held_holds_up_no_other_key_of_its_batch() {
+        let Some(base) = url() else { return };
+        let (pool, mut outside) = ledger(&base, 4).await;
+        let tx = outside.transaction().await.expect("begin");
+        tx.execute(
+            "INSERT INTO idempotent_operations (key, scope, fingerprint, status, attempts, \
+             first_attempt_at, expires_at) VALUES ('held', '', 'fp', 'unknown', 1, 0, 0)",
+            &[],
+        )
+        .await
+        .expect("insert, uncommitted");
+
+        let mut jobs = Vec::new();
+        let mut free = Vec::new();
+        for key in ["free-a", "free-b", "free-c"] {
+            let (reply, answer) = oneshot::channel();
+            jobs.push(Job::Insert(new_row(key, "run"), reply));
+            free.push(answer);
+        }
+        let (reply, held) = oneshot::channel();
+        jobs.push(Job::Insert(new_row("held", "run"), reply));
+        let batch = tokio::spawn({
+            let pool = pool.clone();
+            async move { run(&pool, jobs, slot()).await }
+        });
+        for answer in free {
+            let claimed = tokio::time::timeout(Duration::from_secs(20), answer)
+                .await
+                .expect("claimed while the lock is held")
+                .expect("answered")
+                .expect("no error");
+            assert!(claimed.is_some(), "a free key is inserted");
+        }
+        assert!(!batch.is_finished(), "the held key still waits");
+        tx.rollback().await.expect("rollback");
+        let claimed = held.await.expect("answered").expect("no error");
+        assert!(claimed.is_some(), "inserted once the lock is gone");
+        batch.await.expect("the batch ends");
+    }
+
+    /// A batch whose statement fails gives every call the error, and its connection is
+    /// closed rather than pooled inside an aborted transaction: on a pool of one, the next
+    /// batch gets a new connection and runs.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_batch_fails_every_call_and_leaves_no_transaction_in_the_pool() {
+        let Some(base) = url() else { return };
+        let (pool, _) = ledger(&base, 1).await;
+        let mut bad = new_row("bad", "run");
+        // A NUL cannot be stored in a TEXT column: the server refuses the statement.
+        bad.scope = "\0".to_owned();
+        let (reply, failed) = oneshot::channel();
+        let (other, also) = oneshot::channel();
+        run(
+            &pool,
+            vec![
+                Job::Insert(bad, reply),
+                Job::Insert(new_row("good", "run"), other),
+            ],
+            slot(),
+        )
+        .await;
+        for answer in [failed, also] {
+            let err = answer
+                .await
+                .expect("answered")
+                .expect_err("the batch failed");
+            assert_eq!(err.kind(), crate::LedgerErrorKind::Unavailable, "{err}");
+        }
+        let (reply, answer) = oneshot::channel();
+        run(
+            &pool,
+            vec![Job::Insert(new_row("good", "run"), reply)],
+            slot(),
+        )
+        .await;
+        assert!(
+            answer.await.expect("answered").expect("inserted").is_some(),
+            "nothing of the failed batch was written, and the pool is usable"
+        );
+    }
 }

@@ -5,7 +5,7 @@ use tokio_postgres::{Client, IsolationLevel};
 use super::failure::{database, is_shape};
 use crate::ledger::LedgerError;
 use crate::ledger::sql::{
-    Dialect, SCHEMA_VERSION, VERSION_TABLE, next_step, probe, shape_error, version_from,
+    Dialect, SCHEMA_VERSION, VERSION_TABLE, add_column, next_step, probe, shape_error, version_from,
 };
 
 /// Key of the advisory lock that serializes concurrent migrations.
@@ -47,7 +47,11 @@ async fn apply_next_step(client: &mut Client) -> Result<bool, LedgerError> {
             .map_err(|err| database(err, "cannot end the migration"))?;
         return Ok(false);
     };
-    for statement in (step.statements)(Dialect::Postgres) {
+    let columns = step
+        .columns
+        .iter()
+        .map(|&column| add_column(Dialect::Postgres, column));
+    for statement in columns.chain((step.statements)(Dialect::Postgres)) {
         tx.batch_execute(&statement).await.map_err(|err| {
             if is_shape(&err) {
                 shape_error().with_source(err)

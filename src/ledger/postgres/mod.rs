@@ -3,7 +3,7 @@
 //!
 //! `mod.rs` holds the ledger and its calls; `builder.rs` the construction (pool size, connect
 //! timeout, TLS); `statements.rs` the text of each statement; `row.rs` a row's decoding;
-//! `migrate.rs` the schema steps and version; `failure.rs` what an error means to the caller;
+//! `reconcile.rs` what reconciling does to the table; `migrate.rs` the schema steps and version; `failure.rs` what an error means to the caller;
 //! `tls.rs` the rustls connector (feature `postgres-rustls`).
 //!
 //! The pool is deadpool-postgres: it keeps a statement cache per connection (each statement is
@@ -16,6 +16,7 @@ mod builder;
 mod failure;
 mod group;
 mod migrate;
+mod reconcile;
 mod row;
 mod statements;
 #[cfg(feature = "postgres-rustls")]
@@ -36,23 +37,34 @@ use row::read_row;
 
 use super::sql::response_columns;
 use super::{
-    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, OperationRecord,
-    OperationStatus, to_millis,
+    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, ListFilter,
+    OperationRecord, OperationStatus, ReconcileClaim, Resolve, to_millis,
 };
 
 /// A [`Ledger`] in a PostgreSQL table, for fleets of workers sharing one record.
 ///
-/// Every call is one statement on a connection from the ledger's pool, so concurrent
-/// operations run side by side, each statement prepared once per connection. The claim is
-/// `INSERT ... ON CONFLICT (key) DO NOTHING RETURNING`: the insert is the lock, and of any
-/// number of workers racing for one key exactly one gets the row; claims of different keys
-/// never wait on each other. A take-over is one `UPDATE ... WHERE` stating the rule (same
-/// fingerprint, not succeeded, inside the window, lease lapsed), which PostgreSQL re-checks
-/// against the latest row under concurrent updates.
+/// Calls run on connections from the ledger's pool, each statement prepared once per
+/// connection. The claim of a new key is `INSERT ... ON CONFLICT (key) DO NOTHING RETURNING`:
+/// the insert is the lock, and of any number of workers racing for one key exactly one gets
+/// the row. A take-over is one `UPDATE ... WHERE` stating the rule (same fingerprint, not
+/// succeeded, inside the window, lease lapsed), which PostgreSQL re-checks against the latest
+/// row under concurrent updates.
 ///
-/// When a connection is lost, the call that notices fails with
+/// # Group commit
+///
+/// Claims of new keys and finishes go out in batches: what queues while two batches are on
+/// the wire goes out together in the next, as one transaction (one insert and one update over
+/// arrays, pipelined in one round trip), so that under load many operations share one commit
+/// and the server's one WAL flush; one operation at a time, each call is its own statement.
+/// Every row of a batch is as atomic as its single statement, and each caller is answered
+/// after the commit with its own row. A batch waits at most 250 ms for a row lock another session holds
+/// on one of its keys; then its calls run one by one, so claims of different keys never wait
+/// on each other beyond that. Take-overs, attempts, reads and purges are single statements.
+///
+/// When a connection is lost, the calls it was carrying (one, or one batch) fail with
 /// [`LedgerErrorKind::Unavailable`](super::LedgerErrorKind::Unavailable) and the pool
-/// replaces the connection for the next call.
+/// replaces the connection for the next call. A batch's connection that failed or was
+/// abandoned mid-transaction is closed, never handed back to the pool.
 ///
 /// Three ways to make one: [`connect`](Self::connect) with a connection string (plain TCP, a
 /// pool of 16), [`builder`](Self::builder) to set the pool size, the connect timeout and TLS
@@ -186,6 +198,8 @@ impl PostgresLedger {
                 owner: claim.owner.clone(),
                 lease_until: to_millis(claim.lease_until),
                 expires_at: to_millis(claim.expires_at),
+                method: claim.method.clone(),
+                url: claim.url.clone(),
             })
             .await?;
         if let Some(record) = inserted {
@@ -330,6 +344,20 @@ impl Ledger for PostgresLedger {
                 .map_err(|err| database(err, what))
         })
     }
+    fn claim_unresolved<'a>(
+        &'a self,
+        claim: &'a ReconcileClaim,
+    ) -> LedgerFuture<'a, Option<Claimed>> {
+        Box::pin(async move { reconcile::claim_unresolved(&self.connection().await?, claim).await })
+    }
+
+    fn resolve<'a>(&'a self, resolve: &'a Resolve) -> LedgerFuture<'a, ()> {
+        Box::pin(async move { reconcile::resolve(&self.connection().await?, resolve).await })
+    }
+
+    fn list<'a>(&'a self, filter: &'a ListFilter) -> LedgerFuture<'a, Vec<OperationRecord>> {
+        Box::pin(async move { reconcile::list(&self.connection().await?, filter).await })
+    }
 }
 #[cfg(test)]
 mod tests {
@@ -371,7 +399,7 @@ mod tests {
 
     /// A new database on the test server, so a test sees no other test's tables; its URL and
     /// a plain client on it.
-    async fn fresh_database(base: &str) -> (String, Client) {
+    pub(super) async fn fresh_database(base: &str) -> (String, Client) {
         let (admin, connection) = tokio_postgres::connect(base, NoTls)
             .await
             .expect("connect to the test server");
@@ -410,7 +438,7 @@ mod tests {
             .await
             .expect("read");
         let versions: Vec<i32> = rows.iter().map(|row| row.get(0)).collect();
-        assert_eq!(versions, vec![1]);
+        assert_eq!(versions, vec![2]);
     }
 
     #[tokio::test]

@@ -28,6 +28,12 @@ pub(super) fn read_row(row: &Row) -> Result<OperationRecord, LedgerError> {
         response_headers: row.try_get(10).map_err(decode)?,
         response_body: row.try_get(11).map_err(decode)?,
         expires_at: row.try_get(12).map_err(decode)?,
+        method: row.try_get(13).map_err(decode)?,
+        url: row.try_get(14).map_err(decode)?,
+        resolution: row.try_get(15).map_err(decode)?,
+        resolved_by: row.try_get(16).map_err(decode)?,
+        resolved_at: row.try_get(17).map_err(decode)?,
+        resolution_reason: row.try_get(18).map_err(decode)?,
     };
     raw.into_record()
 }

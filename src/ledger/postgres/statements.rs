@@ -3,7 +3,7 @@
 
 use std::sync::LazyLock;
 
-use crate::ledger::sql::{COLUMNS, TABLE};
+use crate::ledger::sql::{COLUMN_COUNT, COLUMNS, TABLE};
 
 /// The claim of a new key: the insert is the lock, and of any number of workers racing for
 /// one key exactly one gets the row. Parameters: key, scope, fingerprint, now, owner, lease
@@ -11,8 +11,8 @@ use crate::ledger::sql::{COLUMNS, TABLE};
 pub(super) static INSERT: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO {TABLE} (key, scope, fingerprint, status, attempts, \
-         first_attempt_at, lease_owner, lease_expires_at, expires_at) \
-         VALUES ($1, $2, $3, 'in_flight', 0, $4, $5, $6, $7) \
+         first_attempt_at, lease_owner, lease_expires_at, expires_at, method, url) \
+         VALUES ($1, $2, $3, 'in_flight', 0, $4, $5, $6, $7, $8, $9) \
          ON CONFLICT (key) DO NOTHING RETURNING {COLUMNS}"
     )
 });
@@ -20,16 +20,17 @@ pub(super) static INSERT: LazyLock<String> = LazyLock::new(|| {
 /// The claims of new keys of one batch, one statement: [`INSERT`] for each row of the arrays,
 /// in key order (so two batches racing for the same keys lock them in the same order and
 /// cannot deadlock). Parameters: the arrays of keys, scopes, fingerprints, times, owners,
-/// lease ends and expiries. Returns the rows inserted; a key missing from them already had a
+/// lease ends, expiries, methods and URLs. Returns the rows inserted; a key missing from them already had a
 /// row.
 pub(super) static INSERT_MANY: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO {TABLE} (key, scope, fingerprint, status, attempts, \
-         first_attempt_at, lease_owner, lease_expires_at, expires_at) \
+         first_attempt_at, lease_owner, lease_expires_at, expires_at, method, url) \
          SELECT u.key, u.scope, u.fingerprint, 'in_flight', 0, u.now, u.owner, u.lease, \
-         u.expires \
+         u.expires, u.method, u.url \
          FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[], \
-         $6::BIGINT[], $7::BIGINT[]) AS u(key, scope, fingerprint, now, owner, lease, expires) \
+         $6::BIGINT[], $7::BIGINT[], $8::TEXT[], $9::TEXT[]) \
+         AS u(key, scope, fingerprint, now, owner, lease, expires, method, url) \
          ORDER BY u.key \
          ON CONFLICT (key) DO NOTHING RETURNING {COLUMNS}"
     )
@@ -61,7 +62,7 @@ pub(super) static TAKE_OVER: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// The column of [`TAKE_OVER`]'s result that holds the old status: the one after the row's.
-pub(super) const PREVIOUS_STATUS: usize = 13;
+pub(super) const PREVIOUS_STATUS: usize = COLUMN_COUNT;
 
 /// One attempt counted, by the lease holder only. Parameters: key, owner, the attempt's time,
 /// the new lease end.
@@ -147,7 +148,7 @@ mod tests {
     fn the_take_over_returns_the_old_status_after_the_row() {
         assert_eq!(COLUMNS.split(", ").count(), PREVIOUS_STATUS);
         assert!(
-            TAKE_OVER.ends_with("t.expires_at, old.status"),
+            TAKE_OVER.ends_with("t.resolution_reason, old.status"),
             "{}",
             *TAKE_OVER
         );

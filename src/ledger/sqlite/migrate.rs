@@ -5,7 +5,9 @@ use rusqlite::{Connection, TransactionBehavior};
 
 use super::storage;
 use crate::ledger::LedgerError;
-use crate::ledger::sql::{Dialect, SCHEMA_VERSION, next_step, probe, shape_error, version_from};
+use crate::ledger::sql::{
+    Dialect, SCHEMA_VERSION, TABLE, add_column, next_step, probe, shape_error, version_from,
+};
 
 /// The file's `PRAGMA user_version`, as a schema version.
 pub(super) fn read_version(conn: &Connection) -> Result<u32, LedgerError> {
@@ -44,6 +46,19 @@ fn apply_next_step(conn: &mut Connection) -> Result<(), LedgerError> {
     let Some(step) = next_step(read_version(&tx)?)? else {
         return Ok(());
     };
+    for &column in step.columns {
+        let present: bool = tx
+            .query_row(
+                &format!("SELECT count(*) > 0 FROM pragma_table_info('{TABLE}') WHERE name = ?1"),
+                [column.0],
+                |row| row.get(0),
+            )
+            .map_err(|err| storage(err, "cannot read the table's columns"))?;
+        if !present {
+            tx.execute_batch(&add_column(Dialect::Sqlite, column))
+                .map_err(|err| storage(err, "cannot migrate"))?;
+        }
+    }
     for statement in (step.statements)(Dialect::Sqlite) {
         if let Err(err) = tx.execute_batch(&statement) {
             // A statement over a table of another shape (the index on a missing column,

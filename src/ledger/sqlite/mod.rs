@@ -2,9 +2,10 @@
 //!
 //! One writer thread per ledger commits the writes in batches ([`writer`]); reads run on a
 //! read-only connection of their own, beside it. [`statements`] holds what each call does to
-//! the file, [`migrate`] the schema steps.
+//! the file, [`reconcile`] what reconciling does to it, [`migrate`] the schema steps.
 
 mod migrate;
+mod reconcile;
 mod statements;
 mod sync;
 mod writer;
@@ -18,7 +19,8 @@ use rusqlite::{Connection, ErrorCode, OpenFlags};
 use self::writer::Writer;
 use super::sql::TABLE;
 use super::{
-    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, OperationRecord,
+    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, ListFilter,
+    OperationRecord, ReconcileClaim, Resolve,
 };
 
 /// How long a statement waits for another process's write lock before failing.
@@ -36,20 +38,33 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// A ledger and all its clones share one write connection, owned by a thread of its own (not
 /// tokio's blocking pool). Claims, attempts, finishes and purges are queued to it; it takes
 /// every write waiting (at most 256), runs them in order in one `BEGIN IMMEDIATE`
-/// transaction, each under a savepoint of its own, commits them with one sync of the file,
-/// and only then answers each caller. A write that arrives while a batch commits goes into the
-/// next one. Under load, many operations thus share one sync; one operation at a time, each
-/// write is still one transaction.
+/// transaction, each under a savepoint of its own, and commits. A write that arrives while a
+/// batch runs goes into the next one. Under load, many operations thus share one commit; one
+/// operation at a time, each write is still one transaction.
+///
+/// Callers are answered only once their batch is on the disk. The file commits with
+/// `synchronous = NORMAL` (WAL mode appends the batch to the `-wal` file without syncing it)
+/// and a second thread syncs the `-wal` file, then answers every batch the sync covered;
+/// meanwhile the writer already runs the next batch, and one sync often covers several. This
+/// is `synchronous = FULL`'s guarantee (FULL is NORMAL plus a sync of the log at each commit),
+/// with the sync taken off the writer's path. A file that cannot be in WAL mode keeps FULL.
 ///
 /// What is durable when:
 ///
-/// - a call that returned `Ok` is committed: it survives a crash of the process or of the
+/// - a call that returned `Ok` is on the disk: it survives a crash of the process or of the
 ///   machine, and every process reading the file sees it;
 /// - a write that fails on its own (its lease lost, say) is rolled back to its savepoint
 ///   alone: the other writes of its batch still commit and get their own answers;
 /// - when the batch's transaction fails as a whole (the write lock not obtained within the
 ///   [busy timeout](Self::set_busy_timeout), a full disk, an I/O error, a failed `COMMIT`),
 ///   every write in it gets the error and none of them is recorded;
+/// - when the sync fails, the batches it covered are told they may not be recorded, and every
+///   later write is refused with the reason: after a failed sync the kernel may have dropped
+///   the pages it could not write, so nothing written since can be promised (open the ledger
+///   again once the disk is sound);
+/// - between its commit and its sync, a batch is visible to readers (this ledger's `get`,
+///   other processes) before its callers are answered; a power loss in that instant undoes it,
+///   and its callers, never answered, sent nothing on the strength of it;
 /// - a call whose future is dropped after its write was queued still runs, in its batch; only
 ///   its answer is lost. The [`Ledger`] cancellation rule holds: the row is as before the call
 ///   or as the call would have left it.
@@ -63,7 +78,7 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// so a read never waits for one, and they see every committed write.
 ///
 /// The writer thread ends once the last clone is dropped and the writes queued by then are
-/// done; the file is then closed. If the thread dies (a panic), every write queued or sent
+/// done and answered; the file is then closed. If the thread dies (a panic), every write queued or sent
 /// later fails with [`LedgerErrorKind::Unavailable`](super::LedgerErrorKind::Unavailable):
 /// nothing it had not acknowledged was committed.
 ///
@@ -339,14 +354,40 @@ impl Ledger for SqliteLedger {
                 .batched(move |conn| statements::purge(conn, now, limit)),
         )
     }
+
+    fn claim_unresolved<'a>(
+        &'a self,
+        claim: &'a ReconcileClaim,
+    ) -> LedgerFuture<'a, Option<Claimed>> {
+        let claim = claim.clone();
+        Box::pin(
+            self.inner
+                .writer
+                .batched(move |conn| reconcile::claim_unresolved(conn, &claim)),
+        )
+    }
+
+    fn resolve<'a>(&'a self, resolve: &'a Resolve) -> LedgerFuture<'a, ()> {
+        let resolve = resolve.clone();
+        Box::pin(
+            self.inner
+                .writer
+                .batched(move |conn| reconcile::resolve(conn, &resolve)),
+        )
+    }
+
+    fn list<'a>(&'a self, filter: &'a ListFilter) -> LedgerFuture<'a, Vec<OperationRecord>> {
+        let filter = filter.clone();
+        Box::pin(self.read(move |conn| reconcile::list(conn, &filter)))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::LedgerErrorKind;
-    use crate::ledger::ledger_conformance;
     use crate::ledger::sql::{Dialect, SCHEMA_VERSION, STEPS};
+    use crate::ledger::{from_millis, ledger_conformance};
 
     /// Every case on a new file of its own, with the claims of the concurrent case racing on
     /// two threads (each claim is a transaction on the ledger's connection).
@@ -434,6 +475,36 @@ mod tests {
             ledger.schema_version().await.expect("version"),
             SCHEMA_VERSION
         );
+    }
+
+    /// A file a release at schema version 1 left, with a row: migrated to version 2 with the
+    /// row kept, its request and resolution unknown, and reconcilable.
+    #[tokio::test]
+    async fn a_version_1_file_gains_the_reconciling_columns_with_its_rows_kept() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("v1.db");
+        let conn = Connection::open(&path).expect("open");
+        for statement in (STEPS[0].statements)(Dialect::Sqlite) {
+            conn.execute_batch(&statement)
+                .expect("the version 1 schema");
+        }
+        conn.execute_batch(&format!(
+            "INSERT INTO {TABLE} (key, scope, fingerprint, status, attempts, first_attempt_at, \
+             expires_at) VALUES ('k', 's', 'f', 'unknown', 2, 1000, 9000); \
+             PRAGMA user_version = 1"
+        ))
+        .expect("a version 1 row");
+        drop(conn);
+        let ledger = SqliteLedger::open(&path).await.expect("open and migrate");
+        assert_eq!(user_version(&path), 2);
+        let row = ledger.get("k").await.expect("read").expect("kept");
+        assert_eq!((row.attempts, row.method, row.resolution), (2, None, None));
+        let hold =
+            ReconcileClaim::new("k", "r", from_millis(10_000), from_millis(70_000)).expect("valid");
+        assert!(matches!(
+            ledger.claim_unresolved(&hold).await.expect("hold"),
+            Some(Claimed::TakenOver { .. })
+        ));
     }
 
     #[tokio::test]

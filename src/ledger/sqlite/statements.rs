@@ -22,8 +22,8 @@ static SELECT: LazyLock<String> =
 static INSERT: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO {TABLE} (key, scope, fingerprint, status, attempts, first_attempt_at, \
-         lease_owner, lease_expires_at, expires_at) \
-         VALUES (?1, ?2, ?3, 'in_flight', 0, ?4, ?5, ?6, ?7) \
+         lease_owner, lease_expires_at, expires_at, method, url) \
+         VALUES (?1, ?2, ?3, 'in_flight', 0, ?4, ?5, ?6, ?7, ?8, ?9) \
          ON CONFLICT (key) DO NOTHING RETURNING {COLUMNS}"
     )
 });
@@ -64,7 +64,7 @@ static PURGE: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-fn read_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
+pub(super) fn read_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
     Ok(RawRow {
         key: row.get(0)?,
         scope: row.get(1)?,
@@ -79,6 +79,12 @@ fn read_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
         response_headers: row.get(10)?,
         response_body: row.get(11)?,
         expires_at: row.get(12)?,
+        method: row.get(13)?,
+        url: row.get(14)?,
+        resolution: row.get(15)?,
+        resolved_by: row.get(16)?,
+        resolved_at: row.get(17)?,
+        resolution_reason: row.get(18)?,
     })
 }
 
@@ -109,6 +115,8 @@ pub(super) fn claim(conn: &Connection, claim: &Claim) -> Result<Claimed, LedgerE
                         claim.owner,
                         to_millis(claim.lease_until),
                         to_millis(claim.expires_at),
+                        claim.method,
+                        claim.url,
                     ],
                     read_row,
                 )
@@ -187,7 +195,7 @@ pub(super) fn purge(conn: &Connection, now: SystemTime, limit: u32) -> Result<u6
 }
 
 /// A lease holder's write changed no row: the run no longer holds the lease.
-fn held(changed: usize, key: &str) -> Result<(), LedgerError> {
+pub(super) fn held(changed: usize, key: &str) -> Result<(), LedgerError> {
     if changed == 0 {
         Err(LedgerError::lease_lost(key))
     } else {

@@ -1,0 +1,309 @@
+//! What the command prints: a row as text (a table line, or the whole record) and as JSON,
+//! with times in RFC 3339 and ages as readable durations.
+
+use std::fmt::Write as _;
+use std::time::{Duration, SystemTime};
+
+use idempotent_retry::OperationRecord;
+use serde_json::{Value, json};
+
+/// RFC 3339, to the second when the time has no milliseconds, else to the millisecond.
+pub(crate) fn time(at: SystemTime) -> String {
+    let millis = at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |since| since.subsec_millis());
+    if millis == 0 {
+        humantime::format_rfc3339_seconds(at).to_string()
+    } else {
+        humantime::format_rfc3339_millis(at).to_string()
+    }
+}
+
+/// A duration to the second (`1h 2m 3s`), as a person reads it.
+pub(crate) fn duration(d: Duration) -> String {
+    humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
+}
+
+/// How long ago `at` was, at `now` (`in the future` when after it).
+fn ago(at: SystemTime, now: SystemTime) -> String {
+    match now.duration_since(at) {
+        Ok(since) => format!("{} ago", duration(since)),
+        Err(_) => "in the future".to_owned(),
+    }
+}
+
+/// One line per row under a header, each column as wide as its widest cell.
+pub(crate) fn table(rows: &[OperationRecord], now: SystemTime) -> String {
+    let header = [
+        "KEY",
+        "SCOPE",
+        "STATUS",
+        "ATTEMPTS",
+        "FIRST ATTEMPT",
+        "AGE",
+        "RESOLUTION",
+    ];
+    let mut cells: Vec<[String; 7]> = vec![header.map(str::to_owned)];
+    for row in rows {
+        let age = now
+            .duration_since(row.first_attempt_at)
+            .map_or_else(|_| "-".to_owned(), duration);
+        let resolution = row.resolution.as_ref().map_or_else(
+            || "-".to_owned(),
+            |note| format!("{} by {}", note.kind, note.by),
+        );
+        cells.push([
+            row.key.clone(),
+            row.scope.clone(),
+            row.status.to_string(),
+            row.attempts.to_string(),
+            time(row.first_attempt_at),
+            age,
+            resolution,
+        ]);
+    }
+    let widths: Vec<usize> = (0..header.len())
+        .map(|column| {
+            cells
+                .iter()
+                .map(|line| line[column].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for line in &cells {
+        let mut text = String::new();
+        for (column, cell) in line.iter().enumerate() {
+            if column + 1 == line.len() {
+                text.push_str(cell);
+            } else {
+                let _ = write!(text, "{cell:<width$}  ", width = widths[column]);
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// The whole record, one field a line.
+pub(crate) fn record(row: &OperationRecord, now: SystemTime) -> String {
+    let mut lines: Vec<(&str, String)> = vec![
+        ("key", row.key.clone()),
+        ("scope", row.scope.clone()),
+        ("status", describe_status(row)),
+        (
+            "request",
+            match (&row.method, &row.url) {
+                (Some(method), Some(url)) => format!("{method} {url}"),
+                // Rows written before schema version 2, or by a claim that did not say.
+                _ => "not recorded".to_owned(),
+            },
+        ),
+        ("fingerprint", row.fingerprint.clone()),
+        ("attempts", row.attempts.to_string()),
+        (
+            "first attempt",
+            format!(
+                "{} ({})",
+                time(row.first_attempt_at),
+                ago(row.first_attempt_at, now)
+            ),
+        ),
+        (
+            "last attempt",
+            row.last_attempt_at.map_or_else(
+                || "none recorded".to_owned(),
+                |at| format!("{} ({})", time(at), ago(at, now)),
+            ),
+        ),
+    ];
+    lines.push((
+        "lease",
+        match (&row.lease_owner, row.lease_expires_at) {
+            (Some(owner), Some(until)) if until > now => format!(
+                "held by {owner} until {} ({} from now)",
+                time(until),
+                duration(until.duration_since(now).unwrap_or_default())
+            ),
+            (Some(owner), Some(until)) => {
+                format!("held by {owner}, lapsed at {} (its run died)", time(until))
+            }
+            _ => "none".to_owned(),
+        },
+    ));
+    lines.push((
+        "response",
+        row.response.as_ref().map_or_else(
+            || "none".to_owned(),
+            |saved| match &saved.body {
+                Some(body) => format!("{}, {} bytes saved", saved.status, body.len()),
+                None => format!("{}, body not saved (over the limit)", saved.status),
+            },
+        ),
+    ));
+    lines.push((
+        "resolution",
+        row.resolution.as_ref().map_or_else(
+            || "none".to_owned(),
+            |note| {
+                let mut text = format!("{} by {} at {}", note.kind, note.by, time(note.at));
+                if let Some(reason) = &note.reason {
+                    let _ = write!(text, ": {reason}");
+                }
+                text
+            },
+        ),
+    ));
+    lines.push((
+        "expires",
+        format!(
+            "{} ({})",
+            time(row.expires_at),
+            if row.expires_at <= now {
+                "purgeable"
+            } else {
+                "kept until then"
+            }
+        ),
+    ));
+    let width = lines.iter().map(|(name, _)| name.len()).max().unwrap_or(0) + 1;
+    lines
+        .iter()
+        .map(|(name, value)| format!("{:<width$} {value}\n", format!("{name}:")))
+        .collect()
+}
+
+fn describe_status(row: &OperationRecord) -> String {
+    use idempotent_retry::OperationStatus::*;
+    let meaning = match row.status {
+        Succeeded => "done: replayed from the ledger",
+        FailedFinal => "not done, or refused: the next run sends it again",
+        Unknown => "outcome unknown: it may have run",
+        InFlight => "a run holds it, or died holding it",
+        _ => "",
+    };
+    format!("{} ({meaning})", row.status)
+}
+
+/// The record as JSON, times in RFC 3339.
+pub(crate) fn json(row: &OperationRecord) -> Value {
+    json!({
+        "key": row.key,
+        "scope": row.scope,
+        "status": row.status.as_str(),
+        "method": row.method,
+        "url": row.url,
+        "fingerprint": row.fingerprint,
+        "attempts": row.attempts,
+        "first_attempt_at": time(row.first_attempt_at),
+        "last_attempt_at": row.last_attempt_at.map(time),
+        "lease_owner": row.lease_owner,
+        "lease_expires_at": row.lease_expires_at.map(time),
+        "response": row.response.as_ref().map(|saved| json!({
+            "status": saved.status,
+            "headers": saved.headers,
+            "body": saved.body.as_ref().map(|body| String::from_utf8_lossy(body).into_owned()),
+        })),
+        "resolution": row.resolution.as_ref().map(|note| json!({
+            "kind": note.kind.as_str(),
+            "by": note.by,
+            "at": time(note.at),
+            "reason": note.reason,
+        })),
+        "expires_at": time(row.expires_at),
+    })
+}
+
+/// One request recorded under several keys.
+#[derive(Debug)]
+pub(crate) struct Duplicate<'a> {
+    pub(crate) scope: &'a str,
+    pub(crate) fingerprint: &'a str,
+    pub(crate) rows: Vec<&'a OperationRecord>,
+}
+
+impl Duplicate<'_> {
+    fn succeeded(&self) -> usize {
+        self.rows
+            .iter()
+            .filter(|row| row.status == idempotent_retry::OperationStatus::Succeeded)
+            .count()
+    }
+}
+
+/// The groups of rows with the same scope and fingerprint and more than one key, in the
+/// order of their first row.
+pub(crate) fn duplicates(rows: &[OperationRecord]) -> Vec<Duplicate<'_>> {
+    let mut groups: Vec<Duplicate<'_>> = Vec::new();
+    for row in rows {
+        match groups
+            .iter_mut()
+            .find(|group| group.scope == row.scope && group.fingerprint == row.fingerprint)
+        {
+            Some(group) => group.rows.push(row),
+            None => groups.push(Duplicate {
+                scope: &row.scope,
+                fingerprint: &row.fingerprint,
+                rows: vec![row],
+            }),
+        }
+    }
+    groups.retain(|group| group.rows.len() > 1);
+    groups
+}
+
+/// The groups as text: a line per group, then its keys.
+pub(crate) fn duplicates_text(groups: &[Duplicate<'_>]) -> String {
+    if groups.is_empty() {
+        return "no request is recorded under more than one key\n".to_owned();
+    }
+    let mut out = String::new();
+    for group in groups {
+        let warning = if group.succeeded() > 1 {
+            " (succeeded more than once: charged twice?)"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "scope {} fingerprint {}: {} keys, {} succeeded{warning}",
+            group.scope,
+            group.fingerprint,
+            group.rows.len(),
+            group.succeeded()
+        );
+        for row in &group.rows {
+            let _ = writeln!(
+                out,
+                "  {}  {}  first attempted {}",
+                row.key,
+                row.status,
+                time(row.first_attempt_at)
+            );
+        }
+    }
+    out
+}
+
+/// The groups as JSON.
+pub(crate) fn duplicates_json(groups: &[Duplicate<'_>]) -> Value {
+    Value::Array(
+        groups
+            .iter()
+            .map(|group| {
+                json!({
+                    "scope": group.scope,
+                    "fingerprint": group.fingerprint,
+                    "succeeded": group.succeeded(),
+                    "keys": group.rows.iter().map(|row| json!({
+                        "key": row.key,
+                        "status": row.status.as_str(),
+                        "first_attempt_at": time(row.first_attempt_at),
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect(),
+    )
+}
