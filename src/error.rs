@@ -67,6 +67,28 @@ pub enum ErrorKind {
     TooManyRedirects,
 }
 
+impl ErrorKind {
+    /// A short stable name, for logs, metrics and the operation span's
+    /// `idempotent_retry.stop_reason`.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::AttemptsExhausted => "attempts_exhausted",
+            ErrorKind::ReconcileWindow => "reconcile_window",
+            ErrorKind::RetryAfterTooLong => "retry_after_too_long",
+            ErrorKind::BodyNotReplayable => "body_not_replayable",
+            ErrorKind::InvalidKey => "invalid_key",
+            ErrorKind::Transport => "transport",
+            ErrorKind::Builder => "builder",
+            ErrorKind::BudgetExhausted => "budget_exhausted",
+            ErrorKind::KeyReuse => "key_reuse",
+            ErrorKind::LeaseHeld => "lease_held",
+            ErrorKind::Ledger => "ledger",
+            ErrorKind::TooManyRedirects => "too_many_redirects",
+        }
+    }
+}
+
 impl fmt::Display for ErrorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

@@ -76,6 +76,14 @@ pub trait RetryRequest: Sized + Send + 'static {
     fn fingerprint(&self) -> Option<RequestFingerprint> {
         None
     }
+
+    /// The absolute URL the request goes to, for its attempt span's `url.full`,
+    /// `server.address` and `server.port` ([traces](crate#traces)) and the same labels of its
+    /// duration metric ([metrics](crate#metrics)). Asked only when the span is recorded or the
+    /// feature `metrics` is on. The default is `None`.
+    fn url(&self) -> Option<reqwest::Url> {
+        None
+    }
 }
 
 /// A response type the retry engine can classify and annotate.
@@ -90,6 +98,18 @@ pub trait RetryResponse: Send + 'static {
 
     /// Where the final [`RetryReport`](crate::RetryReport) goes.
     fn extensions_mut(&mut self) -> &mut http::Extensions;
+
+    /// Where the final [`RetryReport`](crate::RetryReport) is read back from
+    /// ([`Outcome::of`](crate::Outcome::of)). The default is `None`.
+    fn extensions(&self) -> Option<&http::Extensions> {
+        None
+    }
+
+    /// The HTTP version of the response, for its attempt span's `network.protocol.version`.
+    /// The default is `None`.
+    fn version(&self) -> Option<http::Version> {
+        None
+    }
 
     /// Rebuilds a response a [`Ledger`](crate::Ledger) saved, to answer an operation that
     /// already succeeded without sending it again. `None` when this type cannot be built from
@@ -152,6 +172,10 @@ impl RetryRequest for reqwest::Request {
         true
     }
 
+    fn url(&self) -> Option<reqwest::Url> {
+        Some(reqwest::Request::url(self).clone())
+    }
+
     fn fingerprint(&self) -> Option<RequestFingerprint> {
         let body = match self.body() {
             None => &[][..],
@@ -177,6 +201,14 @@ impl RetryResponse for reqwest::Response {
 
     fn extensions_mut(&mut self) -> &mut http::Extensions {
         reqwest::Response::extensions_mut(self)
+    }
+
+    fn extensions(&self) -> Option<&http::Extensions> {
+        Some(reqwest::Response::extensions(self))
+    }
+
+    fn version(&self) -> Option<http::Version> {
+        Some(reqwest::Response::version(self))
     }
 
     fn from_saved(saved: http::Response<Bytes>) -> Option<Self> {
@@ -235,6 +267,12 @@ impl<B: Clone + Send + 'static> RetryRequest for http::Request<B> {
         Some(http::Request::extensions(self))
     }
 
+    fn url(&self) -> Option<reqwest::Url> {
+        // Only an absolute URI names a server; a path alone leaves the attributes out.
+        self.uri().scheme()?;
+        reqwest::Url::parse(&self.uri().to_string()).ok()
+    }
+
     fn fingerprint(&self) -> Option<RequestFingerprint> {
         let body = buffered_body(self.body())?;
         Some(RequestFingerprint::new(
@@ -257,6 +295,14 @@ impl<B: Send + 'static> RetryResponse for http::Response<B> {
 
     fn extensions_mut(&mut self) -> &mut http::Extensions {
         http::Response::extensions_mut(self)
+    }
+
+    fn extensions(&self) -> Option<&http::Extensions> {
+        Some(http::Response::extensions(self))
+    }
+
+    fn version(&self) -> Option<http::Version> {
+        Some(http::Response::version(self))
     }
 
     fn from_saved(saved: http::Response<Bytes>) -> Option<Self> {

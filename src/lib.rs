@@ -134,6 +134,7 @@
 //! | [`ClientBuilder::redirects`] | 10 hops | per attempt, as reqwest; the key to the original origin only |
 //! | [`ClientBuilder::attempt_header`] | none | the key, not the attempt number, makes a retry safe |
 //! | [`ClientBuilder::ledger`] | none | what the client knows lives for one `send` |
+//! | [`ClientBuilder::key_in_spans`] | off | a derived key can reveal its inputs, and every trace backend keeps what it receives; failed operations' `warn` events name the key either way |
 //! | [`ClientBuilder::reconciler`] | none | only your receiver can say whether an operation ran: past the window, a run answers `ReconcileWindow` |
 //! | [`ClientBuilder::reconciler_for_scope`] | none | as for the client's reconciler; a scope's own takes precedence over it |
 //! | [`LedgerOptions::retention`] | 7 days | cheap to keep, and covers manual replays and incident forensics; never less than twice the request's reconcile window |
@@ -200,18 +201,65 @@
 //! [`resolve_by_hand`], or with the `idempotent-retry-ledger` command (feature `cli`); the
 //! README's "After outcome unknown" says what to do when.
 //!
-//! # Testing and observability
+//! # Testing
 //!
 //! Time is read through a [`Clock`], waits go through a [`Sleeper`], [`ClientBuilder::rng_seed`]
 //! fixes the jitter: tests assert exact delays without waiting. [`testkit`] has an idempotent
 //! loopback receiver with fault scripting and a side-effect recorder, for senders and handlers.
 //!
-//! Each operation runs in a `tracing` span `idempotent_request` (method, host, key); a retried
-//! attempt emits an `info` event (attempt, outcome class, status, delay and why), a failed
-//! operation a `warn`, a 422 on a keyed request an `error`. Bodies and headers other than the
-//! key are never logged. For metrics, an [`Observer`] ([`ClientBuilder::observer`], or a
-//! closure: [`ClientBuilder::on_attempt`], [`ClientBuilder::on_operation`]) hears every attempt
-//! and every operation.
+//! # Traces
+//!
+//! Spans follow the OpenTelemetry HTTP client conventions: each operation is one INTERNAL span
+//! `idempotent_request`, and each request on the wire (every attempt, and every redirect hop
+//! the [`Client`] follows inside one) is one CLIENT span under it, named after its method.
+//! They are plain `tracing` spans with the fields `tracing-opentelemetry` maps (`otel.name`,
+//! `otel.kind`, `otel.status_code`): add its layer to the application's subscriber and they
+//! export as such, with no OpenTelemetry crate in this one. With the feature `opentelemetry`,
+//! each request also carries its own CLIENT span's trace context (`traceparent`, written by
+//! the globally configured propagator), from the [`Client`] and the tower layer. The
+//! middleware opens no CLIENT span and writes no context: `reqwest-tracing` under it does both
+//! per attempt.
+//!
+//! | span | attribute | value |
+//! |---|---|---|
+//! | operation (INTERNAL) | `http.request.method`, `server.address` | the request's |
+//! | | `idempotent_retry.idempotency_key` | the key, only with [`ClientBuilder::key_in_spans`] |
+//! | | `idempotent_retry.attempts` | attempts sent; 0 when the ledger answered |
+//! | | `idempotent_retry.outcome` | `done`, `not_done` or `unknown` ([`Outcome`]) |
+//! | | `idempotent_retry.stop_reason` | `answered`, `replayed`, or the error's [`ErrorKind::as_str`] (`attempts_exhausted`, `budget_exhausted`, ...) |
+//! | | status | error when the operation ended without a response |
+//! | request (CLIENT) | `http.request.method` | the method; `_OTHER` for one the conventions do not list |
+//! | | `server.address`, `server.port`, `url.full` | from the URL; in `url.full` a user name and password are `REDACTED:REDACTED` and every query value is `REDACTED` (the crate cannot tell which parameter holds a secret) |
+//! | | `http.request.resend_count` | from the operation's second request on: 1, 2, ..., whatever the cause (a retry, or a redirect hop) |
+//! | | `http.response.status_code`, `network.protocol.version` | when a response arrived |
+//! | | `error.type` | from 400 on, the status code; without a response, the [`FailureKind::as_str`] (`connection_reset`, `timeout`, `connect`, ...) |
+//! | | status | error with `error.type` |
+//!
+//! Between two attempts, the operation span gets an `info` event "attempt failed, retrying with
+//! the same key" (`attempt`, `outcome`, `status`, `delay_ms`, `why`): the wait and its reason.
+//! A failed operation ends with a `warn` event and a 422 on a keyed request with an `error`
+//! event, both naming the key. Bodies and headers other than the key are never logged. For
+//! code that reacts to events, an [`Observer`] ([`ClientBuilder::observer`], or a closure:
+//! [`ClientBuilder::on_attempt`], [`ClientBuilder::on_operation`]) hears every attempt, every
+//! operation and every retry the budget refuses.
+//!
+//! # Metrics
+//!
+//! With the feature `metrics`, every front end records through the
+//! [`metrics`](https://docs.rs/metrics) facade, into whichever recorder the application
+//! installs (a Prometheus or OpenTelemetry exporter, say); without a recorder nothing is kept.
+//! The facade rather than the OpenTelemetry metrics API: the library only records, the
+//! application picks the backend, and no OpenTelemetry version is pinned on users.
+//!
+//! | name | kind | unit | labels | recorded |
+//! |---|---|---|---|---|
+//! | `http.client.request.duration` | histogram | s | `http.request.method`, `server.address`, `server.port`, `http.response.status_code`, `error.type`, `network.protocol.version` (as the [CLIENT span](#traces) has them) | per request on the wire (attempt or redirect hop), to its response head or failure (a request cancelled by dropping `send` records nothing); the middleware's attempts too |
+//! | `idempotent_retry.operations` | counter | `{operation}` | `outcome` (`done`, `not_done`, `unknown`), `stop_reason` (as the operation span's) | per operation ended |
+//! | `idempotent_retry.retries` | counter | `{retry}` | `reason`: the [`FailureKind::as_str`] of the failure retried | per retry decided, before its wait |
+//! | `idempotent_retry.retries.refused` | counter | `{retry}` | `reason`, as above | per retry the [budget](#retry-budget) refused |
+//! | `idempotent_retry.ledger.replays` | counter | `{operation}` | | per operation answered from the ledger, nothing sent |
+//! | `idempotent_retry.ledger.refusals` | counter | `{operation}` | `reason`: the [`ErrorKind::as_str`] (`key_reuse`, `lease_held`, ...) | per operation the ledger refused, nothing sent |
+//! | `idempotent_retry.budget.tokens` | gauge | `{token}` | | tokens in the retry budget after each attempt's charge or admission and each success; one gauge per process, so with several budgets it shows the one that moved last |
 //!
 //! # Features
 //!
@@ -227,6 +275,8 @@
 //! | `sqlite-bundled` | `sqlite` with SQLite compiled in: nothing to install |
 //! | `postgres` | `PostgresLedger`: the ledger in a PostgreSQL table shared by a fleet, through a pool of connections (`tokio-postgres`, `deadpool-postgres`); plain TCP, or the caller's TLS connector |
 //! | `postgres-rustls` | `postgres` with TLS through rustls and the aws-lc-rs provider, trusting the CAs in a PEM file (`PostgresLedgerBuilder::tls_ca_file`) |
+//! | `opentelemetry` | trace context on the wire: each request carries its own CLIENT span's `traceparent` ([traces](#traces)); needs a `tracing-opentelemetry` layer (0.34, OpenTelemetry 0.33) in the subscriber |
+//! | `metrics` | [metrics](#metrics) through the `metrics` facade (0.24) |
 //! | `cli` | the `idempotent-retry-ledger` command: `list`, `show`, `resolve`, `purge` and `duplicates` over an SQLite ledger file, or a PostgreSQL one with `postgres` too (`--help` has the options and exit statuses) |
 //! | `testkit` | [`testkit`]: the loopback receiver with fault scripting and a side-effect recorder, deterministic helpers and the ledger conformance suite, for tests |
 //!
@@ -273,6 +323,7 @@ mod ledger;
 #[cfg(feature = "middleware")]
 mod middleware;
 mod observe;
+mod operation_outcome;
 mod outcome;
 mod policy;
 mod readable;
@@ -281,6 +332,7 @@ pub mod retry_after;
 #[cfg(feature = "tower")]
 mod service;
 mod settings;
+mod telemetry;
 #[cfg(feature = "testkit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub mod testkit;
@@ -316,6 +368,7 @@ pub use ledger::{PostgresLedger, PostgresLedgerBuilder};
 #[cfg(feature = "middleware")]
 pub use middleware::IdempotentRetryMiddleware;
 pub use observe::{AttemptEvent, LedgerVerdict, Observer, OperationEvent, RetryRefusedEvent};
+pub use operation_outcome::Outcome;
 pub use policy::RetryPolicy;
 pub use report::{AttemptRecord, RetryReport, Wait, WaitReason};
 #[cfg(feature = "tower")]

@@ -18,8 +18,10 @@ use crate::transport::{SendError, Transport, reqwest_send_error, send_error};
 /// it and the client run once per attempt.
 ///
 /// **Position.** Add it before (outside) `reqwest-tracing`'s `TracingMiddleware`, so each
-/// attempt gets its own client span, as OpenTelemetry's HTTP conventions ask for resends, all
-/// inside this crate's `idempotent_request` span; add it after middleware that should run once
+/// attempt gets its own client span (and trace context on the wire) from there, as
+/// OpenTelemetry's HTTP conventions ask for resends, all inside this crate's
+/// `idempotent_request` span: the middleware opens no client span of its own
+/// ([traces](crate#traces)); add it after middleware that should run once
 /// per logical request (authentication that mints a token, request signing that must not be
 /// redone, ...). Do not combine it with `reqwest-retry`: retries would multiply.
 ///
@@ -169,6 +171,10 @@ struct NextTransport<'a, 'e> {
 
 impl Transport<reqwest::Request> for NextTransport<'_, '_> {
     type Response = reqwest::Response;
+
+    // `reqwest-tracing` below this middleware opens each attempt's client span and writes its
+    // trace context.
+    const WIRE_SPANS: bool = false;
 
     async fn send(&mut self, request: reqwest::Request) -> Result<reqwest::Response, SendError> {
         // The middleware follows no redirect; the client under it may (reqwest's default), with

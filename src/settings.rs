@@ -42,6 +42,8 @@ pub(crate) struct Settings {
     /// The durable operation ledger, if any: every front end claims, records and finishes
     /// through it (`engine/mod.rs`).
     pub(crate) ledger: Option<LedgerHandle>,
+    /// Whether the operation span carries the key as `idempotent_retry.idempotency_key`.
+    pub(crate) key_in_spans: bool,
 }
 
 impl fmt::Debug for Settings {
@@ -80,6 +82,7 @@ impl Settings {
             .field("attempt_header", &self.attempt_header)
             .field("budget", &self.budget)
             .field("ledger", &self.ledger)
+            .field("key_in_spans", &self.key_in_spans)
             .finish_non_exhaustive()
     }
 }

@@ -4,11 +4,14 @@
 use std::error::Error as StdError;
 use std::future::Future;
 
+use tracing::Instrument;
+
 #[cfg(any(feature = "tower", feature = "middleware"))]
 use crate::classify::classify_source_chain;
 use crate::classify::{FailureKind, classify_reqwest_error};
 use crate::error::Error;
 use crate::exchange::{RetryRequest, RetryResponse};
+use crate::telemetry::WireTrace;
 
 pub(crate) type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
@@ -24,6 +27,12 @@ pub(crate) enum SendError {
 pub(crate) trait Transport<Q: RetryRequest> {
     /// What a successful send produces.
     type Response: RetryResponse;
+
+    /// Whether the engine opens a CLIENT span per request on the wire, and writes its trace
+    /// context into the request's headers (feature `opentelemetry`). `false` for a transport
+    /// whose next layer does both (`reqwest-tracing` under the middleware), so no request gets
+    /// two client spans.
+    const WIRE_SPANS: bool = true;
 
     /// Waits until the transport can take the next attempt, sending nothing (a tower service's
     /// `poll_ready`). The engine awaits it before it starts the attempt's clock, so a wait for
@@ -43,13 +52,18 @@ pub(crate) trait Transport<Q: RetryRequest> {
     /// body could not be cloned and the attempt is that request). A transport that may need
     /// the request again within the attempt (the reqwest one, to follow a redirect) clones it
     /// from `original` only when it must, instead of copying every attempt up front.
+    ///
+    /// `wire` holds the attempt's open CLIENT span: the default runs the send in it. A
+    /// transport that sends more than one request per attempt (redirect hops) closes and opens
+    /// one per request through `wire`.
     fn send_attempt(
         &mut self,
         request: Q,
         original: Option<&Q>,
+        wire: &mut WireTrace,
     ) -> impl Future<Output = Result<Self::Response, SendError>> + Send {
         let _ = original;
-        self.send(request)
+        self.send(request).instrument(wire.span())
     }
 }
 

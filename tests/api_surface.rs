@@ -11,10 +11,10 @@ use idempotent_retry::{
     AttemptRecord, Claim, Claimed, Client, ClientBuilder, DerivationSecret, Error, ErrorKind,
     FailureKind, Finish, IdempotencyKey, InvalidKey, InvalidKeyReason, InvalidSecret,
     LeaseHeldPolicy, LedgerError, LedgerErrorKind, LedgerOptions, LedgerScope, LedgerVerdict,
-    MemoryLedger, OperationRecord, OperationStatus, RedirectChain, RedirectHop, RedirectPolicy,
-    RedirectStop, RequestFingerprint, RetryBudget, RetryBudgetConfig, RetryPolicy, RetryReport,
-    SavedResponse, TokioClock, TokioSleeper, Wait, WaitReason, WithoutIdempotencyKey, backoff,
-    canonical, retry_after,
+    MemoryLedger, OperationRecord, OperationStatus, Outcome, RedirectChain, RedirectHop,
+    RedirectPolicy, RedirectStop, RequestFingerprint, RetryBudget, RetryBudgetConfig, RetryPolicy,
+    RetryReport, SavedResponse, TokioClock, TokioSleeper, Wait, WaitReason, WithoutIdempotencyKey,
+    backoff, canonical, retry_after,
 };
 use idempotent_retry::{
     HttpProbe, ListFilter, ReconcileClaim, ReconcileFn, Reconciled, Resolution, ResolutionKind,
@@ -51,6 +51,7 @@ fn every_public_value_type_is_send_sync_debug_and_static() {
     shareable::<MemoryLedger>();
     shareable::<OperationRecord>();
     shareable::<OperationStatus>();
+    shareable::<Outcome>();
     shareable::<RedirectChain>();
     shareable::<RedirectHop>();
     shareable::<RedirectPolicy>();

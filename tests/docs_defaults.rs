@@ -29,6 +29,7 @@ const SETTINGS: &[&str] = &[
     "ClientBuilder::redirects",
     "ClientBuilder::attempt_header",
     "ClientBuilder::ledger",
+    "ClientBuilder::key_in_spans",
     "ClientBuilder::reconciler",
     "ClientBuilder::reconciler_for_scope",
     "LedgerOptions::retention",
@@ -258,6 +259,11 @@ fn check(row: &Row) -> Result<(), String> {
             expect(setting, value == "none", none)
         }
         "ClientBuilder::ledger" => expect(setting, value == "none", client.ledger().is_none()),
+        "ClientBuilder::key_in_spans" => {
+            // Setting the table's value on a default builder changes nothing.
+            let table = format!("{:?}", Client::builder().key_in_spans(switch(value)?));
+            expect(setting, table, format!("{:?}", Client::builder()))
+        }
         "ClientBuilder::reconciler" | "ClientBuilder::reconciler_for_scope" => {
             // No reconciler: the builder's debug output lists none, by default or by scope.
             let builder = format!("{:?}", Client::builder());

@@ -1,8 +1,9 @@
-//! Observability: a `tracing` span per operation (method, host, key) and an event per
-//! attempt (number, outcome class, delay and why).
+//! Observability in the log: a `tracing` span per operation (method, host, and the key when
+//! asked for) and an event per attempt (number, outcome class, delay and why). The spans as an
+//! OpenTelemetry exporter sees them are in `otel_spans.rs`.
 //!
 //! The log is captured by one global subscriber (`support::logs`); each test finds its own
-//! lines by its unique key.
+//! lines by its unique key, which its client puts in the span (`key_in_spans`).
 
 mod support;
 
@@ -13,6 +14,7 @@ use support::*;
 
 fn client() -> Client {
     Client::builder()
+        .key_in_spans(true)
         .policy(
             RetryPolicy::default()
                 .with_base_delay(Duration::from_millis(1))
@@ -47,11 +49,11 @@ async fn each_attempt_emits_an_event_inside_the_operation_span() {
             "inside the span: {line}"
         );
         assert!(
-            line.contains("method=POST"),
+            line.contains("http.request.method=POST"),
             "the span names the method: {line}"
         );
         assert!(
-            line.contains("host=\"127.0.0.1\""),
+            line.contains("server.address=\"127.0.0.1\""),
             "the span names the host: {line}"
         );
         assert!(line.contains("delay_ms="), "the delay is logged: {line}");
@@ -134,6 +136,7 @@ async fn the_tower_service_emits_the_same_span_and_events() {
     capture_log();
     let server = TestServer::start(vec![Action::status(503)], Action::ok("")).await;
     let layer = Client::builder()
+        .key_in_spans(true)
         .policy(
             RetryPolicy::default()
                 .with_base_delay(Duration::from_millis(1))
@@ -166,6 +169,7 @@ async fn ledger_events_are_inside_the_operation_span() {
     capture_log();
     let server = TestServer::start_idempotent(vec![Action::status(503)], Action::ok("done")).await;
     let client = Client::builder()
+        .key_in_spans(true)
         .policy(
             RetryPolicy::default()
                 .with_base_delay(Duration::from_millis(1))
@@ -192,7 +196,7 @@ async fn ledger_events_are_inside_the_operation_span() {
         .await
         .expect_err("the key is reused for another body");
     let lines = log_lines_with("evt_trace_ledger");
-    let span = r#"idempotent_request{method=POST host="127.0.0.1" key="evt_trace_ledger"}"#;
+    let span = r#"idempotent_request{otel.kind="internal" http.request.method=POST server.address="127.0.0.1" idempotent_retry.idempotency_key="evt_trace_ledger"}"#;
     for message in [
         "resuming an operation recorded in the ledger",
         "replayed the saved response; no request sent",
@@ -202,4 +206,40 @@ async fn ledger_events_are_inside_the_operation_span() {
         assert_eq!(found.len(), 1, "{message}: {lines:#?}");
         assert!(found[0].contains(span), "inside the span: {}", found[0]);
     }
+}
+
+/// Unless the client asks for it, the span does not carry the key (a derived key may reveal
+/// its inputs to every trace backend); the events that end a failed operation still name it.
+#[tokio::test]
+async fn the_span_carries_the_key_only_when_asked() {
+    capture_log();
+    let server = TestServer::start(vec![Action::status(503)], Action::status(503)).await;
+    let key = IdempotencyKey::new("evt_trace_no_key").expect("valid");
+    Client::builder()
+        .policy(
+            RetryPolicy::default()
+                .with_max_attempts(2)
+                .with_base_delay(Duration::from_millis(1))
+                .with_max_delay(Duration::from_millis(5)),
+        )
+        .build()
+        .expect("valid")
+        .post(server.url("/"))
+        .idempotency_key(key)
+        .send()
+        .await
+        .expect_err("503 twice");
+    let lines = log_lines_with("evt_trace_no_key");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("operation stopped") && l.contains("key=\"evt_trace_no_key\"")),
+        "{lines:#?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .all(|l| !l.contains("idempotent_retry.idempotency_key")),
+        "{lines:#?}"
+    );
 }

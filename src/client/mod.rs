@@ -377,6 +377,7 @@ pub struct ClientBuilder {
     ledger_options: LedgerOptions,
     reconcilers: Reconcilers,
     redirects: RedirectPolicy,
+    key_in_spans: bool,
 }
 
 impl fmt::Debug for ClientBuilder {
@@ -393,6 +394,7 @@ impl fmt::Debug for ClientBuilder {
             .field("ledger", &self.ledger)
             .field("reconcilers", &self.reconcilers)
             .field("redirects", &self.redirects)
+            .field("key_in_spans", &self.key_in_spans)
             .finish_non_exhaustive()
     }
 }
@@ -422,6 +424,7 @@ impl ClientBuilder {
             ledger_options: LedgerOptions::new(),
             reconcilers: Reconcilers::default(),
             redirects: RedirectPolicy::default(),
+            key_in_spans: false,
         }
     }
 
@@ -549,6 +552,19 @@ impl ClientBuilder {
     /// Default: none (no header).
     pub fn attempt_header(mut self, header: HeaderName) -> Self {
         self.attempt_header = Some(header);
+        self
+    }
+
+    /// Whether the operation's `idempotent_request` span carries the key, as the attribute
+    /// `idempotent_retry.idempotency_key` ([traces](crate#traces)). Off unless asked for: a
+    /// derived key can reveal what it was derived from (a plain SHA-256 of guessable inputs,
+    /// see [`DerivationSecret`](crate::DerivationSecret)), and every trace backend that
+    /// receives the span keeps it. Turn it on to find an operation's trace by its key. The
+    /// `warn` and `error` events that end a failed operation name the key either way.
+    ///
+    /// Default: off.
+    pub fn key_in_spans(mut self, enabled: bool) -> Self {
+        self.key_in_spans = enabled;
         self
     }
 
@@ -752,6 +768,7 @@ impl ClientBuilder {
     }
 
     pub(crate) fn settings_unchecked(self) -> Settings {
+        crate::telemetry::metrics::describe();
         Settings {
             policy: self.policy,
             host_policies: self.host_policies,
@@ -771,6 +788,7 @@ impl ClientBuilder {
                 options: Arc::new(self.ledger_options),
                 reconcilers: Arc::new(self.reconcilers),
             }),
+            key_in_spans: self.key_in_spans,
         }
     }
 

@@ -7,6 +7,7 @@ use super::shared::ClientRef;
 use crate::engine;
 use crate::error::Error;
 use crate::settings::Overrides;
+use crate::telemetry::WireTrace;
 use crate::transport::{SendError, Transport};
 
 /// Runs `request` as one logical operation with `overrides`, through the engine's pipeline:
@@ -36,14 +37,22 @@ struct ReqwestTransport<'a>(&'a ClientRef);
 impl Transport<reqwest::Request> for ReqwestTransport<'_> {
     type Response = reqwest::Response;
 
-    async fn send(&mut self, request: reqwest::Request) -> Result<reqwest::Response, SendError> {
-        self.send_attempt(request, None).await
+    /// The engine sends through `send_attempt`; this is the same, with the hops' spans under
+    /// the current span.
+    async fn send(
+        &mut self,
+        mut request: reqwest::Request,
+    ) -> Result<reqwest::Response, SendError> {
+        let mut wire = WireTrace::new(tracing::Span::current(), true, &self.0.settings.clock);
+        wire.open(&mut request);
+        self.send_attempt(request, None, &mut wire).await
     }
 
     async fn send_attempt(
         &mut self,
         request: reqwest::Request,
         original: Option<&reqwest::Request>,
+        wire: &mut WireTrace,
     ) -> Result<reqwest::Response, SendError> {
         let client = self.0;
         follow(
@@ -52,6 +61,7 @@ impl Transport<reqwest::Request> for ReqwestTransport<'_> {
             &client.settings,
             request,
             original,
+            wire,
         )
         .await
     }

@@ -33,8 +33,11 @@ use crate::outcome::Exposure;
 use crate::policy::RetryPolicy;
 use crate::report::{AttemptRecord, RetryReport, Wait};
 use crate::settings::{Jitter, Settings};
+use crate::telemetry::{WireTrace, metrics};
 use crate::transport::{BoxError, SendError, Transport};
 use crate::window;
+
+use super::settle::Settled;
 
 /// One logical operation's attempts in flight: its policy, state and report.
 pub(super) struct Attempts<'s> {
@@ -49,6 +52,8 @@ pub(super) struct Attempts<'s> {
     exposure: Exposure,
     ledger: Option<&'s LedgerRun>,
     budget_tab: BudgetTab<'s>,
+    /// The operation's span: each request on the wire gets a CLIENT span under it.
+    span: &'s tracing::Span,
 }
 
 /// What the engine keeps of one attempt's result until it has decided.
@@ -58,24 +63,24 @@ struct Outcome<R> {
 }
 
 impl<'s> Attempts<'s> {
-    /// The key is settled and in the request; nothing has been sent. `policy` is the run's
-    /// (with a ledger, its window is what earlier runs left).
+    /// The key is settled and in the request (`key`, moved out of `settled`); nothing has been
+    /// sent. `policy` is the run's (with a ledger, its window is what earlier runs left).
     pub(super) fn begin(
         settings: &'s Settings,
-        method: &'s Method,
+        settled: &'s Settled,
         host: Option<&'s str>,
         key: Option<IdempotencyKey>,
         policy: RetryPolicy,
-        attempt_timeout: Duration,
         ledger: Option<&'s LedgerRun>,
     ) -> Self {
+        let method = &settled.method;
         let started = settings.clock.now();
         Attempts {
             settings,
             method,
             host,
             policy,
-            attempt_timeout,
+            attempt_timeout: settled.attempt_timeout,
             state: OperationState {
                 started,
                 attempts: 0,
@@ -88,6 +93,7 @@ impl<'s> Attempts<'s> {
             exposure: Exposure::default(),
             ledger,
             budget_tab: BudgetTab::new(settings.budget.as_ref()),
+            span: &settled.span,
         }
     }
 
@@ -108,6 +114,7 @@ impl<'s> Attempts<'s> {
         T: Transport<Q>,
     {
         let mut original = Some(request);
+        let mut wire = WireTrace::new(self.span.clone(), T::WIRE_SPANS, &self.settings.clock);
         loop {
             if let Err(source) = transport.ready().await {
                 return Err(self.finish_not_ready(source));
@@ -150,10 +157,13 @@ impl<'s> Attempts<'s> {
 
             self.budget_tab.sending();
             self.exposure().sending();
+            wire.open(&mut attempt);
             let sent = if enforced {
-                transport.send_attempt(attempt, original.as_ref()).await
+                transport
+                    .send_attempt(attempt, original.as_ref(), &mut wire)
+                    .await
             } else {
-                let send = transport.send_attempt(attempt, original.as_ref());
+                let send = transport.send_attempt(attempt, original.as_ref(), &mut wire);
                 match tokio::time::timeout(budget, send).await {
                     Ok(sent) => sent,
                     Err(elapsed) => Err(SendError::Failed {
@@ -163,12 +173,18 @@ impl<'s> Attempts<'s> {
                 }
             };
             let result = match sent {
-                Ok(response) => Ok(response),
+                Ok(response) => {
+                    wire.answered(response.status(), response.version());
+                    Ok(response)
+                }
                 Err(SendError::Failed { kind, source }) => {
+                    wire.failed(kind.as_str());
                     self.exposure().failed(kind);
                     Err((kind, source))
                 }
                 Err(SendError::Refused(err)) => {
+                    // Refused before anything went out: the conventions' catch-all.
+                    wire.failed("_OTHER");
                     self.exposure().not_sent();
                     self.budget_tab.not_sent();
                     return Err(err);
@@ -181,6 +197,7 @@ impl<'s> Attempts<'s> {
             let decided_at = self.settings.clock.now();
             let decision = self.decide(&outcome, decided_at);
             let decision = self.budget_tab.admit(decision);
+            metrics::budget_tokens(self.settings.budget.as_ref());
             if let Decision::Stop {
                 kind: Some(kind),
                 stop: Stop::BudgetExhausted,
@@ -352,6 +369,7 @@ impl<'s> Attempts<'s> {
     /// Hook point: the budget refused the retry `decide` chose (the observers'
     /// `on_retry_refused`).
     fn retry_refused(&self, number: u32, kind: FailureKind) {
+        metrics::retry_refused(kind);
         if let (Some(observer), Some(budget)) = (&self.settings.observer, &self.settings.budget) {
             observer.on_retry_refused(&RetryRefusedEvent {
                 key: self.report.idempotency_key(),
@@ -373,6 +391,7 @@ impl<'s> Attempts<'s> {
         status: Option<StatusCode>,
         wait: Wait,
     ) {
+        metrics::retry(kind);
         tracing::info!(
             attempt = number,
             outcome = kind.as_str(),
@@ -386,6 +405,7 @@ impl<'s> Attempts<'s> {
     /// Hook point (success): the response is the answer.
     fn finish_with_response<R: RetryResponse>(mut self, mut response: R, attempts: u32) -> R {
         self.budget_tab.settle_success();
+        metrics::budget_tokens(self.settings.budget.as_ref());
         log_final(response.status(), self.report.idempotency_key(), attempts);
         response.extensions_mut().insert(self.report);
         response

@@ -18,7 +18,9 @@
 //! 5. **observe** ([`operation_ended`]): the observers hear how the operation ended, once,
 //!    after the ledger has settled what the caller gets.
 //!
-//! Every stage runs inside the operation's `idempotent_request` span.
+//! Every stage runs inside the operation's `idempotent_request` span (INTERNAL; its attributes
+//! recorded at the end by `telemetry/operation.rs`); each request on the wire gets a CLIENT
+//! span under it from the attempts stage (`telemetry/wire.rs`).
 
 mod attempts;
 mod settle;
@@ -35,6 +37,7 @@ use crate::ledger::{self, Begin, LedgerHandle};
 use crate::observe::{LedgerVerdict, OperationEvent};
 use crate::report::RetryReport;
 use crate::settings::{Overrides, Settings};
+use crate::telemetry::operation;
 use crate::transport::Transport;
 
 use attempts::Attempts;
@@ -56,24 +59,10 @@ where
     T: Transport<Q>,
 {
     let settled = settle::settle(settings, &mut request, overrides)?;
-    let span = operation_span(&settled.method, request.host(), settled.key.as_ref());
+    let span = settled.span.clone();
     run(settings, request, settled, transport)
         .instrument(span)
         .await
-}
-
-/// The `tracing` span one operation runs in: method, host and key.
-fn operation_span(
-    method: &Method,
-    host: Option<&str>,
-    key: Option<&IdempotencyKey>,
-) -> tracing::Span {
-    tracing::info_span!(
-        "idempotent_request",
-        method = %method,
-        host = host.unwrap_or(""),
-        key = key.map_or("", IdempotencyKey::as_str),
-    )
 }
 
 /// The stages after settle.
@@ -106,16 +95,16 @@ where
         (_, key) => {
             let attempts = Attempts::begin(
                 settings,
-                &settled.method,
+                &settled,
                 host.as_deref(),
                 key,
                 settled.policy,
-                settled.attempt_timeout,
                 None,
             );
             (attempts.run(request, transport).await, None)
         }
     };
+    operation::ended(&settled.span, &result, verdict);
     operation_ended(
         settings,
         &settled.method,
@@ -177,11 +166,10 @@ where
     let left = run.window_left(window, settings.clock.wall());
     let attempts = Attempts::begin(
         settings,
-        &settled.method,
+        settled,
         host,
         Some(key),
         settled.policy.with_reconcile_window(left),
-        settled.attempt_timeout,
         Some(&run),
     );
     let result = attempts.run(request, transport).await;

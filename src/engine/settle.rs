@@ -13,6 +13,7 @@ use crate::exchange::RetryRequest;
 use crate::key::IdempotencyKey;
 use crate::policy::RetryPolicy;
 use crate::settings::{Overrides, Settings};
+use crate::telemetry::operation;
 
 /// One operation, settled: nothing about it changes from here on.
 #[derive(Debug)]
@@ -22,6 +23,9 @@ pub(super) struct Settled {
     pub(super) key: Option<IdempotencyKey>,
     pub(super) attempt_timeout: Duration,
     pub(super) scope: Option<String>,
+    /// The operation's `idempotent_request` span, opened once the key is settled: every
+    /// stage after this one runs in it.
+    pub(super) span: tracing::Span,
 }
 
 /// Settles `request` as one operation.
@@ -53,12 +57,14 @@ pub(super) fn settle<Q: RetryRequest>(
         overrides.key,
         overrides.auto_key.unwrap_or(settings.auto_keys),
     )?;
+    let span = operation::open(&method, request.host(), key.as_ref(), settings.key_in_spans);
     Ok(Settled {
         method,
         policy,
         key,
         attempt_timeout: overrides.timeout.unwrap_or(policy.attempt_timeout()),
         scope: overrides.scope,
+        span,
     })
 }
 

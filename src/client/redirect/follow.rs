@@ -10,6 +10,7 @@ use http::header::{
     HeaderValue, PROXY_AUTHORIZATION, TRANSFER_ENCODING, WWW_AUTHENTICATE,
 };
 use reqwest::Url;
+use tracing::Instrument;
 
 use super::chain::{
     HopsTimedOut, RedirectChain, RedirectHop, TooManyRedirects, key_text, warn_if_inner_redirected,
@@ -19,6 +20,7 @@ use super::policy::{
 };
 use crate::classify::FailureKind;
 use crate::settings::Settings;
+use crate::telemetry::WireTrace;
 use crate::transport::{SendError, reqwest_send_error};
 
 /// What is kept of a request while it is sent: a full copy for the next hop, one without its
@@ -192,12 +194,16 @@ impl Kept<'_> {
 /// `original` is the operation's request the attempt was cloned from, when the engine has it:
 /// the first hop is then rebuilt from it only if a redirect comes back, so an attempt without
 /// redirects copies nothing.
+///
+/// `wire` holds the first hop's open span (the engine opened it); each hop followed closes the
+/// span of the redirect it answers and opens its own, a resend by the conventions.
 pub(crate) async fn follow(
     http: &reqwest::Client,
     policy: &RedirectPolicy,
     settings: &Settings,
     mut request: reqwest::Request,
     original: Option<&reqwest::Request>,
+    wire: &mut WireTrace,
 ) -> Result<reqwest::Response, SendError> {
     let key_header = &settings.key_header;
     let started = settings.clock.now();
@@ -227,7 +233,7 @@ pub(crate) async fn follow(
             }
             *request.timeout_mut() = Some(left);
         }
-        let response = match http.execute(request).await {
+        let response = match http.execute(request).instrument(wire.span()).await {
             Ok(response) => response,
             Err(err) => {
                 let mut failed = reqwest_send_error(err);
@@ -298,9 +304,11 @@ pub(crate) async fn follow(
                     "following a redirect"
                 );
                 chain.hops.push(hop);
+                wire.answered(response.status(), Some(response.version()));
                 // Release the redirect's connection before the next hop.
                 drop(response);
                 request = next;
+                wire.open(&mut request);
             }
         }
     }

@@ -1,0 +1,151 @@
+//! Metrics through the [`metrics`](https://docs.rs/metrics) facade (feature `metrics`); every
+//! function here does nothing without the feature. Names, units and labels: the crate docs'
+//! [metrics table](crate#metrics).
+//!
+//! Why the `metrics` crate rather than the OpenTelemetry metrics API: it is a facade in the
+//! manner of `log`, so the library only records and the application installs one recorder of
+//! its choice (Prometheus, StatsD, or OpenTelemetry through an exporter); with none installed
+//! a record is one atomic load. Its API has been stable across exporters' releases, while
+//! every OpenTelemetry release so far has changed its Rust API, and the crate would pin its
+//! users to one. Its debugging recorder tests what is recorded without a backend.
+
+#[cfg(feature = "metrics")]
+use std::time::Duration;
+
+#[cfg(feature = "metrics")]
+use http::StatusCode;
+
+use crate::budget::RetryBudget;
+use crate::classify::FailureKind;
+
+/// Histogram, seconds: each request on the wire.
+#[cfg(feature = "metrics")]
+pub(crate) const REQUEST_DURATION: &str = "http.client.request.duration";
+/// Counter: operations ended, by `outcome` and `stop_reason`.
+#[cfg(feature = "metrics")]
+pub(crate) const OPERATIONS: &str = "idempotent_retry.operations";
+/// Counter: retries decided, by `reason`.
+#[cfg(feature = "metrics")]
+pub(crate) const RETRIES: &str = "idempotent_retry.retries";
+/// Counter: retries the budget refused, by `reason`.
+#[cfg(feature = "metrics")]
+pub(crate) const RETRIES_REFUSED: &str = "idempotent_retry.retries.refused";
+/// Counter: operations answered from the ledger, nothing sent.
+#[cfg(feature = "metrics")]
+pub(crate) const LEDGER_REPLAYS: &str = "idempotent_retry.ledger.replays";
+/// Counter: operations the ledger refused, nothing sent, by `reason`.
+#[cfg(feature = "metrics")]
+pub(crate) const LEDGER_REFUSALS: &str = "idempotent_retry.ledger.refusals";
+/// Gauge: tokens in the retry budget.
+#[cfg(feature = "metrics")]
+pub(crate) const BUDGET_TOKENS: &str = "idempotent_retry.budget.tokens";
+
+/// Tells the installed recorder each metric's unit and meaning. Called when a front end's
+/// settings are built, so a recorder installed before the client hears it.
+pub(crate) fn describe() {
+    #[cfg(feature = "metrics")]
+    {
+        use metrics::Unit;
+        metrics::describe_histogram!(
+            REQUEST_DURATION,
+            Unit::Seconds,
+            "Duration of HTTP client requests: each request on the wire, attempt or redirect hop"
+        );
+        metrics::describe_counter!(OPERATIONS, "Operations ended, by outcome and stop reason");
+        metrics::describe_counter!(RETRIES, "Retries decided, by the failure that caused them");
+        metrics::describe_counter!(RETRIES_REFUSED, "Retries the retry budget refused");
+        metrics::describe_counter!(LEDGER_REPLAYS, "Operations answered from the ledger");
+        metrics::describe_counter!(LEDGER_REFUSALS, "Operations the ledger refused");
+        metrics::describe_gauge!(BUDGET_TOKENS, "Tokens in the retry budget");
+    }
+}
+
+/// One request on the wire being timed, with the labels known when it was sent.
+#[cfg(feature = "metrics")]
+#[derive(Debug)]
+pub(crate) struct RequestTimer {
+    labels: Vec<(&'static str, String)>,
+}
+
+#[cfg(feature = "metrics")]
+impl RequestTimer {
+    /// The labels of a request to `method` at `url`.
+    pub(crate) fn new(method: &'static str, url: Option<&reqwest::Url>) -> Self {
+        let mut labels = vec![("http.request.method", method.to_owned())];
+        if let Some(url) = url {
+            labels.push(("server.address", url.host_str().unwrap_or("").to_owned()));
+            if let Some(port) = url.port_or_known_default() {
+                labels.push(("server.port", port.to_string()));
+            }
+        }
+        RequestTimer { labels }
+    }
+
+    /// Records a request that got a response after `took`.
+    pub(crate) fn answered(mut self, status: StatusCode, version: Option<&str>, took: Duration) {
+        self.labels
+            .push(("http.response.status_code", status.as_str().to_owned()));
+        if status.as_u16() >= 400 {
+            self.labels.push(("error.type", status.as_str().to_owned()));
+        }
+        if let Some(version) = version {
+            self.labels
+                .push(("network.protocol.version", version.to_owned()));
+        }
+        metrics::histogram!(REQUEST_DURATION, &self.labels).record(took.as_secs_f64());
+    }
+
+    /// Records a request that failed as `error_type` after `took`.
+    pub(crate) fn failed(mut self, error_type: &str, took: Duration) {
+        self.labels.push(("error.type", error_type.to_owned()));
+        metrics::histogram!(REQUEST_DURATION, &self.labels).record(took.as_secs_f64());
+    }
+}
+
+/// An operation ended.
+pub(crate) fn operation(outcome: &'static str, stop_reason: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(OPERATIONS, "outcome" => outcome, "stop_reason" => stop_reason).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (outcome, stop_reason);
+}
+
+/// The ledger answered an operation from its saved response.
+pub(crate) fn ledger_replay() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(LEDGER_REPLAYS).increment(1);
+}
+
+/// The ledger refused an operation (`reason`: the error kind's name).
+pub(crate) fn ledger_refusal(reason: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(LEDGER_REFUSALS, "reason" => reason).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = reason;
+}
+
+/// A retry was decided after a failure of `kind`.
+pub(crate) fn retry(kind: FailureKind) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(RETRIES, "reason" => kind.as_str()).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = kind;
+}
+
+/// The budget refused a retry after a failure of `kind`.
+pub(crate) fn retry_refused(kind: FailureKind) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(RETRIES_REFUSED, "reason" => kind.as_str()).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = kind;
+}
+
+/// The budget's tokens, after it admitted, charged or was paid.
+pub(crate) fn budget_tokens(budget: Option<&RetryBudget>) {
+    #[cfg(feature = "metrics")]
+    if let Some(budget) = budget {
+        metrics::gauge!(BUDGET_TOKENS).set(f64::from(budget.available()));
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = budget;
+}
