@@ -451,7 +451,7 @@ fn svg(cells: &[Cell], options: &Options) -> String {
     let _ = writeln!(
         out,
         r##"<line x1="{LEFT}" y1="{base}" x2="{x2:.1}" y2="{base}" stroke="#333"/>
-<text x="{x}" y="{y}" text-anchor="middle" font-size="11" fill="#555">one keep-alive loopback server, a new key per operation; median of {rounds} interleaved rounds; SQLite WAL synchronous=FULL, PostgreSQL 15 on loopback; benches/ledger.rs</text>
+<text x="{x}" y="{y}" text-anchor="middle" font-size="11" fill="#555">a new key per operation, one keep-alive loopback server; median of {rounds} interleaved rounds; every write on disk before it is answered; benches/ledger.rs</text>
 </svg>"##,
         x2 = width - 30.0,
         x = width / 2.0,
