@@ -83,17 +83,36 @@ fn resend_count(span: &SpanData) -> u32 {
     attr(span, "http.request.resend_count").map_or(0, |n| n.parse().expect("a count"))
 }
 
-fn client() -> Client {
+/// A client builder with the key in spans and millisecond backoff, its spans exported.
+fn builder() -> idempotent_retry::ClientBuilder {
     exporter();
-    Client::builder()
-        .key_in_spans(true)
-        .policy(
-            RetryPolicy::default()
-                .with_base_delay(Duration::from_millis(1))
-                .with_max_delay(Duration::from_millis(5)),
-        )
-        .build()
-        .expect("valid")
+    Client::builder().key_in_spans(true).policy(
+        RetryPolicy::default()
+            .with_base_delay(Duration::from_millis(1))
+            .with_max_delay(Duration::from_millis(5)),
+    )
+}
+
+fn client() -> Client {
+    builder().build().expect("valid")
+}
+
+/// Sends one keyed POST to `server` through the tower front end, keyed `key`.
+#[cfg(feature = "tower")]
+async fn through_tower(server: &TestServer, key: &'static str) {
+    use tower::ServiceExt as _;
+
+    let layer = builder().build_layer().expect("valid");
+    let service = tower::Layer::layer(&layer, reqwest::Client::new());
+    let mut request = reqwest::Request::new(
+        http::Method::POST,
+        server.url("/v1/charges").parse().expect("url"),
+    );
+    request.headers_mut().insert(
+        idempotent_retry::IDEMPOTENCY_KEY,
+        http::HeaderValue::from_static(key),
+    );
+    service.oneshot(request).await.expect("answered");
 }
 
 fn key(text: &str) -> IdempotencyKey {
@@ -414,29 +433,8 @@ async fn url_full_is_redacted() {
 #[cfg(feature = "tower")]
 #[tokio::test]
 async fn the_tower_service_exports_the_same_spans() {
-    use tower::ServiceExt as _;
-
-    exporter();
     let server = TestServer::start(vec![Action::status(503)], Action::ok("done")).await;
-    let layer = Client::builder()
-        .key_in_spans(true)
-        .policy(
-            RetryPolicy::default()
-                .with_base_delay(Duration::from_millis(1))
-                .with_max_delay(Duration::from_millis(5)),
-        )
-        .build_layer()
-        .expect("valid");
-    let service = tower::Layer::layer(&layer, reqwest::Client::new());
-    let mut request = reqwest::Request::new(
-        http::Method::POST,
-        server.url("/v1/charges").parse().expect("url"),
-    );
-    request.headers_mut().insert(
-        idempotent_retry::IDEMPOTENCY_KEY,
-        http::HeaderValue::from_static("otel_tower"),
-    );
-    service.oneshot(request).await.expect("answered");
+    through_tower(&server, "otel_tower").await;
     let [op] = &operations("otel_tower")[..] else {
         panic!("one operation span");
     };
@@ -456,17 +454,8 @@ async fn the_tower_service_exports_the_same_spans() {
 #[cfg(feature = "middleware")]
 #[tokio::test]
 async fn the_middleware_opens_no_client_span() {
-    exporter();
     let server = TestServer::start(vec![Action::status(503)], Action::ok("done")).await;
-    let retry = Client::builder()
-        .key_in_spans(true)
-        .policy(
-            RetryPolicy::default()
-                .with_base_delay(Duration::from_millis(1))
-                .with_max_delay(Duration::from_millis(5)),
-        )
-        .build_middleware()
-        .expect("valid");
+    let retry = builder().build_middleware().expect("valid");
     let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
         .with(retry)
         .build();
@@ -534,29 +523,8 @@ mod propagation {
     #[cfg(feature = "tower")]
     #[tokio::test]
     async fn each_attempt_of_the_tower_service_carries_its_own_span_context() {
-        use tower::ServiceExt as _;
-
-        exporter();
         let server = TestServer::start(vec![Action::status(503)], Action::ok("done")).await;
-        let layer = Client::builder()
-            .key_in_spans(true)
-            .policy(
-                RetryPolicy::default()
-                    .with_base_delay(Duration::from_millis(1))
-                    .with_max_delay(Duration::from_millis(5)),
-            )
-            .build_layer()
-            .expect("valid");
-        let service = tower::Layer::layer(&layer, reqwest::Client::new());
-        let mut request = reqwest::Request::new(
-            http::Method::POST,
-            server.url("/v1/charges").parse().expect("url"),
-        );
-        request.headers_mut().insert(
-            idempotent_retry::IDEMPOTENCY_KEY,
-            http::HeaderValue::from_static("otel_tower_traceparent"),
-        );
-        service.oneshot(request).await.expect("answered");
+        through_tower(&server, "otel_tower_traceparent").await;
         let [op] = &operations("otel_tower_traceparent")[..] else {
             panic!("one operation span");
         };
