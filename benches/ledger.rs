@@ -15,7 +15,9 @@
 //!   quarter of it at concurrency 1);
 //! - `--concurrency 1,16,64` (the default) and `--only none,sqlite` to pick contenders;
 //! - `--pool N`: the PostgreSQL ledger's pool size (default: the ledger's default, 16);
-//! - `--svg PATH`: also draw throughput against concurrency per ledger (`docs/ledger.svg`).
+//! - `--svg PATH`: also draw throughput against concurrency per ledger (`docs/ledger.svg`);
+//! - `--ledger-only`: each operation is the ledger's claim and finish alone, with no HTTP
+//!   request between them (for profiling a ledger's own cost; `none` then measures the loop).
 
 #[allow(
     dead_code,
@@ -29,7 +31,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use idempotent_retry::{Client, Clock, IdempotencyKey, Ledger, MemoryLedger, TokioClock};
+use idempotent_retry::{
+    Claim, Claimed, Client, Clock, Finish, IdempotencyKey, Ledger, MemoryLedger, OperationStatus,
+    SavedResponse, TokioClock,
+};
 
 /// The bench's settings, from its command line.
 struct Options {
@@ -39,6 +44,7 @@ struct Options {
     only: Option<Vec<String>>,
     pool: Option<usize>,
     svg: Option<String>,
+    ledger_only: bool,
 }
 
 impl Options {
@@ -50,6 +56,7 @@ impl Options {
             only: None,
             pool: None,
             svg: None,
+            ledger_only: false,
         };
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
@@ -78,6 +85,7 @@ impl Options {
                 }
                 "--pool" => options.pool = Some(value("--pool").parse().expect("--pool N")),
                 "--svg" => options.svg = Some(value("--svg")),
+                "--ledger-only" => options.ledger_only = true,
                 // `cargo bench` passes `--bench`; a filter criterion would take is ignored.
                 _ => {}
             }
@@ -215,6 +223,39 @@ async fn send(client: &Client, url: &str, run: &IdempotencyKey, n: u64) {
     let _ = response.bytes().await.expect("body");
 }
 
+/// The ledger's part of one operation alone: the claim of the `n`th key of `run`, then its
+/// finish as done (nothing at all without a ledger).
+async fn claim_and_finish(client: &Client, run: &IdempotencyKey, n: u64) {
+    let Some(ledger) = client.ledger() else {
+        return;
+    };
+    let key = IdempotencyKey::derive("bench.ledger", &[run.as_str(), &n.to_string()]);
+    let now = TokioClock::new().wall();
+    let owner = format!("bench-{n}");
+    let claim = Claim::builder(
+        key.as_str(),
+        "fingerprint",
+        owner.as_str(),
+        now,
+        now + Duration::from_secs(60),
+    )
+    .expires_at(now + Duration::from_secs(86_400))
+    .window_cutoff(now - Duration::from_secs(86_400))
+    .build()
+    .expect("claim");
+    let claimed = ledger.claim(&claim).await.expect("claimed");
+    assert!(matches!(claimed, Claimed::New(_)), "{claimed:?}");
+    let finish = Finish::new(
+        key.as_str(),
+        owner,
+        OperationStatus::Succeeded,
+        Some(SavedResponse::new(200, Vec::new(), Some(b"ok".to_vec()))),
+    )
+    .expect("finish")
+    .with_last_attempt(now);
+    ledger.finish(&finish).await.expect("finished");
+}
+
 /// Operations per second for `operations` operations, `concurrency` at a time.
 async fn throughput(
     client: &Client,
@@ -223,12 +264,20 @@ async fn throughput(
     counter: &AtomicU64,
     operations: u64,
     concurrency: usize,
+    ledger_only: bool,
 ) -> f64 {
     let clock = TokioClock::new();
     let first = counter.fetch_add(operations, Ordering::Relaxed);
     let start = clock.now();
-    futures_util::stream::iter(first..first + operations)
-        .map(|n| send(client, url, run, n))
+    let operations_done =
+        futures_util::stream::iter(first..first + operations).map(|n| async move {
+            if ledger_only {
+                claim_and_finish(client, run, n).await;
+            } else {
+                send(client, url, run, n).await;
+            }
+        });
+    operations_done
         .buffer_unordered(concurrency)
         .collect::<()>()
         .await;
@@ -270,7 +319,7 @@ fn main() {
         let counter = AtomicU64::new(0);
         // Warm up every client's connections, statement caches and files.
         for (_, client) in &clients {
-            throughput(client, &url, &run, &counter, 200, 16).await;
+            throughput(client, &url, &run, &counter, 200, 16, options.ledger_only).await;
         }
         let mut cells = Vec::new();
         for &concurrency in &options.concurrency {
@@ -286,6 +335,7 @@ fn main() {
                         &counter,
                         operations,
                         concurrency,
+                        options.ledger_only,
                     )
                     .await;
                     rates[which].push(rate);

@@ -60,33 +60,14 @@ impl MemoryLedger {
     fn claim_now(&self, claim: &Claim) -> Claimed {
         let mut rows = self.lock();
         let Some(row) = rows.get_mut(&claim.key) else {
-            let record = OperationRecord {
-                key: claim.key.clone(),
-                scope: claim.scope.clone(),
-                fingerprint: claim.fingerprint.clone(),
-                status: OperationStatus::InFlight,
-                attempts: 0,
-                first_attempt_at: claim.now,
-                last_attempt_at: None,
-                lease_owner: Some(claim.owner.clone()),
-                lease_expires_at: Some(claim.lease_until),
-                response: None,
-                expires_at: claim.expires_at,
-                method: claim.method.clone(),
-                url: claim.url.clone(),
-                resolution: None,
-            };
+            let record = claim.new_row();
             rows.insert(claim.key.clone(), record.clone());
             return Claimed::New(record);
         };
         if !claim.may_take_over(row) {
             return Claimed::Existing(row.clone());
         }
-        let previous = row.status;
-        row.status = OperationStatus::InFlight;
-        row.lease_owner = Some(claim.owner.clone());
-        row.lease_expires_at = Some(claim.lease_until);
-        row.response = None;
+        let previous = claim.take_over(row);
         Claimed::TakenOver {
             record: row.clone(),
             previous,
@@ -170,10 +151,7 @@ impl Ledger for MemoryLedger {
             if !claim.may_take(row) {
                 return Claimed::Existing(row.clone());
             }
-            let previous = row.status;
-            row.status = OperationStatus::InFlight;
-            row.lease_owner = Some(claim.owner.clone());
-            row.lease_expires_at = Some(claim.lease_until);
+            let previous = claim.hold(row);
             Claimed::TakenOver {
                 record: row.clone(),
                 previous,

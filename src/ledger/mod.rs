@@ -461,6 +461,38 @@ impl Claim {
             && (row.status != OperationStatus::InFlight
                 || row.lease_expires_at.is_none_or(|until| until <= self.now))
     }
+
+    /// The row this claim inserts for a key that has none: in flight under its lease, no
+    /// attempt yet.
+    pub(crate) fn new_row(&self) -> OperationRecord {
+        OperationRecord {
+            key: self.key.clone(),
+            scope: self.scope.clone(),
+            fingerprint: self.fingerprint.clone(),
+            status: OperationStatus::InFlight,
+            attempts: 0,
+            first_attempt_at: self.now,
+            last_attempt_at: None,
+            lease_owner: Some(self.owner.clone()),
+            lease_expires_at: Some(self.lease_until),
+            response: None,
+            expires_at: self.expires_at,
+            method: self.method.clone(),
+            url: self.url.clone(),
+            resolution: None,
+        }
+    }
+
+    /// Takes `row` over (when [`may_take_over`](Self::may_take_over) allows it): in flight
+    /// under this claim's lease, its saved response dropped. Returns its status before.
+    pub(crate) fn take_over(&self, row: &mut OperationRecord) -> OperationStatus {
+        let previous = row.status;
+        row.status = OperationStatus::InFlight;
+        row.lease_owner = Some(self.owner.clone());
+        row.lease_expires_at = Some(self.lease_until);
+        row.response = None;
+        previous
+    }
 }
 
 /// Builds a [`Claim`]; made by [`Claim::builder`].

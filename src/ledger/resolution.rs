@@ -187,6 +187,16 @@ impl ReconcileClaim {
     pub fn may_take(&self, row: &OperationRecord) -> bool {
         reconcilable(row, self.now)
     }
+
+    /// Holds `row` (when [`may_take`](Self::may_take) allows it): in flight under this
+    /// claim's lease. Returns its status before.
+    pub(crate) fn hold(&self, row: &mut OperationRecord) -> OperationStatus {
+        let previous = row.status;
+        row.status = OperationStatus::InFlight;
+        row.lease_owner = Some(self.owner.clone());
+        row.lease_expires_at = Some(self.lease_until);
+        previous
+    }
 }
 
 /// Whether `row` may be held to reconcile it at `now`: unknown, or in flight under a lease that

@@ -657,7 +657,7 @@ mod tests {
         assert_eq!(row.lease_owner.as_deref(), Some("run-first"));
     }
 
-    /// Opens a ledger whose syncer runs `hook` before each sync, once `armed` is set (the
+    /// Opens a ledger whose writer runs `hook` before each sync, once `armed` is set (the
     /// migration's own sync at open passes untouched).
     async fn with_sync_hook(
         path: &Path,
@@ -705,7 +705,7 @@ mod tests {
         let covered = tokio::task::spawn_blocking(move || {
             inside
                 .recv_timeout(Duration::from_secs(10))
-                .expect("the syncer is asked to sync the claim's batch")
+                .expect("the writer comes to sync the claim's batch")
         })
         .await
         .expect("task");

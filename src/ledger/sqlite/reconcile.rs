@@ -6,9 +6,9 @@ use std::sync::LazyLock;
 
 use rusqlite::{Connection, params, params_from_iter};
 
-use super::statements::{held, read_row, select};
+use super::statements::{as_stored, held, read_row, select};
 use super::storage;
-use crate::ledger::sql::{COLUMNS, Dialect, Param, RawRow, TABLE, list_query, response_columns};
+use crate::ledger::sql::{Dialect, Param, RawRow, TABLE, list_query, response_columns};
 use crate::ledger::{
     Claimed, LedgerError, ListFilter, OperationRecord, ReconcileClaim, Resolve, to_millis,
 };
@@ -16,7 +16,7 @@ use crate::ledger::{
 static HOLD: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE {TABLE} SET status = 'in_flight', lease_owner = ?2, lease_expires_at = ?3 \
-         WHERE key = ?1 RETURNING {COLUMNS}"
+         WHERE key = ?1"
     )
 });
 
@@ -40,25 +40,27 @@ pub(super) fn claim_unresolved(
     conn: &Connection,
     claim: &ReconcileClaim,
 ) -> Result<Option<Claimed>, LedgerError> {
-    let Some(existing) = select(conn, &claim.key)? else {
+    let Some(mut record) = select(conn, &claim.key)? else {
         return Ok(None);
     };
-    if !claim.may_take(&existing) {
-        return Ok(Some(Claimed::Existing(existing)));
+    if !claim.may_take(&record) {
+        return Ok(Some(Claimed::Existing(record)));
     }
-    let record = conn
+    let previous = claim.hold(&mut record);
+    let changed = conn
         .prepare_cached(&HOLD)
         .and_then(|mut statement| {
-            statement.query_row(
-                params![claim.key, claim.owner, to_millis(claim.lease_until)],
-                read_row,
-            )
+            statement.execute(params![
+                claim.key,
+                claim.owner,
+                to_millis(claim.lease_until)
+            ])
         })
-        .map_err(|err| storage(err, "cannot hold the operation to reconcile it"))?
-        .into_record()?;
+        .map_err(|err| storage(err, "cannot hold the operation to reconcile it"))?;
+    debug_assert_eq!(changed, 1, "the row read under the write lock is there");
     Ok(Some(Claimed::TakenOver {
-        record,
-        previous: existing.status,
+        record: as_stored(record),
+        previous,
     }))
 }
 

@@ -10,7 +10,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::storage;
 use crate::ledger::sql::{COLUMNS, RawRow, TABLE, response_columns};
 use crate::ledger::{
-    AttemptUpdate, Claim, Claimed, Finish, LedgerError, OperationRecord, to_millis,
+    AttemptUpdate, Claim, Claimed, Finish, LedgerError, OperationRecord, from_millis, to_millis,
 };
 
 /// One row by key.
@@ -24,7 +24,7 @@ static INSERT: LazyLock<String> = LazyLock::new(|| {
         "INSERT INTO {TABLE} (key, scope, fingerprint, status, attempts, first_attempt_at, \
          lease_owner, lease_expires_at, expires_at, method, url) \
          VALUES (?1, ?2, ?3, 'in_flight', 0, ?4, ?5, ?6, ?7, ?8, ?9) \
-         ON CONFLICT (key) DO NOTHING RETURNING {COLUMNS}"
+         ON CONFLICT (key) DO NOTHING"
     )
 });
 
@@ -33,7 +33,7 @@ static TAKE_OVER: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE {TABLE} SET status = 'in_flight', lease_owner = ?2, lease_expires_at = ?3, \
          response_status = NULL, response_headers = NULL, response_body = NULL \
-         WHERE key = ?1 RETURNING {COLUMNS}"
+         WHERE key = ?1"
     )
 });
 
@@ -101,51 +101,63 @@ pub(super) fn select(conn: &Connection, key: &str) -> Result<Option<OperationRec
 /// IMMEDIATE` to its commit: no other process can insert or change the row in between, so the
 /// insert, the read and the take-over are one step. Two claims of one key in one batch run
 /// one after the other: the second finds the first's row.
+///
+/// At most one statement changes the file, and nothing can fail after it: the record
+/// returned is the one the statement wrote, built here rather than read back (see the
+/// [writer](super::writer)'s rule for writes).
 pub(super) fn claim(conn: &Connection, claim: &Claim) -> Result<Claimed, LedgerError> {
     let inserted = conn
         .prepare_cached(&INSERT)
         .and_then(|mut statement| {
-            statement
-                .query_row(
-                    params![
-                        claim.key,
-                        claim.scope,
-                        claim.fingerprint,
-                        to_millis(claim.now),
-                        claim.owner,
-                        to_millis(claim.lease_until),
-                        to_millis(claim.expires_at),
-                        claim.method,
-                        claim.url,
-                    ],
-                    read_row,
-                )
-                .optional()
+            statement.execute(params![
+                claim.key,
+                claim.scope,
+                claim.fingerprint,
+                to_millis(claim.now),
+                claim.owner,
+                to_millis(claim.lease_until),
+                to_millis(claim.expires_at),
+                claim.method,
+                claim.url,
+            ])
         })
         .map_err(|err| storage(err, "cannot claim the operation"))?;
-    if let Some(row) = inserted {
-        return Ok(Claimed::New(row.into_record()?));
+    if inserted == 1 {
+        return Ok(Claimed::New(as_stored(claim.new_row())));
     }
-    let existing = select(conn, &claim.key)?.ok_or_else(|| {
+    let mut record = select(conn, &claim.key)?.ok_or_else(|| {
         LedgerError::unavailable(format!("operation {} vanished during its claim", claim.key))
     })?;
-    if !claim.may_take_over(&existing) {
-        return Ok(Claimed::Existing(existing));
+    if !claim.may_take_over(&record) {
+        return Ok(Claimed::Existing(record));
     }
-    let record = conn
+    let previous = claim.take_over(&mut record);
+    let changed = conn
         .prepare_cached(&TAKE_OVER)
         .and_then(|mut statement| {
-            statement.query_row(
-                params![claim.key, claim.owner, to_millis(claim.lease_until)],
-                read_row,
-            )
+            statement.execute(params![
+                claim.key,
+                claim.owner,
+                to_millis(claim.lease_until)
+            ])
         })
-        .map_err(|err| storage(err, "cannot take the operation over"))?
-        .into_record()?;
+        .map_err(|err| storage(err, "cannot take the operation over"))?;
+    debug_assert_eq!(changed, 1, "the row read under the write lock is there");
     Ok(Claimed::TakenOver {
-        record,
-        previous: existing.status,
+        record: as_stored(record),
+        previous,
     })
+}
+
+/// `record` with its times cut to the whole milliseconds the file keeps, as reading it back
+/// would give.
+pub(super) fn as_stored(mut record: OperationRecord) -> OperationRecord {
+    let cut = |at: SystemTime| from_millis(to_millis(at));
+    record.first_attempt_at = cut(record.first_attempt_at);
+    record.last_attempt_at = record.last_attempt_at.map(cut);
+    record.lease_expires_at = record.lease_expires_at.map(cut);
+    record.expires_at = cut(record.expires_at);
+    record
 }
 
 /// One more attempt, if the update's owner holds the lease.

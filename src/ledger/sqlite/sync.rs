@@ -1,35 +1,38 @@
-//! Acknowledgement after the disk: committed batches are answered only once the write-ahead
-//! log that holds them is synced, by a thread of its own, so that the writer can run the next
-//! batch while the disk flushes the last ones.
+//! Acknowledgement after the disk: committed writes are answered only once the write-ahead
+//! log that holds them is synced, and one sync covers every write the writer committed since
+//! the last one.
 //!
 //! In WAL mode a commit appends the transaction's pages to the `-wal` file, and
 //! `synchronous = FULL` differs from `NORMAL` only in syncing that file before `COMMIT`
-//! returns. The writer commits with `NORMAL` and hands the batch's answers here; this thread
-//! syncs the `-wal` file (every batch committed while it synced is covered by the next sync,
-//! so one sync acknowledges several batches) and only then answers their callers. A write is
-//! thus acknowledged exactly when it would have been under `FULL`: once it is on the disk.
-//! Checkpoints (which copy the log into the database file) sync both files themselves under
-//! `NORMAL`, so a log restarted after one never drops an unsynced commit.
+//! returns. The writer commits with `NORMAL`, holds the answers of what it committed here, and
+//! at the end of each turn of its loop syncs the `-wal` file once and only then answers their
+//! callers. A write is thus acknowledged exactly when it would have been under `FULL`: once it
+//! is on the disk. While the writer waits for the disk, new writes queue up for its next turn,
+//! so the busier the ledger, the more writes one transaction and one sync carry. Checkpoints
+//! (which copy the log into the database file) sync both files themselves under `NORMAL`, so a
+//! log restarted after one never drops an unsynced commit.
+//!
+//! The sync runs on the writer's own thread, not beside it: a second thread would let the
+//! writer commit smaller transactions while the disk flushes, each paying its own pages, file
+//! locks and thread wake-ups, for no earlier answer (every answer waits for a sync anyway).
 //!
 //! A failed sync leaves the log's state on the disk unknown (the kernel may have dropped the
-//! pages it could not write), so it is final: the batches it covered are told they were not
-//! recorded, and every later write is refused, until the ledger is opened again.
+//! pages it could not write), so it is final: the writes it covered are told they may not have
+//! been recorded, and every later write is refused, until the ledger is opened again.
 //!
 //! A file that is not in WAL mode (a file system without shared memory, say) keeps
-//! `synchronous = FULL` and its batches are answered at their commit ([`Durability::AtCommit`]).
+//! `synchronous = FULL` and its writes are answered at their commit ([`Durability::AtCommit`]).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
-use std::sync::{Arc, OnceLock};
 
 use rusqlite::Connection;
 
 use super::storage;
 use crate::ledger::LedgerError;
 
-/// What the syncer thread runs before each sync, given the number of answers it covers; an
-/// error stands for a failed sync (tests hold or fail the sync there).
+/// What the writer runs before each sync, given the number of answers it covers; an error
+/// stands for a failed sync (tests hold or fail the sync there).
 #[cfg(test)]
 pub(super) type BeforeSync = Box<dyn FnMut(usize) -> std::io::Result<()> + Send>;
 
@@ -41,23 +44,35 @@ pub(super) trait Answer: Send {
     fn fail(self: Box<Self>, err: LedgerError);
 }
 
-/// When a committed batch is answered.
-#[derive(Debug)]
+/// When a committed write is answered.
 pub(super) enum Durability {
-    /// After the syncer synced the log (WAL mode, `synchronous = NORMAL`).
-    AfterSync(Syncer),
+    /// After the writer synced the log (WAL mode, `synchronous = NORMAL`).
+    AfterSync(LogSync),
     /// At `COMMIT`, which synced the file itself (`synchronous = FULL`).
     AtCommit,
 }
 
+impl std::fmt::Debug for Durability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Durability::AfterSync(log) => f
+                .debug_struct("AfterSync")
+                .field("waiting", &log.waiting.len())
+                .field("failed", &log.failed)
+                .finish(),
+            Durability::AtCommit => f.write_str("AtCommit"),
+        }
+    }
+}
+
 impl Durability {
     /// Sets the connection up for its journal mode: in WAL mode, with the `-wal` file open
-    /// for syncing, commits with `NORMAL` and a syncer thread; otherwise with `FULL`.
+    /// for syncing, commits with `NORMAL`; otherwise with `FULL`.
     ///
     /// # Errors
     ///
     /// [`LedgerErrorKind::Unavailable`](crate::LedgerErrorKind::Unavailable) when SQLite
-    /// refuses the setting or the system refuses the thread.
+    /// refuses the setting.
     pub(super) fn for_connection(
         conn: &Connection,
         #[cfg(test)] hook: Option<BeforeSync>,
@@ -79,54 +94,42 @@ impl Durability {
         };
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(|err| storage(err, "cannot configure"))?;
-        Syncer::spawn(
+        Ok(Durability::AfterSync(LogSync {
             log,
+            waiting: Vec::new(),
+            failed: None,
             #[cfg(test)]
             hook,
-        )
-        .map(Durability::AfterSync)
+        }))
     }
 
     /// Why writes are refused: a sync failed, so nothing written since can be promised.
     pub(super) fn refused(&self) -> Option<LedgerError> {
         match self {
-            Durability::AfterSync(syncer) => syncer.failed.get().map(|why| {
-                LedgerError::unavailable(format!(
-                    "the ledger's log could not be synced to disk ({why}); writes are refused \
-                     until the ledger is opened again"
-                ))
-            }),
-            Durability::AtCommit => None,
+            Durability::AfterSync(LogSync {
+                failed: Some(why), ..
+            }) => Some(LedgerError::unavailable(format!(
+                "the ledger's log could not be synced to disk ({why}); writes are refused \
+                 until the ledger is opened again"
+            ))),
+            Durability::AfterSync(_) | Durability::AtCommit => None,
         }
     }
 
-    /// Answers a committed batch: at once, or once the log is synced.
-    pub(super) fn committed(&self, answers: Vec<Box<dyn Answer>>) {
+    /// Takes the answers of a committed transaction: sent at once, or held for the next
+    /// [`flush`](Self::flush).
+    pub(super) fn committed(&mut self, answers: Vec<Box<dyn Answer>>) {
         match self {
-            Durability::AfterSync(syncer) => {
-                if let Err(mpsc::SendError(answers)) = syncer.batches.send(answers) {
-                    // The syncer died (a panic): nothing can vouch for these writes.
-                    for answer in answers {
-                        answer.fail(LedgerError::unavailable(
-                            "the ledger's sync thread stopped; the write may not be on disk",
-                        ));
-                    }
-                }
-            }
+            Durability::AfterSync(log) => log.waiting.extend(answers),
             Durability::AtCommit => answers.into_iter().for_each(Answer::send),
         }
     }
 
-    /// Waits until every batch handed over has been answered (the writer's last step, before
-    /// it closes the connection).
-    pub(super) fn finish(self) {
-        if let Durability::AfterSync(Syncer {
-            batches, thread, ..
-        }) = self
-        {
-            drop(batches);
-            // A panic in the syncer has already failed its callers (their senders dropped).
-            let _ = thread.join();
+    /// Syncs the log once for every answer held, then sends them (or, if the sync failed, the
+    /// failure). Nothing to do when nothing was committed since the last flush.
+    pub(super) fn flush(&mut self) {
+        if let Durability::AfterSync(log) = self {
+            log.flush();
         }
     }
 }
@@ -137,68 +140,40 @@ fn wal_path(conn: &Connection) -> Option<PathBuf> {
     Some(Path::new(&format!("{path}-wal")).to_path_buf())
 }
 
-/// The sending side of the syncer thread.
-#[derive(Debug)]
-pub(super) struct Syncer {
-    batches: mpsc::Sender<Vec<Box<dyn Answer>>>,
-    thread: std::thread::JoinHandle<()>,
+/// The `-wal` file, and the answers of the writes committed to it since its last sync.
+pub(super) struct LogSync {
+    log: File,
+    waiting: Vec<Box<dyn Answer>>,
     /// Set once, by the first failed sync.
-    failed: Arc<OnceLock<String>>,
+    failed: Option<String>,
+    #[cfg(test)]
+    hook: Option<BeforeSync>,
 }
 
-impl Syncer {
-    fn spawn(log: File, #[cfg(test)] hook: Option<BeforeSync>) -> Result<Syncer, LedgerError> {
-        let (batches, queue) = mpsc::channel::<Vec<Box<dyn Answer>>>();
-        let failed = Arc::new(OnceLock::new());
-        let mark = Arc::clone(&failed);
-        let thread = std::thread::Builder::new()
-            .name("idempotent-retry-sqlite-sync".into())
-            .spawn(move || {
-                #[cfg(test)]
-                let mut hook = hook;
-                let sync = |covered: usize| {
-                    #[cfg(test)]
-                    if let Some(hook) = &mut hook {
-                        hook(covered)?;
-                    }
-                    #[cfg(not(test))]
-                    let _ = covered;
-                    log.sync_data()
-                };
-                run(&queue, &mark, sync);
-            })
-            .map_err(|err| {
-                LedgerError::unavailable("cannot start the ledger's sync thread").with_source(err)
-            })?;
-        Ok(Syncer {
-            batches,
-            thread,
-            failed,
-        })
-    }
-}
-
-/// The syncer's loop: takes every batch waiting, syncs once, answers them all.
-fn run(
-    queue: &mpsc::Receiver<Vec<Box<dyn Answer>>>,
-    failed: &OnceLock<String>,
-    mut sync: impl FnMut(usize) -> std::io::Result<()>,
-) {
-    while let Ok(mut answers) = queue.recv() {
-        while let Ok(more) = queue.try_recv() {
-            answers.extend(more);
+impl LogSync {
+    fn flush(&mut self) {
+        if self.waiting.is_empty() {
+            return;
         }
-        if let Some(why) = failed.get() {
+        let answers = std::mem::take(&mut self.waiting);
+        if let Some(why) = &self.failed {
             fail(answers, why);
-            continue;
+            return;
         }
-        match sync(answers.len()) {
+        match self.sync(answers.len()) {
             Ok(()) => answers.into_iter().for_each(Answer::send),
-            Err(err) => {
-                let why = failed.get_or_init(|| err.to_string());
-                fail(answers, why);
-            }
+            Err(err) => fail(answers, self.failed.insert(err.to_string())),
         }
+    }
+
+    fn sync(&mut self, covered: usize) -> std::io::Result<()> {
+        #[cfg(test)]
+        if let Some(hook) = &mut self.hook {
+            hook(covered)?;
+        }
+        #[cfg(not(test))]
+        let _ = covered;
+        self.log.sync_data()
     }
 }
 
@@ -215,10 +190,10 @@ fn fail(answers: Vec<Box<dyn Answer>>, why: &str) {
 mod tests {
     use super::*;
 
-    /// A file in WAL mode is answered after the syncer's sync; one that is not (an in-memory
-    /// database here) keeps `synchronous = FULL` and is answered at its commit.
+    /// A file in WAL mode is answered after the writer syncs its log; one that is not (an
+    /// in-memory database here) keeps `synchronous = FULL` and is answered at its commit.
     #[test]
-    fn only_a_file_in_wal_mode_is_synced_apart() {
+    fn only_a_file_in_wal_mode_is_synced_after_its_commit() {
         let dir = tempfile::tempdir().expect("temp dir");
         let wal = Connection::open(dir.path().join("wal.db")).expect("open");
         wal.pragma_update(None, "journal_mode", "WAL").expect("wal");
@@ -231,8 +206,11 @@ mod tests {
             matches!(durability, Durability::AfterSync(_)),
             "{durability:?}"
         );
-        assert_eq!(synchronous(&wal), 1, "NORMAL: the syncer syncs");
-        durability.finish();
+        assert_eq!(
+            synchronous(&wal),
+            1,
+            "NORMAL: the writer syncs the log itself"
+        );
 
         let memory = Connection::open_in_memory().expect("open");
         let durability = Durability::for_connection(&memory, None).expect("durability");

@@ -3,14 +3,18 @@
 //!
 //! Every write is a closure sent down a channel with the sender of its own reply. The thread
 //! takes the first write waiting, then every other one already queued (at most
-//! [`MAX_BATCH`]), runs them in order inside one transaction, each under a savepoint of its
-//! own, and commits. Each caller is answered with its own result once the batch is durable:
-//! in WAL mode after the [syncer](super::sync) synced the log, which it does while this thread
-//! already runs the next batch; otherwise at the commit. A write that arrives while a batch
-//! runs goes into the next one.
+//! [`MAX_BATCH`]), runs them in order inside one transaction, and commits. Each caller is answered with its own result once the batch is durable:
+//! in WAL mode once this thread [synced the log](super::sync) after the commit, otherwise at
+//! the commit. A write that arrives while a batch runs or its log syncs goes into the next
+//! batch.
 //!
-//! A write that fails rolls back to its savepoint: the others in the batch keep their effects
-//! and their answers. A failure that ends the whole transaction (SQLite rolls it back by itself
+//! **The rule for writes:** a write changes the file with at most one statement, and nothing
+//! in it can fail once that statement succeeded. SQLite undoes a failed statement by itself,
+//! so a write that fails has changed nothing, and the others in the batch keep their effects
+//! and their answers, with no savepoint around each write (a savepoint would copy every page
+//! a write touches into a sub-journal, for nothing). A write that breaks the rule (it failed
+//! after a change: the connection's change count moved) cannot be undone alone, so its whole
+//! batch is rolled back and told so. A failure that ends the whole transaction (SQLite rolls it back by itself
 //! on a full disk or an I/O error, or the `COMMIT` fails) is told to every caller whose write
 //! was in it, so no caller hears of a write the file does not hold. Work that cannot run
 //! inside a batch (the migration, which runs transactions of its own; a connection setting)
@@ -28,23 +32,19 @@ use std::sync::mpsc;
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
+use super::classify;
 #[cfg(test)]
 use super::sync::BeforeSync;
 use super::sync::{Answer, Durability};
-use super::{classify, storage};
 use crate::ledger::LedgerError;
 
 /// The most writes one transaction holds, so that a write waits at most for one batch of this
 /// size ahead of it and for its own.
 pub(super) const MAX_BATCH: usize = 256;
 
-/// The name of every write's savepoint (they never nest: each is released before the next).
 const BEGIN: &str = "BEGIN IMMEDIATE";
 const COMMIT: &str = "COMMIT";
 const ROLLBACK: &str = "ROLLBACK";
-const SAVEPOINT: &str = "SAVEPOINT ledger_write";
-const ROLLBACK_TO: &str = "ROLLBACK TO ledger_write";
-const RELEASE: &str = "RELEASE ledger_write";
 
 /// What the thread runs before each `COMMIT`, given the number of writes in the batch (tests
 /// stop or kill the writer there).
@@ -118,8 +118,10 @@ impl Writer {
         Ok((Writer { jobs }, thread))
     }
 
-    /// Runs `write` in the next batch, under a savepoint of its own, and answers once the
-    /// batch committed: its own result then, or the error that ended the transaction.
+    /// Runs `write` in the next batch and answers once the batch committed: its own result
+    /// then, or the error that ended the transaction. `write` keeps the
+    /// [rule for writes](self): at most one statement that changes the file, nothing that can
+    /// fail after it.
     ///
     /// Dropping the returned future does not cancel the write once it is queued: it runs, and
     /// its answer is dropped.
@@ -243,14 +245,14 @@ impl Batcher {
         loop {
             // Once every sender is gone, `recv` still hands out what was queued, then fails.
             let Some(job) = next.take().or_else(|| jobs.recv().ok()) else {
-                // Every queued write is committed: wait for their answers, then close.
-                std::mem::replace(&mut self.durability, Durability::AtCommit).finish();
+                // Every queued write is committed, synced and answered.
                 return;
             };
             let first = match job {
                 Job::Alone(work) => {
                     let answer = work(&mut self.conn);
                     self.durability.committed(vec![answer]);
+                    self.durability.flush();
                     continue;
                 }
                 Job::Batched(write) => write,
@@ -269,6 +271,9 @@ impl Batcher {
             while !batch.is_empty() {
                 self.transaction(&mut batch);
             }
+            // One sync for every transaction of this turn; the writes that arrive meanwhile
+            // wait in the queue for the next.
+            self.durability.flush();
         }
     }
 
@@ -298,13 +303,7 @@ impl Batcher {
         }
         let mut done: Vec<Box<dyn Answer>> = Vec::with_capacity(queue.len());
         while let Some(write) = queue.pop_front() {
-            if let Err(err) = self.execute(SAVEPOINT) {
-                write.refuse(storage(err, "cannot begin the write"));
-                if self.conn.is_autocommit() {
-                    return rolled_back(done);
-                }
-                continue;
-            }
+            let changes = self.conn.total_changes();
             let (failed, answer) = write.run(&self.conn);
             if self.conn.is_autocommit() {
                 // SQLite rolled the whole transaction back (a full disk, an I/O error): the
@@ -317,17 +316,12 @@ impl Batcher {
                 }
                 return rolled_back(done);
             }
-            let undone = if failed {
-                self.execute(ROLLBACK_TO)
-            } else {
-                Ok(())
-            };
-            if let Err(err) = undone.and_then(|()| self.execute(RELEASE)) {
-                // The savepoint could not be closed: this write may be half applied, so the
-                // transaction cannot commit.
-                let err = Arc::new(err);
-                answer.fail(shared(&err, "cannot record the write"));
-                self.abandon(done, &err);
+            if failed && self.conn.total_changes() != changes {
+                // The write broke the rule: it failed after changing the file, and its change
+                // cannot be undone alone. Its own error goes to its caller; the batch is
+                // rolled back.
+                answer.send();
+                self.abandon_broken(done);
                 return;
             }
             done.push(answer);
@@ -352,6 +346,19 @@ impl Batcher {
         for answer in done {
             answer.fail(shared(err, "cannot commit the write"));
         }
+    }
+}
+
+impl Batcher {
+    /// Rolls back a transaction a write left half applied, telling the others in it that
+    /// they were not recorded.
+    fn abandon_broken(&self, done: Vec<Box<dyn Answer>>) {
+        if let Err(err) = self.execute(ROLLBACK) {
+            // The changes stay uncommitted: the next BEGIN fails on the open transaction and
+            // says so to its writes.
+            return self.abandon(done, &Arc::new(err));
+        }
+        rolled_back(done);
     }
 }
 
@@ -388,7 +395,7 @@ mod tests {
             conn.prepare_cached("INSERT INTO t (k) VALUES (?1)")
                 .and_then(|mut statement| statement.execute([key]))
                 .map(drop)
-                .map_err(|err| storage(err, "insert"))
+                .map_err(|err| super::super::storage(err, "insert"))
         }
     }
 
@@ -454,6 +461,84 @@ mod tests {
             "one batch of three"
         );
         assert_eq!(keys(&path), ["a", "b", "c"]);
+        drop(writer);
+        thread.join().expect("the thread ends without a panic");
+    }
+
+    /// A write that fails after its statement changed the file breaks the rule for writes:
+    /// its change cannot be undone alone, so the whole batch is rolled back, the writes beside
+    /// it are told they were not recorded, and the file holds none of them. The next batch
+    /// commits as usual.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_that_fails_after_a_change_rolls_its_batch_back() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("w.db");
+        let (entered, inside) = std::sync::mpsc::channel::<usize>();
+        let (gate, held) = std::sync::mpsc::channel::<()>();
+        let mut batches = 0;
+        let (writer, thread) = Writer::spawn_with(
+            connection(&path),
+            Box::new(move |writes| {
+                batches += 1;
+                let _ = entered.send(writes);
+                if batches == 1 {
+                    let _ = held.recv();
+                }
+            }),
+        )
+        .expect("spawn");
+        let writer = Arc::new(writer);
+        let write = |key| {
+            let writer = Arc::clone(&writer);
+            tokio::spawn(async move { writer.batched(insert(key)).await })
+        };
+        let opener = write("opener");
+        let inside = tokio::task::spawn_blocking(move || {
+            assert_eq!(inside.recv().expect("the first batch"), 1);
+            inside
+        })
+        .await
+        .expect("task");
+        let before = write("before");
+        let broken = {
+            let writer = Arc::clone(&writer);
+            tokio::spawn(async move {
+                writer
+                    .batched(|conn| {
+                        insert("half")(conn)?;
+                        Err::<(), _>(LedgerError::corrupt("failed after its insert"))
+                    })
+                    .await
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let after = write("after");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        gate.send(()).expect("release");
+        opener
+            .await
+            .expect("task")
+            .expect("the first batch committed");
+        let err = broken.await.expect("task").expect_err("its own error");
+        assert!(err.to_string().contains("failed after its insert"), "{err}");
+        let err = before
+            .await
+            .expect("task")
+            .expect_err("rolled back with the batch");
+        assert_eq!(err.kind(), crate::LedgerErrorKind::Unavailable, "{err}");
+        assert!(err.to_string().contains("rolled back"), "{err}");
+        // The broken batch never reached its commit; the write queued behind the broken one
+        // went into a transaction of its own.
+        assert_eq!(
+            inside.recv().expect("the next commit"),
+            1,
+            "the write after alone"
+        );
+        match after.await.expect("task") {
+            Ok(()) => {}
+            Err(err) => panic!("the write after the broken batch: {err}"),
+        }
+        assert_eq!(keys(&path), ["after", "opener"]);
         drop(writer);
         thread.join().expect("the thread ends without a panic");
     }
