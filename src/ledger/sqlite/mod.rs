@@ -249,9 +249,10 @@ fn configure(conn: &Connection, timeout: Duration) -> Result<(), LedgerError> {
         .map_err(|err| storage(err, "cannot configure"))
 }
 
-/// The oldest SQLite the ledger's statements run on: the claim and the take-over are one
-/// `INSERT .. ON CONFLICT .. RETURNING` / `UPDATE .. RETURNING` each, and `RETURNING` arrived
-/// in SQLite 3.35.0 (2021-03-12).
+/// The oldest SQLite the ledger supports, 3.35.0 (2021-03-12). Its statements need the upsert
+/// of 3.24.0 (`INSERT .. ON CONFLICT DO NOTHING`); the floor stays where it was promised, at
+/// the first release with `RETURNING`, so that a statement may use it without moving the
+/// promise.
 const MIN_SQLITE: (i32, &str) = (3_035_000, "3.35.0");
 
 /// Refuses an SQLite library older than [`MIN_SQLITE`] (a system SQLite, with the `sqlite`
@@ -405,14 +406,14 @@ mod tests {
     }
 
     #[test]
-    fn an_sqlite_older_than_returning_is_refused_by_name() {
-        let err = check_library(3_031_001, "3.31.1").expect_err("3.31 has no RETURNING");
+    fn an_sqlite_older_than_the_floor_is_refused_by_name() {
+        let err = check_library(3_031_001, "3.31.1").expect_err("3.31 is below the floor");
         assert_eq!(err.kind(), LedgerErrorKind::Unavailable);
         let message = err.to_string();
         assert!(message.contains("3.31.1"), "{message}");
         assert!(message.contains("3.35.0 or later"), "{message}");
         assert!(message.contains("sqlite-bundled"), "{message}");
-        check_library(3_035_000, "3.35.0").expect("the first version with RETURNING");
+        check_library(3_035_000, "3.35.0").expect("the floor itself");
         check_library(rusqlite::version_number(), rusqlite::version())
             .expect("the library these tests link");
     }
