@@ -5,7 +5,10 @@
 //!
 //! The contenders take turns inside every round (the order rotating from round to round), so
 //! a change in the machine's load falls on all of them alike; each figure is the median over
-//! the rounds, and its ratio to no ledger is taken within each round before the median.
+//! the rounds, and its ratio to no ledger is taken within each round before the median. Beside
+//! the rates, the CPU time each operation took (this process's threads, and the local
+//! PostgreSQL server's processes, read from `/proc`) is the figure that the machine's load
+//! moves least.
 //!
 //! Run: `cargo bench --all-features --bench ledger` (about a minute). The PostgreSQL contender
 //! runs when `IDEMPOTENT_RETRY_PG_URL` is set (`source .ci/postgres.sh && start_postgres`
@@ -302,6 +305,59 @@ struct Cell {
     rates: Vec<f64>,
     /// Its rate over no ledger's in the same round, one per round.
     ratios: Vec<f64>,
+    /// CPU time per operation, one per round: (this process, the PostgreSQL server's).
+    cpu: Vec<(f64, f64)>,
+}
+
+/// CPU time used so far, in nanoseconds: by this process's threads, and by the local
+/// PostgreSQL server's processes. Read from `/proc` (Linux; zero elsewhere), which counts
+/// what the scheduler ran, whatever else the machine does: steadier than a rate on a busy
+/// machine.
+struct CpuTime {
+    process: u64,
+    server: u64,
+}
+
+impl CpuTime {
+    fn now() -> CpuTime {
+        CpuTime {
+            process: sum_schedstat(std::fs::read_dir("/proc/self/task").ok()),
+            server: postgres_processes()
+                .map(|pid| sum_schedstat(std::fs::read_dir(format!("/proc/{pid}/task")).ok()))
+                .sum(),
+        }
+    }
+
+    /// Microseconds per operation since `before`: (this process, the server).
+    fn per_operation_since(&self, before: &CpuTime, operations: u64) -> (f64, f64) {
+        let per = |now: u64, then: u64| now.saturating_sub(then) as f64 / 1e3 / operations as f64;
+        (
+            per(self.process, before.process),
+            per(self.server, before.server),
+        )
+    }
+}
+
+/// The first field of each thread's `schedstat`: nanoseconds it ran on a CPU.
+fn sum_schedstat(tasks: Option<std::fs::ReadDir>) -> u64 {
+    tasks
+        .into_iter()
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok())
+        .filter_map(|line| line.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// The processes named `postgres` (the server and its backends), when one runs here.
+fn postgres_processes() -> impl Iterator<Item = String> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.ok()?.file_name().into_string().ok()?;
+            let comm = std::fs::read_to_string(format!("/proc/{name}/comm")).ok()?;
+            (comm.trim_end() == "postgres").then_some(name)
+        })
 }
 
 fn main() {
@@ -325,9 +381,11 @@ fn main() {
         for &concurrency in &options.concurrency {
             let operations = options.operations_at(concurrency);
             let mut rates = vec![Vec::new(); clients.len()];
+            let mut cpu = vec![Vec::new(); clients.len()];
             for round in 0..options.rounds {
                 for turn in 0..clients.len() {
                     let which = (round + turn) % clients.len();
+                    let before = CpuTime::now();
                     let rate = throughput(
                         &clients[which].1,
                         &url,
@@ -339,6 +397,7 @@ fn main() {
                     )
                     .await;
                     rates[which].push(rate);
+                    cpu[which].push(CpuTime::now().per_operation_since(&before, operations));
                 }
             }
             for (i, (name, _)) in clients.iter().enumerate() {
@@ -350,6 +409,7 @@ fn main() {
                 cells.push(Cell {
                     name,
                     concurrency,
+                    cpu: cpu[i].clone(),
                     rates: rates[i].clone(),
                     ratios,
                 });
@@ -363,16 +423,18 @@ fn main() {
     runtime.shutdown_timeout(Duration::from_secs(1));
 
     println!(
-        "\n| in flight | ledger | ops/s (median of {} rounds) | min..max | ratio to no ledger (median) | min..max |",
+        "\n| in flight | ledger | ops/s (median of {} rounds) | min..max | ratio to no ledger (median) | min..max | CPU µs/op: bench process | + PostgreSQL server |",
         options.rounds
     );
-    println!("|---:|---|---:|---:|---:|---:|");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|");
     for cell in &cells {
         let (mut rates, mut ratios) = (cell.rates.clone(), cell.ratios.clone());
         let rate = median(&mut rates);
         let ratio = median(&mut ratios);
+        let mut process: Vec<f64> = cell.cpu.iter().map(|c| c.0).collect();
+        let mut server: Vec<f64> = cell.cpu.iter().map(|c| c.1).collect();
         println!(
-            "| {} | {} | {:.0} | {:.0}..{:.0} | {:.3} | {:.3}..{:.3} |",
+            "| {} | {} | {:.0} | {:.0}..{:.0} | {:.3} | {:.3}..{:.3} | {:.1} | {:.1} |",
             cell.concurrency,
             cell.name,
             rate,
@@ -381,6 +443,8 @@ fn main() {
             ratio,
             ratios[0],
             ratios[ratios.len() - 1],
+            median(&mut process),
+            median(&mut server),
         );
     }
     if let Some(path) = &options.svg {
