@@ -499,32 +499,22 @@ mod tests {
         })
         .await
         .expect("task");
-        let before = write("before");
-        let broken = {
-            let writer = Arc::clone(&writer);
-            tokio::spawn(async move {
-                writer
-                    .batched(|conn| {
-                        insert("half")(conn)?;
-                        Err::<(), _>(LedgerError::corrupt("failed after its insert"))
-                    })
-                    .await
-            })
-        };
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        let after = write("after");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        // Queued in this order behind the held batch: each is polled once, which sends it.
+        let before = queued(writer.batched(insert("before"))).await;
+        let broken = queued(writer.batched(|conn| {
+            insert("half")(conn)?;
+            Err::<(), _>(LedgerError::corrupt("failed after its insert"))
+        }))
+        .await;
+        let after = queued(writer.batched(insert("after"))).await;
         gate.send(()).expect("release");
         opener
             .await
             .expect("task")
             .expect("the first batch committed");
-        let err = broken.await.expect("task").expect_err("its own error");
+        let err = broken.await.expect_err("its own error");
         assert!(err.to_string().contains("failed after its insert"), "{err}");
-        let err = before
-            .await
-            .expect("task")
-            .expect_err("rolled back with the batch");
+        let err = before.await.expect_err("rolled back with the batch");
         assert_eq!(err.kind(), crate::LedgerErrorKind::Unavailable, "{err}");
         assert!(err.to_string().contains("rolled back"), "{err}");
         // The broken batch never reached its commit; the write queued behind the broken one
@@ -534,13 +524,27 @@ mod tests {
             1,
             "the write after alone"
         );
-        match after.await.expect("task") {
+        match after.await {
             Ok(()) => {}
             Err(err) => panic!("the write after the broken batch: {err}"),
         }
         assert_eq!(keys(&path), ["after", "opener"]);
         drop(writer);
         thread.join().expect("the thread ends without a panic");
+    }
+
+    /// `write` polled once (which queues it), to be awaited later.
+    async fn queued<F: Future>(write: F) -> std::pin::Pin<Box<F>> {
+        let mut write = Box::pin(write);
+        std::future::poll_fn(|cx| {
+            assert!(
+                write.as_mut().poll(cx).is_pending(),
+                "answered while queued"
+            );
+            std::task::Poll::Ready(())
+        })
+        .await;
+        write
     }
 
     /// Once the sender is dropped, the thread finishes what is queued and exits.
