@@ -1,9 +1,11 @@
 //! What the SQL ledgers share: the table, the column list, the schema version and the steps
 //! that reach it, and turning a row into a record.
 
+use std::time::SystemTime;
+
 use super::{
     LedgerError, OperationRecord, OperationStatus, ResolutionKind, ResolutionNote, SavedResponse,
-    from_millis,
+    from_millis, to_millis,
 };
 
 /// The ledger's table.
@@ -318,6 +320,18 @@ impl RawRow {
             fingerprint: self.fingerprint,
         })
     }
+}
+
+/// `record` with its times cut to the whole milliseconds the SQL ledgers keep: the record a
+/// statement wrote, as reading it back would give, for a write that builds its record instead
+/// of reading it back.
+pub(crate) fn as_stored(mut record: OperationRecord) -> OperationRecord {
+    let cut = |at: SystemTime| from_millis(to_millis(at));
+    record.first_attempt_at = cut(record.first_attempt_at);
+    record.last_attempt_at = record.last_attempt_at.map(cut);
+    record.lease_expires_at = record.lease_expires_at.map(cut);
+    record.expires_at = cut(record.expires_at);
+    record
 }
 
 /// The saved response's columns: status, headers as JSON, body.

@@ -9,8 +9,8 @@
 //! racing for the same keys take their locks in the same order), the outcomes in one
 //! `UPDATE ... FROM unnest(...)`, both in one transaction. Under no load a call is a batch of
 //! one and goes out at once as its own single statement; under load the calls that queued
-//! while the slots were busy share the next commit. Each caller is answered after the commit,
-//! with its own row.
+//! while the slots were busy share the next commit. Each caller is answered after the commit:
+//! whether its row was inserted, whether its outcome was written.
 //!
 //! Each row of a batch is as atomic as the single statement it replaces: of any number of
 //! workers inserting one key, exactly one gets the row, and an outcome is written only by the
@@ -27,7 +27,7 @@
 //! call in it that error; none of its rows was written, unless the connection was lost after
 //! the server committed, which a single statement risks the same way.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use deadpool_postgres::Pool;
@@ -36,9 +36,8 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
 use super::failure::{classify, database, pool as pool_failure};
-use super::row::read_row;
 use super::statements;
-use crate::ledger::{LedgerError, OperationRecord};
+use crate::ledger::LedgerError;
 
 /// The most calls one batch holds.
 pub(super) const MAX_BATCH: usize = 256;
@@ -74,8 +73,8 @@ type Reply<T> = oneshot::Sender<Result<T, LedgerError>>;
 /// One call waiting for a batch.
 #[derive(Debug)]
 enum Job {
-    /// The inserted row, or `None` when the key had one.
-    Insert(NewRow, Reply<Option<OperationRecord>>),
+    /// Whether the row was inserted (`false`: the key had one).
+    Insert(NewRow, Reply<bool>),
     /// Whether the row changed (`false`: the lease was lost).
     Finish(Outcome, Reply<bool>),
 }
@@ -108,9 +107,9 @@ impl Group {
         }
     }
 
-    /// Claims a new key in the next batch: the inserted row, or `None` when the key already
-    /// had one.
-    pub(super) async fn insert(&self, row: NewRow) -> Result<Option<OperationRecord>, LedgerError> {
+    /// Claims a new key in the next batch: whether its row was inserted (`false` when the key
+    /// already had one).
+    pub(super) async fn insert(&self, row: NewRow) -> Result<bool, LedgerError> {
         let (reply, answer) = oneshot::channel();
         if let Err(job) = self.queue(Job::Insert(row, reply))
             && let Job::Insert(row, _) = *job
@@ -218,9 +217,9 @@ async fn run(pool: &Pool, mut jobs: Vec<Job>, slot: tokio::sync::OwnedSemaphoreP
     let together = together(pool, &inserts, &finishes).await;
     drop(slot);
     match together {
-        Ok((mut inserted, changed)) => {
+        Ok((inserted, changed)) => {
             for (row, reply) in inserts {
-                let _ = reply.send(Ok(inserted.remove(&row.key)));
+                let _ = reply.send(Ok(inserted.contains(&row.key)));
             }
             for (outcome, reply) in finishes {
                 let _ = reply.send(Ok(changed.contains(&outcome.key)));
@@ -271,8 +270,8 @@ enum Together {
 
 /// The batch's two statements in one transaction, sent in one round trip: `BEGIN` with the
 /// lock timeout, the insert, the update and `COMMIT` go out together (tokio-postgres pipelines
-/// requests made at once), so a batch costs one round trip and one commit. Returns the
-/// inserted rows by key and the keys whose outcome was written.
+/// requests made at once), so a batch costs one round trip and one commit. Returns the keys
+/// inserted and the keys whose outcome was written.
 ///
 /// When a statement fails, PostgreSQL aborts the transaction and the `COMMIT` behind it rolls
 /// it back: nothing of the batch is written. The connection is then closed rather than given
@@ -280,9 +279,9 @@ enum Together {
 /// down): no pooled connection is ever left inside a transaction.
 async fn together(
     pool: &Pool,
-    inserts: &[(NewRow, Reply<Option<OperationRecord>>)],
+    inserts: &[(NewRow, Reply<bool>)],
     finishes: &[(Outcome, Reply<bool>)],
-) -> Result<(HashMap<String, OperationRecord>, HashSet<String>), Together> {
+) -> Result<(HashSet<String>, HashSet<String>), Together> {
     let client = pool.get().await.map_err(|err| {
         let err = Arc::new(err);
         Together::Failed(Box::new(move || {
@@ -359,19 +358,13 @@ async fn together(
     // Committed: the connection goes back to the pool.
     guard.keep();
 
-    let mut records = HashMap::with_capacity(inserted.len());
-    for row in &inserted {
-        let record = read_row(row).map_err(|err| {
-            let message = err.to_string();
-            Together::Failed(Box::new(move || LedgerError::corrupt(message.clone())))
-        })?;
-        records.insert(record.key.clone(), record);
-    }
-    let mut written = HashSet::with_capacity(changed.len());
-    for row in &changed {
-        written.insert(row.try_get::<_, String>(0).map_err(failed)?);
-    }
-    Ok((records, written))
+    let keys = |rows: &[tokio_postgres::Row]| {
+        rows.iter()
+            .map(|row| row.try_get::<_, String>(0))
+            .collect::<Result<HashSet<_>, _>>()
+            .map_err(failed)
+    };
+    Ok((keys(&inserted)?, keys(&changed)?))
 }
 
 /// What a failed statement of a batch means: a lock waited for too long or a deadlock (run
@@ -419,8 +412,9 @@ async fn alone(pool: &Pool, job: Job) {
     }
 }
 
-/// One claim's insert, as its own statement: the row, or `None` when the key had one.
-async fn insert_alone(pool: &Pool, row: &NewRow) -> Result<Option<OperationRecord>, LedgerError> {
+/// One claim's insert, as its own statement: whether the row was inserted (`false` when the
+/// key had one).
+async fn insert_alone(pool: &Pool, row: &NewRow) -> Result<bool, LedgerError> {
     let what = "cannot claim the operation";
     let client = pool.get().await.map_err(pool_failure)?;
     let statement = client
@@ -441,9 +435,8 @@ async fn insert_alone(pool: &Pool, row: &NewRow) -> Result<Option<OperationRecor
     client
         .query_opt(&statement, &params)
         .await
-        .map_err(|err| database(err, what))?
-        .map(|row| read_row(&row))
-        .transpose()
+        .map(|inserted| inserted.is_some())
+        .map_err(|err| database(err, what))
 }
 
 /// One outcome, as its own statement: whether the lease holder's row changed.
@@ -536,7 +529,7 @@ mod tests {
             slot(),
         )
         .await;
-        assert!(answer.await.expect("answered").expect("inserted").is_some());
+        assert!(answer.await.expect("answered").expect("inserted"));
 
         let mut replies = Vec::new();
         let mut jobs = Vec::new();
@@ -553,17 +546,26 @@ mod tests {
 
         let mut inserted = Vec::new();
         for answer in replies {
-            inserted.push(
-                answer
-                    .await
-                    .expect("answered")
-                    .expect("no error")
-                    .map(|record| record.lease_owner.unwrap_or_default()),
-            );
+            inserted.push(answer.await.expect("answered").expect("no error"));
         }
+        let owner: Option<String> = pool
+            .get()
+            .await
+            .expect("connection")
+            .query_one(
+                &format!(
+                    "SELECT lease_owner FROM {} WHERE key = 'b'",
+                    crate::ledger::sql::TABLE
+                ),
+                &[],
+            )
+            .await
+            .expect("b's row")
+            .get(0);
+        assert_eq!(owner.as_deref(), Some("run-b"), "b's first call holds it");
         assert_eq!(
             inserted,
-            [Some("run-b".to_owned()), Some("run-a".to_owned()), None],
+            [true, true, false],
             "the second call of key b finds the first's row"
         );
         assert!(finished.await.expect("answered").expect("written"));
@@ -609,12 +611,12 @@ mod tests {
                 .expect("claimed while the lock is held")
                 .expect("answered")
                 .expect("no error");
-            assert!(claimed.is_some(), "a free key is inserted");
+            assert!(claimed, "a free key is inserted");
         }
         assert!(!batch.is_finished(), "the held key still waits");
         tx.rollback().await.expect("rollback");
         let claimed = held.await.expect("answered").expect("no error");
-        assert!(claimed.is_some(), "inserted once the lock is gone");
+        assert!(claimed, "inserted once the lock is gone");
         batch.await.expect("the batch ends");
     }
 
@@ -654,7 +656,7 @@ mod tests {
         )
         .await;
         assert!(
-            answer.await.expect("answered").expect("inserted").is_some(),
+            answer.await.expect("answered").expect("inserted"),
             "nothing of the failed batch was written, and the pool is usable"
         );
     }

@@ -35,7 +35,7 @@ use failure::database;
 use group::{Group, NewRow, Outcome};
 use row::read_row;
 
-use super::sql::response_columns;
+use super::sql::{as_stored, response_columns};
 use super::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, ListFilter,
     OperationRecord, OperationStatus, ReconcileClaim, Resolve, to_millis,
@@ -202,8 +202,8 @@ impl PostgresLedger {
                 url: claim.url.clone(),
             })
             .await?;
-        if let Some(record) = inserted {
-            return Ok(Claimed::New(record));
+        if inserted {
+            return Ok(Claimed::New(as_stored(claim.new_row())));
         }
         let client = self.connection().await?;
         let taken = client

@@ -7,21 +7,22 @@ use crate::ledger::sql::{COLUMN_COUNT, COLUMNS, TABLE};
 
 /// The claim of a new key: the insert is the lock, and of any number of workers racing for
 /// one key exactly one gets the row. Parameters: key, scope, fingerprint, now, owner, lease
-/// end, expiry.
+/// end, expiry, method, URL. Returns the key when the row was inserted (the caller builds the
+/// record it wrote, rather than reading every column back), nothing when the key had one.
 pub(super) static INSERT: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO {TABLE} (key, scope, fingerprint, status, attempts, \
          first_attempt_at, lease_owner, lease_expires_at, expires_at, method, url) \
          VALUES ($1, $2, $3, 'in_flight', 0, $4, $5, $6, $7, $8, $9) \
-         ON CONFLICT (key) DO NOTHING RETURNING {COLUMNS}"
+         ON CONFLICT (key) DO NOTHING RETURNING key"
     )
 });
 
 /// The claims of new keys of one batch, one statement: [`INSERT`] for each row of the arrays,
 /// in key order (so two batches racing for the same keys lock them in the same order and
 /// cannot deadlock). Parameters: the arrays of keys, scopes, fingerprints, times, owners,
-/// lease ends, expiries, methods and URLs. Returns the rows inserted; a key missing from them already had a
-/// row.
+/// lease ends, expiries, methods and URLs. Returns the keys inserted; a key missing from them
+/// already had a row.
 pub(super) static INSERT_MANY: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO {TABLE} (key, scope, fingerprint, status, attempts, \
@@ -32,7 +33,7 @@ pub(super) static INSERT_MANY: LazyLock<String> = LazyLock::new(|| {
          $6::BIGINT[], $7::BIGINT[], $8::TEXT[], $9::TEXT[]) \
          AS u(key, scope, fingerprint, now, owner, lease, expires, method, url) \
          ORDER BY u.key \
-         ON CONFLICT (key) DO NOTHING RETURNING {COLUMNS}"
+         ON CONFLICT (key) DO NOTHING RETURNING key"
     )
 });
 

@@ -6,9 +6,9 @@ use std::sync::LazyLock;
 
 use rusqlite::{Connection, params, params_from_iter};
 
-use super::statements::{as_stored, held, read_row, select};
+use super::statements::{held, read_row, select};
 use super::storage;
-use crate::ledger::sql::{Dialect, Param, RawRow, TABLE, list_query, response_columns};
+use crate::ledger::sql::{Dialect, Param, RawRow, TABLE, as_stored, list_query, response_columns};
 use crate::ledger::{
     Claimed, LedgerError, ListFilter, OperationRecord, ReconcileClaim, Resolve, to_millis,
 };

@@ -8,9 +8,9 @@ use std::time::SystemTime;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::storage;
-use crate::ledger::sql::{COLUMNS, RawRow, TABLE, response_columns};
+use crate::ledger::sql::{COLUMNS, RawRow, TABLE, as_stored, response_columns};
 use crate::ledger::{
-    AttemptUpdate, Claim, Claimed, Finish, LedgerError, OperationRecord, from_millis, to_millis,
+    AttemptUpdate, Claim, Claimed, Finish, LedgerError, OperationRecord, to_millis,
 };
 
 /// One row by key.
@@ -147,17 +147,6 @@ pub(super) fn claim(conn: &Connection, claim: &Claim) -> Result<Claimed, LedgerE
         record: as_stored(record),
         previous,
     })
-}
-
-/// `record` with its times cut to the whole milliseconds the file keeps, as reading it back
-/// would give.
-pub(super) fn as_stored(mut record: OperationRecord) -> OperationRecord {
-    let cut = |at: SystemTime| from_millis(to_millis(at));
-    record.first_attempt_at = cut(record.first_attempt_at);
-    record.last_attempt_at = record.last_attempt_at.map(cut);
-    record.lease_expires_at = record.lease_expires_at.map(cut);
-    record.expires_at = cut(record.expires_at);
-    record
 }
 
 /// One more attempt, if the update's owner holds the lease.
