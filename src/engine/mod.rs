@@ -76,7 +76,11 @@ where
     Q: RetryRequest,
     T: Transport<Q>,
 {
-    let host = request.host().map(str::to_owned);
+    // The host outlives the request (moved into the attempts) only for those who read it: the
+    // observers' events and the ledger's default scope. Without either, nothing is copied.
+    let host = (settings.observer.is_some() || settings.ledger.is_some())
+        .then(|| request.host().map(str::to_owned))
+        .flatten();
     let mut settled = settled;
     // The key moves into the stage that reports it: no copy on the way.
     let (mut result, verdict) = match (&settings.ledger, settled.key.take()) {
