@@ -24,6 +24,7 @@
 //! number formatting with ECMAScript's layout rules, is delegated to the `ryu-js` crate.
 
 use std::io;
+use std::sync::OnceLock;
 
 use serde_json::{Map, Number, Value};
 
@@ -221,14 +222,20 @@ impl<'a> Members<'a> {
     /// is walked as it is, with nothing allocated; any other map (names with such characters,
     /// or the insertion order of serde_json's `preserve_order` feature) is sorted.
     fn of(map: &'a Map<String, Value>) -> Self {
-        let mut previous: Option<&str> = None;
-        let mut in_order = true;
-        let mut bytewise = true;
-        for name in map.keys() {
-            bytewise &= name.is_ascii() || name.bytes().all(|byte| byte < 0xEE);
-            in_order &= previous.is_none_or(|previous| previous < name.as_str());
-            previous = Some(name);
-        }
+        let bytewise = |name: &String| name.is_ascii() || name.bytes().all(|byte| byte < 0xEE);
+        let (in_order, bytewise) = if map_iterates_in_byte_order() {
+            (true, map.keys().all(bytewise))
+        } else {
+            let mut previous: Option<&str> = None;
+            let mut in_order = true;
+            let mut all_bytewise = true;
+            for name in map.keys() {
+                all_bytewise &= bytewise(name);
+                in_order &= previous.is_none_or(|previous| previous < name.as_str());
+                previous = Some(name);
+            }
+            (in_order, all_bytewise)
+        };
         if in_order && bytewise {
             return Members::InOrder(map.iter());
         }
@@ -244,6 +251,20 @@ impl<'a> Members<'a> {
         }
         Members::Sorted(members.into_iter())
     }
+}
+
+/// Whether serde_json's `Map` iterates its names in byte order, as its default `BTreeMap`
+/// does: then no object needs its order checked name by name. Its `preserve_order` feature
+/// (which any crate in the build can turn on) keeps insertion order instead. Asked once per
+/// process, of a map built for the purpose.
+fn map_iterates_in_byte_order() -> bool {
+    static IN_BYTE_ORDER: OnceLock<bool> = OnceLock::new();
+    *IN_BYTE_ORDER.get_or_init(|| {
+        let mut map = Map::new();
+        map.insert("b".to_owned(), Value::Null);
+        map.insert("a".to_owned(), Value::Null);
+        map.keys().next().is_some_and(|first| first == "a")
+    })
 }
 
 impl<'a> Iterator for Members<'a> {
