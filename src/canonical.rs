@@ -100,11 +100,27 @@ pub fn to_writer<W: io::Write + ?Sized>(value: &Value, writer: &mut W) -> io::Re
 pub(crate) trait Sink {
     /// Appends `bytes`.
     fn put(&mut self, bytes: &[u8]);
+
+    /// How many bytes have been written, if this sink can take bytes back
+    /// ([`rewind`](Self::rewind)); `None` if it cannot.
+    fn written(&self) -> Option<usize>;
+
+    /// Takes back every byte written since [`written`](Self::written) returned `at`. Called
+    /// only with a point that `written` returned.
+    fn rewind(&mut self, at: usize);
 }
 
 impl Sink for Vec<u8> {
     fn put(&mut self, bytes: &[u8]) {
         self.extend_from_slice(bytes);
+    }
+
+    fn written(&self) -> Option<usize> {
+        Some(self.len())
+    }
+
+    fn rewind(&mut self, at: usize) {
+        self.truncate(at);
     }
 }
 
@@ -121,6 +137,15 @@ impl<W: io::Write + ?Sized> Sink for IoSink<'_, W> {
         {
             self.failed = Some(err);
         }
+    }
+
+    /// Bytes handed to a writer are gone.
+    fn written(&self) -> Option<usize> {
+        None
+    }
+
+    fn rewind(&mut self, _at: usize) {
+        unreachable!("a writer's sink never gives a point to rewind to");
     }
 }
 
@@ -148,10 +173,12 @@ pub(crate) fn walk(value: &Value, out: &mut impl Sink) {
                     });
                 }
                 Value::Object(map) => {
+                    let start = out.written();
                     out.put(b"{");
                     stack.push(Frame::Object {
-                        members: Members::of(map),
+                        members: Members::of(map, start.is_some()),
                         first: true,
+                        start: start.unwrap_or(0),
                     });
                 }
             }
@@ -173,8 +200,23 @@ pub(crate) fn walk(value: &Value, out: &mut impl Sink) {
                     stack.pop();
                 }
             },
-            Frame::Object { members, first } => match members.next() {
+            Frame::Object {
+                members,
+                first,
+                start,
+            } => match members.next() {
                 Some((name, member)) => {
+                    if let Members::Trusted { map, .. } = members
+                        && !orders_alike(name)
+                    {
+                        // The map's order may not be the canonical one after all: take the
+                        // object back and write it sorted.
+                        out.rewind(*start);
+                        out.put(b"{");
+                        *members = Members::sorted(map);
+                        *first = true;
+                        continue;
+                    }
                     if !std::mem::replace(first, false) {
                         out.put(b",");
                     }
@@ -200,6 +242,8 @@ enum Frame<'a> {
     Object {
         members: Members<'a>,
         first: bool,
+        /// Where the object starts in the sink, when its members are `Trusted`.
+        start: usize,
     },
 }
 
@@ -207,6 +251,13 @@ enum Frame<'a> {
 enum Members<'a> {
     /// The map's own order, when it is already the canonical one.
     InOrder(serde_json::map::Iter<'a>),
+    /// The map's own order, byte order, trusted to be the canonical one: each name is checked
+    /// as it is written ([`orders_alike`]), and the object is written again, sorted, from the
+    /// first that is not (the sink takes back what was written of it).
+    Trusted {
+        members: serde_json::map::Iter<'a>,
+        map: &'a Map<String, Value>,
+    },
     /// Sorted into a list of their own.
     Sorted(std::vec::IntoIter<(&'a str, &'a Value)>),
 }
@@ -221,24 +272,37 @@ impl<'a> Members<'a> {
     /// either way, so a map that iterates them in byte order (serde_json's default map does)
     /// is walked as it is, with nothing allocated; any other map (names with such characters,
     /// or the insertion order of serde_json's `preserve_order` feature) is sorted.
-    fn of(map: &'a Map<String, Value>) -> Self {
-        let bytewise = |name: &String| name.is_ascii() || name.bytes().all(|byte| byte < 0xEE);
-        let (in_order, bytewise) = if map_iterates_in_byte_order() {
-            (true, map.keys().all(bytewise))
-        } else {
-            let mut previous: Option<&str> = None;
-            let mut in_order = true;
-            let mut all_bytewise = true;
-            for name in map.keys() {
-                all_bytewise &= bytewise(name);
+    ///
+    /// When the sink can take bytes back (`rewindable`) and the map iterates in byte order,
+    /// the names are not looked at here at all: they are `Trusted`, and checked one by one as
+    /// they are written.
+    fn of(map: &'a Map<String, Value>, rewindable: bool) -> Self {
+        let in_byte_order = map_iterates_in_byte_order();
+        if rewindable && in_byte_order {
+            return Members::Trusted {
+                members: map.iter(),
+                map,
+            };
+        }
+        let mut in_order = true;
+        let mut bytewise = true;
+        let mut previous: Option<&str> = None;
+        for name in map.keys() {
+            bytewise &= orders_alike(name);
+            if !in_byte_order {
                 in_order &= previous.is_none_or(|previous| previous < name.as_str());
                 previous = Some(name);
             }
-            (in_order, all_bytewise)
-        };
+        }
         if in_order && bytewise {
             return Members::InOrder(map.iter());
         }
+        Members::sorted(map)
+    }
+
+    /// The members of `map` sorted into a list of their own.
+    fn sorted(map: &'a Map<String, Value>) -> Self {
+        let bytewise = map.keys().all(|name| orders_alike(name));
         let mut members: Vec<(&str, &Value)> = map
             .iter()
             .map(|(name, value)| (name.as_str(), value))
@@ -267,12 +331,20 @@ fn map_iterates_in_byte_order() -> bool {
     })
 }
 
+/// Whether `name` sorts among other names the same way as UTF-8 bytes and as UTF-16 code
+/// units: it has no byte from 0xEE up ([`Members::of`] says why).
+fn orders_alike(name: &str) -> bool {
+    name.is_ascii() || name.bytes().all(|byte| byte < 0xEE)
+}
+
 impl<'a> Iterator for Members<'a> {
     type Item = (&'a str, &'a Value);
 
     fn next(&mut self) -> Option<Self::Item> {
         match self {
-            Members::InOrder(members) => members.next().map(|(name, value)| (name.as_str(), value)),
+            Members::InOrder(members) | Members::Trusted { members, .. } => {
+                members.next().map(|(name, value)| (name.as_str(), value))
+            }
             Members::Sorted(members) => members.next(),
         }
     }
@@ -874,6 +946,22 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn an_object_found_out_of_utf16_order_midway_is_written_again_sorted() {
+        // Members already written (with a nested object of their own) before the first name
+        // that sorts differently in UTF-16; the buffer walk takes them back, the writer walk
+        // never wrote them in that order.
+        let value = json!({
+            "outer": [{ "a": { "z": 1, "y": [2] }, "b": 3, "\u{e000}": 4, "\u{1f600}": 5 }],
+            "tail": { "\u{1f600}": null },
+        });
+        let expected = "{\"outer\":[{\"a\":{\"y\":[2],\"z\":1},\"b\":3,\"\u{1f600}\":5,\"\u{e000}\":4}],\"tail\":{\"\u{1f600}\":null}}";
+        assert_eq!(canonical_json(&value), expected);
+        let mut written = Vec::new();
+        super::to_writer(&value, &mut written).expect("a Vec takes every byte");
+        assert_eq!(String::from_utf8(written).expect("UTF-8"), expected);
     }
 
     /// A writer that fails after taking `room` bytes.
