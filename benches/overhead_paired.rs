@@ -11,7 +11,9 @@
 //! paired differences (this client's latency minus bare reqwest + timeout's, in the same
 //! round), with a 95% confidence interval from a bootstrap over rounds (1 000 resamples of the
 //! rounds with replacement, the median difference of each, the 2.5th and 97.5th percentiles of
-//! those; the resampling is seeded, so the same samples give the same interval).
+//! those; the resampling is seeded, so the same samples give the same interval). The interval
+//! says how well one run pins its own median; it cannot say how the machine's load moves the
+//! figure from one run to the next, which is more: compare several runs.
 //!
 //! Run: `cargo bench --bench overhead_paired` (about 10 s). Prints a markdown table.
 //!
