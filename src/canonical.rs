@@ -432,8 +432,8 @@ fn short_decimal(double: f64) -> Option<(u64, usize)> {
     let magnitude = double.abs();
     for places in 1..=SHORT_PLACES {
         let scaled = magnitude * POWERS_OF_TEN[places];
-        // Also false for NaN, which never gets here.
-        if !(scaled < FIFTEEN_DIGITS) {
+        // A finite double times 10^6 is at most infinite, never NaN.
+        if scaled >= FIFTEEN_DIGITS {
             return None;
         }
         #[allow(
@@ -450,13 +450,13 @@ fn short_decimal(double: f64) -> Option<(u64, usize)> {
         let exact = digits as f64;
         if exact == scaled && exact / POWERS_OF_TEN[places] == magnitude {
             // An integer is not a short decimal (and has its own path).
-            if digits % INTEGER_POWERS_OF_TEN[places] == 0 {
+            if digits.is_multiple_of(INTEGER_POWERS_OF_TEN[places]) {
                 return None;
             }
             // The product can miss a shorter spelling that the division would have proved
             // (`x * 10` not rounding to the integer it is close to): drop the zeros it left.
             let (mut digits, mut places) = (digits, places);
-            while digits % 10 == 0 {
+            while digits.is_multiple_of(10) {
                 digits /= 10;
                 places -= 1;
             }

@@ -54,6 +54,10 @@ use settle::Settled;
 /// # Errors
 ///
 /// Whatever stopped the operation, as an [`Error`] with its kind, key and outcome.
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn would keep its arguments twice in the future's state"
+)]
 pub(crate) fn execute<Q, T>(
     settings: &Settings,
     mut request: Q,
@@ -74,6 +78,10 @@ where
 }
 
 /// The stages after settle.
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn would keep its arguments twice in the future's state"
+)]
 fn run<Q, T>(
     settings: &Settings,
     request: Q,
