@@ -6,7 +6,25 @@
 //! between them by more than the few percent being measured. Interleaving removes that
 //! (it cannot remove the noise, only make it the same for everyone).
 //!
+//! Besides the ratio of medians, each client's cost over bare reqwest with a timeout (the
+//! like-for-like floor) is given in microseconds per request: the median of the per-round
+//! paired differences (this client's latency minus bare reqwest + timeout's, in the same
+//! round), with a 95% confidence interval from a bootstrap over rounds (1 000 resamples of the
+//! rounds with replacement, the median difference of each, the 2.5th and 97.5th percentiles of
+//! those; the resampling is seeded, so the same samples give the same interval). The interval
+//! says how well one run pins its own median; it cannot say how the machine's load moves the
+//! figure from one run to the next, which is more: compare several runs.
+//!
 //! Run: `cargo bench --bench overhead_paired` (about 10 s). Prints a markdown table.
+//!
+//! Options, after `--`:
+//!
+//! - `--rounds N`: timed rounds (default 20 000, after 2 000 warm-up rounds).
+//! - `--only CLIENT`: one client alone, no interleaving, for profiling with `strace -c -f` or
+//!   `perf stat`: 2 000 warm-up requests, then `--requests N` (default 20 000) timed ones, and
+//!   their median. `CLIENT` is `bare`, `bare-timeout`, `ours`, `peer` or `ours-random-key`.
+//!   The process's fixed costs (runtime, server, clients) cancel out of the difference
+//!   between two runs with different `--requests`.
 
 mod common;
 
@@ -14,9 +32,12 @@ use std::time::Duration;
 
 use common::{Clients, Contender, start_server};
 use idempotent_retry::{Clock, TokioClock};
+use rand::rngs::StdRng;
+use rand::{Rng as _, SeedableRng};
 
 const WARM_UP_ROUNDS: usize = 2_000;
 const ROUNDS: usize = 20_000;
+const RESAMPLES: usize = 1_000;
 
 /// The contenders that take turns (the random-key line of `overhead.rs` is left out: it
 /// measures key minting, not the wrapper against its peers).
@@ -26,13 +47,178 @@ const CONTENDERS: [Contender; 4] = [
     Contender::Ours,
     Contender::Peer,
 ];
+/// The floor the differences are taken against: bare reqwest with a timeout.
+const FLOOR: usize = 1;
+
+/// What the command line asks for.
+struct Args {
+    only: Option<Contender>,
+    rounds: usize,
+    requests: usize,
+}
+
+impl Args {
+    /// Reads `--only`, `--rounds` and `--requests`; anything else (cargo's `--bench`) is
+    /// ignored.
+    fn parse() -> Args {
+        let mut args = Args {
+            only: None,
+            rounds: ROUNDS,
+            requests: ROUNDS,
+        };
+        let mut words = std::env::args().skip(1);
+        while let Some(word) = words.next() {
+            let mut value = || {
+                words
+                    .next()
+                    .unwrap_or_else(|| panic!("{word} needs a value"))
+            };
+            match word.as_str() {
+                "--only" => {
+                    let name = value();
+                    let contender = Contender::ALL
+                        .into_iter()
+                        .find(|c| c.flag() == name)
+                        .unwrap_or_else(|| {
+                            let known: Vec<_> = Contender::ALL.iter().map(|c| c.flag()).collect();
+                            panic!("--only {name}: not one of {}", known.join(", "))
+                        });
+                    args.only = Some(contender);
+                }
+                "--rounds" => args.rounds = count(&value()),
+                "--requests" => args.requests = count(&value()),
+                _ => {}
+            }
+        }
+        args
+    }
+}
+
+fn count(text: &str) -> usize {
+    match text.replace('_', "").parse() {
+        Ok(n) if n > 0 => n,
+        _ => panic!("{text}: not a positive count"),
+    }
+}
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() - 1) as f64 * p).round() as usize;
     sorted[i]
 }
 
+/// The median of `values`, reordering them.
+fn median(values: &mut [f64]) -> f64 {
+    let mid = values.len() / 2;
+    let (_, m, _) = values.select_nth_unstable_by(mid, f64::total_cmp);
+    *m
+}
+
+/// The median of the paired differences and its 95% bootstrap interval (percentile method,
+/// resampling the rounds).
+fn paired_difference(diffs: &[f64], rng: &mut StdRng) -> (f64, f64, f64) {
+    let mut scratch = diffs.to_vec();
+    let point = median(&mut scratch);
+    let n = diffs.len();
+    let mut medians: Vec<f64> = (0..RESAMPLES)
+        .map(|_| {
+            for slot in scratch.iter_mut() {
+                // A uniform index by multiply-shift: the bias (n / 2^64) is nil here.
+                let i = ((u128::from(rng.next_u64()) * n as u128) >> 64) as usize;
+                *slot = diffs[i];
+            }
+            median(&mut scratch)
+        })
+        .collect();
+    medians.sort_unstable_by(f64::total_cmp);
+    let at = |p: f64| medians[((RESAMPLES - 1) as f64 * p).round() as usize];
+    (point, at(0.025), at(0.975))
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+async fn interleaved(clients: &Clients, url: &str, clock: &TokioClock, rounds: usize) {
+    let mut samples: Vec<Vec<Duration>> = vec![Vec::with_capacity(rounds); CONTENDERS.len()];
+    for round in 0..WARM_UP_ROUNDS + rounds {
+        for turn in 0..CONTENDERS.len() {
+            let which = (round + turn) % CONTENDERS.len();
+            let start = clock.now();
+            clients.send(CONTENDERS[which], url).await;
+            if round >= WARM_UP_ROUNDS {
+                samples[which].push(clock.now() - start);
+            }
+        }
+    }
+    // Differences first, while the samples are still in round order.
+    let diffs: Vec<Vec<f64>> = samples
+        .iter()
+        .map(|s| {
+            s.iter()
+                .zip(&samples[FLOOR])
+                .map(|(&ours, &floor)| micros(ours) - micros(floor))
+                .collect()
+        })
+        .collect();
+    for s in &mut samples {
+        s.sort_unstable();
+    }
+    let medians: Vec<Duration> = samples.iter().map(|s| percentile(s, 0.5)).collect();
+    let mut rng = StdRng::seed_from_u64(18);
+    println!(
+        "| client ({rounds} interleaved requests each) | median | p90 | median / bare reqwest \
+         | median / bare + timeout | paired difference to bare + timeout, us (95% CI) |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (i, contender) in CONTENDERS.iter().enumerate() {
+        let difference = if i == FLOOR {
+            "0".to_owned()
+        } else {
+            let (point, low, high) = paired_difference(&diffs[i], &mut rng);
+            format!("{point:+.2} ({low:+.2} to {high:+.2})")
+        };
+        println!(
+            "| {} | {:.2} us | {:.2} us | {:.3} | {:.3} | {difference} |",
+            contender.name(),
+            micros(medians[i]),
+            micros(percentile(&samples[i], 0.9)),
+            medians[i].as_secs_f64() / medians[0].as_secs_f64(),
+            medians[i].as_secs_f64() / medians[FLOOR].as_secs_f64(),
+        );
+    }
+}
+
+async fn alone(
+    clients: &Clients,
+    url: &str,
+    clock: &TokioClock,
+    contender: Contender,
+    requests: usize,
+) {
+    for _ in 0..WARM_UP_ROUNDS {
+        clients.send(contender, url).await;
+    }
+    let mut samples = Vec::with_capacity(requests);
+    let began = clock.now();
+    for _ in 0..requests {
+        let start = clock.now();
+        clients.send(contender, url).await;
+        samples.push(clock.now() - start);
+    }
+    let total = clock.now() - began;
+    samples.sort_unstable();
+    println!(
+        "{}: {requests} requests after {WARM_UP_ROUNDS} warm-up, median {:.2} us, p90 {:.2} us, \
+         {:.2} us per request in all",
+        contender.name(),
+        micros(percentile(&samples, 0.5)),
+        micros(percentile(&samples, 0.9)),
+        micros(total) / requests as f64,
+    );
+}
+
 fn main() {
+    let args = Args::parse();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -42,36 +228,9 @@ fn main() {
         let url = start_server().await;
         let clients = Clients::new();
         let clock = TokioClock::new();
-        let mut samples: Vec<Vec<Duration>> = vec![Vec::with_capacity(ROUNDS); CONTENDERS.len()];
-        for round in 0..WARM_UP_ROUNDS + ROUNDS {
-            for turn in 0..CONTENDERS.len() {
-                let which = (round + turn) % CONTENDERS.len();
-                let start = clock.now();
-                clients.send(CONTENDERS[which], &url).await;
-                if round >= WARM_UP_ROUNDS {
-                    samples[which].push(clock.now() - start);
-                }
-            }
-        }
-        let medians: Vec<Duration> = samples
-            .iter_mut()
-            .map(|s| {
-                s.sort_unstable();
-                percentile(s, 0.5)
-            })
-            .collect();
-        println!(
-            "| client ({ROUNDS} interleaved requests each) | median | p90 | median / bare reqwest |"
-        );
-        println!("|---|---:|---:|---:|");
-        for (i, contender) in CONTENDERS.iter().enumerate() {
-            println!(
-                "| {} | {:.2} us | {:.2} us | {:.3} |",
-                contender.name(),
-                medians[i].as_secs_f64() * 1e6,
-                percentile(&samples[i], 0.9).as_secs_f64() * 1e6,
-                medians[i].as_secs_f64() / medians[0].as_secs_f64(),
-            );
+        match args.only {
+            Some(contender) => alone(&clients, &url, &clock, contender, args.requests).await,
+            None => interleaved(&clients, &url, &clock, args.rounds).await,
         }
     });
     rt.shutdown_background();

@@ -24,6 +24,7 @@
 //! number formatting with ECMAScript's layout rules, is delegated to the `ryu-js` crate.
 
 use std::io;
+use std::sync::OnceLock;
 
 use serde_json::{Map, Number, Value};
 
@@ -99,11 +100,27 @@ pub fn to_writer<W: io::Write + ?Sized>(value: &Value, writer: &mut W) -> io::Re
 pub(crate) trait Sink {
     /// Appends `bytes`.
     fn put(&mut self, bytes: &[u8]);
+
+    /// How many bytes have been written, if this sink can take bytes back
+    /// ([`rewind`](Self::rewind)); `None` if it cannot.
+    fn written(&self) -> Option<usize>;
+
+    /// Takes back every byte written since [`written`](Self::written) returned `at`. Called
+    /// only with a point that `written` returned.
+    fn rewind(&mut self, at: usize);
 }
 
 impl Sink for Vec<u8> {
     fn put(&mut self, bytes: &[u8]) {
         self.extend_from_slice(bytes);
+    }
+
+    fn written(&self) -> Option<usize> {
+        Some(self.len())
+    }
+
+    fn rewind(&mut self, at: usize) {
+        self.truncate(at);
     }
 }
 
@@ -120,6 +137,15 @@ impl<W: io::Write + ?Sized> Sink for IoSink<'_, W> {
         {
             self.failed = Some(err);
         }
+    }
+
+    /// Bytes handed to a writer are gone.
+    fn written(&self) -> Option<usize> {
+        None
+    }
+
+    fn rewind(&mut self, _at: usize) {
+        unreachable!("a writer's sink never gives a point to rewind to");
     }
 }
 
@@ -147,10 +173,12 @@ pub(crate) fn walk(value: &Value, out: &mut impl Sink) {
                     });
                 }
                 Value::Object(map) => {
+                    let start = out.written();
                     out.put(b"{");
                     stack.push(Frame::Object {
-                        members: Members::of(map),
+                        members: Members::of(map, start.is_some()),
                         first: true,
+                        start: start.unwrap_or(0),
                     });
                 }
             }
@@ -172,8 +200,23 @@ pub(crate) fn walk(value: &Value, out: &mut impl Sink) {
                     stack.pop();
                 }
             },
-            Frame::Object { members, first } => match members.next() {
+            Frame::Object {
+                members,
+                first,
+                start,
+            } => match members.next() {
                 Some((name, member)) => {
+                    if let Members::Trusted { map, .. } = members
+                        && !orders_alike(name)
+                    {
+                        // The map's order may not be the canonical one after all: take the
+                        // object back and write it sorted.
+                        out.rewind(*start);
+                        out.put(b"{");
+                        *members = Members::sorted(map);
+                        *first = true;
+                        continue;
+                    }
                     if !std::mem::replace(first, false) {
                         out.put(b",");
                     }
@@ -199,6 +242,8 @@ enum Frame<'a> {
     Object {
         members: Members<'a>,
         first: bool,
+        /// Where the object starts in the sink, when its members are `Trusted`.
+        start: usize,
     },
 }
 
@@ -206,6 +251,13 @@ enum Frame<'a> {
 enum Members<'a> {
     /// The map's own order, when it is already the canonical one.
     InOrder(serde_json::map::Iter<'a>),
+    /// The map's own order, byte order, trusted to be the canonical one: each name is checked
+    /// as it is written ([`orders_alike`]), and the object is written again, sorted, from the
+    /// first that is not (the sink takes back what was written of it).
+    Trusted {
+        members: serde_json::map::Iter<'a>,
+        map: &'a Map<String, Value>,
+    },
     /// Sorted into a list of their own.
     Sorted(std::vec::IntoIter<(&'a str, &'a Value)>),
 }
@@ -220,18 +272,37 @@ impl<'a> Members<'a> {
     /// either way, so a map that iterates them in byte order (serde_json's default map does)
     /// is walked as it is, with nothing allocated; any other map (names with such characters,
     /// or the insertion order of serde_json's `preserve_order` feature) is sorted.
-    fn of(map: &'a Map<String, Value>) -> Self {
-        let mut previous: Option<&str> = None;
+    ///
+    /// When the sink can take bytes back (`rewindable`) and the map iterates in byte order,
+    /// the names are not looked at here at all: they are `Trusted`, and checked one by one as
+    /// they are written.
+    fn of(map: &'a Map<String, Value>, rewindable: bool) -> Self {
+        let in_byte_order = map_iterates_in_byte_order();
+        if rewindable && in_byte_order {
+            return Members::Trusted {
+                members: map.iter(),
+                map,
+            };
+        }
         let mut in_order = true;
         let mut bytewise = true;
+        let mut previous: Option<&str> = None;
         for name in map.keys() {
-            bytewise &= name.is_ascii() || name.bytes().all(|byte| byte < 0xEE);
-            in_order &= previous.is_none_or(|previous| previous < name.as_str());
-            previous = Some(name);
+            bytewise &= orders_alike(name);
+            if !in_byte_order {
+                in_order &= previous.is_none_or(|previous| previous < name.as_str());
+                previous = Some(name);
+            }
         }
         if in_order && bytewise {
             return Members::InOrder(map.iter());
         }
+        Members::sorted(map)
+    }
+
+    /// The members of `map` sorted into a list of their own.
+    fn sorted(map: &'a Map<String, Value>) -> Self {
+        let bytewise = map.keys().all(|name| orders_alike(name));
         let mut members: Vec<(&str, &Value)> = map
             .iter()
             .map(|(name, value)| (name.as_str(), value))
@@ -246,12 +317,34 @@ impl<'a> Members<'a> {
     }
 }
 
+/// Whether serde_json's `Map` iterates its names in byte order, as its default `BTreeMap`
+/// does: then no object needs its order checked name by name. Its `preserve_order` feature
+/// (which any crate in the build can turn on) keeps insertion order instead. Asked once per
+/// process, of a map built for the purpose.
+fn map_iterates_in_byte_order() -> bool {
+    static IN_BYTE_ORDER: OnceLock<bool> = OnceLock::new();
+    *IN_BYTE_ORDER.get_or_init(|| {
+        let mut map = Map::new();
+        map.insert("b".to_owned(), Value::Null);
+        map.insert("a".to_owned(), Value::Null);
+        map.keys().next().is_some_and(|first| first == "a")
+    })
+}
+
+/// Whether `name` sorts among other names the same way as UTF-8 bytes and as UTF-16 code
+/// units: it has no byte from 0xEE up ([`Members::of`] says why).
+fn orders_alike(name: &str) -> bool {
+    name.is_ascii() || name.bytes().all(|byte| byte < 0xEE)
+}
+
 impl<'a> Iterator for Members<'a> {
     type Item = (&'a str, &'a Value);
 
     fn next(&mut self) -> Option<Self::Item> {
         match self {
-            Members::InOrder(members) => members.next().map(|(name, value)| (name.as_str(), value)),
+            Members::InOrder(members) | Members::Trusted { members, .. } => {
+                members.next().map(|(name, value)| (name.as_str(), value))
+            }
             Members::Sorted(members) => members.next(),
         }
     }
@@ -259,9 +352,26 @@ impl<'a> Iterator for Members<'a> {
 
 /// 2^53: up to this magnitude every integer is a double, and every integral double an `i64`.
 const EXACT_INTEGERS: f64 = 9_007_199_254_740_992.0;
+/// [`EXACT_INTEGERS`] as the integer types serde_json keeps integers in.
+const EXACT_UNSIGNED: u64 = 1 << 53;
+const EXACT_SIGNED: i64 = 1 << 53;
 
 /// Appends `number` as ECMAScript's `Number.prototype.toString` prints the nearest double.
 fn write_number(out: &mut impl Sink, number: &Number) {
+    // An integer a double holds exactly prints as its decimal digits, the double's as well as
+    // its own: straight to itoa, without the round trip through a double below.
+    if let Some(unsigned) = number.as_u64()
+        && unsigned <= EXACT_UNSIGNED
+    {
+        out.put(itoa::Buffer::new().format(unsigned).as_bytes());
+        return;
+    }
+    if let Some(signed) = number.as_i64()
+        && (-EXACT_SIGNED..=EXACT_SIGNED).contains(&signed)
+    {
+        out.put(itoa::Buffer::new().format(signed).as_bytes());
+        return;
+    }
     // `as` rounds an integer to the nearest double (ties to even), as RFC 8785 wants for
     // integers beyond 2^53.
     let double = if let Some(unsigned) = number.as_u64() {
@@ -283,14 +393,99 @@ fn write_number(out: &mut impl Sink, number: &Number) {
             let integer = double as i64;
             out.put(itoa::Buffer::new().format(integer).as_bytes());
         }
-        // ryu-js prints both zeros as `0`, integers below 1e21 without exponent or fraction,
-        // and `e+`/`e-` exponents elsewhere, exactly as ECMAScript does.
-        Some(double) => out.put(ryu_js::Buffer::new().format_finite(double).as_bytes()),
+        Some(double) => match short_decimal(double) {
+            // A short decimal (`1.25`, `0.1`, `19.99`): its digits are known without a
+            // formatter.
+            Some((digits, places)) => write_short_decimal(out, double < 0.0, digits, places),
+            // ryu-js prints both zeros as `0`, integers below 1e21 without exponent or
+            // fraction, and `e+`/`e-` exponents elsewhere, exactly as ECMAScript does.
+            None => out.put(ryu_js::Buffer::new().format_finite(double).as_bytes()),
+        },
         // Unreachable with serde_json's default features: a `Number` always holds a finite
         // `u64`, `i64` or `f64`. Only the `arbitrary_precision` feature can hold text with no
         // finite double (such as `1e400`); RFC 8785 has no spelling for it, so keep its text.
         None => out.put(number.to_string().as_bytes()),
     }
+}
+
+/// The most decimal places [`short_decimal`] tries, and their powers of ten (exact as doubles).
+const SHORT_PLACES: usize = 6;
+const POWERS_OF_TEN: [f64; SHORT_PLACES + 1] = [1.0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6];
+const INTEGER_POWERS_OF_TEN: [u64; SHORT_PLACES + 1] =
+    [1, 10, 100, 1_000, 10_000, 100_000, 1_000_000];
+/// 10^15: decimals with fewer significant digits than this never share a double.
+const FIFTEEN_DIGITS: f64 = 1e15;
+
+/// The shortest round-trip spelling of a `double` that is a decimal of at most
+/// [`SHORT_PLACES`] places and 15 significant digits (`1.25`, `0.1`, `19.99`, `-0.000004`):
+/// its significant digits as an integer without trailing zeros, and its number of places.
+/// `None` for any other double (integers included), which the float formatter then prints.
+///
+/// The digits are found with one multiplication per place tried and proved with a division:
+/// `digits / 10^places`, correctly rounded, is `double` itself, so this decimal reads back as
+/// `double`. No other decimal of at most 15 significant digits reads back as the same double
+/// (a double carries 15.95 decimal digits; C calls the 15 `DBL_DIG`), so none with fewer
+/// digits does and none with as many: these are the digits ECMAScript's `Number::toString`
+/// chooses, the shortest that round-trip. Such a number is at least 10^-6 and below 10^15,
+/// where ECMAScript writes it as plain decimals (`0.000004`, never `4e-6`).
+fn short_decimal(double: f64) -> Option<(u64, usize)> {
+    let magnitude = double.abs();
+    for places in 1..=SHORT_PLACES {
+        let scaled = magnitude * POWERS_OF_TEN[places];
+        // A finite double times 10^6 is at most infinite, never NaN.
+        if scaled >= FIFTEEN_DIGITS {
+            return None;
+        }
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "a non-negative double below 10^15 truncates to a u64; the check below \
+                      keeps only one that was already an integer"
+        )]
+        let digits = scaled as u64;
+        #[allow(
+            clippy::cast_precision_loss,
+            reason = "an integer below 10^15 is a double exactly"
+        )]
+        let exact = digits as f64;
+        if exact == scaled && exact / POWERS_OF_TEN[places] == magnitude {
+            // An integer is not a short decimal (and has its own path).
+            if digits.is_multiple_of(INTEGER_POWERS_OF_TEN[places]) {
+                return None;
+            }
+            // The product can miss a shorter spelling that the division would have proved
+            // (`x * 10` not rounding to the integer it is close to): drop the zeros it left.
+            let (mut digits, mut places) = (digits, places);
+            while digits.is_multiple_of(10) {
+                digits /= 10;
+                places -= 1;
+            }
+            return Some((digits, places));
+        }
+    }
+    None
+}
+
+/// Appends the decimal `digits / 10^places` (`places` at least 1, the number not an integer),
+/// negative if `negative`, as ECMAScript writes it: the whole part, a point, every place.
+fn write_short_decimal(out: &mut impl Sink, negative: bool, digits: u64, places: usize) {
+    if negative {
+        out.put(b"-");
+    }
+    let unit = INTEGER_POWERS_OF_TEN[places];
+    out.put(itoa::Buffer::new().format(digits / unit).as_bytes());
+    let mut fraction = digits % unit;
+    let mut text = [b'.'; SHORT_PLACES + 1];
+    for place in (1..=places).rev() {
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "a remainder of a division by ten is one digit"
+        )]
+        let digit = (fraction % 10) as u8;
+        text[place] = b'0' + digit;
+        fraction /= 10;
+    }
+    out.put(&text[..=places]);
 }
 
 /// For each byte, the escape RFC 8785 gives it: 0 for none, `u` for `\u00xx`, otherwise the
@@ -718,6 +913,57 @@ mod tests {
         }
     }
 
+    /// The float formatter's spelling, which the short-decimal path must reproduce.
+    fn formatted(double: f64) -> String {
+        ryu_js::Buffer::new().format_finite(double).to_owned()
+    }
+
+    #[test]
+    fn short_decimals_print_as_the_float_formatter_prints_them() {
+        for (double, text) in [
+            (1.25, "1.25"),
+            (0.1, "0.1"),
+            (0.3, "0.3"),
+            (-19.99, "-19.99"),
+            (0.000004, "0.000004"),
+            (0.000001, "0.000001"),
+            (123_456_789.123_456, "123456789.123456"),
+            (999_999_999.999_999, "999999999.999999"),
+        ] {
+            assert_eq!(canonical_json(&number(double)), text);
+            assert_eq!(formatted(double), text);
+        }
+        // Every decimal of up to four significant digits and one to seven places, both signs.
+        for digits in 1..10_000u32 {
+            for places in 1..=7 {
+                let double = f64::from(digits) / 10f64.powi(places);
+                for double in [double, -double] {
+                    assert_eq!(
+                        canonical_json(&number(double)),
+                        formatted(double),
+                        "{double:e}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_object_found_out_of_utf16_order_midway_is_written_again_sorted() {
+        // Members already written (with a nested object of their own) before the first name
+        // that sorts differently in UTF-16; the buffer walk takes them back, the writer walk
+        // never wrote them in that order.
+        let value = json!({
+            "outer": [{ "a": { "z": 1, "y": [2] }, "b": 3, "\u{e000}": 4, "\u{1f600}": 5 }],
+            "tail": { "\u{1f600}": null },
+        });
+        let expected = "{\"outer\":[{\"a\":{\"y\":[2],\"z\":1},\"b\":3,\"\u{1f600}\":5,\"\u{e000}\":4}],\"tail\":{\"\u{1f600}\":null}}";
+        assert_eq!(canonical_json(&value), expected);
+        let mut written = Vec::new();
+        super::to_writer(&value, &mut written).expect("a Vec takes every byte");
+        assert_eq!(String::from_utf8(written).expect("UTF-8"), expected);
+    }
+
     /// A writer that fails after taking `room` bytes.
     struct Full {
         room: usize,
@@ -777,6 +1023,18 @@ mod tests {
             let mut written = Vec::new();
             super::to_writer(&value, &mut written).expect("a Vec takes every byte");
             prop_assert_eq!(written, text.as_bytes());
+        }
+
+        #[test]
+        fn every_double_prints_as_the_float_formatter_prints_it(
+            double in prop_oneof![
+                any::<f64>(),
+                (0u64..1_000_000_000_000_000, 0i32..=8)
+                    .prop_map(|(digits, places)| digits as f64 / 10f64.powi(places)),
+            ]
+        ) {
+            prop_assume!(double.is_finite());
+            prop_assert_eq!(canonical_json(&number(double)), formatted(double));
         }
 
         #[test]

@@ -56,6 +56,10 @@ impl Settings {
     /// The policy for a request: its own, else its host's, else the default.
     pub(crate) fn policy_for(&self, own: Option<RetryPolicy>, host: Option<&str>) -> RetryPolicy {
         own.or_else(|| {
+            // Without per-host policies (the common case) the host is neither copied nor hashed.
+            if self.host_policies.is_empty() {
+                return None;
+            }
             let host = host?.to_ascii_lowercase();
             self.host_policies.get(&host).copied()
         })

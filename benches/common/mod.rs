@@ -69,7 +69,6 @@ pub enum Contender {
 
 impl Contender {
     /// Every contender, in the order the criterion bench runs them.
-    #[allow(dead_code, reason = "overhead_paired.rs takes turns between a subset")]
     pub const ALL: [Contender; 5] = [
         Contender::Bare,
         Contender::BareWithTimeout,
@@ -86,6 +85,18 @@ impl Contender {
             Contender::Ours => "idempotent-retry",
             Contender::Peer => "reqwest-middleware + reqwest-retry",
             Contender::OursRandomKey => "idempotent-retry, random key",
+        }
+    }
+
+    /// The name `overhead_paired.rs --only` takes.
+    #[allow(dead_code, reason = "only overhead_paired.rs has a command line")]
+    pub fn flag(self) -> &'static str {
+        match self {
+            Contender::Bare => "bare",
+            Contender::BareWithTimeout => "bare-timeout",
+            Contender::Ours => "ours",
+            Contender::Peer => "peer",
+            Contender::OursRandomKey => "ours-random-key",
         }
     }
 }

@@ -17,18 +17,18 @@ use crate::transport::{SendError, Transport};
 /// # Errors
 ///
 /// As [`RequestBuilder::send`](crate::RequestBuilder::send).
-pub(super) async fn execute(
+pub(super) fn execute(
     client: &ClientRef,
     request: reqwest::Request,
     overrides: Overrides,
-) -> Result<reqwest::Response, Error> {
+) -> impl Future<Output = Result<reqwest::Response, Error>> {
+    // The engine's future itself, not one more level of state around it.
     engine::execute(
         &client.settings,
         request,
         overrides,
         ReqwestTransport(client),
     )
-    .await
 }
 
 /// Sends each attempt with the client's `reqwest::Client`.

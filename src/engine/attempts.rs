@@ -104,150 +104,156 @@ impl<'s> Attempts<'s> {
     }
 
     /// The loop: send, classify, decide, wait; the same key on every attempt.
-    pub(super) async fn run<Q, T>(
+    ///
+    /// An `async` block rather than an `async fn`: an `async fn` keeps its arguments twice in
+    /// its state (as passed, and as the locals they are moved into), and this state is moved
+    /// whole into the future that awaits it.
+    pub(super) fn run<Q, T>(
         mut self,
         request: Q,
         mut transport: T,
-    ) -> Result<T::Response, Error>
+    ) -> impl Future<Output = Result<T::Response, Error>>
     where
         Q: RetryRequest,
         T: Transport<Q>,
     {
         let mut original = Some(request);
-        let mut wire = WireTrace::new(self.span.clone(), T::WIRE_SPANS, &self.settings.clock);
-        loop {
-            if let Err(source) = transport.ready().await {
-                return Err(self.finish_not_ready(source));
-            }
-            let now = self.settings.clock.now();
-            let Some(budget) = window::attempt_budget(
-                self.policy.reconcile_window(),
-                self.attempt_timeout,
-                self.state.started,
-                now,
-            ) else {
-                self.report.elapsed = now.saturating_duration_since(self.state.started);
-                return Err(Error::operation(
-                    ErrorKind::ReconcileWindow,
-                    self.report.clone(),
-                    self.exposure().is_unknown(),
-                )
-                .with_window(self.policy.reconcile_window()));
-            };
-            let mut attempt = match original.as_ref().and_then(RetryRequest::try_clone) {
-                Some(copy) => copy,
-                None => {
-                    self.state.replayable = false;
-                    // `decide` stops before a second attempt of a request that cannot be
-                    // cloned, so the request is still here for its one attempt.
-                    original
-                        .take()
-                        .expect("a request that cannot be cloned is sent only once")
+        async move {
+            let mut wire = WireTrace::new(self.span.clone(), T::WIRE_SPANS, &self.settings.clock);
+            loop {
+                if let Err(source) = transport.ready().await {
+                    return Err(self.finish_not_ready(source));
                 }
-            };
-            let enforced = attempt.set_timeout(budget);
-            self.state.attempts += 1;
-            let number = self.state.attempts;
-            if let Some(name) = &self.settings.attempt_header {
-                attempt
-                    .headers_mut()
-                    .insert(name.clone(), HeaderValue::from(number));
-            }
-            let attempt_started = now.saturating_duration_since(self.state.started);
+                let now = self.settings.clock.now();
+                let Some(budget) = window::attempt_budget(
+                    self.policy.reconcile_window(),
+                    self.attempt_timeout,
+                    self.state.started,
+                    now,
+                ) else {
+                    self.report.elapsed = now.saturating_duration_since(self.state.started);
+                    return Err(Error::operation(
+                        ErrorKind::ReconcileWindow,
+                        self.report.clone(),
+                        self.exposure().is_unknown(),
+                    )
+                    .with_window(self.policy.reconcile_window()));
+                };
+                let mut attempt = match original.as_ref().and_then(RetryRequest::try_clone) {
+                    Some(copy) => copy,
+                    None => {
+                        self.state.replayable = false;
+                        // `decide` stops before a second attempt of a request that cannot be
+                        // cloned, so the request is still here for its one attempt.
+                        original
+                            .take()
+                            .expect("a request that cannot be cloned is sent only once")
+                    }
+                };
+                let enforced = attempt.set_timeout(budget);
+                self.state.attempts += 1;
+                let number = self.state.attempts;
+                if let Some(name) = &self.settings.attempt_header {
+                    attempt
+                        .headers_mut()
+                        .insert(name.clone(), HeaderValue::from(number));
+                }
+                let attempt_started = now.saturating_duration_since(self.state.started);
 
-            self.budget_tab.sending();
-            self.exposure().sending();
-            wire.open(&mut attempt);
-            let sent = if enforced {
-                transport
-                    .send_attempt(attempt, original.as_ref(), &mut wire)
-                    .await
-            } else {
-                let send = transport.send_attempt(attempt, original.as_ref(), &mut wire);
-                match tokio::time::timeout(budget, send).await {
-                    Ok(sent) => sent,
-                    Err(elapsed) => Err(SendError::Failed {
-                        kind: FailureKind::Timeout,
-                        source: Box::new(elapsed),
-                    }),
+                self.budget_tab.sending();
+                self.exposure().sending();
+                wire.open(&mut attempt);
+                let sent = if enforced {
+                    transport
+                        .send_attempt(attempt, original.as_ref(), &mut wire)
+                        .await
+                } else {
+                    let send = transport.send_attempt(attempt, original.as_ref(), &mut wire);
+                    match tokio::time::timeout(budget, send).await {
+                        Ok(sent) => sent,
+                        Err(elapsed) => Err(SendError::Failed {
+                            kind: FailureKind::Timeout,
+                            source: Box::new(elapsed),
+                        }),
+                    }
+                };
+                let result = match sent {
+                    Ok(response) => {
+                        wire.answered(response.status(), response.version());
+                        Ok(response)
+                    }
+                    Err(SendError::Failed { kind, source }) => {
+                        wire.failed(kind.as_str());
+                        self.exposure().failed(kind);
+                        Err((kind, source))
+                    }
+                    Err(SendError::Refused(err)) => {
+                        // Refused before anything went out: the conventions' catch-all.
+                        wire.failed("_OTHER");
+                        self.exposure().not_sent();
+                        self.budget_tab.not_sent();
+                        return Err(err);
+                    }
+                };
+                let outcome = Outcome {
+                    status: result.as_ref().ok().map(RetryResponse::status),
+                    result,
+                };
+                let decided_at = self.settings.clock.now();
+                let decision = self.decide(&outcome, decided_at);
+                let decision = self.budget_tab.admit(decision);
+                metrics::budget_tokens(self.settings.budget.as_ref());
+                if let Decision::Stop {
+                    kind: Some(kind),
+                    stop: Stop::BudgetExhausted,
+                } = decision
+                {
+                    self.retry_refused(number, kind);
                 }
-            };
-            let result = match sent {
-                Ok(response) => {
-                    wire.answered(response.status(), response.version());
-                    Ok(response)
+                if outcome.result.is_ok() {
+                    // A response is judged by its status: the answer, or a retried or final kind.
+                    self.exposure().answered(match decision {
+                        Decision::Return => None,
+                        Decision::Retry { kind, .. } => Some(kind),
+                        Decision::Stop { kind, .. } => kind,
+                    });
                 }
-                Err(SendError::Failed { kind, source }) => {
-                    wire.failed(kind.as_str());
-                    self.exposure().failed(kind);
-                    Err((kind, source))
+                self.report.attempts = number;
+                self.report.elapsed = decided_at.saturating_duration_since(self.state.started);
+                if let Some(source) = self.record_attempt(&decision).await {
+                    return Err(self.finish_unrecorded(number, attempt_started, outcome, source));
                 }
-                Err(SendError::Refused(err)) => {
-                    // Refused before anything went out: the conventions' catch-all.
-                    wire.failed("_OTHER");
-                    self.exposure().not_sent();
-                    self.budget_tab.not_sent();
-                    return Err(err);
-                }
-            };
-            let outcome = Outcome {
-                status: result.as_ref().ok().map(RetryResponse::status),
-                result,
-            };
-            let decided_at = self.settings.clock.now();
-            let decision = self.decide(&outcome, decided_at);
-            let decision = self.budget_tab.admit(decision);
-            metrics::budget_tokens(self.settings.budget.as_ref());
-            if let Decision::Stop {
-                kind: Some(kind),
-                stop: Stop::BudgetExhausted,
-            } = decision
-            {
-                self.retry_refused(number, kind);
-            }
-            if outcome.result.is_ok() {
-                // A response is judged by its status: the answer, or a retried or final kind.
-                self.exposure().answered(match decision {
-                    Decision::Return => None,
-                    Decision::Retry { kind, .. } => Some(kind),
-                    Decision::Stop { kind, .. } => kind,
-                });
-            }
-            self.report.attempts = number;
-            self.report.elapsed = decided_at.saturating_duration_since(self.state.started);
-            if let Some(source) = self.record_attempt(&decision).await {
-                return Err(self.finish_unrecorded(number, attempt_started, outcome, source));
-            }
 
-            match decision {
-                Decision::Return => {
-                    self.attempt_ended(number, attempt_started, outcome.status, None, None);
-                    let response = outcome
-                        .result
-                        .expect("`decide` returns `Return` only for responses");
-                    return Ok(self.finish_with_response(response, number));
-                }
-                Decision::Retry {
-                    kind,
-                    delay,
-                    reason,
-                } => {
-                    let wait = Wait { delay, reason };
-                    self.attempt_ended(
-                        number,
-                        attempt_started,
-                        outcome.status,
-                        Some(kind),
-                        Some(wait),
-                    );
-                    self.retry_decided(number, kind, outcome.status, wait);
-                    // Release the connection before sleeping.
-                    drop(outcome);
-                    self.settings.sleeper.sleep(delay).await;
-                }
-                Decision::Stop { kind, stop } => {
-                    self.attempt_ended(number, attempt_started, outcome.status, kind, None);
-                    return Err(self.finish_with_stop(stop, kind, outcome, number));
+                match decision {
+                    Decision::Return => {
+                        self.attempt_ended(number, attempt_started, outcome.status, None, None);
+                        let response = outcome
+                            .result
+                            .expect("`decide` returns `Return` only for responses");
+                        return Ok(self.finish_with_response(response, number));
+                    }
+                    Decision::Retry {
+                        kind,
+                        delay,
+                        reason,
+                    } => {
+                        let wait = Wait { delay, reason };
+                        self.attempt_ended(
+                            number,
+                            attempt_started,
+                            outcome.status,
+                            Some(kind),
+                            Some(wait),
+                        );
+                        self.retry_decided(number, kind, outcome.status, wait);
+                        // Release the connection before sleeping.
+                        drop(outcome);
+                        self.settings.sleeper.sleep(delay).await;
+                    }
+                    Decision::Stop { kind, stop } => {
+                        self.attempt_ended(number, attempt_started, outcome.status, kind, None);
+                        return Err(self.finish_with_stop(stop, kind, outcome, number));
+                    }
                 }
             }
         }

@@ -45,74 +45,99 @@ use settle::Settled;
 
 /// Runs one logical operation through every stage.
 ///
+/// Settling happens when the future is first polled, as the rest does. The stages are
+/// `async` blocks rather than `async fn`s: an `async fn` keeps its arguments twice in its
+/// state (as passed, and as the locals they are moved into), and each stage's state is moved
+/// whole into the one that awaits it, so on the way to the first attempt every byte saved is
+/// a byte not copied, once per level.
+///
 /// # Errors
 ///
 /// Whatever stopped the operation, as an [`Error`] with its kind, key and outcome.
-pub(crate) async fn execute<Q, T>(
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn would keep its arguments twice in the future's state"
+)]
+pub(crate) fn execute<Q, T>(
     settings: &Settings,
     mut request: Q,
     overrides: Overrides,
     transport: T,
-) -> Result<T::Response, Error>
+) -> impl Future<Output = Result<T::Response, Error>>
 where
     Q: RetryRequest,
     T: Transport<Q>,
 {
-    let settled = settle::settle(settings, &mut request, overrides)?;
-    let span = settled.span.clone();
-    run(settings, request, settled, transport)
-        .instrument(span)
-        .await
+    async move {
+        let settled = settle::settle(settings, &mut request, overrides)?;
+        let span = settled.span.clone();
+        run(settings, request, settled, transport)
+            .instrument(span)
+            .await
+    }
 }
 
 /// The stages after settle.
-async fn run<Q, T>(
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn would keep its arguments twice in the future's state"
+)]
+fn run<Q, T>(
     settings: &Settings,
     request: Q,
-    settled: Settled,
+    mut settled: Settled,
     transport: T,
-) -> Result<T::Response, Error>
+) -> impl Future<Output = Result<T::Response, Error>>
 where
     Q: RetryRequest,
     T: Transport<Q>,
 {
-    let host = request.host().map(str::to_owned);
-    let mut settled = settled;
-    // The key moves into the stage that reports it: no copy on the way.
-    let (mut result, verdict) = match (&settings.ledger, settled.key.take()) {
-        (Some(handle), Some(key)) => {
-            ledgered(
-                settings,
-                handle,
-                key,
-                request,
-                &settled,
-                host.as_deref(),
-                transport,
-            )
-            .await
-        }
-        (_, key) => {
-            let attempts = Attempts::begin(
-                settings,
-                &settled,
-                host.as_deref(),
-                key,
-                settled.policy,
-                None,
-            );
-            (attempts.run(request, transport).await, None)
-        }
-    };
-    operation::ended(&settled.span, &result, verdict);
-    operation_ended(
-        settings,
-        &settled.method,
-        host.as_deref(),
-        &mut result,
-        verdict,
-    );
-    result
+    async move {
+        // The host outlives the request (moved into the attempts) only for those who read it:
+        // the observers' events and the ledger's default scope. Without either, nothing is
+        // copied.
+        let host = (settings.observer.is_some() || settings.ledger.is_some())
+            .then(|| request.host().map(str::to_owned))
+            .flatten();
+        // The key moves into the stage that reports it: no copy on the way.
+        let (mut result, verdict) = match (&settings.ledger, settled.key.take()) {
+            // Boxed: the claim's and the finish's states are kilobytes that an operation
+            // without a ledger would otherwise carry (and copy at every level it is awaited
+            // from) for nothing; beside a ledger's write, one allocation is noise.
+            (Some(handle), Some(key)) => {
+                Box::pin(ledgered(
+                    settings,
+                    handle,
+                    key,
+                    request,
+                    &settled,
+                    host.as_deref(),
+                    transport,
+                ))
+                .await
+            }
+            (_, key) => {
+                let attempts = Attempts::begin(
+                    settings,
+                    &settled,
+                    host.as_deref(),
+                    key,
+                    settled.policy,
+                    None,
+                );
+                (attempts.run(request, transport).await, None)
+            }
+        };
+        operation::ended(&settled.span, &result, verdict);
+        operation_ended(
+            settings,
+            &settled.method,
+            host.as_deref(),
+            &mut result,
+            verdict,
+        );
+        result
+    }
 }
 
 /// Claim, attempts and finish, for a keyed operation with a ledger. Returns how the ledger

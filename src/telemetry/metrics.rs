@@ -14,6 +14,8 @@ use std::time::Duration;
 
 #[cfg(feature = "metrics")]
 use http::StatusCode;
+#[cfg(feature = "metrics")]
+use metrics::Label;
 
 use crate::budget::RetryBudget;
 use crate::classify::FailureKind;
@@ -60,45 +62,67 @@ pub(crate) fn describe() {
     }
 }
 
-/// One request on the wire being timed, with the labels known when it was sent.
+/// One request on the wire being timed: its method and URL as they were when it was sent.
+/// The labels are made from them only when the duration is recorded, each value moved into its
+/// label rather than copied again, and the static ones (method, protocol version, error type)
+/// borrowed as they are.
 #[cfg(feature = "metrics")]
 #[derive(Debug)]
 pub(crate) struct RequestTimer {
-    labels: Vec<(&'static str, String)>,
+    method: &'static str,
+    url: Option<reqwest::Url>,
 }
 
 #[cfg(feature = "metrics")]
 impl RequestTimer {
-    /// The labels of a request to `method` at `url`.
-    pub(crate) fn new(method: &'static str, url: Option<&reqwest::Url>) -> Self {
-        let mut labels = vec![("http.request.method", method.to_owned())];
-        if let Some(url) = url {
-            labels.push(("server.address", url.host_str().unwrap_or("").to_owned()));
+    /// A request with this method to `url`.
+    pub(crate) fn new(method: &'static str, url: Option<reqwest::Url>) -> Self {
+        RequestTimer { method, url }
+    }
+
+    /// The labels known when the request was sent, with room for `more`.
+    fn labels(&self, more: usize) -> Vec<Label> {
+        let mut labels = Vec::with_capacity(3 + more);
+        labels.push(Label::from_static_parts("http.request.method", self.method));
+        if let Some(url) = &self.url {
+            labels.push(Label::new(
+                "server.address",
+                url.host_str().unwrap_or("").to_owned(),
+            ));
             if let Some(port) = url.port_or_known_default() {
-                labels.push(("server.port", port.to_string()));
+                labels.push(Label::new("server.port", port.to_string()));
             }
         }
-        RequestTimer { labels }
+        labels
     }
 
     /// Records a request that got a response after `took`.
-    pub(crate) fn answered(mut self, status: StatusCode, version: Option<&str>, took: Duration) {
-        self.labels
-            .push(("http.response.status_code", status.as_str().to_owned()));
+    pub(crate) fn answered(
+        self,
+        status: StatusCode,
+        version: Option<&'static str>,
+        took: Duration,
+    ) {
+        let mut labels = self.labels(3);
+        let code = status.as_str();
+        labels.push(Label::new("http.response.status_code", code.to_owned()));
         if status.as_u16() >= 400 {
-            self.labels.push(("error.type", status.as_str().to_owned()));
+            labels.push(Label::new("error.type", code.to_owned()));
         }
         if let Some(version) = version {
-            self.labels
-                .push(("network.protocol.version", version.to_owned()));
+            labels.push(Label::from_static_parts(
+                "network.protocol.version",
+                version,
+            ));
         }
-        metrics::histogram!(REQUEST_DURATION, &self.labels).record(took.as_secs_f64());
+        metrics::histogram!(REQUEST_DURATION, labels).record(took.as_secs_f64());
     }
 
     /// Records a request that failed as `error_type` after `took`.
-    pub(crate) fn failed(mut self, error_type: &str, took: Duration) {
-        self.labels.push(("error.type", error_type.to_owned()));
-        metrics::histogram!(REQUEST_DURATION, &self.labels).record(took.as_secs_f64());
+    pub(crate) fn failed(self, error_type: &'static str, took: Duration) {
+        let mut labels = self.labels(1);
+        labels.push(Label::from_static_parts("error.type", error_type));
+        metrics::histogram!(REQUEST_DURATION, labels).record(took.as_secs_f64());
     }
 }
 

@@ -45,6 +45,10 @@ pub(crate) fn ended<R: RetryResponse>(
     result: &Result<R, Error>,
     verdict: Option<LedgerVerdict>,
 ) {
+    // Nothing records it: no report to look up.
+    if span.is_disabled() && !cfg!(feature = "metrics") {
+        return;
+    }
     let (attempts, stop) = match result {
         Ok(response) => {
             let report = response.extensions().and_then(RetryReport::from_extensions);

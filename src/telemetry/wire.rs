@@ -86,7 +86,7 @@ impl WireTrace {
         }
         #[cfg(feature = "metrics")]
         {
-            self.timer = Some((RequestTimer::new(method, url.as_ref()), self.clock.now()));
+            self.timer = Some((RequestTimer::new(method, url), self.clock.now()));
         }
         self.current = Some(span);
     }
@@ -143,7 +143,7 @@ impl WireTrace {
 
     /// Closes the open span as failed, `error_type` a low-cardinality name of the failure
     /// (a [`FailureKind`](crate::FailureKind)'s `as_str`).
-    pub(crate) fn failed(&mut self, error_type: &str) {
+    pub(crate) fn failed(&mut self, error_type: &'static str) {
         #[cfg(feature = "metrics")]
         if let Some((timer, started)) = self.timer.take() {
             timer.failed(

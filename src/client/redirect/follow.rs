@@ -222,7 +222,11 @@ pub(crate) async fn follow(
             _ => Kept::Copy(Box::new(Retained::of(&request, policy))),
         };
         let key = request.headers().get(key_header).cloned();
-        if let Some(budget) = budget {
+        // The first hop carries the attempt's whole timeout, as the engine set it; a later hop
+        // gets what the hops before it left.
+        if let Some(budget) = budget
+            && !chain.hops.is_empty()
+        {
             let spent = settings.clock.now().saturating_duration_since(started);
             let left = budget.saturating_sub(spent);
             if left == Duration::ZERO {

@@ -210,11 +210,13 @@ pub(crate) fn same_origin(a: &Url, b: &Url) -> bool {
 /// Whether two URLs name the same request target on the same origin. The fragment is never
 /// sent and reqwest moves user info into `Authorization`, so neither counts.
 pub(super) fn same_target(a: &Url, b: &Url) -> bool {
-    a.scheme() == b.scheme()
-        && a.host_str() == b.host_str()
-        && a.port_or_known_default() == b.port_or_known_default()
-        && a.path() == b.path()
-        && a.query() == b.query()
+    // Equal serializations (the common case: the response's URL is the request's) first.
+    a == b
+        || (a.scheme() == b.scheme()
+            && a.host_str() == b.host_str()
+            && a.port_or_known_default() == b.port_or_known_default()
+            && a.path() == b.path()
+            && a.query() == b.query())
 }
 
 /// The target of a redirect: `Location` resolved against the URL that answered (RFC 9110
