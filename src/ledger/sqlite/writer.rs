@@ -3,10 +3,10 @@
 //!
 //! Every write is a closure sent down a channel with the sender of its own reply. The thread
 //! takes the first write waiting, then every other one already queued (at most
-//! [`MAX_BATCH`]), runs them in order inside one transaction, and commits. Each caller is answered with its own result once the batch is durable:
-//! in WAL mode once this thread [synced the log](super::sync) after the commit, otherwise at
-//! the commit. A write that arrives while a batch runs or its log syncs goes into the next
-//! batch.
+//! [`MAX_BATCH`]), runs them in order inside one transaction, and commits. Each caller is
+//! answered with its own result once the batch is durable: in WAL mode once this thread
+//! [synced the log](super::sync) after the commit, otherwise at the commit. A write that
+//! arrives while a batch runs or its log syncs goes into the next batch.
 //!
 //! **The rule for writes:** a write changes the file with at most one statement, and nothing
 //! in it can fail once that statement succeeded. SQLite undoes a failed statement by itself,
@@ -14,11 +14,12 @@
 //! and their answers, with no savepoint around each write (a savepoint would copy every page
 //! a write touches into a sub-journal, for nothing). A write that breaks the rule (it failed
 //! after a change: the connection's change count moved) cannot be undone alone, so its whole
-//! batch is rolled back and told so. A failure that ends the whole transaction (SQLite rolls it back by itself
-//! on a full disk or an I/O error, or the `COMMIT` fails) is told to every caller whose write
-//! was in it, so no caller hears of a write the file does not hold. Work that cannot run
-//! inside a batch (the migration, which runs transactions of its own; a connection setting)
-//! runs alone, between batches, and is answered the same way once durable.
+//! batch is rolled back and told so. A failure that ends the whole transaction (SQLite rolls
+//! it back by itself on a full disk or an I/O error, or the `COMMIT` fails) is told to every
+//! caller whose write was in it, so no caller hears of a write the file does not hold. Work
+//! that cannot run inside a batch (the migration, which runs transactions of its own; a
+//! connection setting) runs alone, between batches, and is answered the same way once
+//! durable.
 //!
 //! The thread ends when every sender is gone (the last [`SqliteLedger`](super::SqliteLedger)
 //! clone dropped) and the writes still queued are done and answered. If it dies (a panic), the
@@ -336,6 +337,17 @@ impl Batcher {
         }
     }
 
+    /// Rolls back a transaction a write left half applied, telling the others in it that
+    /// they were not recorded.
+    fn abandon_broken(&self, done: Vec<Box<dyn Answer>>) {
+        if let Err(err) = self.execute(ROLLBACK) {
+            // The changes stay uncommitted: the next BEGIN fails on the open transaction and
+            // says so to its writes.
+            return self.abandon(done, &Arc::new(err));
+        }
+        rolled_back(done);
+    }
+
     /// Rolls back the open transaction and tells every write in it that it was not recorded.
     fn abandon(&self, done: Vec<Box<dyn Answer>>, err: &Arc<rusqlite::Error>) {
         if !self.conn.is_autocommit() {
@@ -346,19 +358,6 @@ impl Batcher {
         for answer in done {
             answer.fail(shared(err, "cannot commit the write"));
         }
-    }
-}
-
-impl Batcher {
-    /// Rolls back a transaction a write left half applied, telling the others in it that
-    /// they were not recorded.
-    fn abandon_broken(&self, done: Vec<Box<dyn Answer>>) {
-        if let Err(err) = self.execute(ROLLBACK) {
-            // The changes stay uncommitted: the next BEGIN fails on the open transaction and
-            // says so to its writes.
-            return self.abandon(done, &Arc::new(err));
-        }
-        rolled_back(done);
     }
 }
 
