@@ -421,6 +421,41 @@ async fn a_new_database_is_at_schema_version_2_and_migrating_again_changes_nothi
     assert_eq!(other.schema_version().await.expect("version"), 2);
 }
 
+/// A claim made at a time finer than a millisecond returns the row as the database keeps it:
+/// what a later read gives, new row or take-over, times and all.
+#[tokio::test]
+async fn a_claim_returns_its_row_as_stored_to_the_millisecond() {
+    let Some(base) = base_url() else { return };
+    let url = fresh_database(&base).await;
+    let ledger = PostgresLedger::connect(&url).await.expect("connect");
+    ledger.migrate().await.expect("migrate");
+    let now = std::time::SystemTime::UNIX_EPOCH + Duration::new(1_704_067_200, 123_456_789);
+    let claim = |owner: &str, at: std::time::SystemTime| {
+        idempotent_retry::Claim::builder("fine", "f", owner, at, at + Duration::new(60, 987_654))
+            .expires_at(at + Duration::new(3600, 555_555))
+            .request("POST", "https://api.example/v1/charges")
+            .build()
+            .expect("valid claim")
+    };
+    let new = match ledger.claim(&claim("run-a", now)).await.expect("claim") {
+        idempotent_retry::Claimed::New(record) => record,
+        other => panic!("a new row: {other:?}"),
+    };
+    let stored = ledger.get("fine").await.expect("read").expect("row");
+    assert_eq!(new, stored, "the new row as a read gives it");
+    assert_eq!(
+        new.first_attempt_at,
+        std::time::SystemTime::UNIX_EPOCH + Duration::from_millis(1_704_067_200_123)
+    );
+    let later = now + Duration::from_secs(120);
+    let taken = match ledger.claim(&claim("run-b", later)).await.expect("claim") {
+        idempotent_retry::Claimed::TakenOver { record, .. } => record,
+        other => panic!("a take-over of the lapsed lease: {other:?}"),
+    };
+    let stored = ledger.get("fine").await.expect("read").expect("row");
+    assert_eq!(taken, stored, "the taken-over row as a read gives it");
+}
+
 /// A client that sends once per run, on `ledger` and the shared virtual timeline.
 fn one_attempt_client(ledger: impl Ledger, time: &VirtualTime) -> Client {
     Client::builder()

@@ -598,6 +598,41 @@ mod tests {
         .expect("valid claim")
     }
 
+    /// A claim made at a time finer than a millisecond returns the row as the file keeps it:
+    /// what a later read gives, new row or take-over, times and all.
+    #[tokio::test]
+    async fn a_claim_returns_its_row_as_stored_to_the_millisecond() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ledger = SqliteLedger::open(dir.path().join("fine.db"))
+            .await
+            .expect("open");
+        let now = SystemTime::UNIX_EPOCH + Duration::new(1_704_067_200, 123_456_789);
+        let claim = |owner: &str, at: SystemTime| {
+            Claim::builder("fine", "f", owner, at, at + Duration::new(60, 987_654))
+                .expires_at(at + Duration::new(3600, 555_555))
+                .request("POST", "https://api.example/v1/charges")
+                .build()
+                .expect("valid claim")
+        };
+        let Claimed::New(new) = ledger.claim(&claim("run-a", now)).await.expect("claim") else {
+            panic!("a new row");
+        };
+        let stored = ledger.get("fine").await.expect("read").expect("row");
+        assert_eq!(new, stored, "the new row as a read gives it");
+        assert_eq!(
+            new.first_attempt_at,
+            SystemTime::UNIX_EPOCH + Duration::from_millis(1_704_067_200_123)
+        );
+        let later = now + Duration::from_secs(120);
+        let Claimed::TakenOver { record, .. } =
+            ledger.claim(&claim("run-b", later)).await.expect("claim")
+        else {
+            panic!("a take-over of the lapsed lease");
+        };
+        let stored = ledger.get("fine").await.expect("read").expect("row");
+        assert_eq!(record, stored, "the taken-over row as a read gives it");
+    }
+
     /// The keys with a row, read with a connection of the test's own.
     fn rows(path: &Path) -> Vec<String> {
         let conn = Connection::open(path).expect("open");
