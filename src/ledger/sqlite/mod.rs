@@ -754,6 +754,66 @@ mod tests {
         assert!(matches!(claimed, Claimed::New(_)), "{claimed:?}");
     }
 
+    /// Group commit: the claims that queue while the writer waits for the disk share the next
+    /// transaction and the next sync, and none of them is answered before that sync.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn claims_queued_during_a_sync_share_the_next_one() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("grouped.db");
+        let (entered, inside) = std::sync::mpsc::channel::<usize>();
+        let (gate, held) = std::sync::mpsc::channel::<()>();
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut syncs = 0;
+        let ledger = with_sync_hook(&path, Arc::clone(&armed), move |covered| {
+            syncs += 1;
+            let _ = entered.send(covered);
+            if syncs == 1 {
+                let _ = held.recv();
+            }
+            Ok(())
+        })
+        .await;
+        armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        let first = tokio::spawn({
+            let ledger = ledger.clone();
+            async move { ledger.claim(&claim_of("first")).await }
+        });
+        let inside = tokio::task::spawn_blocking(move || {
+            let covered = inside
+                .recv_timeout(Duration::from_secs(10))
+                .expect("the first claim's sync");
+            assert_eq!(covered, 1);
+            inside
+        })
+        .await
+        .expect("task");
+        // Queued while the writer waits in the held sync: each polled once, which sends it.
+        let claims = ["b", "c", "d"].map(claim_of);
+        let mut waiting = Vec::new();
+        for claim in &claims {
+            let mut claimed = ledger.claim(claim);
+            std::future::poll_fn(|cx| {
+                assert!(
+                    claimed.as_mut().poll(cx).is_pending(),
+                    "answered while queued"
+                );
+                std::task::Poll::Ready(())
+            })
+            .await;
+            waiting.push(claimed);
+        }
+        gate.send(()).expect("release the first sync");
+        assert!(matches!(first.await.expect("task"), Ok(Claimed::New(_))));
+        for claimed in waiting {
+            assert!(matches!(claimed.await, Ok(Claimed::New(_))));
+        }
+        assert_eq!(
+            inside.recv().expect("the second sync"),
+            3,
+            "one sync for the three claims queued during the first"
+        );
+    }
+
     /// A failed sync is final: the batch it covered is told its write may not be recorded,
     /// every later write is refused with the reason, and reads still answer.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
