@@ -14,7 +14,8 @@
 //!
 //! The sync runs on the writer's own thread, not beside it: a second thread would let the
 //! writer commit smaller transactions while the disk flushes, each paying its own pages, file
-//! locks and thread wake-ups, for no earlier answer (every answer waits for a sync anyway).
+//! locks and thread wake-ups, to answer sooner only by a transaction's own time (every answer
+//! waits for a sync either way).
 //!
 //! A failed sync leaves the log's state on the disk unknown (the kernel may have dropped the
 //! pages it could not write), so it is final: the writes it covered are told they may not have
