@@ -693,6 +693,40 @@ mod tests {
         assert_eq!(row.lease_owner.as_deref(), Some("run-first"));
     }
 
+    /// A hook for the writer's commits or syncs: it says each call's count on the returned
+    /// receiver, and holds the first call until the returned sender is sent to.
+    pub(super) fn hold_first() -> (
+        impl FnMut(usize) + Send + 'static,
+        std::sync::mpsc::Receiver<usize>,
+        std::sync::mpsc::Sender<()>,
+    ) {
+        let (entered, inside) = std::sync::mpsc::channel::<usize>();
+        let (gate, held) = std::sync::mpsc::channel::<()>();
+        let mut calls = 0;
+        let hook = move |count| {
+            calls += 1;
+            let _ = entered.send(count);
+            if calls == 1 {
+                let _ = held.recv();
+            }
+        };
+        (hook, inside, gate)
+    }
+
+    /// `write` polled once, which queues it behind a held batch or sync, to be awaited later.
+    pub(super) async fn queued<F: Future>(write: F) -> std::pin::Pin<Box<F>> {
+        let mut write = Box::pin(write);
+        std::future::poll_fn(|cx| {
+            assert!(
+                write.as_mut().poll(cx).is_pending(),
+                "answered while queued"
+            );
+            std::task::Poll::Ready(())
+        })
+        .await;
+        write
+    }
+
     /// Opens a ledger whose writer runs `hook` before each sync, once `armed` is set (the
     /// migration's own sync at open passes untouched).
     async fn with_sync_hook(
@@ -760,16 +794,10 @@ mod tests {
     async fn claims_queued_during_a_sync_share_the_next_one() {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("grouped.db");
-        let (entered, inside) = std::sync::mpsc::channel::<usize>();
-        let (gate, held) = std::sync::mpsc::channel::<()>();
+        let (mut hook, inside, gate) = hold_first();
         let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let mut syncs = 0;
         let ledger = with_sync_hook(&path, Arc::clone(&armed), move |covered| {
-            syncs += 1;
-            let _ = entered.send(covered);
-            if syncs == 1 {
-                let _ = held.recv();
-            }
+            hook(covered);
             Ok(())
         })
         .await;
@@ -791,16 +819,7 @@ mod tests {
         let claims = ["b", "c", "d"].map(claim_of);
         let mut waiting = Vec::new();
         for claim in &claims {
-            let mut claimed = ledger.claim(claim);
-            std::future::poll_fn(|cx| {
-                assert!(
-                    claimed.as_mut().poll(cx).is_pending(),
-                    "answered while queued"
-                );
-                std::task::Poll::Ready(())
-            })
-            .await;
-            waiting.push(claimed);
+            waiting.push(queued(ledger.claim(claim)).await);
         }
         gate.send(()).expect("release the first sync");
         assert!(matches!(first.await.expect("task"), Ok(Claimed::New(_))));
@@ -855,20 +874,9 @@ mod tests {
     async fn a_dropped_caller_leaves_its_batch_whole() {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("dropped.db");
-        let (entered, inside) = std::sync::mpsc::channel::<usize>();
-        let (gate, held) = std::sync::mpsc::channel::<()>();
-        let mut batches = 0;
+        let (hook, inside, gate) = hold_first();
         let ledger = SqliteLedger::open_with(&path, |conn| {
-            writer::Writer::spawn_with(
-                conn,
-                Box::new(move |writes| {
-                    batches += 1;
-                    let _ = entered.send(writes);
-                    if batches == 1 {
-                        let _ = held.recv();
-                    }
-                }),
-            )
+            writer::Writer::spawn_with(conn, Box::new(hook))
         })
         .await
         .expect("open");

@@ -378,6 +378,7 @@ fn shared(err: &Arc<rusqlite::Error>, what: &str) -> LedgerError {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::{hold_first, queued};
     use super::*;
 
     fn connection(path: &std::path::Path) -> Connection {
@@ -408,28 +409,17 @@ mod tests {
             .expect("keys")
     }
 
-    /// A failing write rolls back to its own savepoint; the writes beside it in the same
-    /// batch still commit and hear of their own success.
+    /// A failing write changes nothing (SQLite undoes its statement); the writes beside it in
+    /// the same batch still commit and hear of their own success.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failing_write_fails_alone_in_its_batch() {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("w.db");
-        let (entered, inside) = std::sync::mpsc::channel::<usize>();
-        let (gate, held) = std::sync::mpsc::channel::<()>();
-        let mut batches = 0;
-        let (writer, thread) = Writer::spawn_with(
-            connection(&path),
-            Box::new(move |writes| {
-                // Says how many writes each batch holds, and holds the first one open until
-                // the others are queued behind it.
-                batches += 1;
-                let _ = entered.send(writes);
-                if batches == 1 {
-                    let _ = held.recv();
-                }
-            }),
-        )
-        .expect("spawn");
+        // Says how many writes each batch holds, and holds the first one open until the
+        // others are queued behind it.
+        let (hook, inside, gate) = hold_first();
+        let (writer, thread) =
+            Writer::spawn_with(connection(&path), Box::new(hook)).expect("spawn");
         let writer = Arc::new(writer);
         let write = |key| {
             let writer = Arc::clone(&writer);
@@ -472,20 +462,9 @@ mod tests {
     async fn a_write_that_fails_after_a_change_rolls_its_batch_back() {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("w.db");
-        let (entered, inside) = std::sync::mpsc::channel::<usize>();
-        let (gate, held) = std::sync::mpsc::channel::<()>();
-        let mut batches = 0;
-        let (writer, thread) = Writer::spawn_with(
-            connection(&path),
-            Box::new(move |writes| {
-                batches += 1;
-                let _ = entered.send(writes);
-                if batches == 1 {
-                    let _ = held.recv();
-                }
-            }),
-        )
-        .expect("spawn");
+        let (hook, inside, gate) = hold_first();
+        let (writer, thread) =
+            Writer::spawn_with(connection(&path), Box::new(hook)).expect("spawn");
         let writer = Arc::new(writer);
         let write = |key| {
             let writer = Arc::clone(&writer);
@@ -530,20 +509,6 @@ mod tests {
         assert_eq!(keys(&path), ["after", "opener"]);
         drop(writer);
         thread.join().expect("the thread ends without a panic");
-    }
-
-    /// `write` polled once (which queues it), to be awaited later.
-    async fn queued<F: Future>(write: F) -> std::pin::Pin<Box<F>> {
-        let mut write = Box::pin(write);
-        std::future::poll_fn(|cx| {
-            assert!(
-                write.as_mut().poll(cx).is_pending(),
-                "answered while queued"
-            );
-            std::task::Poll::Ready(())
-        })
-        .await;
-        write
     }
 
     /// Once the sender is dropped, the thread finishes what is queued and exits.
