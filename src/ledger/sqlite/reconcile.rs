@@ -6,9 +6,9 @@ use std::sync::LazyLock;
 
 use rusqlite::{Connection, params, params_from_iter};
 
-use super::statements::{held, read_row, select};
+use super::statements::{held, lease_row, read_row, select};
 use super::storage;
-use crate::ledger::sql::{Dialect, Param, RawRow, TABLE, as_stored, list_query, response_columns};
+use crate::ledger::sql::{Dialect, Param, RawRow, TABLE, list_query, response_columns};
 use crate::ledger::{
     Claimed, LedgerError, ListFilter, OperationRecord, ReconcileClaim, Resolve, to_millis,
 };
@@ -47,21 +47,15 @@ pub(super) fn claim_unresolved(
         return Ok(Some(Claimed::Existing(record)));
     }
     let previous = claim.hold(&mut record);
-    let changed = conn
-        .prepare_cached(&HOLD)
-        .and_then(|mut statement| {
-            statement.execute(params![
-                claim.key,
-                claim.owner,
-                to_millis(claim.lease_until)
-            ])
-        })
-        .map_err(|err| storage(err, "cannot hold the operation to reconcile it"))?;
-    debug_assert_eq!(changed, 1, "the row read under the write lock is there");
-    Ok(Some(Claimed::TakenOver {
-        record: as_stored(record),
-        previous,
-    }))
+    let record = lease_row(
+        conn,
+        &HOLD,
+        record,
+        &claim.owner,
+        claim.lease_until,
+        "cannot hold the operation to reconcile it",
+    )?;
+    Ok(Some(Claimed::TakenOver { record, previous }))
 }
 
 pub(super) fn resolve(conn: &Connection, resolve: &Resolve) -> Result<(), LedgerError> {

@@ -132,21 +132,34 @@ pub(super) fn claim(conn: &Connection, claim: &Claim) -> Result<Claimed, LedgerE
         return Ok(Claimed::Existing(record));
     }
     let previous = claim.take_over(&mut record);
+    let record = lease_row(
+        conn,
+        &TAKE_OVER,
+        record,
+        &claim.owner,
+        claim.lease_until,
+        "cannot take the operation over",
+    )?;
+    Ok(Claimed::TakenOver { record, previous })
+}
+
+/// Puts `record`, read under the writer's lock and already changed by the caller, in flight
+/// under `owner`'s lease until `until` with `sql` (parameters: key, owner, lease end): the
+/// take-over of a claim and the hold of a reconciler. Returns the record as the file keeps it.
+pub(super) fn lease_row(
+    conn: &Connection,
+    sql: &str,
+    record: OperationRecord,
+    owner: &str,
+    until: SystemTime,
+    what: &str,
+) -> Result<OperationRecord, LedgerError> {
     let changed = conn
-        .prepare_cached(&TAKE_OVER)
-        .and_then(|mut statement| {
-            statement.execute(params![
-                claim.key,
-                claim.owner,
-                to_millis(claim.lease_until)
-            ])
-        })
-        .map_err(|err| storage(err, "cannot take the operation over"))?;
+        .prepare_cached(sql)
+        .and_then(|mut statement| statement.execute(params![record.key, owner, to_millis(until)]))
+        .map_err(|err| storage(err, what))?;
     debug_assert_eq!(changed, 1, "the row read under the write lock is there");
-    Ok(Claimed::TakenOver {
-        record: as_stored(record),
-        previous,
-    })
+    Ok(as_stored(record))
 }
 
 /// One more attempt, if the update's owner holds the lease.
