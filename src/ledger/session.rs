@@ -3,6 +3,7 @@
 //! (through [`RetryResponse`]), so every front end gets the same claim and the same replay;
 //! the engine (`engine/mod.rs`) calls these stages, this file never calls the engine.
 
+use std::any::TypeId;
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
@@ -107,7 +108,7 @@ pub(crate) async fn claim<R: RetryResponse>(
     let url = fingerprint.url().map(without_credentials);
     let options = &handle.options;
     let retention = options.retention_for(&scope).max(window.saturating_mul(2));
-    let owner = format!("{}/{}", options.worker, IdempotencyKey::random());
+    let owner = [options.worker.as_str(), IdempotencyKey::random().as_str()].join("/");
     // A run of this key abandoned in this process a moment ago may still be giving its lease
     // back: let it, so this run finds the row free.
     super::release::settled(key.as_str()).await;
@@ -352,6 +353,9 @@ async fn release_unused_claim(ledger: &dyn Ledger, claim: &Claim, claimed: &Clai
 
 /// The URL as a row records it: without a user name or password.
 fn without_credentials(url: &reqwest::Url) -> String {
+    if url.username().is_empty() && url.password().is_none() {
+        return url.as_str().to_owned();
+    }
     let mut url = url.clone();
     // Only URLs that cannot have credentials refuse these, and they have none to remove.
     let _ = url.set_username("");
@@ -426,8 +430,26 @@ fn replay<R: RetryResponse>(
 
 /// Whether the front end's response type can be rebuilt from a saved response, so a run may
 /// claim an operation whose success it must later be able to replay.
+///
+/// A property of the type, asked of it once per thread: building a response to find out
+/// (reqwest's parses a placeholder URL) would cost every keyed operation as much as its
+/// claim's own bookkeeping.
 pub(crate) fn can_replay<R: RetryResponse>() -> bool {
-    R::from_saved(http::Response::new(Bytes::new())).is_some()
+    thread_local! {
+        /// The answers so far, by response type: one entry per front end in use.
+        static KNOWN: std::cell::RefCell<Vec<(TypeId, bool)>> = const {
+            std::cell::RefCell::new(Vec::new())
+        };
+    }
+    let id = TypeId::of::<R>();
+    KNOWN.with(|known| {
+        if let Some(&(_, answer)) = known.borrow().iter().find(|(of, _)| *of == id) {
+            return answer;
+        }
+        let answer = R::from_saved(http::Response::new(Bytes::new())).is_some();
+        known.borrow_mut().push((id, answer));
+        answer
+    })
 }
 
 impl LedgerRun {
@@ -662,12 +684,26 @@ mod tests {
 
     #[test]
     fn a_recorded_url_keeps_everything_but_the_credentials() {
-        let url =
-            reqwest::Url::parse("https://alice:s3cret@api.example.com:8443/v1/charges?order=17")
-                .expect("a URL");
-        assert_eq!(
-            without_credentials(&url),
-            "https://api.example.com:8443/v1/charges?order=17"
-        );
+        for (sent, recorded) in [
+            (
+                "https://alice:s3cret@api.example.com:8443/v1/charges?order=17",
+                "https://api.example.com:8443/v1/charges?order=17",
+            ),
+            (
+                "https://:s3cret@api.example.com/v1/charges",
+                "https://api.example.com/v1/charges",
+            ),
+            (
+                "https://alice@api.example.com/v1/charges",
+                "https://api.example.com/v1/charges",
+            ),
+            (
+                "https://api.example.com/v1/charges#receipt",
+                "https://api.example.com/v1/charges#receipt",
+            ),
+        ] {
+            let url = reqwest::Url::parse(sent).expect("a URL");
+            assert_eq!(without_credentials(&url), recorded, "{sent}");
+        }
     }
 }
