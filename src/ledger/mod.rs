@@ -465,20 +465,26 @@ impl Claim {
     /// The row this claim inserts for a key that has none: in flight under its lease, no
     /// attempt yet.
     pub(crate) fn new_row(&self) -> OperationRecord {
+        self.clone().into_new_row()
+    }
+
+    /// [`new_row`](Self::new_row), from a claim its ledger owns: the strings move into the
+    /// row instead of being copied.
+    pub(crate) fn into_new_row(self) -> OperationRecord {
         OperationRecord {
-            key: self.key.clone(),
-            scope: self.scope.clone(),
-            fingerprint: self.fingerprint.clone(),
+            key: self.key,
+            scope: self.scope,
+            fingerprint: self.fingerprint,
             status: OperationStatus::InFlight,
             attempts: 0,
             first_attempt_at: self.now,
             last_attempt_at: None,
-            lease_owner: Some(self.owner.clone()),
+            lease_owner: Some(self.owner),
             lease_expires_at: Some(self.lease_until),
             response: None,
             expires_at: self.expires_at,
-            method: self.method.clone(),
-            url: self.url.clone(),
+            method: self.method,
+            url: self.url,
             resolution: None,
         }
     }

@@ -321,7 +321,7 @@ impl Ledger for SqliteLedger {
         Box::pin(
             self.inner
                 .writer
-                .batched(move |conn| statements::claim(conn, &claim)),
+                .batched(move |conn| statements::claim(conn, claim)),
         )
     }
 

@@ -105,7 +105,7 @@ pub(super) fn select(conn: &Connection, key: &str) -> Result<Option<OperationRec
 /// At most one statement changes the file, and nothing can fail after it: the record
 /// returned is the one the statement wrote, built here rather than read back (see the
 /// [writer](super::writer)'s rule for writes).
-pub(super) fn claim(conn: &Connection, claim: &Claim) -> Result<Claimed, LedgerError> {
+pub(super) fn claim(conn: &Connection, claim: Claim) -> Result<Claimed, LedgerError> {
     let inserted = conn
         .prepare_cached(&INSERT)
         .and_then(|mut statement| {
@@ -123,7 +123,7 @@ pub(super) fn claim(conn: &Connection, claim: &Claim) -> Result<Claimed, LedgerE
         })
         .map_err(|err| storage(err, "cannot claim the operation"))?;
     if inserted == 1 {
-        return Ok(Claimed::New(as_stored(claim.new_row())));
+        return Ok(Claimed::New(as_stored(claim.into_new_row())));
     }
     let mut record = select(conn, &claim.key)?.ok_or_else(|| {
         LedgerError::unavailable(format!("operation {} vanished during its claim", claim.key))
