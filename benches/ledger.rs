@@ -8,7 +8,9 @@
 //! the rounds, and its ratio to no ledger is taken within each round before the median. Beside
 //! the rates, the CPU time each operation took (this process's threads, and the local
 //! PostgreSQL server's processes, read from `/proc`) is the figure that the machine's load
-//! moves least.
+//! moves least; a second table splits this process's share by thread: the main thread (which
+//! polls every operation's future), the runtime's workers (the client's connections and the
+//! server) and the rest (the SQLite ledger's writer).
 //!
 //! Run: `cargo bench --all-features --bench ledger` (about a minute). The PostgreSQL contender
 //! runs when `IDEMPOTENT_RETRY_PG_URL` is set (`source .ci/postgres.sh && start_postgres`
@@ -305,46 +307,83 @@ struct Cell {
     rates: Vec<f64>,
     /// Its rate over no ledger's in the same round, one per round.
     ratios: Vec<f64>,
-    /// CPU time per operation, one per round: (this process, the PostgreSQL server's).
-    cpu: Vec<(f64, f64)>,
+    /// CPU time per operation, one per round: this process's, by [`Part`], then the
+    /// PostgreSQL server's.
+    cpu: Vec<([f64; PARTS], f64)>,
 }
 
-/// CPU time used so far, in nanoseconds: by this process's threads, and by the local
-/// PostgreSQL server's processes. Read from `/proc` (Linux; zero elsewhere), which counts
-/// what the scheduler ran, whatever else the machine does: steadier than a rate on a busy
-/// machine.
+/// The threads of this process, grouped by what they run.
+const PARTS: usize = 3;
+
+/// Names of the [`PARTS`], in the order [`part_of`] numbers them.
+const PART_NAMES: [&str; PARTS] = [
+    "main thread (the operations' futures)",
+    "runtime workers (connections, server)",
+    "ledger writer and the rest",
+];
+
+/// Which part thread `tid` of process `pid`, named `comm`, belongs to.
+fn part_of(pid: &str, tid: &str, comm: &str) -> usize {
+    if tid == pid {
+        0
+    } else if comm.starts_with("tokio-") {
+        1
+    } else {
+        2
+    }
+}
+
+/// CPU time used so far, in nanoseconds: by this process's threads (by part), and by the
+/// local PostgreSQL server's processes. Read from `/proc` (Linux; zero elsewhere), which
+/// counts what the scheduler ran, whatever else the machine does: steadier than a rate on a
+/// busy machine.
 struct CpuTime {
-    process: u64,
+    parts: [u64; PARTS],
     server: u64,
 }
 
 impl CpuTime {
     fn now() -> CpuTime {
+        let pid = std::process::id().to_string();
+        let mut parts = [0; PARTS];
+        for task in std::fs::read_dir("/proc/self/task").into_iter().flatten() {
+            let Ok(task) = task else { continue };
+            let tid = task.file_name().to_string_lossy().into_owned();
+            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            parts[part_of(&pid, &tid, comm.trim_end())] += ran(&task.path());
+        }
         CpuTime {
-            process: sum_schedstat(std::fs::read_dir("/proc/self/task").ok()),
+            parts,
             server: postgres_processes()
                 .map(|pid| sum_schedstat(std::fs::read_dir(format!("/proc/{pid}/task")).ok()))
                 .sum(),
         }
     }
 
-    /// Microseconds per operation since `before`: (this process, the server).
-    fn per_operation_since(&self, before: &CpuTime, operations: u64) -> (f64, f64) {
+    /// Microseconds per operation since `before`: (this process by part, the server).
+    fn per_operation_since(&self, before: &CpuTime, operations: u64) -> ([f64; PARTS], f64) {
         let per = |now: u64, then: u64| now.saturating_sub(then) as f64 / 1e3 / operations as f64;
         (
-            per(self.process, before.process),
+            std::array::from_fn(|i| per(self.parts[i], before.parts[i])),
             per(self.server, before.server),
         )
     }
 }
 
-/// The first field of each thread's `schedstat`: nanoseconds it ran on a CPU.
+/// The first field of a thread's `schedstat`: nanoseconds it ran on a CPU.
+fn ran(task: &Path) -> u64 {
+    std::fs::read_to_string(task.join("schedstat"))
+        .ok()
+        .and_then(|line| line.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// What the threads in `tasks` ran, in nanoseconds.
 fn sum_schedstat(tasks: Option<std::fs::ReadDir>) -> u64 {
     tasks
         .into_iter()
         .flatten()
-        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok())
-        .filter_map(|line| line.split_whitespace().next()?.parse::<u64>().ok())
+        .filter_map(|task| Some(ran(&task.ok()?.path())))
         .sum()
 }
 
@@ -431,7 +470,7 @@ fn main() {
         let (mut rates, mut ratios) = (cell.rates.clone(), cell.ratios.clone());
         let rate = median(&mut rates);
         let ratio = median(&mut ratios);
-        let mut process: Vec<f64> = cell.cpu.iter().map(|c| c.0).collect();
+        let mut process: Vec<f64> = cell.cpu.iter().map(|c| c.0.iter().sum()).collect();
         let mut server: Vec<f64> = cell.cpu.iter().map(|c| c.1).collect();
         println!(
             "| {} | {} | {:.0} | {:.0}..{:.0} | {:.3} | {:.3}..{:.3} | {:.1} | {:.1} |",
@@ -445,6 +484,29 @@ fn main() {
             ratios[ratios.len() - 1],
             median(&mut process),
             median(&mut server),
+        );
+    }
+    println!(
+        "\nCPU µs per operation by thread (median of {} rounds):\n",
+        options.rounds
+    );
+    println!(
+        "| in flight | ledger | {} |\n|---:|---|{}",
+        PART_NAMES.join(" | "),
+        "---:|".repeat(PARTS)
+    );
+    for cell in &cells {
+        let parts: Vec<String> = (0..PARTS)
+            .map(|i| {
+                let mut part: Vec<f64> = cell.cpu.iter().map(|c| c.0[i]).collect();
+                format!("{:.1}", median(&mut part))
+            })
+            .collect();
+        println!(
+            "| {} | {} | {} |",
+            cell.concurrency,
+            cell.name,
+            parts.join(" | ")
         );
     }
     if let Some(path) = &options.svg {
