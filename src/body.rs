@@ -23,7 +23,8 @@ pub(crate) enum Capped<B> {
     Over(Prefixed<B>),
 }
 
-/// Reads `body` until it ends or holds more than `cap` bytes.
+/// Reads `body` until it ends or holds more than `cap` bytes. A body that comes in one frame
+/// (most small responses) is kept as that frame's bytes, not copied.
 ///
 /// # Errors
 ///
@@ -32,20 +33,62 @@ pub(crate) async fn read_capped<B>(mut body: B, cap: usize) -> Result<Capped<B>,
 where
     B: Body<Data = Bytes> + Unpin,
 {
-    let mut read = Vec::new();
+    let mut read = Read::Nothing;
     loop {
         let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
         let Some(frame) = frame.transpose()? else {
-            return Ok(Capped::Whole(Bytes::from(read)));
+            return Ok(Capped::Whole(read.into_bytes()));
         };
         // Trailers are not saved (a whole-body read drops them too).
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        read.extend_from_slice(&data);
+        read.push(data);
         if read.len() > cap {
-            let head = Some(Bytes::from(read));
+            let head = Some(read.into_bytes());
             return Ok(Capped::Over(Prefixed { head, rest: body }));
+        }
+    }
+}
+
+/// The bytes read so far: the first frame as it came, copied into one buffer only when a
+/// second one follows.
+enum Read {
+    Nothing,
+    One(Bytes),
+    Several(Vec<u8>),
+}
+
+impl Read {
+    fn push(&mut self, data: Bytes) {
+        *self = match std::mem::replace(self, Read::Nothing) {
+            Read::Nothing => Read::One(data),
+            Read::One(first) => {
+                let mut all = Vec::with_capacity(first.len() + data.len());
+                all.extend_from_slice(&first);
+                all.extend_from_slice(&data);
+                Read::Several(all)
+            }
+            Read::Several(mut all) => {
+                all.extend_from_slice(&data);
+                Read::Several(all)
+            }
+        };
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Read::Nothing => 0,
+            Read::One(bytes) => bytes.len(),
+            Read::Several(all) => all.len(),
+        }
+    }
+
+    fn into_bytes(self) -> Bytes {
+        match self {
+            Read::Nothing => Bytes::new(),
+            Read::One(bytes) => bytes,
+            Read::Several(all) => Bytes::from(all),
         }
     }
 }
@@ -139,6 +182,18 @@ mod tests {
         }
     }
 
+    /// A body of one frame is that frame's bytes, shared rather than copied.
+    #[tokio::test]
+    async fn a_body_of_one_frame_is_kept_without_a_copy() {
+        let frame = Bytes::from_static(b"the whole answer");
+        let body = http_body_util::Full::new(frame.clone());
+        let Capped::Whole(bytes) = read_capped(body, 100).await.expect("ok") else {
+            panic!("within the cap");
+        };
+        assert_eq!(bytes, frame);
+        assert_eq!(bytes.as_ptr(), frame.as_ptr(), "the same memory");
+    }
+
     #[tokio::test]
     async fn a_body_over_the_cap_stops_there_and_hands_back_every_byte() {
         let body = stream(&["ab", "cd", "ef", "gh"]);
@@ -146,6 +201,10 @@ mod tests {
             panic!("over the cap");
         };
         assert_eq!(collect(rest).await, b"abcdefgh");
+        let Capped::Over(rest) = read_capped(stream(&["abcd", "ef"]), 3).await.expect("ok") else {
+            panic!("over the cap in the first frame");
+        };
+        assert_eq!(collect(rest).await, b"abcdef");
         let Capped::Over(rest) = read_capped(stream(&["x"]), 0).await.expect("ok") else {
             panic!("over a zero cap");
         };

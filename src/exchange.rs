@@ -215,29 +215,24 @@ impl RetryResponse for reqwest::Response {
         Some(reqwest::Response::from(saved))
     }
 
-    async fn read_to_save(mut self, max: usize) -> Result<(Self, Option<Bytes>), BoxError> {
+    async fn read_to_save(self, max: usize) -> Result<(Self, Option<Bytes>), BoxError> {
         use reqwest::ResponseBuilderExt as _;
-        // The report and the redirect chain go back on the rebuilt response.
-        let extensions = std::mem::take(self.extensions_mut());
-        let status = self.status();
-        let version = self.version();
-        let headers = self.headers().clone();
+        // The URL is the one part the conversion to an `http::Response` drops; the status,
+        // headers and extensions (the report, the redirect chain) move across as they are.
         let url = self.url().clone();
-        let (body, saved) = match read_capped(reqwest::Body::from(self), max).await? {
+        let (parts, body) = http::Response::<reqwest::Body>::from(self).into_parts();
+        let (body, saved) = match read_capped(body, max).await? {
             Capped::Whole(bytes) => (reqwest::Body::from(bytes.clone()), Some(bytes)),
             Capped::Over(rest) => (reqwest::Body::wrap(rest), None),
         };
-        let mut builder = http::Response::builder()
-            .status(status)
-            .version(version)
-            .url(url);
-        if let Some(slot) = builder.headers_mut() {
-            *slot = headers;
-        }
-        let mut rebuilt = builder
+        let mut rebuilt = http::Response::builder()
+            .url(url)
             .body(body)
-            .expect("every part comes from a valid response");
-        rebuilt.extensions_mut().extend(extensions);
+            .expect("an empty builder with a URL is a valid response");
+        *rebuilt.status_mut() = parts.status;
+        *rebuilt.version_mut() = parts.version;
+        *rebuilt.headers_mut() = parts.headers;
+        rebuilt.extensions_mut().extend(parts.extensions);
         Ok((reqwest::Response::from(rebuilt), saved))
     }
 }

@@ -14,8 +14,8 @@ use std::sync::Mutex;
 use idempotent_retry::{
     AttemptUpdate, Claim, Claimed, Client, ErrorKind, FailureKind, Finish, IdempotencyKey,
     LeaseHeldPolicy, Ledger, LedgerError, LedgerErrorKind, LedgerFuture, LedgerOptions,
-    LedgerVerdict, MemoryLedger, OperationEvent, OperationRecord, OperationStatus, RedirectPolicy,
-    RetryPolicy, RetryReport,
+    LedgerVerdict, MemoryLedger, OperationEvent, OperationRecord, OperationStatus, RedirectChain,
+    RedirectPolicy, RetryPolicy, RetryReport,
 };
 use support::*;
 use tokio::sync::Semaphore;
@@ -1178,7 +1178,15 @@ async fn a_followed_redirect_saves_and_replays_the_final_answer() {
         .await
         .expect("the 307 is followed to the 201");
     assert_eq!(first.status(), 201);
+    // The response read for the ledger comes back whole: its URL, headers, report and chain.
     assert_eq!(first.url().path(), "/v2/charges");
+    assert_eq!(first.headers()["content-type"], "application/json");
+    assert_eq!(RetryReport::of(&first).expect("report").attempts(), 1);
+    assert_eq!(
+        RedirectChain::of(&first).hops().len(),
+        1,
+        "the 307 followed"
+    );
     assert_eq!(server.hits(), 2, "the request and its hop");
     assert_eq!(
         server.keys(),
