@@ -27,7 +27,6 @@
 //! call in it that error; none of its rows was written, unless the connection was lost after
 //! the server committed, which a single statement risks the same way.
 
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use deadpool_postgres::Pool;
@@ -200,29 +199,41 @@ async fn run(pool: &Pool, mut jobs: Vec<Job>, slot: tokio::sync::OwnedSemaphoreP
         return alone(pool, jobs.pop().expect("one job")).await;
     }
     let (mut inserts, mut finishes, mut again) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut inserting, mut finishing) = (HashSet::new(), HashSet::new());
     for job in jobs {
         match job {
-            Job::Insert(row, reply) if inserting.insert(row.key.clone()) => {
-                inserts.push((row, reply));
-            }
-            Job::Finish(outcome, reply) if finishing.insert(outcome.key.clone()) => {
-                finishes.push((outcome, reply));
-            }
-            repeated => again.push(repeated),
+            Job::Insert(row, reply) => inserts.push((row, reply)),
+            Job::Finish(outcome, reply) => finishes.push((outcome, reply)),
         }
     }
+    // In key order; the sort is stable, so a key's first call stays first and the calls after
+    // it leave the batch, to run alone once it is done.
     inserts.sort_by(|a, b| a.0.key.cmp(&b.0.key));
     finishes.sort_by(|a, b| a.0.key.cmp(&b.0.key));
+    let inserts = first_of_each(
+        inserts,
+        |(row, _)| &row.key,
+        &mut again,
+        |(row, reply)| Job::Insert(row, reply),
+    );
+    let finishes = first_of_each(
+        finishes,
+        |(outcome, _)| &outcome.key,
+        &mut again,
+        |(outcome, reply)| Job::Finish(outcome, reply),
+    );
     let together = together(pool, &inserts, &finishes).await;
     drop(slot);
     match together {
-        Ok((inserted, changed)) => {
+        Ok((mut inserted, mut changed)) => {
+            inserted.sort_unstable();
+            changed.sort_unstable();
+            let held =
+                |keys: &[String], key: &str| keys.binary_search_by(|k| k.as_str().cmp(key)).is_ok();
             for (row, reply) in inserts {
-                let _ = reply.send(Ok(inserted.contains(&row.key)));
+                let _ = reply.send(Ok(held(&inserted, &row.key)));
             }
             for (outcome, reply) in finishes {
-                let _ = reply.send(Ok(changed.contains(&outcome.key)));
+                let _ = reply.send(Ok(held(&changed, &outcome.key)));
             }
         }
         Err(Together::Waited) => {
@@ -260,6 +271,25 @@ async fn run(pool: &Pool, mut jobs: Vec<Job>, slot: tokio::sync::OwnedSemaphoreP
     }
 }
 
+/// The first call of each key of `calls`, which are in key order; the others go to `again`,
+/// in their order, as jobs made by `job`.
+fn first_of_each<T>(
+    calls: Vec<T>,
+    key: impl Fn(&T) -> &String,
+    again: &mut Vec<Job>,
+    job: impl Fn(T) -> Job,
+) -> Vec<T> {
+    let mut first: Vec<T> = Vec::with_capacity(calls.len());
+    for call in calls {
+        if first.last().is_some_and(|last| key(last) == key(&call)) {
+            again.push(job(call));
+        } else {
+            first.push(call);
+        }
+    }
+    first
+}
+
 /// Why a batch's transaction did not commit.
 enum Together {
     /// It waited for a row lock past the batch's lock timeout, or deadlocked.
@@ -281,7 +311,7 @@ async fn together(
     pool: &Pool,
     inserts: &[(NewRow, Reply<bool>)],
     finishes: &[(Outcome, Reply<bool>)],
-) -> Result<(HashSet<String>, HashSet<String>), Together> {
+) -> Result<(Vec<String>, Vec<String>), Together> {
     let client = pool.get().await.map_err(|err| {
         let err = Arc::new(err);
         Together::Failed(Box::new(move || {
@@ -361,7 +391,7 @@ async fn together(
     let keys = |rows: &[tokio_postgres::Row]| {
         rows.iter()
             .map(|row| row.try_get::<_, String>(0))
-            .collect::<Result<HashSet<_>, _>>()
+            .collect::<Result<Vec<_>, _>>()
             .map_err(failed)
     };
     Ok((keys(&inserted)?, keys(&changed)?))
