@@ -48,12 +48,14 @@ impl Transport<reqwest::Request> for ReqwestTransport<'_> {
         self.send_attempt(request, None, &mut wire).await
     }
 
-    async fn send_attempt(
+    /// The follow loop's future itself, not one more level of state around it (that level
+    /// would keep a second copy of the request).
+    fn send_attempt(
         &mut self,
         request: reqwest::Request,
         original: Option<&reqwest::Request>,
         wire: &mut WireTrace,
-    ) -> Result<reqwest::Response, SendError> {
+    ) -> impl Future<Output = Result<reqwest::Response, SendError>> + Send {
         let client = self.0;
         follow(
             &client.http,
@@ -63,6 +65,5 @@ impl Transport<reqwest::Request> for ReqwestTransport<'_> {
             original,
             wire,
         )
-        .await
     }
 }
