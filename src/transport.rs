@@ -42,6 +42,14 @@ pub(crate) trait Transport<Q: RetryRequest> {
         std::future::ready(Ok(()))
     }
 
+    /// A copy of the operation's request to send as one attempt, or `None` when its body
+    /// cannot be sent twice. The default is the request's own
+    /// [`try_clone`](RetryRequest::try_clone); a transport that knows a cheaper way to the same
+    /// copy (the reqwest one) makes it its way.
+    fn copy_for_attempt(&mut self, original: &Q) -> Option<Q> {
+        original.try_clone()
+    }
+
     /// Sends one attempt of the request.
     fn send(
         &mut self,

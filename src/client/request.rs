@@ -10,6 +10,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::Serialize;
 
 use super::carried::carry;
+use super::copy::Copies;
 #[cfg(feature = "multipart")]
 use super::multipart;
 use super::shared::ClientRef;
@@ -273,8 +274,9 @@ impl RequestBuilder {
     /// or break within that much is an [`ErrorKind::Transport`](crate::ErrorKind::Transport)
     /// error, outcome unknown; the rest of a longer body is the caller's, as above.
     pub async fn send(self) -> Result<reqwest::Response, Error> {
-        let (client, request, overrides) = self.into_parts()?;
-        execute(&client, request, overrides).await
+        let (client, mut request, overrides) = self.into_parts()?;
+        let copies = Copies::of_built(&mut request);
+        execute(&client, request, overrides, copies).await
     }
 
     /// Builds the `reqwest::Request`, carrying this builder's options for

@@ -139,7 +139,10 @@ impl<'s> Attempts<'s> {
                     )
                     .with_window(self.policy.reconcile_window()));
                 };
-                let mut attempt = match original.as_ref().and_then(RetryRequest::try_clone) {
+                let mut attempt = match original
+                    .as_ref()
+                    .and_then(|original| transport.copy_for_attempt(original))
+                {
                     Some(copy) => copy,
                     None => {
                         self.state.replayable = false;
