@@ -158,6 +158,16 @@ enum Kept<'o> {
 }
 
 impl Kept<'_> {
+    /// The key the hop sent, when `copied` (its own, looked up before it was sent) does not
+    /// have it: the operation's request carries the attempt's key, so on the first hop it is
+    /// looked up there, and only when a line is logged.
+    fn key(&self, copied: Option<&HeaderValue>, key_header: &HeaderName) -> Option<HeaderValue> {
+        match self {
+            Kept::Original { request, .. } => request.headers().get(key_header).cloned(),
+            Kept::Copy(_) => copied.cloned(),
+        }
+    }
+
     /// The URL the hop was sent to.
     fn url(&self) -> &Url {
         match self {
@@ -230,7 +240,10 @@ pub(crate) fn follow(
                 // Made before this hop consumes a streamed body.
                 _ => Kept::Copy(Box::new(Retained::of(&request, policy))),
             };
-            let key = request.headers().get(key_header).cloned();
+            let copied_key = match &kept {
+                Kept::Original { .. } => None,
+                Kept::Copy(_) => request.headers().get(key_header).cloned(),
+            };
             // The first hop carries the attempt's whole timeout, as the engine set it; a later hop
             // gets what the hops before it left.
             if let Some(budget) = budget
@@ -262,11 +275,15 @@ pub(crate) fn follow(
                 }
             };
             chain.inner_client_redirected |=
-                warn_if_inner_redirected(kept.url(), response.url(), key.as_ref());
+                warn_if_inner_redirected(kept.url(), response.url(), || {
+                    kept.key(copied_key.as_ref(), key_header)
+                });
+            let mut key = None;
             let step = if rewrite(response.status(), &Method::GET).is_none() {
                 // Not a redirect: the common case, decided without building anything.
                 Step::Final(None)
             } else {
+                key = kept.key(copied_key.as_ref(), key_header);
                 let first = chain
                     .hops
                     .first()
