@@ -2,6 +2,8 @@
 //! followed by the client's [`RedirectPolicy`](crate::RedirectPolicy) (`redirect/follow.rs`);
 //! and [`execute`], the one way a client's request enters the engine's pipeline.
 
+use tokio::time::Instant;
+
 use super::copy::Copies;
 use super::redirect::follow;
 use super::shared::ClientRef;
@@ -54,9 +56,11 @@ impl Transport<reqwest::Request> for ReqwestTransport<'_> {
         &mut self,
         mut request: reqwest::Request,
     ) -> Result<reqwest::Response, SendError> {
-        let mut wire = WireTrace::new(tracing::Span::current(), true, &self.client.settings.clock);
+        let clock = &self.client.settings.clock;
+        let mut wire = WireTrace::new(tracing::Span::current(), true, clock);
         wire.open(&mut request);
-        self.send_attempt(request, None, &mut wire).await
+        let started = clock.now();
+        self.send_attempt(request, None, started, &mut wire).await
     }
 
     /// The follow loop's future itself, not one more level of state around it (that level
@@ -65,6 +69,7 @@ impl Transport<reqwest::Request> for ReqwestTransport<'_> {
         &mut self,
         request: reqwest::Request,
         original: Option<&reqwest::Request>,
+        started: Instant,
         wire: &mut WireTrace,
     ) -> impl Future<Output = Result<reqwest::Response, SendError>> + Send {
         let client = self.client;
@@ -74,6 +79,7 @@ impl Transport<reqwest::Request> for ReqwestTransport<'_> {
             &client.settings,
             request,
             original,
+            started,
             wire,
         )
     }

@@ -168,10 +168,10 @@ impl<'s> Attempts<'s> {
                 wire.open(&mut attempt);
                 let sent = if enforced {
                     transport
-                        .send_attempt(attempt, original.as_ref(), &mut wire)
+                        .send_attempt(attempt, original.as_ref(), now, &mut wire)
                         .await
                 } else {
-                    let send = transport.send_attempt(attempt, original.as_ref(), &mut wire);
+                    let send = transport.send_attempt(attempt, original.as_ref(), now, &mut wire);
                     match tokio::time::timeout(budget, send).await {
                         Ok(sent) => sent,
                         Err(elapsed) => Err(SendError::Failed {
@@ -278,7 +278,7 @@ impl<'s> Attempts<'s> {
                 &self.state,
                 observed,
                 decided_at,
-                settings.clock.wall(),
+                || settings.clock.wall(),
                 &mut rand::rng(),
             ),
             Jitter::Seeded(rng) => {
@@ -291,7 +291,7 @@ impl<'s> Attempts<'s> {
                     &self.state,
                     observed,
                     decided_at,
-                    settings.clock.wall(),
+                    || settings.clock.wall(),
                     &mut *rng,
                 )
             }

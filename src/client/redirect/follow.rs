@@ -10,6 +10,7 @@ use http::header::{
     HeaderValue, PROXY_AUTHORIZATION, TRANSFER_ENCODING, WWW_AUTHENTICATE,
 };
 use reqwest::Url;
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::chain::{
@@ -205,6 +206,9 @@ impl Kept<'_> {
 /// the first hop is then rebuilt from it only if a redirect comes back, so an attempt without
 /// redirects copies nothing.
 ///
+/// `started` is when the attempt started (the engine's clock read for its timeout): a later
+/// hop gets what the hops before it left of the timeout, counted from then.
+///
 /// `wire` holds the first hop's open span (the engine opened it); each hop followed closes the
 /// span of the redirect it answers and opens its own, a resend by the conventions.
 ///
@@ -221,11 +225,11 @@ pub(crate) fn follow(
     settings: &Settings,
     mut request: reqwest::Request,
     original: Option<&reqwest::Request>,
+    started: Instant,
     wire: &mut WireTrace,
 ) -> impl Future<Output = Result<reqwest::Response, SendError>> + Send {
     async move {
         let key_header = &settings.key_header;
-        let started = settings.clock.now();
         let budget = request.timeout().copied();
         let mut chain = RedirectChain::default();
         loop {
