@@ -359,6 +359,7 @@ impl RequestBuilder {
     }
 
     /// The client, the request and its options, or the first error found while building.
+    #[inline]
     fn into_parts(self) -> Result<(Arc<ClientRef>, reqwest::Request, Overrides), Error> {
         let RequestBuilder {
             client,
