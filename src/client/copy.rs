@@ -77,14 +77,18 @@ fn take_buffered(body: &mut reqwest::Body) -> Bytes {
                 let Ok(data) = frame.into_data() else {
                     continue;
                 };
-                whole = Some(match whole.take() {
+                let joined = match whole.take() {
                     None => data,
                     Some(first) => {
                         let mut joined = BytesMut::from(first);
                         joined.extend_from_slice(&data);
                         joined.freeze()
                     }
-                });
+                };
+                if body.is_end_stream() {
+                    return joined;
+                }
+                whole = Some(joined);
             }
             Poll::Ready(Some(Err(_))) | Poll::Pending => {
                 unreachable!("a buffered reqwest body is always ready and cannot fail")
