@@ -25,6 +25,10 @@
 //!   their median. `CLIENT` is `bare`, `bare-timeout`, `ours`, `peer` or `ours-random-key`.
 //!   The process's fixed costs (runtime, server, clients) cancel out of the difference
 //!   between two runs with different `--requests`.
+//! - `--current-thread`: everything (server and client) on one thread, for counting
+//!   instructions with `valgrind --tool=callgrind`: with one thread the same requests take the
+//!   same path through the code every run, where the two workers' timing varies how often a
+//!   future is polled before it is ready by thousands of instructions a request.
 
 mod common;
 
@@ -55,16 +59,18 @@ struct Args {
     only: Option<Contender>,
     rounds: usize,
     requests: usize,
+    current_thread: bool,
 }
 
 impl Args {
-    /// Reads `--only`, `--rounds` and `--requests`; anything else (cargo's `--bench`) is
-    /// ignored.
+    /// Reads `--only`, `--rounds`, `--requests` and `--current-thread`; anything else
+    /// (cargo's `--bench`) is ignored.
     fn parse() -> Args {
         let mut args = Args {
             only: None,
             rounds: ROUNDS,
             requests: ROUNDS,
+            current_thread: false,
         };
         let mut words = std::env::args().skip(1);
         while let Some(word) = words.next() {
@@ -87,6 +93,7 @@ impl Args {
                 }
                 "--rounds" => args.rounds = count(&value()),
                 "--requests" => args.requests = count(&value()),
+                "--current-thread" => args.current_thread = true,
                 _ => {}
             }
         }
@@ -219,11 +226,14 @@ async fn alone(
 
 fn main() {
     let args = Args::parse();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
+    let mut builder = if args.current_thread {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(2);
+        builder
+    };
+    let rt = builder.enable_all().build().expect("a tokio runtime");
     rt.block_on(async {
         let url = start_server().await;
         let clients = Clients::new();

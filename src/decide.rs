@@ -83,12 +83,16 @@ pub(crate) enum Stop {
 }
 
 /// Decides what follows an attempt. Pure: same inputs, same decision.
+///
+/// `wall` gives the wall-clock time, asked only for a response of a retryable status (its
+/// `Retry-After` may be an HTTP-date, measured from it): a final response, the common case,
+/// reads no clock.
 pub(crate) fn decide<R: rand::Rng + ?Sized>(
     policy: &RetryPolicy,
     state: &OperationState,
     observed: Observed<'_>,
     now: Instant,
-    wall: SystemTime,
+    wall: impl FnOnce() -> SystemTime,
     rng: &mut R,
 ) -> Decision {
     let (kind, asked, server_said_retry) = match observed {
@@ -97,7 +101,7 @@ pub(crate) fn decide<R: rand::Rng + ?Sized>(
                 StatusClass::Final => return Decision::Return,
                 StatusClass::Retry(kind) => (
                     kind,
-                    requested_delay(headers, wall),
+                    requested_delay(headers, wall()),
                     should_retry_hint(headers) == Some(true),
                 ),
             }
@@ -222,7 +226,7 @@ mod tests {
             state,
             observed,
             state.started,
-            wall(),
+            wall,
             &mut ConstRng(MAX),
         )
     }
@@ -267,7 +271,7 @@ mod tests {
             &state(4, true, false),
             status(503, &NO_HEADERS),
             t0(),
-            wall(),
+            wall,
             &mut ConstRng(0),
         );
         assert_eq!(
@@ -295,7 +299,7 @@ mod tests {
                         &s,
                         status(503, &NO_HEADERS),
                         s.started,
-                        wall(),
+                        wall,
                         &mut rng,
                     ) {
                         Decision::Retry { delay, .. } => delay,
@@ -397,7 +401,7 @@ mod tests {
             &s,
             status(503, &NO_HEADERS),
             now,
-            wall(),
+            wall,
             &mut ConstRng(MAX),
         );
         assert_eq!(
@@ -413,7 +417,7 @@ mod tests {
             &s,
             status(503, &NO_HEADERS),
             now,
-            wall(),
+            wall,
             &mut ConstRng(0),
         );
         assert!(matches!(decision, Decision::Retry { .. }));
@@ -573,7 +577,7 @@ mod tests {
                     (None, Some(kind)) => Observed::Failure(kind),
                     (None, None) => unreachable!(),
                 };
-                match decide(&policy, &st, observed, now, wall(), &mut rng) {
+                match decide(&policy, &st, observed, now, wall, &mut rng) {
                     Decision::Retry { delay, reason, .. } => {
                         match reason {
                             WaitReason::Backoff { ceiling } => {

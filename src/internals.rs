@@ -88,7 +88,14 @@ pub fn decide(
         Err(kind) => Observed::Failure(kind),
     };
     Some(
-        match decide::decide(policy, &state, observed, now, wall, &mut ConstRng(random)) {
+        match decide::decide(
+            policy,
+            &state,
+            observed,
+            now,
+            || wall,
+            &mut ConstRng(random),
+        ) {
             Decision::Return => DecideStep::Return,
             Decision::Retry {
                 kind,

@@ -183,7 +183,7 @@ impl Transport<reqwest::Request> for NextTransport<'_, '_> {
         let key = request.headers().get(self.key_header).cloned();
         match self.next.clone().run(request, self.extensions).await {
             Ok(response) => {
-                warn_if_inner_redirected(&sent, response.url(), key.as_ref());
+                warn_if_inner_redirected(&sent, response.url(), || key);
                 Ok(response)
             }
             Err(reqwest_middleware::Error::Reqwest(err)) => Err(reqwest_send_error(err)),

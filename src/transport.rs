@@ -4,6 +4,7 @@
 use std::error::Error as StdError;
 use std::future::Future;
 
+use tokio::time::Instant;
 use tracing::Instrument;
 
 #[cfg(any(feature = "tower", feature = "middleware"))]
@@ -42,6 +43,14 @@ pub(crate) trait Transport<Q: RetryRequest> {
         std::future::ready(Ok(()))
     }
 
+    /// A copy of the operation's request to send as one attempt, or `None` when its body
+    /// cannot be sent twice. The default is the request's own
+    /// [`try_clone`](RetryRequest::try_clone); a transport that knows a cheaper way to the same
+    /// copy (the reqwest one) makes it its way.
+    fn copy_for_attempt(&mut self, original: &Q) -> Option<Q> {
+        original.try_clone()
+    }
+
     /// Sends one attempt of the request.
     fn send(
         &mut self,
@@ -53,6 +62,10 @@ pub(crate) trait Transport<Q: RetryRequest> {
     /// the request again within the attempt (the reqwest one, to follow a redirect) clones it
     /// from `original` only when it must, instead of copying every attempt up front.
     ///
+    /// `started` is when the engine started the attempt, which its timeout counts from: a
+    /// transport that spends that timeout over several requests (redirect hops) counts from it
+    /// too, without a clock read of its own.
+    ///
     /// `wire` holds the attempt's open CLIENT span: the default runs the send in it. A
     /// transport that sends more than one request per attempt (redirect hops) closes and opens
     /// one per request through `wire`.
@@ -60,9 +73,10 @@ pub(crate) trait Transport<Q: RetryRequest> {
         &mut self,
         request: Q,
         original: Option<&Q>,
+        started: Instant,
         wire: &mut WireTrace,
     ) -> impl Future<Output = Result<Self::Response, SendError>> + Send {
-        let _ = original;
+        let _ = (original, started);
         self.send(request).instrument(wire.span())
     }
 }

@@ -6,6 +6,7 @@
 //! Multipart forms that know whether they can be sent again are in `multipart.rs`.
 
 mod carried;
+mod copy;
 #[cfg(feature = "multipart")]
 pub mod multipart;
 mod redirect;
@@ -34,6 +35,7 @@ use crate::policy::RetryPolicy;
 use crate::settings::{Jitter, Settings};
 use crate::time::{Clock, Sleeper, TokioClock, TokioSleeper};
 
+use copy::Copies;
 #[cfg(any(feature = "tower", feature = "middleware"))]
 pub(crate) use redirect::warn_if_inner_redirected;
 pub use redirect::{RedirectChain, RedirectHop, RedirectPolicy, RedirectStop};
@@ -291,7 +293,7 @@ impl Client {
         let client = Arc::clone(&self.inner);
         async move {
             let (request, overrides) = carried::carried(request)?;
-            transport::execute(&client, request, overrides).await
+            transport::execute(&client, request, overrides, Copies::Reqwest).await
         }
     }
 

@@ -10,6 +10,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::Serialize;
 
 use super::carried::carry;
+use super::copy::Copies;
 #[cfg(feature = "multipart")]
 use super::multipart;
 use super::shared::ClientRef;
@@ -66,6 +67,7 @@ impl RequestBuilder {
         }
     }
 
+    #[inline]
     fn map(mut self, f: impl FnOnce(reqwest::RequestBuilder) -> reqwest::RequestBuilder) -> Self {
         self.inner = f(self.inner);
         self
@@ -73,6 +75,7 @@ impl RequestBuilder {
 
     /// Adds a header. A header named like the client's key header is taken as the
     /// operation's key, verbatim (it must still be a valid key).
+    #[inline]
     pub fn header<K, V>(self, key: K, value: V) -> Self
     where
         HeaderName: TryFrom<K>,
@@ -84,21 +87,25 @@ impl RequestBuilder {
     }
 
     /// Adds several headers.
+    #[inline]
     pub fn headers(self, headers: HeaderMap) -> Self {
         self.map(|b| b.headers(headers))
     }
 
     /// Appends query parameters to the URL.
+    #[inline]
     pub fn query<T: Serialize + ?Sized>(self, query: &T) -> Self {
         self.map(|b| b.query(query))
     }
 
     /// Sets a JSON body (replayable).
+    #[inline]
     pub fn json<T: Serialize + ?Sized>(self, json: &T) -> Self {
         self.map(|b| b.json(json))
     }
 
     /// Sets a URL-encoded form body (replayable).
+    #[inline]
     pub fn form<T: Serialize + ?Sized>(self, form: &T) -> Self {
         self.map(|b| b.form(form))
     }
@@ -108,6 +115,7 @@ impl RequestBuilder {
     /// attempt fails transiently the error is
     /// [`ErrorKind::BodyNotReplayable`](crate::ErrorKind::BodyNotReplayable). To retry a large
     /// payload, buffer it into `bytes::Bytes` (cloning those is cheap).
+    #[inline]
     pub fn body<T: Into<reqwest::Body>>(self, body: T) -> Self {
         self.map(|b| b.body(body))
     }
@@ -157,16 +165,19 @@ impl RequestBuilder {
     /// The HTTP version of every attempt (and of each redirect hop).
     ///
     /// Default: reqwest's (HTTP/1.1, or HTTP/2 when the server offers it over TLS).
+    #[inline]
     pub fn version(self, version: http::Version) -> Self {
         self.map(|b| b.version(version))
     }
 
     /// Sets a bearer token.
+    #[inline]
     pub fn bearer_auth<T: fmt::Display>(self, token: T) -> Self {
         self.map(|b| b.bearer_auth(token))
     }
 
     /// Sets HTTP basic authentication.
+    #[inline]
     pub fn basic_auth<U: fmt::Display, P: fmt::Display>(
         self,
         username: U,
@@ -180,6 +191,7 @@ impl RequestBuilder {
     /// positive ([`send`](Self::send) refuses zero with
     /// [`ErrorKind::Builder`](crate::ErrorKind::Builder)); any longer value is accepted, and
     /// every attempt still ends with the policy's reconcile window.
+    #[inline]
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
@@ -188,6 +200,7 @@ impl RequestBuilder {
     /// The key for this operation, sent on every attempt. Derive it from stable inputs
     /// ([`IdempotencyKey::derive`], [`IdempotencyKey::for_tool_call`]) so that a retry after a
     /// crash or a redelivery reuses it.
+    #[inline]
     pub fn idempotency_key(mut self, key: IdempotencyKey) -> Self {
         self.key = Some(key);
         self
@@ -197,12 +210,14 @@ impl RequestBuilder {
     /// [`idempotency_key`](Self::idempotency_key) or as a header is still sent. A
     /// non-idempotent request without a key is retried only when no attempt can have reached
     /// the server.
+    #[inline]
     pub fn without_idempotency_key(mut self) -> Self {
         self.auto_key = false;
         self
     }
 
     /// The retry policy for this request only.
+    #[inline]
     pub fn policy(mut self, policy: RetryPolicy) -> Self {
         self.policy = Some(policy);
         self
@@ -213,6 +228,7 @@ impl RequestBuilder {
     /// applies ([`LedgerOptions::scope_retention`](crate::LedgerOptions::scope_retention)).
     ///
     /// Default: the URL's host.
+    #[inline]
     pub fn ledger_scope(mut self, scope: impl Into<String>) -> Self {
         self.scope = Some(scope.into());
         self
@@ -273,8 +289,9 @@ impl RequestBuilder {
     /// or break within that much is an [`ErrorKind::Transport`](crate::ErrorKind::Transport)
     /// error, outcome unknown; the rest of a longer body is the caller's, as above.
     pub async fn send(self) -> Result<reqwest::Response, Error> {
-        let (client, request, overrides) = self.into_parts()?;
-        execute(&client, request, overrides).await
+        let (client, mut request, overrides) = self.into_parts()?;
+        let copies = Copies::of_built(&mut request);
+        execute(&client, request, overrides, copies).await
     }
 
     /// Builds the `reqwest::Request`, carrying this builder's options for
@@ -342,6 +359,7 @@ impl RequestBuilder {
     }
 
     /// The client, the request and its options, or the first error found while building.
+    #[inline]
     fn into_parts(self) -> Result<(Arc<ClientRef>, reqwest::Request, Overrides), Error> {
         let RequestBuilder {
             client,

@@ -2,6 +2,9 @@
 //! followed by the client's [`RedirectPolicy`](crate::RedirectPolicy) (`redirect/follow.rs`);
 //! and [`execute`], the one way a client's request enters the engine's pipeline.
 
+use tokio::time::Instant;
+
+use super::copy::Copies;
 use super::redirect::follow;
 use super::shared::ClientRef;
 use crate::engine;
@@ -17,25 +20,35 @@ use crate::transport::{SendError, Transport};
 /// # Errors
 ///
 /// As [`RequestBuilder::send`](crate::RequestBuilder::send).
+/// `copies` says how each attempt's copy of `request` is made (`copy.rs`).
 pub(super) fn execute(
     client: &ClientRef,
     request: reqwest::Request,
     overrides: Overrides,
+    copies: Copies,
 ) -> impl Future<Output = Result<reqwest::Response, Error>> {
     // The engine's future itself, not one more level of state around it.
     engine::execute(
         &client.settings,
         request,
         overrides,
-        ReqwestTransport(client),
+        ReqwestTransport { client, copies },
     )
 }
 
 /// Sends each attempt with the client's `reqwest::Client`.
-struct ReqwestTransport<'a>(&'a ClientRef);
+struct ReqwestTransport<'a> {
+    client: &'a ClientRef,
+    /// How each attempt's copy of the request is made.
+    copies: Copies,
+}
 
 impl Transport<reqwest::Request> for ReqwestTransport<'_> {
     type Response = reqwest::Response;
+
+    fn copy_for_attempt(&mut self, original: &reqwest::Request) -> Option<reqwest::Request> {
+        self.copies.copy(original)
+    }
 
     /// The engine sends through `send_attempt`; this is the same, with the hops' spans under
     /// the current span.
@@ -43,26 +56,31 @@ impl Transport<reqwest::Request> for ReqwestTransport<'_> {
         &mut self,
         mut request: reqwest::Request,
     ) -> Result<reqwest::Response, SendError> {
-        let mut wire = WireTrace::new(tracing::Span::current(), true, &self.0.settings.clock);
+        let clock = &self.client.settings.clock;
+        let mut wire = WireTrace::new(tracing::Span::current(), true, clock);
         wire.open(&mut request);
-        self.send_attempt(request, None, &mut wire).await
+        let started = clock.now();
+        self.send_attempt(request, None, started, &mut wire).await
     }
 
-    async fn send_attempt(
+    /// The follow loop's future itself, not one more level of state around it (that level
+    /// would keep a second copy of the request).
+    fn send_attempt(
         &mut self,
         request: reqwest::Request,
         original: Option<&reqwest::Request>,
+        started: Instant,
         wire: &mut WireTrace,
-    ) -> Result<reqwest::Response, SendError> {
-        let client = self.0;
+    ) -> impl Future<Output = Result<reqwest::Response, SendError>> + Send {
+        let client = self.client;
         follow(
             &client.http,
             &client.redirects,
             &client.settings,
             request,
             original,
+            started,
             wire,
         )
-        .await
     }
 }

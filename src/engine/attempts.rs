@@ -139,65 +139,75 @@ impl<'s> Attempts<'s> {
                     )
                     .with_window(self.policy.reconcile_window()));
                 };
-                let mut attempt = match original.as_ref().and_then(RetryRequest::try_clone) {
-                    Some(copy) => copy,
-                    None => {
-                        self.state.replayable = false;
-                        // `decide` stops before a second attempt of a request that cannot be
-                        // cloned, so the request is still here for its one attempt.
-                        original
-                            .take()
-                            .expect("a request that cannot be cloned is sent only once")
+                // The attempt's request and the results before `outcome` live in blocks of
+                // their own: a local that was borrowed keeps its place in the future's state
+                // until its scope ends, whatever awaits come after, and this state is moved
+                // whole into the futures that await it.
+                let (number, attempt_started, enforced, send) = {
+                    let mut attempt = match original
+                        .as_ref()
+                        .and_then(|original| transport.copy_for_attempt(original))
+                    {
+                        Some(copy) => copy,
+                        None => {
+                            self.state.replayable = false;
+                            // `decide` stops before a second attempt of a request that cannot
+                            // be cloned, so the request is still here for its one attempt.
+                            original
+                                .take()
+                                .expect("a request that cannot be cloned is sent only once")
+                        }
+                    };
+                    let enforced = attempt.set_timeout(budget);
+                    self.state.attempts += 1;
+                    let number = self.state.attempts;
+                    if let Some(name) = &self.settings.attempt_header {
+                        attempt
+                            .headers_mut()
+                            .insert(name.clone(), HeaderValue::from(number));
                     }
-                };
-                let enforced = attempt.set_timeout(budget);
-                self.state.attempts += 1;
-                let number = self.state.attempts;
-                if let Some(name) = &self.settings.attempt_header {
-                    attempt
-                        .headers_mut()
-                        .insert(name.clone(), HeaderValue::from(number));
-                }
-                let attempt_started = now.saturating_duration_since(self.state.started);
+                    let attempt_started = now.saturating_duration_since(self.state.started);
 
-                self.budget_tab.sending();
-                self.exposure().sending();
-                wire.open(&mut attempt);
-                let sent = if enforced {
-                    transport
-                        .send_attempt(attempt, original.as_ref(), &mut wire)
-                        .await
-                } else {
-                    let send = transport.send_attempt(attempt, original.as_ref(), &mut wire);
-                    match tokio::time::timeout(budget, send).await {
-                        Ok(sent) => sent,
-                        Err(elapsed) => Err(SendError::Failed {
-                            kind: FailureKind::Timeout,
-                            source: Box::new(elapsed),
-                        }),
-                    }
+                    self.budget_tab.sending();
+                    self.exposure().sending();
+                    wire.open(&mut attempt);
+                    let send = transport.send_attempt(attempt, original.as_ref(), now, &mut wire);
+                    (number, attempt_started, enforced, send)
                 };
-                let result = match sent {
-                    Ok(response) => {
-                        wire.answered(response.status(), response.version());
-                        Ok(response)
+                let outcome = {
+                    let sent = if enforced {
+                        send.await
+                    } else {
+                        match tokio::time::timeout(budget, send).await {
+                            Ok(sent) => sent,
+                            Err(elapsed) => Err(SendError::Failed {
+                                kind: FailureKind::Timeout,
+                                source: Box::new(elapsed),
+                            }),
+                        }
+                    };
+                    let result = match sent {
+                        Ok(response) => {
+                            wire.answered(response.status(), response.version());
+                            Ok(response)
+                        }
+                        Err(SendError::Failed { kind, source }) => {
+                            wire.failed(kind.as_str());
+                            self.exposure().failed(kind);
+                            Err((kind, source))
+                        }
+                        Err(SendError::Refused(err)) => {
+                            // Refused before anything went out: the conventions' catch-all.
+                            wire.failed("_OTHER");
+                            self.exposure().not_sent();
+                            self.budget_tab.not_sent();
+                            return Err(err);
+                        }
+                    };
+                    Outcome {
+                        status: result.as_ref().ok().map(RetryResponse::status),
+                        result,
                     }
-                    Err(SendError::Failed { kind, source }) => {
-                        wire.failed(kind.as_str());
-                        self.exposure().failed(kind);
-                        Err((kind, source))
-                    }
-                    Err(SendError::Refused(err)) => {
-                        // Refused before anything went out: the conventions' catch-all.
-                        wire.failed("_OTHER");
-                        self.exposure().not_sent();
-                        self.budget_tab.not_sent();
-                        return Err(err);
-                    }
-                };
-                let outcome = Outcome {
-                    status: result.as_ref().ok().map(RetryResponse::status),
-                    result,
                 };
                 let decided_at = self.settings.clock.now();
                 let decision = self.decide(&outcome, decided_at);
@@ -275,7 +285,7 @@ impl<'s> Attempts<'s> {
                 &self.state,
                 observed,
                 decided_at,
-                settings.clock.wall(),
+                || settings.clock.wall(),
                 &mut rand::rng(),
             ),
             Jitter::Seeded(rng) => {
@@ -288,7 +298,7 @@ impl<'s> Attempts<'s> {
                     &self.state,
                     observed,
                     decided_at,
-                    settings.clock.wall(),
+                    || settings.clock.wall(),
                     &mut *rng,
                 )
             }

@@ -69,11 +69,14 @@ where
     T: Transport<Q>,
 {
     async move {
-        let settled = settle::settle(settings, &mut request, overrides)?;
-        let span = settled.span.clone();
-        run(settings, request, settled, transport)
-            .instrument(span)
-            .await
+        // In a block: `settled` is borrowed, so it would keep a place in this state beside
+        // the stages' future it moves into.
+        let stages = {
+            let settled = settle::settle(settings, &mut request, overrides)?;
+            let span = settled.span.clone();
+            run(settings, request, settled, transport).instrument(span)
+        };
+        stages.await
     }
 }
 

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use http::Method;
-use http::header::{HeaderMap, HeaderName};
+use http::header::{Entry, HeaderMap, HeaderName};
 
 use crate::decide::is_idempotent_method;
 use crate::error::Error;
@@ -68,7 +68,8 @@ pub(super) fn settle<Q: RetryRequest>(
     })
 }
 
-/// Settles the operation's key and puts it in the request's headers.
+/// Settles the operation's key and puts it in the request's headers (one lookup of the
+/// header, whether it is there or not).
 fn attach_key(
     headers: &mut HeaderMap,
     method: &Method,
@@ -76,36 +77,35 @@ fn attach_key(
     explicit: Option<IdempotencyKey>,
     auto_key: bool,
 ) -> Result<Option<IdempotencyKey>, Error> {
-    let mut values = headers.get_all(header).iter();
-    let from_header = match (values.next(), values.next()) {
-        (None, _) => None,
-        (Some(_), Some(_)) => {
-            return Err(Error::builder(format!(
-                "the {header} header is set more than once"
-            )));
+    let slot = match headers.entry(header) {
+        Entry::Occupied(values) => {
+            // A key the caller put in the header stays exactly as given (its bytes are the
+            // key's, and its sensitivity flag is kept).
+            let mut values = values.iter();
+            let (Some(value), None) = (values.next(), values.next()) else {
+                return Err(Error::builder(format!(
+                    "the {header} header is set more than once"
+                )));
+            };
+            // The raw bytes are checked, so a value with obs-text (bytes 0x80 and up) or a tab
+            // is refused with the offending byte and its index, like any other invalid key.
+            let in_header = IdempotencyKey::from_header_bytes(value.as_bytes())
+                .map_err(|reason| Error::invalid_key(reason, "set in a header"))?;
+            return match explicit {
+                Some(explicit) if explicit != in_header => Err(Error::builder(format!(
+                    "two different idempotency keys: one given, another in the {header} header"
+                ))),
+                _ => Ok(Some(in_header)),
+            };
         }
-        // The raw bytes are checked, so a value with obs-text (bytes 0x80 and up) or a tab is
-        // refused with the offending byte and its index, like any other invalid key.
-        (Some(value), None) => Some(
-            IdempotencyKey::from_header_bytes(value.as_bytes())
-                .map_err(|reason| Error::invalid_key(reason, "set in a header"))?,
-        ),
+        Entry::Vacant(slot) => slot,
     };
-    let in_header = from_header.is_some();
-    let key = match (explicit, from_header) {
-        (Some(explicit), Some(header_key)) if explicit != header_key => {
-            return Err(Error::builder(format!(
-                "two different idempotency keys: one given, another in the {header} header"
-            )));
-        }
-        (Some(key), _) | (None, Some(key)) => key,
-        (None, None) if auto_key && !is_idempotent_method(method) => IdempotencyKey::random(),
-        (None, None) => return Ok(None),
+    // Only a key from elsewhere is written in.
+    let key = match explicit {
+        Some(key) => key,
+        None if auto_key && !is_idempotent_method(method) => IdempotencyKey::random(),
+        None => return Ok(None),
     };
-    // A key the caller put in the header stays exactly as given (its bytes are the key's, and
-    // its sensitivity flag is kept); only a key from elsewhere is written in.
-    if !in_header {
-        headers.insert(header.clone(), key.to_header_value());
-    }
+    slot.insert(key.to_header_value());
     Ok(Some(key))
 }

@@ -201,7 +201,7 @@ where
             sent,
             (&response as &dyn Any).downcast_ref::<reqwest::Response>(),
         ) {
-            warn_if_inner_redirected(&url, received.url(), key.as_ref());
+            warn_if_inner_redirected(&url, received.url(), || key);
         }
         Ok(response)
     }

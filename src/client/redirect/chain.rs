@@ -123,17 +123,18 @@ impl fmt::Display for HopsTimedOut {
 impl StdError for HopsTimedOut {}
 
 /// Logs, once per response, that the inner client followed a redirect on its own. Only
-/// origins are logged, never paths or queries. Returns whether it did.
+/// origins are logged, never paths or queries. Returns whether it did. `key` gives the key
+/// sent, asked only for the log line.
 pub(crate) fn warn_if_inner_redirected(
     sent: &Url,
     received: &Url,
-    key: Option<&HeaderValue>,
+    key: impl FnOnce() -> Option<HeaderValue>,
 ) -> bool {
     if same_target(sent, received) {
         return false;
     }
     tracing::warn!(
-        key = key_text(key),
+        key = key_text(key().as_ref()),
         from = %sent.origin().ascii_serialization(),
         to = %received.origin().ascii_serialization(),
         "the inner reqwest client followed a redirect itself, with every header: build it with \

@@ -10,6 +10,7 @@ use http::header::{
     HeaderValue, PROXY_AUTHORIZATION, TRANSFER_ENCODING, WWW_AUTHENTICATE,
 };
 use reqwest::Url;
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::chain::{
@@ -158,6 +159,16 @@ enum Kept<'o> {
 }
 
 impl Kept<'_> {
+    /// The key the hop sent, when `copied` (its own, looked up before it was sent) does not
+    /// have it: the operation's request carries the attempt's key, so on the first hop it is
+    /// looked up there, and only when a line is logged.
+    fn key(&self, copied: Option<&HeaderValue>, key_header: &HeaderName) -> Option<HeaderValue> {
+        match self {
+            Kept::Original { request, .. } => request.headers().get(key_header).cloned(),
+            Kept::Copy(_) => copied.cloned(),
+        }
+    }
+
     /// The URL the hop was sent to.
     fn url(&self) -> &Url {
         match self {
@@ -195,124 +206,144 @@ impl Kept<'_> {
 /// the first hop is then rebuilt from it only if a redirect comes back, so an attempt without
 /// redirects copies nothing.
 ///
+/// `started` is when the attempt started (the engine's clock read for its timeout): a later
+/// hop gets what the hops before it left of the timeout, counted from then.
+///
 /// `wire` holds the first hop's open span (the engine opened it); each hop followed closes the
 /// span of the redirect it answers and opens its own, a resend by the conventions.
-pub(crate) async fn follow(
+///
+/// An `async` block rather than an `async fn`: an `async fn` keeps its arguments twice in its
+/// state (the request as passed, and as the local it moves into), and the engine moves this
+/// state whole into its own.
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn would keep its arguments twice in the future's state"
+)]
+pub(crate) fn follow(
     http: &reqwest::Client,
     policy: &RedirectPolicy,
     settings: &Settings,
     mut request: reqwest::Request,
     original: Option<&reqwest::Request>,
+    started: Instant,
     wire: &mut WireTrace,
-) -> Result<reqwest::Response, SendError> {
-    let key_header = &settings.key_header;
-    let started = settings.clock.now();
-    let budget = request.timeout().copied();
-    let mut chain = RedirectChain::default();
-    loop {
-        let kept = match original {
-            Some(original) if chain.hops.is_empty() => Kept::Original {
-                request: original,
-                attempt: settings
-                    .attempt_header
-                    .as_ref()
-                    .and_then(|name| request.headers().get(name).cloned()),
-            },
-            // Made before this hop consumes a streamed body.
-            _ => Kept::Copy(Box::new(Retained::of(&request, policy))),
-        };
-        let key = request.headers().get(key_header).cloned();
-        // The first hop carries the attempt's whole timeout, as the engine set it; a later hop
-        // gets what the hops before it left.
-        if let Some(budget) = budget
-            && !chain.hops.is_empty()
-        {
-            let spent = settings.clock.now().saturating_duration_since(started);
-            let left = budget.saturating_sub(spent);
-            if left == Duration::ZERO {
-                return Err(SendError::Failed {
-                    kind: FailureKind::Timeout,
-                    source: Box::new(HopsTimedOut),
-                });
-            }
-            *request.timeout_mut() = Some(left);
-        }
-        let response = match http.execute(request).instrument(wire.span()).await {
-            Ok(response) => response,
-            Err(err) => {
-                let mut failed = reqwest_send_error(err);
-                if let SendError::Failed { kind, .. } = &mut failed
-                    && !chain.hops.is_empty()
-                    && kind.never_sent()
-                {
-                    // The request reached the server that redirected it, so this is no
-                    // proof that the operation never ran.
-                    *kind = FailureKind::RedirectTargetUnreachable;
+) -> impl Future<Output = Result<reqwest::Response, SendError>> + Send {
+    async move {
+        let key_header = &settings.key_header;
+        let budget = request.timeout().copied();
+        let mut chain = RedirectChain::default();
+        loop {
+            let kept = match original {
+                Some(original) if chain.hops.is_empty() => Kept::Original {
+                    request: original,
+                    attempt: settings
+                        .attempt_header
+                        .as_ref()
+                        .and_then(|name| request.headers().get(name).cloned()),
+                },
+                // Made before this hop consumes a streamed body.
+                _ => Kept::Copy(Box::new(Retained::of(&request, policy))),
+            };
+            let copied_key = match &kept {
+                Kept::Original { .. } => None,
+                Kept::Copy(_) => request.headers().get(key_header).cloned(),
+            };
+            // The first hop carries the attempt's whole timeout, as the engine set it; a later hop
+            // gets what the hops before it left.
+            if let Some(budget) = budget
+                && !chain.hops.is_empty()
+            {
+                let spent = settings.clock.now().saturating_duration_since(started);
+                let left = budget.saturating_sub(spent);
+                if left == Duration::ZERO {
+                    return Err(SendError::Failed {
+                        kind: FailureKind::Timeout,
+                        source: Box::new(HopsTimedOut),
+                    });
                 }
-                return Err(failed);
+                *request.timeout_mut() = Some(left);
             }
-        };
-        chain.inner_client_redirected |=
-            warn_if_inner_redirected(kept.url(), response.url(), key.as_ref());
-        let step = if rewrite(response.status(), &Method::GET).is_none() {
-            // Not a redirect: the common case, decided without building anything.
-            Step::Final(None)
-        } else {
-            let first = chain
-                .hops
-                .first()
-                .map_or_else(|| kept.url().clone(), |hop| hop.from.clone());
-            let copy = kept.into_retained(policy, settings.attempt_header.as_ref());
-            next_step(
-                policy,
-                &first,
-                key_header,
-                chain.hops.len(),
-                &response,
-                copy,
-            )
-        };
-        match step {
-            Step::Final(stopped) => {
-                chain.stopped = stopped;
-                if let Some(stop) = stopped {
+            let response = match http.execute(request).instrument(wire.span()).await {
+                Ok(response) => response,
+                Err(err) => {
+                    let mut failed = reqwest_send_error(err);
+                    if let SendError::Failed { kind, .. } = &mut failed
+                        && !chain.hops.is_empty()
+                        && kind.never_sent()
+                    {
+                        // The request reached the server that redirected it, so this is no
+                        // proof that the operation never ran.
+                        *kind = FailureKind::RedirectTargetUnreachable;
+                    }
+                    return Err(failed);
+                }
+            };
+            chain.inner_client_redirected |=
+                warn_if_inner_redirected(kept.url(), response.url(), || {
+                    kept.key(copied_key.as_ref(), key_header)
+                });
+            let mut key = None;
+            let step = if rewrite(response.status(), &Method::GET).is_none() {
+                // Not a redirect: the common case, decided without building anything.
+                Step::Final(None)
+            } else {
+                key = kept.key(copied_key.as_ref(), key_header);
+                let first = chain
+                    .hops
+                    .first()
+                    .map_or_else(|| kept.url().clone(), |hop| hop.from.clone());
+                let copy = kept.into_retained(policy, settings.attempt_header.as_ref());
+                next_step(
+                    policy,
+                    &first,
+                    key_header,
+                    chain.hops.len(),
+                    &response,
+                    copy,
+                )
+            };
+            match step {
+                Step::Final(stopped) => {
+                    chain.stopped = stopped;
+                    if let Some(stop) = stopped {
+                        tracing::debug!(
+                            key = key_text(key.as_ref()),
+                            status = response.status().as_u16(),
+                            why = %stop,
+                            "redirect not followed"
+                        );
+                    }
+                    let mut response = response;
+                    // Only a chain with something in it costs an entry: `of` reads the rest as empty.
+                    if !chain.is_empty() {
+                        response.extensions_mut().insert(chain);
+                    }
+                    return Ok(response);
+                }
+                Step::TooMany(limit) => {
+                    return Err(SendError::Failed {
+                        kind: FailureKind::TooManyRedirects,
+                        source: Box::new(TooManyRedirects { limit }),
+                    });
+                }
+                Step::Follow(follow) => {
+                    let (next, hop) = *follow;
                     tracing::debug!(
                         key = key_text(key.as_ref()),
-                        status = response.status().as_u16(),
-                        why = %stop,
-                        "redirect not followed"
+                        status = hop.status.as_u16(),
+                        from = %hop.from.origin().ascii_serialization(),
+                        to = %hop.to.origin().ascii_serialization(),
+                        method = %hop.method,
+                        key_sent = hop.key_sent,
+                        "following a redirect"
                     );
+                    chain.hops.push(hop);
+                    wire.answered(response.status(), Some(response.version()));
+                    // Release the redirect's connection before the next hop.
+                    drop(response);
+                    request = next;
+                    wire.open(&mut request);
                 }
-                let mut response = response;
-                // Only a chain with something in it costs an entry: `of` reads the rest as empty.
-                if !chain.is_empty() {
-                    response.extensions_mut().insert(chain);
-                }
-                return Ok(response);
-            }
-            Step::TooMany(limit) => {
-                return Err(SendError::Failed {
-                    kind: FailureKind::TooManyRedirects,
-                    source: Box::new(TooManyRedirects { limit }),
-                });
-            }
-            Step::Follow(follow) => {
-                let (next, hop) = *follow;
-                tracing::debug!(
-                    key = key_text(key.as_ref()),
-                    status = hop.status.as_u16(),
-                    from = %hop.from.origin().ascii_serialization(),
-                    to = %hop.to.origin().ascii_serialization(),
-                    method = %hop.method,
-                    key_sent = hop.key_sent,
-                    "following a redirect"
-                );
-                chain.hops.push(hop);
-                wire.answered(response.status(), Some(response.version()));
-                // Release the redirect's connection before the next hop.
-                drop(response);
-                request = next;
-                wire.open(&mut request);
             }
         }
     }
