@@ -727,14 +727,15 @@ mod tests {
         write
     }
 
-    /// Opens a ledger whose writer runs `hook` before each sync, once `armed` is set (the
+    /// Opens a ledger whose writer runs `hook` before each sync once the ledger is open (the
     /// migration's own sync at open passes untouched).
     async fn with_sync_hook(
         path: &Path,
-        armed: Arc<std::sync::atomic::AtomicBool>,
         mut hook: impl FnMut(usize) -> std::io::Result<()> + Send + 'static,
     ) -> SqliteLedger {
-        SqliteLedger::open_with(path, move |conn| {
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let open = Arc::clone(&armed);
+        let ledger = SqliteLedger::open_with(path, move |conn| {
             writer::Writer::spawn_hooked(
                 conn,
                 None,
@@ -748,7 +749,9 @@ mod tests {
             )
         })
         .await
-        .expect("open")
+        .expect("open");
+        open.store(true, std::sync::atomic::Ordering::SeqCst);
+        ledger
     }
 
     /// A batch is committed before its log is synced, but nobody is told so until the sync:
@@ -760,14 +763,12 @@ mod tests {
         let path = dir.path().join("synced.db");
         let (entered, inside) = std::sync::mpsc::channel::<usize>();
         let (gate, held) = std::sync::mpsc::channel::<()>();
-        let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let ledger = with_sync_hook(&path, Arc::clone(&armed), move |covered| {
+        let ledger = with_sync_hook(&path, move |covered| {
             let _ = entered.send(covered);
             let _ = held.recv();
             Ok(())
         })
         .await;
-        armed.store(true, std::sync::atomic::Ordering::SeqCst);
         let claim = tokio::spawn({
             let ledger = ledger.clone();
             async move { ledger.claim(&claim_of("durable")).await }
@@ -795,13 +796,11 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("grouped.db");
         let (mut hook, inside, gate) = hold_first();
-        let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let ledger = with_sync_hook(&path, Arc::clone(&armed), move |covered| {
+        let ledger = with_sync_hook(&path, move |covered| {
             hook(covered);
             Ok(())
         })
         .await;
-        armed.store(true, std::sync::atomic::Ordering::SeqCst);
         let first = tokio::spawn({
             let ledger = ledger.clone();
             async move { ledger.claim(&claim_of("first")).await }
@@ -839,14 +838,19 @@ mod tests {
     async fn a_failed_sync_fails_its_batch_and_refuses_every_later_write() {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("unsynced.db");
-        let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let ledger = with_sync_hook(&path, Arc::clone(&armed), |_| {
-            Err(std::io::Error::other("injected I/O error"))
+        // The first claim's sync passes; every one after it fails.
+        let mut synced = 0;
+        let ledger = with_sync_hook(&path, move |_| {
+            synced += 1;
+            if synced == 1 {
+                Ok(())
+            } else {
+                Err(std::io::Error::other("injected I/O error"))
+            }
         })
         .await;
         let kept = ledger.claim(&claim_of("kept")).await.expect("synced");
         assert!(matches!(kept, Claimed::New(_)), "{kept:?}");
-        armed.store(true, std::sync::atomic::Ordering::SeqCst);
 
         let err = ledger
             .claim(&claim_of("unsynced"))
