@@ -51,16 +51,19 @@ where
     }
 }
 
-/// The bytes read so far: the first frame as it came, copied into one buffer only when a
-/// second one follows.
-enum Read {
+/// A body's bytes gathered frame by frame: the first frame as it came, copied into one
+/// buffer only when a second one follows.
+#[derive(Default)]
+pub(crate) enum Read {
+    #[default]
     Nothing,
     One(Bytes),
     Several(Vec<u8>),
 }
 
 impl Read {
-    fn push(&mut self, data: Bytes) {
+    /// Adds the next frame's bytes.
+    pub(crate) fn push(&mut self, data: Bytes) {
         *self = match std::mem::replace(self, Read::Nothing) {
             Read::Nothing => Read::One(data),
             Read::One(first) => {
@@ -76,7 +79,8 @@ impl Read {
         };
     }
 
-    fn len(&self) -> usize {
+    /// How many bytes were gathered.
+    pub(crate) fn len(&self) -> usize {
         match self {
             Read::Nothing => 0,
             Read::One(bytes) => bytes.len(),
@@ -84,7 +88,8 @@ impl Read {
         }
     }
 
-    fn into_bytes(self) -> Bytes {
+    /// Every byte gathered, in order.
+    pub(crate) fn into_bytes(self) -> Bytes {
         match self {
             Read::Nothing => Bytes::new(),
             Read::One(bytes) => bytes,

@@ -15,8 +15,10 @@
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use hyper::body::Body as _;
+
+use crate::body::Read;
 
 /// How the copies of one operation's request are made.
 pub(super) enum Copies {
@@ -69,26 +71,18 @@ impl Copies {
 /// always all of them.
 fn take_buffered(body: &mut reqwest::Body) -> Bytes {
     let mut cx = Context::from_waker(Waker::noop());
-    let mut whole: Option<Bytes> = None;
+    let mut read = Read::default();
     loop {
         match Pin::new(&mut *body).poll_frame(&mut cx) {
-            Poll::Ready(None) => return whole.unwrap_or_default(),
+            Poll::Ready(None) => return read.into_bytes(),
             Poll::Ready(Some(Ok(frame))) => {
                 let Ok(data) = frame.into_data() else {
                     continue;
                 };
-                let joined = match whole.take() {
-                    None => data,
-                    Some(first) => {
-                        let mut joined = BytesMut::from(first);
-                        joined.extend_from_slice(&data);
-                        joined.freeze()
-                    }
-                };
+                read.push(data);
                 if body.is_end_stream() {
-                    return joined;
+                    return read.into_bytes();
                 }
-                whole = Some(joined);
             }
             Poll::Ready(Some(Err(_))) | Poll::Pending => {
                 unreachable!("a buffered reqwest body is always ready and cannot fail")
