@@ -13,6 +13,7 @@ use std::time::Duration;
 use http::StatusCode;
 
 use crate::classify::FailureKind;
+use crate::held::HeldOperation;
 use crate::key::{IdempotencyKey, InvalidKey};
 use crate::report::RetryReport;
 
@@ -50,8 +51,11 @@ pub enum ErrorKind {
     /// [`is_outcome_unknown`](Error::is_outcome_unknown), then reconcile or retry later with
     /// the same key.
     BudgetExhausted,
-    /// The ledger holds this key for a different request (another method, URL or body): a
-    /// client bug, not a retry. Nothing was sent.
+    /// The ledger holds this key for a different request (another method, URL or body).
+    /// Nothing was sent. [`held_operation`](Error::held_operation) is what the ledger holds
+    /// and names the part that differs; [`outcome`](Error::outcome) is the key's operation's
+    /// (done, unknown, or not done), never "not done" while the ledger holds it as done or
+    /// possibly done.
     KeyReuse,
     /// Another run holds the operation's lease in the ledger and is sending it now. Nothing
     /// was sent; try again later with the same key.
@@ -125,6 +129,8 @@ struct Inner {
     retry_after: Option<Duration>,
     window: Option<Duration>,
     message: Option<String>,
+    /// For `KeyReuse`: the ledger's record of the key's operation.
+    held: Option<HeldOperation>,
     // The last response, of whatever type the front end's transport returns (a
     // `reqwest::Response`, an `http::Response<B>`): one error type for every front end. A
     // Mutex so that `Error` is `Sync` whatever the response is; it is only ever locked through
@@ -145,6 +151,7 @@ impl Error {
                 retry_after: None,
                 window: None,
                 message: None,
+                held: None,
                 response: Mutex::new(None),
                 source: None,
             }),
@@ -188,6 +195,21 @@ impl Error {
         err.inner.report = report;
         err.inner.outcome_unknown = outcome_unknown;
         err
+    }
+
+    /// A `KeyReuse` refusal: nothing was sent, and the outcome is the held operation's.
+    pub(crate) fn key_reuse(report: RetryReport, held: HeldOperation) -> Self {
+        let mut err = Error::operation(ErrorKind::KeyReuse, report, held.may_have_run());
+        err.inner.held = Some(held);
+        err
+    }
+
+    /// For [`ErrorKind::KeyReuse`]: what the ledger holds under the key (its status, request,
+    /// first attempt and saved answer's status) and the part of this request that differs.
+    /// `None` for every other kind.
+    #[must_use]
+    pub fn held_operation(&self) -> Option<&HeldOperation> {
+        self.inner.held.as_ref()
     }
 
     pub(crate) fn with_message(mut self, message: impl Into<String>) -> Self {
@@ -260,6 +282,10 @@ impl Error {
     /// `false` when no attempt can have been executed: every attempt failed to connect or
     /// resolve, or was refused (429, 408), or nothing was sent. It is then safe to try again
     /// later, even with a new key.
+    ///
+    /// For [`ErrorKind::KeyReuse`] (nothing sent) it answers for the operation the ledger
+    /// holds under the key: `true` unless that one cannot have run
+    /// ([`HeldOperation::may_have_run`]), so the key's operation is never taken for not done.
     #[must_use]
     pub fn is_outcome_unknown(&self) -> bool {
         self.inner.outcome_unknown
@@ -384,6 +410,9 @@ impl Error {
                      size it with RetryBudgetConfig::with_capacity"
                 )?;
             }
+            ErrorKind::KeyReuse if inner.held.is_some() => {
+                return self.describe_key_reuse(f);
+            }
             ErrorKind::KeyReuse | ErrorKind::LeaseHeld | ErrorKind::Ledger => {
                 write!(f, "{}", inner.kind)?;
                 if let Some(message) = &inner.message {
@@ -416,6 +445,42 @@ impl Error {
     }
 }
 
+impl Error {
+    /// `idempotency key reused for a different request: key K is recorded as …; nothing was
+    /// sent; the key's operation is done: …`, each fact once.
+    fn describe_key_reuse(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use crate::status::OperationStatus;
+        let inner = &self.inner;
+        let held = inner
+            .held
+            .as_ref()
+            .expect("called for a KeyReuse with its record");
+        f.write_str("idempotency key reused for a different request: ")?;
+        if let Some(key) = inner.report.idempotency_key() {
+            write!(f, "key {key} is ")?;
+        }
+        write!(f, "{held}; nothing was sent; ")?;
+        match (held.status, held.answered) {
+            (OperationStatus::Succeeded, _) => {
+                f.write_str("the key's operation is done: do not send it again under a new key")
+            }
+            (OperationStatus::FailedFinal, Some(answered)) => write!(
+                f,
+                "the key's operation was answered {}: act on that answer before sending \
+                 anything under a new key",
+                answered.as_u16()
+            ),
+            (OperationStatus::FailedFinal | OperationStatus::NotSent, _) => f.write_str(
+                "the key's operation cannot have run: a new key for this request is safe",
+            ),
+            _ => f.write_str(
+                "the key's operation may have run: reconcile it by this key, do not send it \
+                 under a new key",
+            ),
+        }
+    }
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.describe(f)
@@ -434,6 +499,7 @@ impl fmt::Debug for Error {
             .field("status", &inner.status)
             .field("retry_after", &inner.retry_after)
             .field("message", &inner.message)
+            .field("held", &inner.held)
             .field("source", &inner.source)
             .finish()
     }

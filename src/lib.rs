@@ -314,6 +314,7 @@ mod error;
 mod exchange;
 mod extension;
 mod fingerprint;
+mod held;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals;
@@ -332,6 +333,7 @@ pub mod retry_after;
 #[cfg(feature = "tower")]
 mod service;
 mod settings;
+mod status;
 mod telemetry;
 #[cfg(feature = "testkit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
@@ -352,6 +354,7 @@ pub use error::{Error, ErrorKind};
 pub use exchange::{RetryRequest, RetryResponse};
 pub use extension::{LedgerScope, WithoutIdempotencyKey};
 pub use fingerprint::RequestFingerprint;
+pub use held::{HeldOperation, RequestPart};
 pub use key::{IdempotencyKey, InvalidKey, InvalidKeyReason};
 pub use keyed::{DerivationSecret, InvalidSecret};
 #[cfg(feature = "sqlite")]
@@ -361,7 +364,8 @@ pub use ledger::{
     LedgerError, LedgerErrorKind, LedgerFuture, LedgerOptions, ListFilter, MemoryLedger,
     OperationRecord, OperationRecordBuilder, OperationStatus, ReconcileClaim, ReconcileFn,
     ReconcileFuture, Reconciled, Reconciler, Resolution, ResolutionKind, ResolutionNote, Resolve,
-    SavedResponse, SendAgain, SweepReport, reconcile_fn, resolve_by_hand,
+    Released, SavedResponse, SendAgain, SweepReport, reconcile_fn, release_by_hand,
+    resolve_by_hand,
 };
 #[cfg(feature = "postgres")]
 pub use ledger::{PostgresLedger, PostgresLedgerBuilder};

@@ -18,7 +18,7 @@ use crate::report::RetryReport;
 ///
 /// | variant | when | what to do |
 /// |---|---|---|
-/// | [`Done`](Outcome::Done) | a final response arrived (2xx, or a final answer such as 400 or 422: read the status) | use the response |
+/// | [`Done`](Outcome::Done) | a final response arrived (2xx, or a final answer such as 400 or 422: read the status); or a [`KeyReuse`](crate::ErrorKind::KeyReuse) refusal of a key whose operation the ledger holds as answered | use the response (for `KeyReuse`, [`Error::held_operation`]), do not send it again |
 /// | [`NotDone`](Outcome::NotDone) | the operation cannot have run: nothing reached the server, or the server refused it outright (429, 408) | safe to try again later |
 /// | [`Unknown`](Outcome::Unknown) | an attempt may have run (sent, then timed out, reset, 5xx, 409) | do **not** repeat it under a new key: retry later with the same key, or look it up by the key |
 ///
@@ -119,9 +119,18 @@ impl Error {
     /// The operation's outcome: [`Outcome::Unknown`] when it may have run
     /// ([`is_outcome_unknown`](Self::is_outcome_unknown)), [`Outcome::NotDone`] otherwise, with
     /// the key.
+    ///
+    /// A [`KeyReuse`](crate::ErrorKind::KeyReuse) refusal sent nothing, and answers for the
+    /// operation the ledger holds under the key ([`held_operation`](Self::held_operation)):
+    /// [`Outcome::Done`] with its saved answer's status when it has one (succeeded, or a final
+    /// refusal), [`Outcome::Unknown`] when it may have run, [`Outcome::NotDone`] only when it
+    /// cannot have.
     #[must_use]
     pub fn outcome(&self) -> Outcome {
         let key = self.idempotency_key().cloned();
+        if let Some(status) = self.held_operation().and_then(|held| held.final_answer()) {
+            return Outcome::Done { key, status };
+        }
         if self.is_outcome_unknown() {
             Outcome::Unknown { key }
         } else {

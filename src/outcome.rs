@@ -20,6 +20,11 @@ use crate::error::Error;
 pub(crate) struct Exposure {
     /// An earlier run left the operation unresolved.
     earlier: bool,
+    /// An attempt of an earlier run reached a receiver.
+    earlier_reached: bool,
+    /// An attempt of this run reached a receiver (it was answered, or failed in a way that
+    /// does not prove it never left: anything but a refused connect or a failed lookup).
+    reached: AtomicBool,
     /// An attempt of this run may have been executed.
     executed: AtomicBool,
     /// An attempt is on its way: if the run ends now, it may have arrived.
@@ -28,10 +33,12 @@ pub(crate) struct Exposure {
 
 impl Exposure {
     /// A run that follows earlier ones; `unresolved` when they may have executed the
-    /// operation (the ledger's [`OperationStatus::is_unresolved`](crate::OperationStatus::is_unresolved)).
-    pub(crate) fn after(unresolved: bool) -> Self {
+    /// operation (the ledger's [`OperationStatus::is_unresolved`](crate::OperationStatus::is_unresolved)),
+    /// `reached` when one of their attempts reached a receiver (any status but `NotSent`).
+    pub(crate) fn after(unresolved: bool, reached: bool) -> Self {
         Exposure {
             earlier: unresolved,
+            earlier_reached: reached || unresolved,
             ..Exposure::default()
         }
     }
@@ -47,6 +54,9 @@ impl Exposure {
         if kind.may_have_executed() {
             self.executed.store(true, Ordering::Relaxed);
         }
+        if !kind.never_sent() {
+            self.reached.store(true, Ordering::Relaxed);
+        }
     }
 
     /// The attempt was refused before anything went out (a malformed request).
@@ -59,6 +69,7 @@ impl Exposure {
     /// was classified as (a 503 may have run, a 429 did not).
     pub(crate) fn answered(&self, retryable: Option<FailureKind>) {
         self.sending.store(false, Ordering::Relaxed);
+        self.reached.store(true, Ordering::Relaxed);
         if retryable.is_none_or(FailureKind::may_have_executed) {
             self.executed.store(true, Ordering::Relaxed);
         }
@@ -69,6 +80,12 @@ impl Exposure {
         self.earlier
             || self.executed.load(Ordering::Relaxed)
             || self.sending.load(Ordering::Relaxed)
+    }
+
+    /// Whether an attempt of this run or an earlier one reached a receiver, or may have: an
+    /// attempt on its way counts, since it may arrive.
+    pub(crate) fn reached(&self) -> bool {
+        self.is_unknown() || self.earlier_reached || self.reached.load(Ordering::Relaxed)
     }
 
     /// Marks `err` outcome unknown when the operation may have been executed, whatever raised
@@ -103,6 +120,7 @@ mod tests {
         answered.sending();
         answered.answered(Some(FailureKind::Throttled));
         assert!(!answered.is_unknown(), "a 429 did not run");
+        assert!(answered.reached(), "but its receiver saw the key");
         answered.sending();
         answered.answered(Some(FailureKind::ServerError));
         assert!(answered.is_unknown(), "a 5xx may have run");
@@ -116,9 +134,19 @@ mod tests {
     }
 
     #[test]
+    fn an_earlier_run_that_reached_a_receiver_is_remembered() {
+        assert!(!Exposure::after(false, false).reached());
+        assert!(Exposure::after(false, true).reached());
+        assert!(
+            Exposure::after(true, false).reached(),
+            "unresolved: it may have"
+        );
+    }
+
+    #[test]
     fn an_unresolved_earlier_run_makes_every_later_end_unknown() {
         for earlier in [true, false] {
-            let run = Exposure::after(earlier);
+            let run = Exposure::after(earlier, earlier);
             assert_eq!(run.is_unknown(), earlier);
             let mut err = Error::builder("refused before sending");
             run.mark(&mut err);

@@ -254,7 +254,23 @@ async fn a_key_reused_for_another_request_is_refused_with_nothing_sent() {
             .await
             .expect_err("another request under the same key");
         assert_eq!(err.kind(), ErrorKind::KeyReuse, "{kind:?}");
-        assert!(!err.is_outcome_unknown(), "{kind:?}");
+        // Nothing was sent, and the key's operation is done: never "not done".
+        assert!(err.is_outcome_unknown(), "{kind:?}");
+        assert_eq!(
+            err.outcome(),
+            idempotent_retry::Outcome::Done {
+                key: Some(key.clone()),
+                status: http::StatusCode::OK
+            },
+            "{kind:?}"
+        );
+        let held = err.held_operation().expect("the ledger's record");
+        assert_eq!(held.status, OperationStatus::Succeeded, "{kind:?}");
+        assert_eq!(
+            held.differs,
+            Some(idempotent_retry::RequestPart::Body),
+            "{kind:?}"
+        );
         assert_eq!(err.idempotency_key(), Some(&key), "{kind:?}");
         assert_eq!(receiver.arrivals(), 1, "{kind:?}: nothing sent");
         assert_eq!(

@@ -185,7 +185,9 @@ async fn the_same_key_for_another_request_is_refused_locally() {
     assert_eq!(err.kind(), ErrorKind::KeyReuse);
     assert_eq!(err.idempotency_key(), Some(&k));
     assert_eq!(err.attempts(), 0);
-    assert!(!err.is_outcome_unknown());
+    // The key's operation succeeded: the refusal says so, never "not done".
+    assert!(err.is_outcome_unknown());
+    assert_eq!(err.outcome().as_str(), "done");
     assert!(err.to_string().contains("nothing was sent"), "{err}");
     assert_eq!(server.hits(), 1, "the second request never left");
     // The same payload spelled differently is the same request: replayed.
@@ -830,6 +832,8 @@ async fn the_observer_sees_replays_and_refusals_settled_by_the_ledger() {
     let refused = Seen {
         error: Some(ErrorKind::KeyReuse),
         verdict: Some(LedgerVerdict::Refused),
+        // Nothing sent, but the key's operation ran: never reported as not executed.
+        outcome_unknown: true,
         ..seen_for(&k)
     };
     assert_eq!(seen.take(), vec![refused]);

@@ -368,17 +368,17 @@ fn file_state(path: &Path) -> (i64, i64, i64) {
 }
 
 #[tokio::test]
-async fn a_new_file_is_at_schema_version_2_and_migrating_again_changes_nothing() {
+async fn a_new_file_is_at_schema_version_3_and_migrating_again_changes_nothing() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("operations.db");
     let ledger = SqliteLedger::open(&path).await.expect("open");
-    assert_eq!(ledger.schema_version().await.expect("version"), 2);
+    assert_eq!(ledger.schema_version().await.expect("version"), 3);
     let before = file_state(&path);
-    assert_eq!(before.0, 2, "the version is in user_version");
+    assert_eq!(before.0, 3, "the version is in user_version");
     ledger.migrate().await.expect("migrate again");
     ledger.migrate().await.expect("and again");
     let reopened = SqliteLedger::open(&path).await.expect("reopen");
-    assert_eq!(reopened.schema_version().await.expect("version"), 2);
+    assert_eq!(reopened.schema_version().await.expect("version"), 3);
     assert_eq!(file_state(&path), before, "no statement changed the file");
 }
 
@@ -444,7 +444,7 @@ async fn a_file_made_by_the_0_1_migrate_is_upgraded_and_its_row_claimed_and_fini
     // A new release opens the file ten minutes later: stamped, the row as it was.
     time.advance(Duration::from_secs(600));
     let (client, ledger) = process(&path, &time).await;
-    assert_eq!(ledger.schema_version().await.expect("version"), 2);
+    assert_eq!(ledger.schema_version().await.expect("version"), 3);
     let row = stored(&ledger).await;
     assert_eq!(
         (&row.fingerprint, row.status, row.attempts),
@@ -481,18 +481,18 @@ async fn a_file_from_a_newer_release_is_refused_with_both_versions_and_left_as_i
         .await
         .expect("healthy");
     drop((client, ledger));
-    // What a release with schema version 3 would leave.
+    // What a release with schema version 4 would leave.
     rusqlite::Connection::open(&path)
         .expect("open")
-        .pragma_update(None, "user_version", 3)
-        .expect("stamp version 3");
+        .pragma_update(None, "user_version", 4)
+        .expect("stamp version 4");
     let before = file_state(&path);
 
     let err = SqliteLedger::open(&path).await.expect_err("too new");
     assert_eq!(err.kind(), LedgerErrorKind::Corrupt, "{err}");
     assert_eq!(
         err.to_string(),
-        "ledger storage is corrupt: schema version 3 is newer than 2, the latest this release \
+        "ledger storage is corrupt: schema version 4 is newer than 3, the latest this release \
          of idempotent-retry knows: upgrade idempotent-retry to use this store (it was left \
          unchanged)"
     );
@@ -522,10 +522,10 @@ async fn processes_migrating_a_new_file_at_once_all_succeed() {
             let ledger = opened
                 .expect("task")
                 .expect("every open migrates or finds it done");
-            assert_eq!(ledger.schema_version().await.expect("version"), 2);
+            assert_eq!(ledger.schema_version().await.expect("version"), 3);
             assert_eq!(ledger.get("none").await.expect("usable"), None);
         }
-        assert_eq!(file_state(&path).0, 2);
+        assert_eq!(file_state(&path).0, 3);
     }
 }
 
@@ -564,7 +564,7 @@ async fn ledgers_migrating_a_0_1_file_at_once_all_succeed_and_keep_its_rows() {
                 .expect("task")
                 .unwrap_or_else(|err| panic!("round {round}: {err}"));
         }
-        assert_eq!(file_state(&path).0, 2);
+        assert_eq!(file_state(&path).0, 3);
         let row = ledgers[0].get("k").await.expect("read").expect("row kept");
         assert_eq!(
             (row.status, row.attempts),

@@ -306,7 +306,7 @@ fn ledger_replays_and_refusals_are_counted_and_send_nothing() {
         counter(
             &metrics,
             "idempotent_retry.operations",
-            &[("outcome", "not_done"), ("stop_reason", "key_reuse")]
+            &[("outcome", "done"), ("stop_reason", "key_reuse")]
         ),
         1
     );

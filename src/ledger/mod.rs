@@ -29,6 +29,7 @@ use std::time::{Duration, SystemTime};
 #[cfg(any(test, feature = "testkit"))]
 mod conformance;
 mod error;
+mod hand_release;
 mod memory;
 mod options;
 #[cfg(feature = "postgres")]
@@ -44,9 +45,11 @@ mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
+pub use crate::status::OperationStatus;
 #[cfg(any(test, feature = "testkit"))]
 pub use conformance::{ConformanceFailure, ConformanceReport, ledger_conformance};
 pub use error::{LedgerError, LedgerErrorKind};
+pub use hand_release::{Released, release_by_hand};
 pub use memory::MemoryLedger;
 pub use options::{LeaseHeldPolicy, LedgerOptions};
 #[cfg(feature = "postgres")]
@@ -64,57 +67,6 @@ pub use sqlite::SqliteLedger;
 
 /// A boxed, `Send` future returned by [`Ledger`] methods.
 pub type LedgerFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, LedgerError>> + Send + 'a>>;
-
-/// Where an operation stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum OperationStatus {
-    /// Claimed: a worker holds the lease and is sending it (or died doing so, and the lease
-    /// will expire).
-    InFlight,
-    /// A final response below 400 arrived; it is saved and replayed instead of sending again.
-    /// A 301, 302, 307 or 308 left unfollowed (the redirect policy refused the hop) is not
-    /// one: that server ran nothing.
-    Succeeded,
-    /// The last run ended with a final answer of 400 or more or an unfollowed redirect, or
-    /// stopped when no attempt of any run can have been executed. A later run with the same
-    /// request sends it again.
-    FailedFinal,
-    /// A run stopped after an attempt that may have been executed (a timeout, a reset, a
-    /// 5xx...). A later run goes on with the same key, inside the original window.
-    Unknown,
-}
-
-impl OperationStatus {
-    /// Whether a run that left this status may have executed the operation without a final
-    /// answer: [`Unknown`](Self::Unknown), or [`InFlight`](Self::InFlight) (a run that died or
-    /// is still sending). A later run's errors are then outcome unknown too.
-    #[must_use]
-    pub const fn is_unresolved(self) -> bool {
-        matches!(self, OperationStatus::Unknown | OperationStatus::InFlight)
-    }
-
-    /// The status a run that ends without a final answer leaves: `Unknown` when the operation
-    /// may have run (`unknown`), `FailedFinal` when it certainly did not.
-    pub(crate) const fn unfinished(unknown: bool) -> Self {
-        if unknown {
-            OperationStatus::Unknown
-        } else {
-            OperationStatus::FailedFinal
-        }
-    }
-
-    /// The name stored in the `status` column.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            OperationStatus::InFlight => "in_flight",
-            OperationStatus::Succeeded => "succeeded",
-            OperationStatus::FailedFinal => "failed_final",
-            OperationStatus::Unknown => "unknown",
-        }
-    }
-}
 
 /// Parses a stored status name, as [`OperationStatus::as_str`] spells it.
 ///
@@ -139,14 +91,9 @@ impl FromStr for OperationStatus {
             "succeeded" => Ok(OperationStatus::Succeeded),
             "failed_final" => Ok(OperationStatus::FailedFinal),
             "unknown" => Ok(OperationStatus::Unknown),
+            "not_sent" => Ok(OperationStatus::NotSent),
             other => Err(LedgerError::corrupt(format!("unknown status {other:?}"))),
         }
-    }
-}
-
-impl fmt::Display for OperationStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -446,15 +393,22 @@ impl Claim {
         }
     }
 
-    /// Whether this claim may take `row` over: the same request (fingerprint), not
-    /// [`Succeeded`](OperationStatus::Succeeded), still inside the reconcile window
-    /// (`first_attempt_at` after [`window_cutoff`](Self::window_cutoff)), and not held by a
-    /// live lease (not in flight, or its lease lapsed at or before [`now`](Self::now)).
+    /// Whether this claim may take `row` over:
+    ///
+    /// - a [`NotSent`](OperationStatus::NotSent) row, whatever its request and window: no
+    ///   receiver has seen the key, so it is free;
+    /// - otherwise the same request (fingerprint), not
+    ///   [`Succeeded`](OperationStatus::Succeeded), still inside the reconcile window
+    ///   (`first_attempt_at` after [`window_cutoff`](Self::window_cutoff)), and not held by a
+    ///   live lease (not in flight, or its lease lapsed at or before [`now`](Self::now)).
     ///
     /// A [`Ledger`] takes the row over exactly when this holds, checked and applied in one
     /// atomic step; the SQL ledgers state the same rule in their `UPDATE ... WHERE`.
     #[must_use]
     pub fn may_take_over(&self, row: &OperationRecord) -> bool {
+        if row.status == OperationStatus::NotSent {
+            return true;
+        }
         row.fingerprint == self.fingerprint
             && row.status != OperationStatus::Succeeded
             && crate::window::is_open(row.first_attempt_at, self.window_cutoff)
@@ -490,9 +444,21 @@ impl Claim {
     }
 
     /// Takes `row` over (when [`may_take_over`](Self::may_take_over) allows it): in flight
-    /// under this claim's lease, its saved response dropped. Returns its status before.
+    /// under this claim's lease, its saved response dropped. A
+    /// [`NotSent`](OperationStatus::NotSent) row becomes this claim's request: its scope,
+    /// fingerprint, method and URL, a window from [`now`](Self::now), kept at least until
+    /// [`expires_at`](Self::expires_at); its attempts and resolution stay. Returns its status
+    /// before.
     pub(crate) fn take_over(&self, row: &mut OperationRecord) -> OperationStatus {
         let previous = row.status;
+        if previous == OperationStatus::NotSent {
+            row.scope.clone_from(&self.scope);
+            row.fingerprint.clone_from(&self.fingerprint);
+            row.method.clone_from(&self.method);
+            row.url.clone_from(&self.url);
+            row.first_attempt_at = self.now;
+            row.expires_at = row.expires_at.max(self.expires_at);
+        }
         row.status = OperationStatus::InFlight;
         row.lease_owner = Some(self.owner.clone());
         row.lease_expires_at = Some(self.lease_until);
@@ -881,8 +847,10 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     ///   `first_attempt_at` = [`now`](Claim::now), `attempts` 0, no response, and
     ///   [`expires_at`](Claim::expires_at); returns [`Claimed::New`];
     /// - a row [`Claim::may_take_over`] allows: sets it in flight under the claim's lease and
-    ///   clears its response, keeping everything else; returns [`Claimed::TakenOver`] with
-    ///   the status it had;
+    ///   clears its response, keeping everything else, except that a
+    ///   [`NotSent`](OperationStatus::NotSent) row also takes the claim's scope, fingerprint,
+    ///   method and URL, `first_attempt_at` = [`now`](Claim::now) and `expires_at` = the later
+    ///   of its own and the claim's; returns [`Claimed::TakenOver`] with the status it had;
     /// - any other row: changes nothing; returns it as [`Claimed::Existing`].
     ///
     /// # Errors
@@ -1195,6 +1163,7 @@ mod tests {
             OperationStatus::Succeeded,
             OperationStatus::FailedFinal,
             OperationStatus::Unknown,
+            OperationStatus::NotSent,
         ] {
             assert_eq!(
                 status.as_str().parse::<OperationStatus>().ok(),
@@ -1206,10 +1175,19 @@ mod tests {
                 matches!(status, OperationStatus::Unknown | OperationStatus::InFlight)
             );
         }
-        assert_eq!(OperationStatus::unfinished(true), OperationStatus::Unknown);
+        for reached in [true, false] {
+            assert_eq!(
+                OperationStatus::unfinished(true, reached),
+                OperationStatus::Unknown
+            );
+        }
         assert_eq!(
-            OperationStatus::unfinished(false),
+            OperationStatus::unfinished(false, true),
             OperationStatus::FailedFinal
+        );
+        assert_eq!(
+            OperationStatus::unfinished(false, false),
+            OperationStatus::NotSent
         );
         let err = "done".parse::<OperationStatus>().expect_err("not a status");
         assert_eq!(err.kind(), LedgerErrorKind::Corrupt);
@@ -1363,12 +1341,49 @@ mod tests {
             (OperationStatus::Unknown, true),
             (OperationStatus::FailedFinal, true),
             (OperationStatus::Succeeded, false),
+            (OperationStatus::NotSent, true),
         ] {
             let row = OperationRecord::builder("k", "f", t(0), t(3600))
                 .status(status)
                 .build()
                 .expect("valid");
             assert_eq!(claim(1, open, "f").may_take_over(&row), taken, "{status}");
+        }
+    }
+
+    #[test]
+    fn a_row_that_reached_no_receiver_is_taken_by_any_request_in_a_new_window() {
+        let row = OperationRecord::builder("k", "f", t(0), t(3600))
+            .status(OperationStatus::NotSent)
+            .scope("shop.charge")
+            .build()
+            .expect("valid");
+        // Another request, long after the first one's window closed.
+        let claim = Claim::builder("k", "g", "w2", t(7200), t(7260))
+            .scope("shop.charge.eu")
+            .window_cutoff(t(3600))
+            .expires_at(t(90_000))
+            .request("POST", "http://127.0.0.1:8081/charges")
+            .build()
+            .expect("valid");
+        assert!(claim.may_take_over(&row));
+        let mut taken = row.clone();
+        taken.attempts = 3;
+        assert_eq!(claim.take_over(&mut taken), OperationStatus::NotSent);
+        assert_eq!(taken.status, OperationStatus::InFlight);
+        assert_eq!(taken.fingerprint, "g");
+        assert_eq!(taken.scope, "shop.charge.eu");
+        assert_eq!(taken.url.as_deref(), Some("http://127.0.0.1:8081/charges"));
+        assert_eq!(taken.first_attempt_at, t(7200), "a new window");
+        assert_eq!(taken.expires_at, t(90_000));
+        assert_eq!(taken.attempts, 3, "the history stays");
+        // A row that reached a receiver keeps its request.
+        for status in [OperationStatus::FailedFinal, OperationStatus::Unknown] {
+            let reached = OperationRecord {
+                status,
+                ..row.clone()
+            };
+            assert!(!claim.may_take_over(&reached), "{status}");
         }
     }
 }

@@ -84,7 +84,10 @@ impl SweepReport {
             Reconciled::Resolved(ResolutionKind::SendAgain) => &mut self.send_again,
             Reconciled::StillUnknown => &mut self.still_unknown,
             Reconciled::Busy => &mut self.busy,
-            Reconciled::Settled(_) | Reconciled::Missing => &mut self.settled,
+            // A sweep never releases a row; an operator does, and is counted as settling it.
+            Reconciled::Settled(_)
+            | Reconciled::Missing
+            | Reconciled::Resolved(ResolutionKind::Released) => &mut self.settled,
             Reconciled::NoReconciler(_) => &mut self.no_reconciler,
         };
         *counter += 1;

@@ -58,6 +58,9 @@ pub enum ResolutionKind {
     NotDone,
     /// [`Resolution::SendAgain`].
     SendAgain,
+    /// Freed by an operator ([`release_by_hand`](crate::release_by_hand)): the row became
+    /// [`NotSent`](OperationStatus::NotSent), so the next request under the key is sent.
+    Released,
 }
 
 impl ResolutionKind {
@@ -68,6 +71,7 @@ impl ResolutionKind {
             ResolutionKind::Done => "done",
             ResolutionKind::NotDone => "not_done",
             ResolutionKind::SendAgain => "send_again",
+            ResolutionKind::Released => "released",
         }
     }
 }
@@ -90,6 +94,7 @@ impl FromStr for ResolutionKind {
             "done" => Ok(ResolutionKind::Done),
             "not_done" => Ok(ResolutionKind::NotDone),
             "send_again" => Ok(ResolutionKind::SendAgain),
+            "released" => Ok(ResolutionKind::Released),
             other => Err(LedgerError::corrupt(format!(
                 "unknown resolution {other:?}"
             ))),

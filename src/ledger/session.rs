@@ -22,6 +22,7 @@ use crate::classify::FailureKind;
 use crate::error::{Error, ErrorKind};
 use crate::exchange::RetryResponse;
 use crate::fingerprint::RequestFingerprint;
+use crate::held::HeldOperation;
 use crate::key::IdempotencyKey;
 use crate::outcome::Exposure;
 use crate::readable::{duration as human, rfc3339};
@@ -164,7 +165,7 @@ pub(crate) async fn claim<R: RetryResponse>(
                     key,
                     owner,
                     &record,
-                    Exposure::after(previous.is_unresolved()),
+                    Exposure::after(previous.is_unresolved(), previous.reached_a_receiver()),
                     attempt_timeout,
                 )));
             }
@@ -175,14 +176,19 @@ pub(crate) async fn claim<R: RetryResponse>(
             tracing::error!(
                 key = key.as_str(),
                 scope = existing.scope.as_str(),
+                status = existing.status.as_str(),
                 "idempotency key reused for a different request"
             );
-            return Err(Error::operation(ErrorKind::KeyReuse, report, false).with_message(
-                format!(
-                    "the ledger holds key {key} for a different request (scope {}); nothing was sent",
-                    existing.scope
-                ),
-            ));
+            let held = HeldOperation::new(
+                existing.status,
+                existing.scope,
+                (existing.method, existing.url),
+                existing.first_attempt_at,
+                existing.response.as_ref().map(|saved| saved.status),
+                method,
+                fingerprint.url(),
+            );
+            return Err(Error::key_reuse(report, held));
         }
         if existing.status == OperationStatus::Succeeded {
             return replay(&existing, &fingerprint, key).map(Begin::Replay);
@@ -333,9 +339,9 @@ impl Drop for ClaimInFlight {
 /// it: a new row as not executed, a row taken over with the status it had.
 async fn release_unused_claim(ledger: &dyn Ledger, claim: &Claim, claimed: &Claimed) {
     let status = match claimed {
-        Claimed::New(_) => OperationStatus::FailedFinal,
+        Claimed::New(_) => OperationStatus::NotSent,
         Claimed::TakenOver { previous, .. } => {
-            OperationStatus::unfinished(previous.is_unresolved())
+            OperationStatus::unfinished(previous.is_unresolved(), previous.reached_a_receiver())
         }
         Claimed::Existing(_) => return,
     };
@@ -538,7 +544,7 @@ impl LedgerRun {
 
     async fn finish_error<R: RetryResponse>(&mut self, mut err: Error) -> Result<R, Error> {
         self.exposure.mark(&mut err);
-        let status = OperationStatus::unfinished(err.is_outcome_unknown());
+        let status = OperationStatus::unfinished(err.is_outcome_unknown(), self.exposure.reached());
         match self.write(status, None).await {
             Ok(()) => Err(err),
             // The run already failed over the ledger: that error says it all.
@@ -635,7 +641,8 @@ impl Drop for LedgerRun {
         // next run with the key goes ahead with the same key and window; a process that dies
         // without getting here is still covered by the lease lapsing.
         let unknown = self.exposure.is_unknown();
-        let finish = self.finish_of(OperationStatus::unfinished(unknown), None);
+        let status = OperationStatus::unfinished(unknown, self.exposure.reached());
+        let finish = self.finish_of(status, None);
         tracing::info!(
             key = finish.key.as_str(),
             outcome_unknown = unknown,

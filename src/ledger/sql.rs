@@ -13,7 +13,7 @@ pub(crate) const TABLE: &str = "idempotent_operations";
 
 /// The schema version this crate reads and writes: the table shape [`schema`] creates is
 /// version 1. A change to the shape raises it by one and appends a step to [`STEPS`].
-pub(crate) const SCHEMA_VERSION: u32 = 2;
+pub(crate) const SCHEMA_VERSION: u32 = 3;
 
 /// Where PostgreSQL keeps the version: a table of one row (SQLite uses `PRAGMA user_version`).
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
@@ -92,6 +92,15 @@ pub(crate) const STEPS: &[Step] = &[
                 "CREATE INDEX IF NOT EXISTS {TABLE}_status ON {TABLE} (status, first_attempt_at)"
             )]
         },
+    },
+    Step {
+        from: 2,
+        // The `not_sent` status (no attempt reached a receiver: the key is free) and the
+        // `released` resolution. The shape is the same; the version says that rows may hold
+        // them, so a release that cannot read them refuses the store instead of failing on a
+        // row.
+        columns: &[],
+        statements: |_| Vec::new(),
     },
 ];
 

@@ -221,6 +221,10 @@ impl PostgresLedger {
                     &claim.fingerprint,
                     &to_millis(claim.window_cutoff),
                     &to_millis(claim.now),
+                    &claim.scope,
+                    &claim.method,
+                    &claim.url,
+                    &to_millis(claim.expires_at),
                 ],
             )
             .await

@@ -40,24 +40,33 @@ pub(super) static INSERT_MANY: LazyLock<String> = LazyLock::new(|| {
 /// The take-over of an existing key, one `UPDATE ... WHERE` stating the rule, which
 /// PostgreSQL re-checks against the latest row under concurrent updates. The old status comes
 /// from the locked sub-select: RETURNING alone sees the new row. The rule is
-/// `Claim::may_take_over`'s, in SQL; `first_attempt_at > $5` is the window's openness with
-/// the cutoff `window.rs` computed (`window::is_open`). Parameters: key, owner, lease end,
-/// fingerprint, window cutoff, now. Returns the row's columns, then the old status.
+/// `Claim::may_take_over`'s, in SQL: a row that reached no receiver (`not_sent`) is taken
+/// whatever its request and window, and becomes the claim's request in a new window; any
+/// other is taken by the same request only, inside its window (`first_attempt_at > $5`, the
+/// cutoff `window.rs` computed: `window::is_open`). Parameters: key, owner, lease end,
+/// fingerprint, window cutoff, now, scope, method, URL, expiry. Returns the row's columns,
+/// then the old status.
 pub(super) static TAKE_OVER: LazyLock<String> = LazyLock::new(|| {
     let columns = COLUMNS
         .split(", ")
         .map(|c| format!("t.{c}"))
         .collect::<Vec<_>>()
         .join(", ");
+    let fresh = "old.status = 'not_sent'";
     format!(
         "UPDATE {TABLE} AS t SET status = 'in_flight', lease_owner = $2, \
          lease_expires_at = $3, response_status = NULL, \
-         response_headers = NULL, response_body = NULL \
+         response_headers = NULL, response_body = NULL, fingerprint = $4, \
+         scope = CASE WHEN {fresh} THEN $7 ELSE t.scope END, \
+         method = CASE WHEN {fresh} THEN $8 ELSE t.method END, \
+         url = CASE WHEN {fresh} THEN $9 ELSE t.url END, \
+         first_attempt_at = CASE WHEN {fresh} THEN $6 ELSE t.first_attempt_at END, \
+         expires_at = CASE WHEN {fresh} THEN GREATEST(t.expires_at, $10) ELSE t.expires_at END \
          FROM (SELECT key, status FROM {TABLE} WHERE key = $1 FOR UPDATE) AS old \
-         WHERE t.key = old.key AND t.fingerprint = $4 \
+         WHERE t.key = old.key AND (t.status = 'not_sent' OR (t.fingerprint = $4 \
          AND t.status <> 'succeeded' AND t.first_attempt_at > $5 \
          AND (t.status <> 'in_flight' OR t.lease_expires_at IS NULL \
-              OR t.lease_expires_at <= $6) \
+              OR t.lease_expires_at <= $6))) \
          RETURNING {columns}, old.status"
     )
 });

@@ -497,7 +497,7 @@ mod tests {
         .expect("a version 1 row");
         drop(conn);
         let ledger = SqliteLedger::open(&path).await.expect("open and migrate");
-        assert_eq!(user_version(&path), 2);
+        assert_eq!(user_version(&path), i64::from(SCHEMA_VERSION));
         let row = ledger.get("k").await.expect("read").expect("kept");
         assert_eq!((row.attempts, row.method, row.resolution), (2, None, None));
         let hold =

@@ -28,11 +28,14 @@ static INSERT: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// A claim's take-over of a row [`Claim::may_take_over`] allows.
+/// A claim's take-over of a row [`Claim::may_take_over`] allows, with the request columns
+/// as [`Claim::take_over`] left them (changed only for a row that reached no receiver).
 static TAKE_OVER: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE {TABLE} SET status = 'in_flight', lease_owner = ?2, lease_expires_at = ?3, \
-         response_status = NULL, response_headers = NULL, response_body = NULL \
+         response_status = NULL, response_headers = NULL, response_body = NULL, \
+         scope = ?4, fingerprint = ?5, method = ?6, url = ?7, first_attempt_at = ?8, \
+         expires_at = ?9 \
          WHERE key = ?1"
     )
 });
@@ -132,15 +135,27 @@ pub(super) fn claim(conn: &Connection, claim: Claim) -> Result<Claimed, LedgerEr
         return Ok(Claimed::Existing(record));
     }
     let previous = claim.take_over(&mut record);
-    let record = lease_row(
-        conn,
-        &TAKE_OVER,
-        record,
-        &claim.owner,
-        claim.lease_until,
-        "cannot take the operation over",
-    )?;
-    Ok(Claimed::TakenOver { record, previous })
+    let changed = conn
+        .prepare_cached(&TAKE_OVER)
+        .and_then(|mut statement| {
+            statement.execute(params![
+                record.key,
+                claim.owner,
+                to_millis(claim.lease_until),
+                record.scope,
+                record.fingerprint,
+                record.method,
+                record.url,
+                to_millis(record.first_attempt_at),
+                to_millis(record.expires_at),
+            ])
+        })
+        .map_err(|err| storage(err, "cannot take the operation over"))?;
+    debug_assert_eq!(changed, 1, "the row read under the write lock is there");
+    Ok(Claimed::TakenOver {
+        record: as_stored(record),
+        previous,
+    })
 }
 
 /// Puts `record`, read under the writer's lock and already changed by the caller, in flight
