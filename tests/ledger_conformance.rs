@@ -225,7 +225,7 @@ async fn the_memory_ledger_passes_every_case_and_the_report_lists_them() {
     assert!(report.passed());
     assert!(report.failures().is_empty());
     let cases: Vec<&str> = report.cases().collect();
-    assert_eq!(cases.len(), 21, "{cases:?}");
+    assert_eq!(cases.len(), 22, "{cases:?}");
     for case in [
         "concurrent claims of one key acquire it once",
         "a lapsed lease is taken over and its holder refused",
@@ -241,7 +241,7 @@ async fn the_memory_ledger_passes_every_case_and_the_report_lists_them() {
     }
     assert_eq!(
         report.to_string(),
-        "ledger conformance: 21 of 21 cases passed"
+        "ledger conformance: 22 of 22 cases passed"
     );
 }
 
@@ -368,7 +368,7 @@ async fn a_panicking_ledger_is_reported_case_by_case_and_assert_passed_names_the
         .downcast_ref::<String>()
         .expect("assert_passed panics with the report");
     assert!(
-        text.starts_with("ledger conformance: 0 of 21 cases passed\n  a new key is inserted in flight: panicked: the get of new broke"),
+        text.starts_with("ledger conformance: 0 of 22 cases passed\n  a new key is inserted in flight: panicked: the get of new broke"),
         "{text}"
     );
     assert_eq!(text, &report.to_string());

@@ -395,7 +395,7 @@ async fn version_rows(client: &tokio_postgres::Client) -> Vec<(i32, String)> {
 }
 
 #[tokio::test]
-async fn a_new_database_is_at_schema_version_2_and_migrating_again_changes_nothing() {
+async fn a_new_database_is_at_schema_version_3_and_migrating_again_changes_nothing() {
     let Some(base) = base_url() else { return };
     let url = fresh_database(&base).await;
     let ledger = PostgresLedger::connect(&url).await.expect("connect");
@@ -405,11 +405,11 @@ async fn a_new_database_is_at_schema_version_2_and_migrating_again_changes_nothi
         "nothing yet"
     );
     ledger.migrate().await.expect("migrate");
-    assert_eq!(ledger.schema_version().await.expect("version"), 2);
+    assert_eq!(ledger.schema_version().await.expect("version"), 3);
     let plain = inspector(&url).await;
     let before = version_rows(&plain).await;
     assert_eq!(before.len(), 1);
-    assert_eq!(before[0].0, 2);
+    assert_eq!(before[0].0, 3);
     ledger.migrate().await.expect("migrate again");
     let other = PostgresLedger::connect(&url).await.expect("connect");
     other.migrate().await.expect("another worker's migrate");
@@ -418,7 +418,7 @@ async fn a_new_database_is_at_schema_version_2_and_migrating_again_changes_nothi
         before,
         "the version row was not rewritten"
     );
-    assert_eq!(other.schema_version().await.expect("version"), 2);
+    assert_eq!(other.schema_version().await.expect("version"), 3);
 }
 
 /// A claim made at a time finer than a millisecond returns the row as the database keeps it:
@@ -523,7 +523,7 @@ async fn a_database_made_by_the_0_1_migrate_is_upgraded_and_its_row_claimed_and_
     let ledger = PostgresLedger::connect(&url).await.expect("connect");
     assert_eq!(ledger.schema_version().await.expect("version"), 0);
     ledger.migrate().await.expect("upgrade");
-    assert_eq!(ledger.schema_version().await.expect("version"), 2);
+    assert_eq!(ledger.schema_version().await.expect("version"), 3);
     assert_eq!(version_rows(&plain).await.len(), 1);
     let row = ledger
         .get(key.as_str())
@@ -562,12 +562,12 @@ async fn a_database_from_a_newer_release_is_refused_with_both_versions_and_left_
         .send()
         .await
         .expect("healthy");
-    // What a release with schema version 3 would leave.
+    // What a release with schema version 4 would leave.
     let plain = inspector(&url).await;
     plain
-        .batch_execute("UPDATE idempotent_operations_schema SET version = 3")
+        .batch_execute("UPDATE idempotent_operations_schema SET version = 4")
         .await
-        .expect("stamp version 3");
+        .expect("stamp version 4");
     let before = version_rows(&plain).await;
     let tables = "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()";
     let table_count: i64 = plain.query_one(tables, &[]).await.expect("tables").get(0);
@@ -577,11 +577,11 @@ async fn a_database_from_a_newer_release_is_refused_with_both_versions_and_left_
     assert_eq!(err.kind(), LedgerErrorKind::Corrupt, "{err}");
     assert_eq!(
         err.to_string(),
-        "ledger storage is corrupt: schema version 3 is newer than 2, the latest this release \
+        "ledger storage is corrupt: schema version 4 is newer than 3, the latest this release \
          of idempotent-retry knows: upgrade idempotent-retry to use this store (it was left \
          unchanged)"
     );
-    assert_eq!(ledger.schema_version().await.expect("version"), 3);
+    assert_eq!(ledger.schema_version().await.expect("version"), 4);
     assert_eq!(
         version_rows(&plain).await,
         before,
@@ -629,11 +629,11 @@ async fn workers_migrating_a_new_database_at_once_all_succeed_and_leave_one_vers
             let ledger = migrated
                 .expect("task")
                 .unwrap_or_else(|err| panic!("{isolation}: {err:?}"));
-            assert_eq!(ledger.schema_version().await.expect("version"), 2);
+            assert_eq!(ledger.schema_version().await.expect("version"), 3);
         }
         let rows = version_rows(&inspector(&url).await).await;
         assert_eq!(rows.len(), 1, "{rows:?}");
-        assert_eq!(rows[0].0, 2);
+        assert_eq!(rows[0].0, 3);
     }
 }
 

@@ -56,6 +56,10 @@ const CASES: &[(&str, Case)] = &[
         "another request under the same key is not taken over",
         |l| Box::pin(other_fingerprint(l)),
     ),
+    (
+        "a row no receiver saw is taken by any request in a new window",
+        |l| Box::pin(not_sent(l)),
+    ),
     ("the window start is kept and its cutoff honoured", |l| {
         Box::pin(window(l))
     }),
@@ -95,7 +99,8 @@ const CASES: &[(&str, Case)] = &[
 ///
 /// The cases cover the atomic claim (concurrent claims of one key: exactly one acquires it),
 /// the lease (holder, expiry, take-over once it lapses, a stale holder's writes refused), the
-/// fingerprint (the same key with another request is never taken over), the window (its
+/// fingerprint (the same key with another request is never taken over, unless no receiver
+/// saw it: a [`NotSent`](OperationStatus::NotSent) row becomes the new request), the window (its
 /// start kept across runs and take-overs, rows at or before the cutoff left alone), saved
 /// responses (status, headers, body, an absent body), [`get`](Ledger::get), and purge (only
 /// expired rows, the batch limit, [`purge_expired`](Ledger::purge_expired) looping), and
@@ -902,6 +907,58 @@ async fn other_fingerprint(ledger: Arc<dyn Ledger>) -> Outcome {
         row(ledger, "lapsed", "get").await?,
         lapsed,
         "the lapsed row after the claim"
+    );
+    Ok(())
+}
+
+async fn not_sent(ledger: Arc<dyn Ledger>) -> Outcome {
+    let ledger = &*ledger;
+    claim_new(ledger, &claim("free", "f1", "w1", 0), "the first claim").await?;
+    ok(
+        ledger.record_attempt(&update("free", "w1", 1)).await,
+        "an attempt that failed to connect",
+    )?;
+    ok(
+        ledger
+            .finish(&finish("free", "w1", OperationStatus::NotSent, None))
+            .await,
+        "the finish",
+    )?;
+    // Another request, in another scope, long after the first one's window closed.
+    let later = 2 * WINDOW;
+    let retention = 5 * RETENTION;
+    let corrected = Claim::builder("free", "f2", "w2", at(later), at(later + LEASE))
+        .scope("corrected")
+        .expires_at(at(retention))
+        .window_cutoff(at(later) - Duration::from_secs(WINDOW))
+        .request("POST", "https://api.example.com/v1/charges")
+        .build()
+        .expect("a valid claim");
+    let (record, previous) = claim_taken(
+        ledger,
+        &corrected,
+        "a claim of a not_sent row with another fingerprint",
+    )
+    .await?;
+    ensure_eq!(previous, OperationStatus::NotSent, "the status it had");
+    let mut expected = OperationRecord::builder("free", "f2", at(later), at(retention))
+        .scope("corrected")
+        .lease("w2", at(later + LEASE))
+        .build()
+        .expect("an in-flight record with its lease is valid");
+    expected.attempts = 1;
+    expected.last_attempt_at = Some(at(1));
+    expected.method = Some("POST".to_owned());
+    expected.url = Some("https://api.example.com/v1/charges".to_owned());
+    ensure_eq!(
+        record,
+        expected,
+        "the row taken: the new request in a new window, its attempts kept"
+    );
+    ensure_eq!(
+        row(ledger, "free", "get").await?,
+        expected,
+        "the row stored"
     );
     Ok(())
 }
