@@ -173,11 +173,19 @@
 //!
 //! | the ledger already holds the key... | `send` |
 //! |---|---|
-//! | for a different request (method, URL or canonical body) | [`ErrorKind::KeyReuse`], nothing sent |
+//! | never sent: no attempt reached a receiver (`not_sent`) | sends this request, whatever it is, under the key, in a new window |
+//! | for a different request (method, URL **with its origin**, or canonical body) | [`ErrorKind::KeyReuse`], nothing sent; [`Error::held_operation`] names what differs and what the ledger holds, and [`Error::outcome`] is that operation's (`Done` when it succeeded: never "not done" while it may have run) |
 //! | succeeded | the saved response, [`RetryReport::is_replayed`], nothing sent |
 //! | under another run's live lease | [`ErrorKind::LeaseHeld`], nothing sent (or waits: [`LeaseHeldPolicy`]) |
 //! | first attempted longer ago than the reconcile window | [`ErrorKind::ReconcileWindow`], nothing sent; but an unresolved row is first settled by the scope's [`Reconciler`], if one is set (below) |
 //! | otherwise (unknown, failed, or a lapsed lease left by a crash) | sends with the same key, inside the original window |
+//!
+//! The fingerprint includes the URL's origin on purpose: a key belongs to the receiver that saw
+//! it, and the same path on another origin (staging, a test server on another port, a regional
+//! endpoint) is a receiver this crate cannot see into. Moving an operation that may have run to
+//! a new base URL is a decision about the receivers, not the client: look up its answer under
+//! the key at the old one; a key no receiver saw moves by itself, and an operator frees one by
+//! hand with [`release_by_hand`] (`idempotent-retry-ledger release`).
 //!
 //! [`MemoryLedger`] serves one process, `SqliteLedger` (feature `sqlite`) one machine,
 //! `PostgresLedger` (feature `postgres`) a fleet sharing one table. A ledger failure is

@@ -729,8 +729,10 @@ impl Finish {
 /// renewing the lease past the wait and the next attempt; [`finish`](Self::finish) with the
 /// outcome, counting the last attempt and clearing the lease. A run its caller abandons (the future dropped: a timeout around the send, a `select!`) calls
 /// [`finish`](Self::finish) on a spawned task with [`OperationStatus::Unknown`] when an attempt
-/// may have reached the server, [`OperationStatus::FailedFinal`] when none can have, so the
-/// next run takes the row over at once with the original `first_attempt_at`; in the same
+/// may have reached the server, [`OperationStatus::FailedFinal`] when none can have run but one
+/// reached it, [`OperationStatus::NotSent`] when none reached it, so the
+/// next run takes the row over at once (with the original `first_attempt_at`, but for a
+/// `NotSent` row, whose window starts again); in the same
 /// process the next claim of the key first waits for that write. A worker in another process
 /// sees the row free once the write lands (milliseconds); until then it finds the lease held,
 /// and [`LeaseHeldPolicy`] decides whether it waits. A run dropped while its claim
@@ -764,7 +766,7 @@ impl Finish {
 ///     key               TEXT PRIMARY KEY,   -- the idempotency key
 ///     scope             TEXT NOT NULL,      -- e.g. 'stripe.charge'; by default the host
 ///     fingerprint       TEXT NOT NULL,      -- SHA-256 (hex) of the canonical request
-///     status            TEXT NOT NULL,      -- in_flight | succeeded | failed_final | unknown
+///     status            TEXT NOT NULL,      -- in_flight | succeeded | failed_final | unknown | not_sent
 ///     attempts          INTEGER NOT NULL,   -- attempts recorded, over every run
 ///     first_attempt_at  BIGINT NOT NULL,    -- start of the reconcile window
 ///     last_attempt_at   BIGINT,
