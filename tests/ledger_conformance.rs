@@ -245,6 +245,64 @@ async fn the_memory_ledger_passes_every_case_and_the_report_lists_them() {
     );
 }
 
+/// Runs the check-then-insert ledger through the suite `runs` times and counts the runs whose
+/// report missed the race.
+async fn misses_of_check_then_insert(runs: usize) -> usize {
+    let mut misses = 0;
+    for _ in 0..runs {
+        let report = run(Fault::CheckThenInsert).await;
+        if failed(&report) != ["concurrent claims of one key acquire it once"] {
+            misses += 1;
+        }
+    }
+    misses
+}
+
+/// Two threads that keep both cores busy until dropped: the load under which a race left to
+/// the scheduler goes unseen.
+struct Load(
+    Arc<std::sync::atomic::AtomicBool>,
+    Vec<std::thread::JoinHandle<()>>,
+);
+
+impl Load {
+    fn start() -> Load {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = (0..2)
+            .map(|_| {
+                let stop = Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    let mut x = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+                    }
+                })
+            })
+            .collect();
+        Load(stop, threads)
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        for thread in self.1.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_racy_claim_is_caught_on_every_run_on_a_current_thread_runtime() {
+    assert_eq!(misses_of_check_then_insert(200).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_racy_claim_is_caught_on_every_run_on_a_loaded_multi_thread_runtime() {
+    let _load = Load::start();
+    assert_eq!(misses_of_check_then_insert(200).await, 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_that_checks_then_inserts_fails_the_concurrent_claim_case() {
     let report = run(Fault::CheckThenInsert).await;

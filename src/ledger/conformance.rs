@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::{
-    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerErrorKind, ListFilter,
-    OperationRecord, OperationStatus, ReconcileClaim, Resolution, ResolutionKind, ResolutionNote,
-    Resolve, SavedResponse,
+    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerErrorKind, LedgerFuture,
+    ListFilter, OperationRecord, OperationStatus, ReconcileClaim, Resolution, ResolutionKind,
+    ResolutionNote, Resolve, SavedResponse,
 };
 
 /// What one case found: `Err` says what differed.
@@ -438,6 +438,35 @@ async fn new_key(ledger: Arc<dyn Ledger>) -> Outcome {
     Ok(())
 }
 
+/// Runs `racers` together on this task and returns their outputs in order. Every one is polled
+/// once before any is polled again, and each wake-up polls them all in turn, so every racer
+/// reaches its first await point (a ledger's read, before its write) before any goes past it:
+/// a ledger that checks, then inserts is caught on every run, whatever the runtime's flavor
+/// or the machine's load, and a ledger's own threads and connections still run in parallel.
+async fn in_lockstep<'a, T>(racers: Vec<LedgerFuture<'a, T>>) -> Vec<Result<T, LedgerError>> {
+    let mut pending: Vec<Option<LedgerFuture<'a, T>>> = racers.into_iter().map(Some).collect();
+    let mut done: Vec<Option<Result<T, LedgerError>>> = pending.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        for (slot, out) in pending.iter_mut().zip(done.iter_mut()) {
+            if let Some(racer) = slot
+                && let std::task::Poll::Ready(result) = racer.as_mut().poll(cx)
+            {
+                *out = Some(result);
+                *slot = None;
+            }
+        }
+        if pending.iter().all(Option::is_none) {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    done.into_iter()
+        .map(|out| out.expect("every racer finished before the join returned"))
+        .collect()
+}
+
 async fn concurrent_claims(ledger: Arc<dyn Ledger>) -> Outcome {
     const RACERS: usize = 16;
     async fn race(
@@ -445,21 +474,17 @@ async fn concurrent_claims(ledger: Arc<dyn Ledger>) -> Outcome {
         run: &str,
         now: u64,
     ) -> Result<Vec<(String, Claimed)>, String> {
-        let tasks: Vec<_> = (0..RACERS)
-            .map(|i| {
-                let ledger = Arc::clone(ledger);
-                let owner = format!("{run}-{i}");
-                tokio::spawn(async move {
-                    let claimed = ledger.claim(&claim("race", "f1", &owner, now)).await;
-                    (owner, claimed)
-                })
-            })
+        let owners: Vec<String> = (0..RACERS).map(|i| format!("{run}-{i}")).collect();
+        let claims: Vec<Claim> = owners
+            .iter()
+            .map(|owner| claim("race", "f1", owner, now))
             .collect();
+        let racers = claims
+            .iter()
+            .map(|claim| ledger.claim(claim))
+            .collect::<Vec<_>>();
         let mut results = Vec::with_capacity(RACERS);
-        for task in tasks {
-            let (owner, claimed) = task
-                .await
-                .map_err(|err| format!("a concurrent claim panicked: {err}"))?;
+        for (owner, claimed) in owners.into_iter().zip(in_lockstep(racers).await) {
             results.push((owner, ok(claimed, "a concurrent claim")?));
         }
         Ok(results)
@@ -1392,21 +1417,17 @@ async fn hold_unresolved(ledger: Arc<dyn Ledger>) -> Outcome {
 async fn concurrent_holds(ledger: Arc<dyn Ledger>) -> Outcome {
     const RACERS: usize = 16;
     finished(&*ledger, "race", SCOPE, OperationStatus::Unknown, 0).await?;
-    let tasks: Vec<_> = (0..RACERS)
-        .map(|i| {
-            let ledger = Arc::clone(&ledger);
-            tokio::spawn(async move {
-                let owner = format!("r{i}");
-                let held = ledger.claim_unresolved(&hold("race", &owner, 100)).await;
-                (owner, held)
-            })
-        })
+    let owners: Vec<String> = (0..RACERS).map(|i| format!("r{i}")).collect();
+    let holds: Vec<ReconcileClaim> = owners
+        .iter()
+        .map(|owner| hold("race", owner, 100))
         .collect();
+    let racers = holds
+        .iter()
+        .map(|hold| ledger.claim_unresolved(hold))
+        .collect::<Vec<_>>();
     let mut winners = Vec::new();
-    for task in tasks {
-        let (owner, held) = task
-            .await
-            .map_err(|err| format!("a concurrent hold panicked: {err}"))?;
+    for (owner, held) in owners.into_iter().zip(in_lockstep(racers).await) {
         match ok(held, "a concurrent hold")? {
             Some(Claimed::TakenOver { .. }) => winners.push(owner),
             Some(Claimed::Existing(_)) => {}
