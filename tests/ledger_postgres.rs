@@ -421,6 +421,31 @@ async fn a_new_database_is_at_schema_version_3_and_migrating_again_changes_nothi
     assert_eq!(other.schema_version().await.expect("version"), 3);
 }
 
+#[tokio::test]
+async fn a_database_never_migrated_is_named_with_the_fix_and_nothing_is_sent() {
+    let Some(base) = base_url() else { return };
+    let url = fresh_database(&base).await;
+    let ledger = PostgresLedger::connect(&url).await.expect("connect");
+    let server = TestServer::start(vec![], Action::ok("charged")).await;
+    let client = Client::builder().ledger(ledger).build().expect("client");
+    let err = client
+        .post(server.url("/charges"))
+        .idempotency_key(IdempotencyKey::derive("tests.pg", &["unmigrated"]))
+        .send()
+        .await
+        .expect_err("no table");
+    assert_eq!(err.kind(), ErrorKind::Ledger);
+    assert!(!err.is_outcome_unknown());
+    let text = err.to_string();
+    assert!(
+        text.contains(
+            "table idempotent_operations is missing: run `PostgresLedger::migrate()` once"
+        ),
+        "{text}"
+    );
+    assert_eq!(server.hits(), 0, "nothing was sent");
+}
+
 /// A claim made at a time finer than a millisecond returns the row as the database keeps it:
 /// what a later read gives, new row or take-over, times and all.
 #[tokio::test]

@@ -123,6 +123,9 @@ impl Error {
         message: impl Into<String>,
         source: LedgerError,
     ) -> Self {
+        // The ledger's own words in the message too: "table ... is missing: run migrate()"
+        // must reach a person who prints the error, not only one who walks its sources.
+        let message = format!("{} ({source})", message.into());
         Error::operation(ErrorKind::Ledger, report, outcome_unknown)
             .with_message(message)
             .with_source(source)

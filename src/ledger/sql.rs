@@ -139,7 +139,8 @@ pub(crate) fn version_from(stored: i64) -> Result<u32, LedgerError> {
 pub(crate) fn shape_error() -> LedgerError {
     LedgerError::corrupt(format!(
         "table {TABLE} is missing or exists with another shape than schema version \
-         {SCHEMA_VERSION}"
+         {SCHEMA_VERSION}: run the ledger's `migrate()` (or `idempotent-retry-ledger migrate`); \
+         a table of another shape is not this crate's, and is left as it is"
     ))
 }
 

@@ -27,6 +27,9 @@ pub(super) fn database(err: tokio_postgres::Error, what: &str) -> LedgerError {
 /// [`database`]'s classification, leaving the source to the caller (one error shared by the
 /// calls of a batch).
 pub(super) fn classify(err: &tokio_postgres::Error, what: &str) -> LedgerError {
+    if let Some(message) = err.code().and_then(|code| shape_message(code, what)) {
+        return LedgerError::corrupt(message);
+    }
     let message = if err.is_closed() {
         format!("{what}: the connection is closed")
     } else {
@@ -36,6 +39,25 @@ pub(super) fn classify(err: &tokio_postgres::Error, what: &str) -> LedgerError {
         LedgerError::corrupt(message)
     } else {
         LedgerError::unavailable(message)
+    }
+}
+
+/// What a missing table or column means, and the fix, for a person: a database never
+/// migrated, or migrated by an older release.
+fn shape_message(code: &SqlState, what: &str) -> Option<String> {
+    let table = crate::ledger::sql::TABLE;
+    if *code == SqlState::UNDEFINED_TABLE {
+        Some(format!(
+            "{what}: table {table} is missing: run `PostgresLedger::migrate()` once (or \
+             `idempotent-retry-ledger --postgres URL migrate`)"
+        ))
+    } else if *code == SqlState::UNDEFINED_COLUMN {
+        Some(format!(
+            "{what}: table {table} lacks a column this release reads (an older schema): run \
+             `PostgresLedger::migrate()` once every worker runs this release"
+        ))
+    } else {
+        None
     }
 }
 
@@ -68,4 +90,24 @@ fn connect(err: tokio_postgres::Error) -> LedgerError {
         .with_source(err);
     }
     database(err, "cannot connect")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_table_or_column_names_the_fix() {
+        assert_eq!(
+            shape_message(&SqlState::UNDEFINED_TABLE, "cannot claim the operation").as_deref(),
+            Some(
+                "cannot claim the operation: table idempotent_operations is missing: run \
+                 `PostgresLedger::migrate()` once (or `idempotent-retry-ledger --postgres URL \
+                 migrate`)"
+            )
+        );
+        let old = shape_message(&SqlState::UNDEFINED_COLUMN, "cannot list").expect("a message");
+        assert!(old.contains("an older schema"), "{old}");
+        assert_eq!(shape_message(&SqlState::UNIQUE_VIOLATION, "x"), None);
+    }
 }
