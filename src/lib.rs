@@ -143,6 +143,7 @@
 //! | [`LedgerOptions::saved_headers`] | `Content-Type`, `Location` | what a replayed answer needs to be read |
 //! | [`LedgerOptions::on_lease_held`] | [`LeaseHeldPolicy::Fail`] | the caller chooses whether to wait for another worker |
 //! | [`LedgerOptions::worker`] | a random UUID | name it after a host or pod, so `lease_owner` says who holds a row |
+//! | [`LedgerOptions::call_timeout`] | 10 s | a thousand times a healthy commit and past SQLite's 5 s wait for another process's lock; a frozen database costs an operation this long, never forever |
 //!
 //! # Front ends
 //!

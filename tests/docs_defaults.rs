@@ -38,6 +38,7 @@ const SETTINGS: &[&str] = &[
     "LedgerOptions::saved_headers",
     "LedgerOptions::on_lease_held",
     "LedgerOptions::worker",
+    "LedgerOptions::call_timeout",
 ];
 
 /// One row of the table: the setting's intra-doc link target, its default, the reason.
@@ -273,6 +274,11 @@ fn check(row: &Row) -> Result<(), String> {
         "LedgerOptions::retention" => expect(
             setting,
             ledger_options().retention(duration(value)?),
+            ledger_options(),
+        ),
+        "LedgerOptions::call_timeout" => expect(
+            setting,
+            ledger_options().call_timeout(duration(value)?),
             ledger_options(),
         ),
         "LedgerOptions::lease_slack" => expect(

@@ -1097,3 +1097,221 @@ async fn a_pool_of_one_serves_16_operations_at_once_in_turn() {
     let status = ledger.pool().status();
     assert_eq!((status.max_size, status.size), (1, 1));
 }
+
+/// The server processes serving `app`'s connections, stopped (SIGSTOP) until dropped: to the
+/// ledger, a database frozen by a failover, a partition or a full disk. Only those backends,
+/// so the other tests' connections carry on.
+struct Frozen(Vec<i32>);
+
+impl Frozen {
+    async fn sessions_of(admin: &tokio_postgres::Client, app: &str) -> Frozen {
+        let pids = session_pids(admin, app).await;
+        assert!(!pids.is_empty(), "{app} has a connection to freeze");
+        signal(&pids, "-STOP");
+        Frozen(pids)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        signal(&self.0, "-CONT");
+    }
+}
+
+fn signal(pids: &[i32], which: &str) {
+    let status = std::process::Command::new("kill")
+        .arg(which)
+        .args(pids.iter().map(ToString::to_string))
+        .status()
+        .expect("run kill");
+    assert!(
+        status.success(),
+        "kill {which} {pids:?} failed: the tests must run as the server's user or root"
+    );
+}
+
+/// One worker with a pool of one connection under `app`, a short call timeout and a short
+/// lease, so that a frozen connection freezes every ledger call and a dead run's row is taken
+/// over soon after.
+async fn frozen_worker(url: &str, app: &str) -> (Client, PostgresLedger) {
+    let ledger = PostgresLedger::builder()
+        .url(&format!("{url}?application_name={app}"))
+        .pool_size(1)
+        .build()
+        .await
+        .expect("connect");
+    ledger.migrate().await.expect("migrate");
+    let client = Client::builder()
+        .policy(
+            RetryPolicy::default()
+                .with_max_attempts(3)
+                .with_base_delay(Duration::from_millis(1))
+                .with_max_delay(Duration::from_millis(2))
+                .with_attempt_timeout(Duration::from_secs(1)),
+        )
+        .ledger(ledger.clone())
+        .ledger_options(
+            LedgerOptions::new()
+                .call_timeout(Duration::from_millis(500))
+                .lease_slack(Duration::from_millis(100)),
+        )
+        .build()
+        .expect("client");
+    (client, ledger)
+}
+
+/// Sends until the row's lease has lapsed and the run takes it over, within a bound.
+async fn send_until_taken_over(
+    client: &Client,
+    url: &str,
+    key: &IdempotencyKey,
+) -> reqwest::Response {
+    for _ in 0..100 {
+        match client
+            .post(url)
+            .idempotency_key(key.clone())
+            .body("charge")
+            .send()
+            .await
+        {
+            Ok(response) => return response,
+            Err(err) if err.kind() == ErrorKind::LeaseHeld => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(err) => panic!("after the thaw: {err}"),
+        }
+    }
+    panic!("the lease on {key} never lapsed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_database_bounds_every_stage_and_the_thaw_needs_no_restart() {
+    use idempotent_retry::testkit::{Receiver, Reply};
+    let Some(base) = base_url() else { return };
+    let url = fresh_database(&base).await;
+    let (admin, connection) = tokio_postgres::connect(&base, NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    let admin = std::sync::Arc::new(admin);
+    let app = format!(
+        "frozen_{}",
+        IdempotencyKey::random().as_str().replace('-', "")
+    );
+    let (client, ledger) = frozen_worker(&url, &app).await;
+    // The first delivery of `record_key` freezes the ledger's connection and answers 503 (the
+    // retry's record meets the frozen database); the first of `finish_key` freezes it and
+    // charges (the finish does).
+    let record_key = IdempotencyKey::derive("tests.pg.frozen", &["record"]);
+    let finish_key = IdempotencyKey::derive("tests.pg.frozen", &["finish"]);
+    let freezer = std::sync::Arc::new(tokio::sync::Mutex::new(None::<Frozen>));
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+    let receiver = {
+        let (admin, app, freezer) = (admin.clone(), app.clone(), freezer.clone());
+        let (record, finish) = (record_key.to_string(), finish_key.to_string());
+        Receiver::builder()
+            .handler(move |delivery| {
+                let (admin, app, freezer) = (admin.clone(), app.clone(), freezer.clone());
+                let key = delivery.key().unwrap_or_default().to_owned();
+                let first = seen.lock().unwrap().insert(key.clone());
+                let (record, finish) = (key == record, key == finish);
+                async move {
+                    if first && (record || finish) {
+                        *freezer.lock().await = Some(Frozen::sessions_of(&admin, &app).await);
+                        if record {
+                            return Reply::status(503).release_key();
+                        }
+                    }
+                    delivery.record_effect();
+                    Reply::ok("charged")
+                }
+            })
+            .start()
+            .await
+            .expect("receiver")
+    };
+    let charges = receiver.url("/charges");
+    let bound = Duration::from_secs(30);
+
+    // Warm: the pool's one connection is open, and delivery 1 is spent.
+    client
+        .post(&charges)
+        .idempotency_key(IdempotencyKey::derive("tests.pg.frozen", &["warm"]))
+        .body("charge")
+        .send()
+        .await
+        .expect("healthy");
+
+    // 1. The claim: frozen before it. Nothing sent, not executed.
+    let frozen = Frozen::sessions_of(&admin, &app).await;
+    let claim_key = IdempotencyKey::derive("tests.pg.frozen", &["claim"]);
+    let err = tokio::time::timeout(
+        bound,
+        client
+            .post(&charges)
+            .idempotency_key(claim_key.clone())
+            .body("charge")
+            .send(),
+    )
+    .await
+    .expect("the claim is bounded")
+    .expect_err("the ledger is frozen");
+    assert_eq!(err.kind(), ErrorKind::Ledger, "{err}");
+    assert!(!err.is_outcome_unknown(), "{err}");
+    assert!(
+        err.to_string().contains("did not answer within 500ms"),
+        "{err}"
+    );
+    assert_eq!(receiver.arrivals(), 1, "nothing was sent");
+    drop(frozen);
+    // The thaw: the same client sends it, no restart.
+    let answer = send_until_taken_over(&client, &charges, &claim_key).await;
+    assert_eq!(answer.status(), 200);
+
+    // 2. The record before a retry: the first delivery freezes the database and answers 503.
+    let err = tokio::time::timeout(
+        bound,
+        client
+            .post(&charges)
+            .idempotency_key(record_key.clone())
+            .body("charge")
+            .send(),
+    )
+    .await
+    .expect("the record is bounded")
+    .expect_err("the retry's record meets the frozen database");
+    assert_eq!(err.kind(), ErrorKind::Ledger, "{err}");
+    assert!(err.is_outcome_unknown(), "a 503 may have run: {err}");
+    drop(freezer.lock().await.take());
+    let answer = send_until_taken_over(&client, &charges, &record_key).await;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(receiver.effects_for(record_key.as_str()), 1);
+
+    // 3. The finish after the answer: the first delivery freezes the database and charges.
+    let mut err = tokio::time::timeout(
+        bound,
+        client
+            .post(&charges)
+            .idempotency_key(finish_key.clone())
+            .body("charge")
+            .send(),
+    )
+    .await
+    .expect("the finish is bounded")
+    .expect_err("the finish meets the frozen database");
+    assert_eq!(err.kind(), ErrorKind::Ledger, "{err}");
+    assert!(err.is_outcome_unknown(), "{err}");
+    let response = err.take_response().expect("the answer is never lost");
+    assert_eq!(response.status(), 200);
+    drop(freezer.lock().await.take());
+    // The next run takes the row over once its lease lapses and gets the receiver's replay.
+    let answer = send_until_taken_over(&client, &charges, &finish_key).await;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(receiver.effects_for(finish_key.as_str()), 1, "charged once");
+    let row = ledger
+        .get(finish_key.as_str())
+        .await
+        .expect("read")
+        .expect("row");
+    assert_eq!(row.status, OperationStatus::Succeeded);
+}

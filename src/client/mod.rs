@@ -27,8 +27,8 @@ use reqwest::IntoUrl;
 use crate::budget::RetryBudget;
 use crate::error::Error;
 use crate::ledger::{
-    Ledger, LedgerError, LedgerHandle, LedgerOptions, ReconcileContext, Reconciled, Reconciler,
-    Reconcilers, SweepReport,
+    Bounded, Ledger, LedgerError, LedgerHandle, LedgerOptions, ReconcileContext, Reconciled,
+    Reconciler, Reconcilers, SweepReport,
 };
 use crate::observe::{AttemptEvent, Chain, Observer, OnAttempt, OnOperation, OperationEvent};
 use crate::policy::RetryPolicy;
@@ -771,6 +771,7 @@ impl ClientBuilder {
 
     pub(crate) fn settings_unchecked(self) -> Settings {
         crate::telemetry::metrics::describe();
+        let limit = self.ledger_options.call_timeout;
         Settings {
             policy: self.policy,
             host_policies: self.host_policies,
@@ -785,8 +786,8 @@ impl ClientBuilder {
                 Some(seed) => Jitter::Seeded(Box::new(Mutex::new(StdRng::seed_from_u64(seed)))),
                 None => Jitter::Thread,
             },
-            ledger: self.ledger.map(|ledger| LedgerHandle {
-                ledger,
+            ledger: self.ledger.map(|inner| LedgerHandle {
+                ledger: Arc::new(Bounded { inner, limit }),
                 options: Arc::new(self.ledger_options),
                 reconcilers: Arc::new(self.reconcilers),
             }),

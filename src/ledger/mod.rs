@@ -27,6 +27,7 @@ use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
 #[cfg(any(test, feature = "testkit"))]
+mod bounded;
 mod conformance;
 mod error;
 mod hand_release;
@@ -61,6 +62,7 @@ pub(crate) use reconcile::{
 pub use reconcile::{Reconciled, SweepReport, resolve_by_hand};
 pub use reconciler::{ReconcileFn, ReconcileFuture, Reconciler, SendAgain, reconcile_fn};
 pub use resolution::{ReconcileClaim, Resolution, ResolutionKind, ResolutionNote, Resolve};
+pub(crate) use bounded::Bounded;
 pub(crate) use session::{Begin, LedgerHandle, LedgerRun, Operation, can_replay, claim};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteLedger;

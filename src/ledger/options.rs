@@ -49,6 +49,7 @@ pub struct LedgerOptions {
     pub(crate) saved_headers: Vec<HeaderName>,
     pub(crate) on_lease_held: LeaseHeldPolicy,
     pub(crate) worker: String,
+    pub(crate) call_timeout: Duration,
 }
 
 impl fmt::Debug for LedgerOptions {
@@ -61,6 +62,7 @@ impl fmt::Debug for LedgerOptions {
             .field("saved_headers", &self.saved_headers)
             .field("on_lease_held", &self.on_lease_held)
             .field("worker", &self.worker)
+            .field("call_timeout", &self.call_timeout)
             .finish()
     }
 }
@@ -74,10 +76,15 @@ impl Default for LedgerOptions {
 /// Seven days: cheap to keep, and it covers manual replays and incident forensics.
 const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// Ten seconds: a thousand times a healthy commit, and past SQLite's five-second wait for
+/// another process's write lock, whose own error names the cause.
+const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl LedgerOptions {
     /// Every default.
     pub fn new() -> Self {
         LedgerOptions {
+            call_timeout: DEFAULT_CALL_TIMEOUT,
             retention: DEFAULT_RETENTION,
             scope_retention: HashMap::new(),
             lease_slack: Duration::from_secs(30),
@@ -185,6 +192,30 @@ impl LedgerOptions {
     }
 
     /// The retention for a scope, before the two-windows floor.
+    /// How long one ledger call may take before the client stops waiting for it: every claim,
+    /// attempt record, finish, reconcile hold and resolve, read and purge batch, on every
+    /// front end and ledger. A frozen database (a failover, a partition, a full disk) then
+    /// costs an operation this long, never forever:
+    ///
+    /// - **the claim** times out with [`ErrorKind::Ledger`](crate::ErrorKind::Ledger), nothing
+    ///   sent, not executed; a claim that lands later is given back as soon as it does;
+    /// - **an attempt's record** (before a retry) ends the operation with
+    ///   [`ErrorKind::Ledger`](crate::ErrorKind::Ledger), the retry not sent, outcome as the
+    ///   attempts so far say; the row's lease lapses and the next run takes it over with the
+    ///   same key and window;
+    /// - **the finish** after an answer returns [`ErrorKind::Ledger`](crate::ErrorKind::Ledger)
+    ///   carrying the response ([`Error::take_response`](crate::Error::take_response)), outcome
+    ///   unknown: the answer is never lost, and the row, left in flight, is taken over once its
+    ///   lease lapses (the receiver replays its answer to that run).
+    ///
+    /// Any value is accepted; zero fails every call.
+    ///
+    /// Default: 10 s.
+    pub fn call_timeout(mut self, limit: Duration) -> Self {
+        self.call_timeout = limit;
+        self
+    }
+
     pub(crate) fn retention_for(&self, scope: &str) -> Duration {
         self.scope_retention
             .get(scope)

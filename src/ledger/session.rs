@@ -132,16 +132,21 @@ pub(crate) async fn claim<R: RetryResponse>(
             url: url.clone(),
         };
         let cutoff = claim.window_cutoff;
-        let claimed = claim_detached(&handle.ledger, claim)
-            .await
-            .map_err(|source| {
-                Error::ledger(
-                    RetryReport::new(Some(key.clone())),
-                    false,
-                    "could not claim the operation; nothing was sent",
-                    source,
-                )
-            })?;
+        let claimed = super::bounded::within(
+            &crate::time::TokioSleeper,
+            options.call_timeout,
+            "cannot claim the operation",
+            claim_detached(&handle.ledger, claim),
+        )
+        .await
+        .map_err(|source| {
+            Error::ledger(
+                RetryReport::new(Some(key.clone())),
+                false,
+                "could not claim the operation; nothing was sent",
+                source,
+            )
+        })?;
         let existing = match claimed {
             Claimed::New(record) => {
                 return Ok(Begin::Proceed(LedgerRun::new(
