@@ -16,6 +16,10 @@ use crate::ledger::LedgerError;
 /// The pool size when none is set: see [`PostgresLedgerBuilder::pool_size`].
 pub(super) const DEFAULT_POOL_SIZE: usize = 16;
 
+/// How long a connection may go without an answer from the server before it is given up, and
+/// how long a call waits for a pooled connection to come free.
+const SILENT_SERVER: Duration = Duration::from_secs(30);
+
 /// The connect timeout when neither the builder nor the connection string sets one.
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -30,6 +34,12 @@ const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// | [`pool_size`](Self::pool_size) | 16 connections |
 /// | [`connect_timeout`](Self::connect_timeout) | the connection string's `connect_timeout`, else 10 s |
 /// | TLS | none: plain TCP (`NoTls`) |
+///
+/// Against a server that goes silent, whatever the connection string says otherwise: TCP
+/// keepalive probes after 15 s idle, `tcp_user_timeout` 30 s (unacknowledged data closes the
+/// connection, on Linux), a wait of at most 30 s for a pooled connection and of the connect
+/// timeout to check one handed back. Above them every call is bounded by
+/// [`LedgerOptions::call_timeout`](crate::LedgerOptions::call_timeout).
 ///
 /// # Examples
 ///
@@ -220,6 +230,15 @@ impl PostgresLedgerBuilder {
             .or_else(|| config.get_connect_timeout().copied())
             .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
         config.connect_timeout(timeout);
+        // A server that goes silent (frozen, partitioned, its host gone) is noticed by the
+        // connection, not only by the call timeout above it: keepalive probes after 15 s idle,
+        // and data unacknowledged for 30 s closes the socket (Linux), so the pool replaces it.
+        if config.get_tcp_user_timeout().is_none() {
+            config.tcp_user_timeout(SILENT_SERVER);
+        }
+        if config.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
+            config.keepalives_idle(Duration::from_secs(15));
+        }
         // Fast: a connection is checked for being closed when it is handed out, without a
         // round trip. One the server dropped fails the statement that finds out, and the pool
         // replaces it.
@@ -246,6 +265,10 @@ impl PostgresLedgerBuilder {
             .max_size(self.pool_size)
             .runtime(Runtime::Tokio1)
             .create_timeout(Some(timeout))
+            // Waiting for a connection to come free, and checking one handed back, are waits
+            // on the database too.
+            .wait_timeout(Some(SILENT_SERVER))
+            .recycle_timeout(Some(timeout))
             .build()
             .map_err(|err| {
                 LedgerError::invalid("cannot build the connection pool").with_source(err)
