@@ -346,9 +346,15 @@ async fn a_send_dropped_while_its_claim_is_in_flight_leaves_the_key_free_for_the
         while memory.get(key.as_str()).await.expect("read").is_none() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        // Another front end in this process sends the key now, with default options (a
-        // held key fails at once): it waits for the claim to be given back, then goes ahead.
-        let next = kind.build(settings(memory.clone(), LedgerOptions::new()));
+        // Another front end (a client of its own, as another process would be) sends the key
+        // now: it finds the lease held until the claim is given back, waits for that, then
+        // goes ahead. (Releases are the abandoning client's own business: a client never waits
+        // on another client's registry.)
+        let patient = LedgerOptions::new().on_lease_held(LeaseHeldPolicy::Wait {
+            poll: Duration::from_millis(10),
+            max_wait: Duration::from_secs(10),
+        });
+        let next = kind.build(settings(memory.clone(), patient));
         let reply = next
             .send(call)
             .await

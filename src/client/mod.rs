@@ -790,6 +790,7 @@ impl ClientBuilder {
                 ledger: Arc::new(Bounded { inner, limit }),
                 options: Arc::new(self.ledger_options),
                 reconcilers: Arc::new(self.reconcilers),
+                releases: Arc::default(),
             }),
             key_in_spans: self.key_in_spans,
         }

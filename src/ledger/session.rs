@@ -37,6 +37,8 @@ pub(crate) struct LedgerHandle {
     pub(crate) options: Arc<LedgerOptions>,
     /// Asked about a row whose outcome is unknown once its window has ended.
     pub(crate) reconcilers: Arc<Reconcilers>,
+    /// The releases of abandoned runs and claims still being written, by key.
+    pub(crate) releases: Arc<super::release::Releases>,
 }
 
 /// How many times a claim looks again when the row changes between its statements (another
@@ -112,7 +114,10 @@ pub(crate) async fn claim<R: RetryResponse>(
     let owner = [options.worker.as_str(), IdempotencyKey::random().as_str()].join("/");
     // A run of this key abandoned in this process a moment ago may still be giving its lease
     // back: let it, so this run finds the row free.
-    super::release::settled(key.as_str()).await;
+    handle
+        .releases
+        .settled(key.as_str(), options.call_timeout)
+        .await;
     let mut waited = Duration::ZERO;
     let mut rounds = 0;
     // A row past its window is reconciled at most once per claim.
@@ -132,14 +137,9 @@ pub(crate) async fn claim<R: RetryResponse>(
             url: url.clone(),
         };
         let cutoff = claim.window_cutoff;
-        let claimed = super::bounded::within(
-            &crate::time::TokioSleeper,
-            options.call_timeout,
-            "cannot claim the operation",
-            claim_detached(&handle.ledger, claim),
-        )
-        .await
-        .map_err(|source| {
+        // Bounded by the ledger's call timeout inside, so that the task that finishes a claim
+        // whose caller has gone ends too.
+        let claimed = claim_detached(handle, claim).await.map_err(|source| {
             Error::ledger(
                 RetryReport::new(Some(key.clone())),
                 false,
@@ -286,13 +286,22 @@ pub(crate) async fn claim<R: RetryResponse>(
 /// and if the caller is dropped while the claim is in flight, finished on a task of its own
 /// that learns what the claim did and releases a lease it took, so the row is not left held by
 /// a run that is gone.
-async fn claim_detached(ledger: &Arc<dyn Ledger>, claim: Claim) -> Result<Claimed, LedgerError> {
+async fn claim_detached(handle: &LedgerHandle, claim: Claim) -> Result<Claimed, LedgerError> {
     let key = claim.key.clone();
-    let detached = Arc::clone(ledger);
+    let detached = Arc::clone(&handle.ledger);
+    let limit = handle.options.call_timeout;
     let mut in_flight = ClaimInFlight {
         key,
+        releases: Arc::clone(&handle.releases),
         pending: Some(Box::pin(async move {
-            let claimed = detached.claim(&claim).await;
+            // Bounded here too, for the task that finishes it when its caller has gone.
+            let claimed = super::bounded::within(
+                &crate::time::TokioSleeper,
+                limit,
+                "cannot claim the operation",
+                detached.claim(&claim),
+            )
+            .await;
             (claimed, claim, detached)
         })),
     };
@@ -308,6 +317,7 @@ type ClaimOutput = (Result<Claimed, LedgerError>, Claim, Arc<dyn Ledger>);
 /// process waits for that claim to land and, its caller being gone, to be given back.
 struct ClaimInFlight {
     key: String,
+    releases: Arc<super::release::Releases>,
     pending: Option<std::pin::Pin<Box<dyn Future<Output = ClaimOutput> + Send>>>,
 }
 
@@ -331,12 +341,13 @@ impl Drop for ClaimInFlight {
             return;
         };
         // Without a tokio runtime nothing runs it: a lease it took lapses, as after a crash.
-        super::release::spawn(std::mem::take(&mut self.key), async move {
-            let (claimed, claim, ledger) = pending.await;
-            if let Ok(taken) = claimed {
-                release_unused_claim(&*ledger, &claim, &taken).await;
-            }
-        });
+        self.releases
+            .spawn(std::mem::take(&mut self.key), async move {
+                let (claimed, claim, ledger) = pending.await;
+                if let Ok(taken) = claimed {
+                    release_unused_claim(&*ledger, &claim, &taken).await;
+                }
+            });
     }
 }
 
@@ -655,7 +666,7 @@ impl Drop for LedgerRun {
         );
         let ledger = Arc::clone(&self.handle.ledger);
         let key = finish.key.clone();
-        super::release::spawn(key, async move {
+        self.handle.releases.spawn(key, async move {
             match ledger.finish(&finish).await {
                 Ok(()) => {}
                 // The outcome was written after all, or another run took the row over.
