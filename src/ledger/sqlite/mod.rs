@@ -5,6 +5,7 @@
 //! the file, [`reconcile`] what reconciling does to it, [`migrate`] the schema steps.
 
 mod migrate;
+mod private;
 mod reconcile;
 mod statements;
 mod sync;
@@ -223,8 +224,11 @@ impl SqliteLedger {
     }
 }
 
-/// The write connection: created if missing, in WAL mode, `synchronous = FULL`.
+/// The write connection: created if missing (owner-only, 0600), in WAL mode,
+/// `synchronous = FULL`.
 fn open_writer(path: &Path) -> Result<Connection, LedgerError> {
+    // Owner-only before SQLite creates it (its -wal and -shm files take the same mode).
+    private::create_private(path)?;
     let conn = Connection::open(path).map_err(|err| storage(err, "cannot open"))?;
     configure(&conn, DEFAULT_BUSY_TIMEOUT)?;
     enable_wal(&conn)?;
