@@ -372,9 +372,8 @@ pub use ledger::{
     AttemptUpdate, Claim, ClaimBuilder, Claimed, Finish, HttpProbe, LeaseHeldPolicy, Ledger,
     LedgerError, LedgerErrorKind, LedgerFuture, LedgerOptions, ListFilter, MemoryLedger,
     OperationRecord, OperationRecordBuilder, OperationStatus, ReconcileClaim, ReconcileFn,
-    ReconcileFuture, Reconciled, Reconciler, Resolution, ResolutionKind, ResolutionNote, Resolve,
-    Released, SavedResponse, SendAgain, SweepReport, reconcile_fn, release_by_hand,
-    resolve_by_hand,
+    ReconcileFuture, Reconciled, Reconciler, Released, Resolution, ResolutionKind, ResolutionNote,
+    Resolve, SavedResponse, SendAgain, SweepReport, reconcile_fn, release_by_hand, resolve_by_hand,
 };
 #[cfg(feature = "postgres")]
 pub use ledger::{PostgresLedger, PostgresLedgerBuilder};

@@ -47,6 +47,7 @@ mod sql;
 mod sqlite;
 
 pub use crate::status::OperationStatus;
+pub(crate) use bounded::Bounded;
 #[cfg(any(test, feature = "testkit"))]
 pub use conformance::{ConformanceFailure, ConformanceReport, ledger_conformance};
 pub use error::{LedgerError, LedgerErrorKind};
@@ -62,7 +63,6 @@ pub(crate) use reconcile::{
 pub use reconcile::{Reconciled, SweepReport, resolve_by_hand};
 pub use reconciler::{ReconcileFn, ReconcileFuture, Reconciler, SendAgain, reconcile_fn};
 pub use resolution::{ReconcileClaim, Resolution, ResolutionKind, ResolutionNote, Resolve};
-pub(crate) use bounded::Bounded;
 pub(crate) use session::{Begin, LedgerHandle, LedgerRun, Operation, can_replay, claim};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteLedger;

@@ -442,7 +442,10 @@ mod tests {
             .await
             .expect("read");
         let versions: Vec<i32> = rows.iter().map(|row| row.get(0)).collect();
-        assert_eq!(versions, vec![i32::try_from(SCHEMA_VERSION).expect("small")]);
+        assert_eq!(
+            versions,
+            vec![i32::try_from(SCHEMA_VERSION).expect("small")]
+        );
     }
 
     #[tokio::test]
