@@ -129,6 +129,8 @@ mod tests {
     use super::*;
     use crate::ledger::LedgerErrorKind;
 
+    // The bound is tokio's timer (see the module docs): the test reads tokio's paused clock.
+    #[allow(clippy::disallowed_methods)]
     #[tokio::test(start_paused = true)]
     async fn a_call_that_never_answers_fails_after_the_limit_and_one_that_does_answers() {
         let never = std::future::pending::<Result<(), LedgerError>>();

@@ -126,6 +126,8 @@ mod tests {
         assert!(written.load(Ordering::SeqCst));
     }
 
+    // The bound is tokio's timer (see the module docs): the test reads tokio's paused clock.
+    #[allow(clippy::disallowed_methods)]
     #[tokio::test(start_paused = true)]
     async fn a_release_that_never_lands_holds_a_claim_up_for_the_limit_only() {
         let releases = Arc::new(Releases::default());
