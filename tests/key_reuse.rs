@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime};
 use http::StatusCode;
 use idempotent_retry::testkit::{Fault, Receiver, When};
 use idempotent_retry::{
-    Claim, Client, ErrorKind, IdempotencyKey, Ledger, OperationStatus, Outcome, Released,
-    RequestPart, ResolutionKind, RetryPolicy, SqliteLedger, release_by_hand,
+    Claim, Client, Clock, ErrorKind, IdempotencyKey, Ledger, OperationStatus, Outcome, Released,
+    RequestPart, ResolutionKind, RetryPolicy, SqliteLedger, TokioClock, release_by_hand,
 };
 
 fn policy(attempts: u32) -> RetryPolicy {
@@ -168,7 +168,7 @@ async fn each_stored_status_gives_its_own_truth() {
 
     // In flight: another worker holds the key right now (its claim, for another request).
     let held = IdempotencyKey::derive("tests.key_reuse", &["held"]);
-    let now = SystemTime::now();
+    let now = TokioClock::new().wall();
     let claim = Claim::builder(
         held.as_str(),
         "a-fingerprint",
@@ -309,7 +309,7 @@ async fn an_operator_frees_a_key_by_hand_only_where_nothing_can_have_run() {
     let ledger = ledger(&dir).await;
     let receiver = Receiver::start().await.expect("receiver");
     let url = receiver.url("/charges");
-    let now = SystemTime::now();
+    let now = TokioClock::new().wall();
 
     // Throttled to the end: the receiver saw the key but ran nothing. Released without force.
     let throttled = IdempotencyKey::derive("tests.key_reuse", &["release throttled"]);
