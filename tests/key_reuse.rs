@@ -4,7 +4,7 @@
 //! free one by hand. Real loopback sockets, the testkit's idempotent receiver counting side
 //! effects, a real SQLite file.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use http::StatusCode;
 use idempotent_retry::testkit::{Fault, Receiver, When};
