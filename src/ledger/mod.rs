@@ -26,8 +26,8 @@ use std::pin::Pin;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
-#[cfg(any(test, feature = "testkit"))]
 mod bounded;
+#[cfg(any(test, feature = "testkit"))]
 mod conformance;
 mod error;
 mod hand_release;
