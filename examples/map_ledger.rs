@@ -69,9 +69,18 @@ impl MapLedger {
         if !claim.may_take_over(row) {
             return Ok(Claimed::Existing(row.clone()));
         }
-        // The window start, the attempts and the retention stay; the response goes.
+        // The window start, the attempts and the retention stay; the response goes. A row no
+        // receiver saw becomes the claim's request, in a new window.
         let previous = row.status;
         let mut record = row.clone();
+        if previous == OperationStatus::NotSent {
+            record.scope.clone_from(&claim.scope);
+            record.fingerprint.clone_from(&claim.fingerprint);
+            record.method.clone_from(&claim.method);
+            record.url.clone_from(&claim.url);
+            record.first_attempt_at = claim.now;
+            record.expires_at = record.expires_at.max(claim.expires_at);
+        }
         record.status = OperationStatus::InFlight;
         record.lease_owner = Some(claim.owner.clone());
         record.lease_expires_at = Some(claim.lease_until);
