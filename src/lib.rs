@@ -13,7 +13,7 @@
 //! # Quick start
 //!
 //! ```no_run
-//! use idempotent_retry::{Client, IdempotencyKey};
+//! use idempotent_retry::{Client, IdempotencyKey, Outcome};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let client = Client::new();
@@ -21,21 +21,25 @@
 //! // One key per logical operation, derived from inputs that survive a restart.
 //! let key = IdempotencyKey::derive("agent.send_email", &["conv_8f2c", "step-3"]);
 //!
-//! match client
+//! let sent = client
 //!     .post("https://api.example.com/v1/emails")
 //!     .idempotency_key(key)
 //!     .json(&serde_json::json!({"to": "ada@example.com", "subject": "Your invoice"}))
 //!     .send()
-//!     .await
-//! {
-//!     // Done (or a final answer such as 400 or 422: check the status).
+//!     .await;
+//! match sent {
+//!     // A final answer: 2xx, or one such as 400 or 422 (check the status).
 //!     Ok(response) => println!("{}", response.status()),
-//!     // The server may have run it: look it up by key, or retry later with the same key.
-//!     Err(err) if err.is_outcome_unknown() => {
-//!         eprintln!("reconcile {:?}: {err}", err.idempotency_key());
-//!     }
-//!     // Definitely not executed: safe to try again later.
-//!     Err(err) => eprintln!("not sent ({}): {err}", err.kind()),
+//!     Err(err) => match err.outcome() {
+//!         // The operation has its answer: do not send it again.
+//!         Outcome::Done { status, .. } => eprintln!("already answered {status}: {err}"),
+//!         // Definitely not executed: safe to try again later.
+//!         Outcome::NotDone { .. } => eprintln!("not sent: {err}"),
+//!         // The server may have run it: look it up by key, or retry later with the same key.
+//!         Outcome::Unknown { key } => eprintln!("reconcile {key:?}: {err}"),
+//!         // A variant added later: read it as unknown.
+//!         _ => eprintln!("may have run: {err}"),
+//!     },
 //! }
 //! # Ok(()) }
 //! ```
@@ -420,3 +424,10 @@ mod test_rng {
         }
     }
 }
+
+/// Compiles and runs every `rust` block of the README as a doc test, so its examples keep
+/// building against the crate. Its testkit example needs `testkit`, which the crate's own
+/// dev-dependency on itself turns on for every test build.
+#[cfg(all(doctest, feature = "testkit"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
