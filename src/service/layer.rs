@@ -3,10 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use tower::layer::util::Stack;
-
 use super::IdempotentRetry;
-use super::boxed::BoxResponseBodyLayer;
 use crate::client::{Client, ClientBuilder};
 use crate::error::Error;
 use crate::settings::Settings;
@@ -50,35 +47,24 @@ use crate::settings::Settings;
 /// (the layer logs a warning with the key and both origins when the response comes from another
 /// URL than the one sent).
 ///
-/// # Ledger
-///
-/// With a [`Ledger`](crate::Ledger) in the settings, the response body must be one the ledger
-/// can rebuild to replay a completed operation ([`RetryResponse::from_saved`](crate::RetryResponse::from_saved)):
-/// over a hyper client, use [`box_response_body`](Self::box_response_body).
-///
 /// # Examples
 ///
-/// Over `reqwest::Client`, built to follow no redirect (see above):
-///
 /// ```
-/// use idempotent_retry::{Client, RetryPolicy};
+/// use std::time::Duration;
+/// use idempotent_retry::{Client, IdempotentRetryLayer, RetryPolicy};
 /// use tower::ServiceBuilder;
 ///
 /// let layer = Client::builder()
 ///     .policy(RetryPolicy::default().with_max_attempts(3))
 ///     .build_layer()?;
-/// let http = reqwest::Client::builder()
-///     .redirect(reqwest::redirect::Policy::none())
-///     .build()
-///     .expect("a client");
-/// let service = ServiceBuilder::new().layer(layer).service(http);
-/// # drop(service);
+/// let service = ServiceBuilder::new()
+///     .layer(layer)
+///     .service(reqwest::Client::new());
 /// # Ok::<(), idempotent_retry::Error>(())
 /// ```
 ///
-/// Over a hyper client (which follows no redirect), with a per-attempt limit and concurrency
-/// limit inside the layer (`examples/tower_stack.rs` runs a full stack against a local
-/// receiver):
+/// Over a hyper client, with a per-attempt limit and concurrency limit inside the layer
+/// (`examples/tower_stack.rs` runs a full stack against a local receiver):
 ///
 /// ```
 /// use std::time::Duration;
@@ -138,35 +124,6 @@ impl IdempotentRetryLayer {
     pub(crate) fn from_settings(settings: Arc<Settings>) -> Self {
         IdempotentRetryLayer { settings }
     }
-
-    /// This layer with a [`BoxResponseBodyLayer`] inside it: the response body of the service
-    /// it wraps is boxed as `BoxBody<Bytes, Box<dyn Error + Send + Sync>>`, which a
-    /// [`Ledger`](crate::Ledger) can save and rebuild to replay. Use it over a hyper client,
-    /// whose `Incoming` body a ledger cannot rebuild: without it, a keyed request is refused
-    /// with [`ErrorKind::Builder`](crate::ErrorKind::Builder). The service's response type is
-    /// then `http::Response<BoxBody<Bytes, Box<dyn Error + Send + Sync>>>`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use bytes::Bytes;
-    /// use http_body_util::Full;
-    /// use idempotent_retry::{Client, MemoryLedger};
-    /// use tower::ServiceBuilder;
-    ///
-    /// let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-    ///     .build_http::<Full<Bytes>>();
-    /// let layer = Client::builder().ledger(MemoryLedger::new()).build_layer()?;
-    /// let service = ServiceBuilder::new()
-    ///     .layer(layer.box_response_body())
-    ///     .concurrency_limit(16)
-    ///     .service(hyper);
-    /// # drop(service);
-    /// # Ok::<(), idempotent_retry::Error>(())
-    /// ```
-    pub fn box_response_body(self) -> Stack<BoxResponseBodyLayer, IdempotentRetryLayer> {
-        Stack::new(BoxResponseBodyLayer::new(), self)
-    }
 }
 
 impl<S> tower::Layer<S> for IdempotentRetryLayer {
@@ -206,11 +163,9 @@ impl Client {
     /// use tower::ServiceBuilder;
     ///
     /// let client = Client::builder().ledger(MemoryLedger::new()).build()?;
-    /// let http = reqwest::Client::builder()
-    ///     .redirect(reqwest::redirect::Policy::none())
-    ///     .build()
-    ///     .expect("a client");
-    /// let service = ServiceBuilder::new().layer(client.layer()).service(http);
+    /// let service = ServiceBuilder::new()
+    ///     .layer(client.layer())
+    ///     .service(reqwest::Client::new());
     /// # drop(service);
     /// # Ok::<(), idempotent_retry::Error>(())
     /// ```
