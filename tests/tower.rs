@@ -1,6 +1,8 @@
 //! The tower front end on its own: exact attempt sequences against `tower-test` mocks, and the
 //! layer inside `ServiceBuilder` stacks (timeout, concurrency limit, `BoxCloneService`,
-//! `tower-http`). The fault cases shared with the other front ends are in `front_ends.rs`.
+//! `tower-http`), a ledger under the layer over a hyper client and over `reqwest::Client`
+//! (replay, and the ledger scope of requests without extensions). The fault cases shared with
+//! the other front ends are in `front_ends.rs`.
 
 mod support;
 
@@ -12,10 +14,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
+use http_body_util::BodyExt as _;
 use http_body_util::Full;
 use idempotent_retry::{
-    Client, ErrorKind, FailureKind, IDEMPOTENCY_KEY, IdempotencyKey, IdempotentRetryLayer,
-    RetryPolicy, RetryReport, Sleep, Sleeper,
+    Client, ErrorKind, FailureKind, IDEMPOTENCY_KEY, IdempotencyKey, IdempotentRetryLayer, Ledger,
+    LedgerScope, MemoryLedger, OperationRecord, OperationStatus, Reconciled, Resolution,
+    ResolutionKind, RetryPolicy, RetryReport, Sleep, Sleeper, reconcile_fn,
 };
 use support::*;
 use tower::util::BoxCloneService;
@@ -522,4 +526,328 @@ async fn dropping_the_future_mid_wait_releases_the_wait_the_service_and_the_perm
     let (_, reply) = handle.next_request().await.expect("next operation");
     reply.send_response(status(200));
     next.await.expect("task").expect("200");
+}
+
+/// Millisecond backoff, so a retry against a real socket does not slow the suite.
+fn quick() -> RetryPolicy {
+    RetryPolicy::default()
+        .with_base_delay(Duration::from_millis(1))
+        .with_max_delay(Duration::from_millis(5))
+}
+
+fn hyper_client() -> hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    Full<Bytes>,
+> {
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http()
+}
+
+fn hyper_post(url: String, key: &IdempotencyKey) -> Request<Full<Bytes>> {
+    let mut request = Request::post(url)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from_static(br#"{"amount":1200}"#)))
+        .expect("valid request");
+    request.extensions_mut().insert(key.clone());
+    request
+}
+
+async fn row(ledger: &dyn Ledger, key: &IdempotencyKey) -> OperationRecord {
+    ledger
+        .get(key.as_str())
+        .await
+        .expect("read the ledger")
+        .expect("the operation has a row")
+}
+
+type BoxedResponse = Response<http_body_util::combinators::BoxBody<Bytes, BoxError>>;
+
+/// A boxed response's status, whole body and report.
+async fn body_of(response: BoxedResponse) -> (http::StatusCode, Bytes, RetryReport) {
+    let report = RetryReport::from_extensions(response.extensions())
+        .cloned()
+        .expect("every response carries a report");
+    let status = response.status();
+    let body = response.into_body().collect().await.expect("body");
+    (status, body.to_bytes(), report)
+}
+
+/// Sends one charge twice with one key through the layer over a real hyper client: the second
+/// is answered from `ledger` with nothing sent.
+async fn a_second_send_through_hyper_is_replayed(ledger: impl Ledger + Clone, name: &str) {
+    let server = TestServer::start(
+        vec![Action::json(201, r#"{"id":"ch_1"}"#)],
+        Action::status(500),
+    )
+    .await;
+    let layer = Client::builder()
+        .policy(quick())
+        .ledger(ledger.clone())
+        .build_layer()
+        .expect("valid");
+    let service = ServiceBuilder::new()
+        .layer(layer.box_response_body())
+        .service(hyper_client());
+    let key = IdempotencyKey::derive("tests.tower.hyper", &[name]);
+
+    let first = service
+        .clone()
+        .oneshot(hyper_post(server.url("/v1/charges"), &key))
+        .await
+        .expect("sent");
+    let (status, body, report) = body_of(first).await;
+    assert_eq!(
+        (status.as_u16(), &body[..]),
+        (201, &br#"{"id":"ch_1"}"#[..]),
+        "{name}"
+    );
+    assert!(!report.is_replayed(), "{name}");
+    assert_eq!(
+        row(&ledger, &key).await.status,
+        OperationStatus::Succeeded,
+        "{name}"
+    );
+
+    let second = service
+        .oneshot(hyper_post(server.url("/v1/charges"), &key))
+        .await
+        .expect("replayed");
+    let (status, body, report) = body_of(second).await;
+    assert_eq!(
+        (status.as_u16(), &body[..]),
+        (201, &br#"{"id":"ch_1"}"#[..]),
+        "{name}"
+    );
+    assert!(report.is_replayed(), "{name}: answered from the ledger");
+    assert_eq!(
+        server.hits(),
+        1,
+        "{name}: the second send never reached the server"
+    );
+}
+
+#[tokio::test]
+async fn a_ledger_over_a_hyper_client_replays_a_second_send_with_the_key() {
+    a_second_send_through_hyper_is_replayed(MemoryLedger::new(), "memory").await;
+    #[cfg(feature = "sqlite")]
+    {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let ledger = idempotent_retry::SqliteLedger::open(dir.path().join("operations.db"))
+            .await
+            .expect("open the ledger");
+        a_second_send_through_hyper_is_replayed(ledger, "sqlite").await;
+    }
+}
+
+#[tokio::test]
+async fn a_ledger_over_hyper_incoming_is_refused_naming_the_bodies_it_rebuilds() {
+    let server = TestServer::start(vec![], Action::ok("ok")).await;
+    let ledger = MemoryLedger::new();
+    let layer = Client::builder()
+        .ledger(ledger.clone())
+        .build_layer()
+        .expect("valid");
+    let service = ServiceBuilder::new().layer(layer).service(hyper_client());
+    let key = IdempotencyKey::derive("tests.tower.hyper", &["incoming"]);
+    let err = service
+        .oneshot(hyper_post(server.url("/v1/charges"), &key))
+        .await
+        .expect_err("hyper's Incoming cannot be rebuilt");
+    assert_eq!(err.kind(), ErrorKind::Builder);
+    let message = err.to_string();
+    for named in [
+        "http::response::Response<hyper::body::incoming::Incoming>",
+        "http_body_util::Full<Bytes>",
+        "http_body_util::combinators::BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>",
+        "http_body_util::combinators::UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>",
+        "IdempotentRetryLayer::box_response_body",
+        "body.map_err(Into::into).boxed()",
+        "nothing was sent",
+    ] {
+        assert!(message.contains(named), "{named}: {message}");
+    }
+    assert_eq!(server.hits(), 0);
+    assert!(ledger.is_empty(), "nothing claimed");
+}
+
+fn reqwest_without_redirects() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("a client")
+}
+
+fn charge(url: String, key: &IdempotencyKey) -> reqwest::RequestBuilder {
+    reqwest_without_redirects()
+        .post(url)
+        .header(IDEMPOTENCY_KEY, key.as_str())
+        .body(r#"{"amount":1200}"#)
+}
+
+/// The scopes the reconcilers were asked about, by reconciler.
+type Asked = Arc<std::sync::Mutex<Vec<(&'static str, String, String)>>>;
+
+fn asking(name: &'static str, asked: &Asked) -> impl idempotent_retry::Reconciler {
+    let asked = Arc::clone(asked);
+    reconcile_fn(name, move |operation| {
+        asked.lock().expect("not poisoned").push((
+            name,
+            operation.scope.clone(),
+            operation.key.clone(),
+        ));
+        async { Resolution::NotDone }
+    })
+}
+
+#[tokio::test]
+async fn requests_through_reqwest_get_the_scope_of_their_header_or_path_and_its_reconciler() {
+    let server = TestServer::start(vec![Action::Reset], Action::json(201, "{}")).await;
+    let ledger = MemoryLedger::new();
+    let asked = Asked::default();
+    let client = Client::builder()
+        .policy(quick().with_max_attempts(1))
+        .ledger(ledger.clone())
+        .reconciler_for_scope("shop.charge", asking("charges", &asked))
+        .reconciler_for_scope("shop.refund", asking("refunds", &asked))
+        .build()
+        .expect("valid");
+    let layer = client
+        .layer()
+        .scope_for_path_prefix("/v1", "shop.api")
+        .scope_for_path_prefix("/v1/charges", "shop.charge");
+    let service = ServiceBuilder::new()
+        .layer(layer)
+        .service(reqwest_without_redirects());
+    let key = |what: &str| IdempotencyKey::derive("tests.tower.scope", &[what]);
+
+    // By path: the first charge's connection is reset, its outcome unknown.
+    let unknown = key("unknown charge");
+    let err = service
+        .clone()
+        .oneshot(
+            charge(server.url("/v1/charges/ch_1"), &unknown)
+                .build()
+                .expect("request"),
+        )
+        .await
+        .expect_err("reset, one attempt");
+    assert!(err.is_outcome_unknown(), "{err}");
+    let by_path = key("charge");
+    service
+        .clone()
+        .oneshot(
+            charge(server.url("/v1/charges"), &by_path)
+                .build()
+                .expect("request"),
+        )
+        .await
+        .expect("sent");
+    // By header, over the path's: the header is taken off before anything is sent.
+    let by_header = key("refund");
+    let request = charge(server.url("/v1/charges/ch_1/refunds"), &by_header)
+        .header(IdempotentRetryLayer::SCOPE_HEADER, "shop.refund")
+        .build()
+        .expect("request");
+    service.clone().oneshot(request).await.expect("sent");
+    // No rule: the host.
+    let by_host = key("other");
+    service
+        .clone()
+        .oneshot(
+            charge(server.url("/v2/charges"), &by_host)
+                .build()
+                .expect("request"),
+        )
+        .await
+        .expect("sent");
+    let under_v1 = key("v1");
+    service
+        .oneshot(
+            charge(server.url("/v1/customers"), &under_v1)
+                .build()
+                .expect("request"),
+        )
+        .await
+        .expect("sent");
+
+    let scope = async |key: &IdempotencyKey| row(&ledger, key).await.scope;
+    assert_eq!(scope(&unknown).await, "shop.charge");
+    assert_eq!(scope(&by_path).await, "shop.charge");
+    assert_eq!(scope(&by_header).await, "shop.refund");
+    assert_eq!(scope(&by_host).await, "127.0.0.1");
+    assert_eq!(scope(&under_v1).await, "shop.api");
+    let requests = server.requests();
+    assert_eq!(requests.len(), 5);
+    assert!(
+        requests.iter().all(|r| r
+            .header(IdempotentRetryLayer::SCOPE_HEADER.as_str())
+            .is_none()),
+        "the scope header reached the server: {requests:?}"
+    );
+
+    // The unknown charge is reconciled by the charges' reconciler, and only by it.
+    assert_eq!(
+        row(&ledger, &unknown).await.status,
+        OperationStatus::Unknown
+    );
+    let reconciled = client
+        .reconcile(unknown.as_str())
+        .await
+        .expect("reconciled");
+    assert_eq!(reconciled, Reconciled::Resolved(ResolutionKind::NotDone));
+    assert_eq!(
+        *asked.lock().expect("not poisoned"),
+        [(
+            "charges",
+            "shop.charge".to_owned(),
+            unknown.as_str().to_owned()
+        )]
+    );
+}
+
+#[tokio::test]
+async fn the_scope_header_never_reaches_the_server_and_conflicts_are_refused() {
+    let server = TestServer::start(vec![], Action::ok("ok")).await;
+    // Without a ledger the header means nothing, and is still taken off.
+    let service = ServiceBuilder::new()
+        .layer(IdempotentRetryLayer::new())
+        .service(reqwest_without_redirects());
+    let request = reqwest_without_redirects()
+        .get(server.url("/v1/charges"))
+        .header(IdempotentRetryLayer::SCOPE_HEADER, "shop.charge")
+        .build()
+        .expect("request");
+    service.oneshot(request).await.expect("sent");
+    assert_eq!(server.hits(), 1);
+    assert_eq!(
+        server.requests()[0].header(IdempotentRetryLayer::SCOPE_HEADER.as_str()),
+        None
+    );
+
+    // An `http::Request` naming two scopes, or the header twice, is refused with nothing sent.
+    let (layer, _time) = virtual_layer(RetryPolicy::default());
+    let mut two = post("");
+    two.headers_mut().insert(
+        IdempotentRetryLayer::SCOPE_HEADER,
+        HeaderValue::from_static("shop.refund"),
+    );
+    two.extensions_mut().insert(LedgerScope::new("shop.charge"));
+    let mut twice = post("");
+    for scope in ["a", "b"] {
+        twice.headers_mut().append(
+            IdempotentRetryLayer::SCOPE_HEADER,
+            HeaderValue::from_static(scope),
+        );
+    }
+    for (request, says) in [
+        (two, "two different ledger scopes"),
+        (twice, "more than once"),
+    ] {
+        let (call, mut handle) = spawn_call(&layer, request);
+        let err = call.await.expect("task").expect_err("refused");
+        assert_eq!(err.kind(), ErrorKind::Builder);
+        assert!(err.to_string().contains(says), "{err}");
+        assert_eq!(err.attempts(), 0);
+        // The call is over and its service dropped: the mock saw no request.
+        assert!(handle.next_request().await.is_none(), "nothing sent");
+    }
 }
