@@ -119,8 +119,9 @@ pub trait RetryResponse: Send + 'static {
     /// `reqwest::Response` can always be rebuilt. `http::Response<B>` can for the body types
     /// `String`, `Vec<u8>`, `Bytes`, `http_body_util::Full<Bytes>`, `reqwest::Body` and
     /// `http_body_util::combinators::{BoxBody, UnsyncBoxBody}<Bytes, Box<dyn Error + Send +
-    /// Sync>>`; hyper's `Incoming` cannot (map it to one of those first, e.g. with tower's
-    /// `map_response` and `BodyExt::boxed`). The default is `None`.
+    /// Sync>>`; hyper's `Incoming` cannot: box it inside the tower layer with
+    /// `IdempotentRetryLayer::box_response_body` (feature `tower`), or map it to one of those
+    /// yourself (`body.map_err(Into::into).boxed()`). The default is `None`.
     fn from_saved(saved: http::Response<Bytes>) -> Option<Self>
     where
         Self: Sized,
@@ -472,6 +473,28 @@ macro_rules! as_known_body {
     )*};
 }
 
+/// Why a front end with a ledger refuses a keyed request whose response type `R` cannot be
+/// rebuilt from saved bytes: the type, the types that can be (the list in
+/// [`RetryResponse::from_saved`], with their error types), and the way there from hyper's
+/// `Incoming`.
+pub(crate) fn not_replayable<R>() -> String {
+    format!(
+        "a ledger replays completed operations, and this front end's response body type cannot \
+         be rebuilt from saved bytes: {}; a ledger rebuilds reqwest::Response, and \
+         http::Response<B> for B one of Bytes, String, Vec<u8>, http_body_util::Full<Bytes>, \
+         reqwest::Body, {BOX_BODY} and {UNSYNC_BOX_BODY}; over a hyper client, box its \
+         Incoming inside the layer with IdempotentRetryLayer::box_response_body, or map it \
+         yourself: response.map(|body| body.map_err(Into::into).boxed()); nothing was sent",
+        std::any::type_name::<R>()
+    )
+}
+
+/// The boxed response bodies a ledger rebuilds, spelled as a user writes them.
+const BOX_BODY: &str =
+    "http_body_util::combinators::BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>";
+const UNSYNC_BOX_BODY: &str =
+    "http_body_util::combinators::UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>";
+
 /// A response body of type `B` holding `bytes`, for the body types the ledger can build.
 fn body_from_bytes<B: 'static>(bytes: Bytes) -> Option<B> {
     as_known_body!(B, Known => Known::from_bytes(bytes).map(back));
@@ -597,6 +620,30 @@ mod tests {
         for (_, kept, rest) in every_known_body(5).await {
             assert_eq!(kept, None);
             assert_eq!(rest, "hello, ledger");
+        }
+    }
+
+    #[test]
+    fn the_refusal_names_the_response_type_and_every_body_type_a_ledger_rebuilds() {
+        let message = not_replayable::<http::Response<hyper::body::Incoming>>();
+        assert!(
+            message.contains("hyper::body::incoming::Incoming"),
+            "{message}"
+        );
+        // The types `every_known_response_body_is_rebuilt_saved_and_handed_back_whole` rebuilds.
+        for known in [
+            "reqwest::Response",
+            "Bytes",
+            "String",
+            "Vec<u8>",
+            "http_body_util::Full<Bytes>",
+            "reqwest::Body",
+            "BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>",
+            "UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>",
+            "IdempotentRetryLayer::box_response_body",
+            "body.map_err(Into::into).boxed()",
+        ] {
+            assert!(message.contains(known), "{known}: {message}");
         }
     }
 

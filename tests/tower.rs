@@ -1,6 +1,7 @@
 //! The tower front end on its own: exact attempt sequences against `tower-test` mocks, and the
 //! layer inside `ServiceBuilder` stacks (timeout, concurrency limit, `BoxCloneService`,
-//! `tower-http`). The fault cases shared with the other front ends are in `front_ends.rs`.
+//! `tower-http`), and a ledger under the layer over a hyper client. The fault cases shared
+//! with the other front ends are in `front_ends.rs`.
 
 mod support;
 
@@ -12,10 +13,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
+use http_body_util::BodyExt as _;
 use http_body_util::Full;
 use idempotent_retry::{
-    Client, ErrorKind, FailureKind, IDEMPOTENCY_KEY, IdempotencyKey, IdempotentRetryLayer,
-    RetryPolicy, RetryReport, Sleep, Sleeper,
+    Client, ErrorKind, FailureKind, IDEMPOTENCY_KEY, IdempotencyKey, IdempotentRetryLayer, Ledger,
+    MemoryLedger, OperationRecord, OperationStatus, RetryPolicy, RetryReport, Sleep, Sleeper,
 };
 use support::*;
 use tower::util::BoxCloneService;
@@ -522,4 +524,145 @@ async fn dropping_the_future_mid_wait_releases_the_wait_the_service_and_the_perm
     let (_, reply) = handle.next_request().await.expect("next operation");
     reply.send_response(status(200));
     next.await.expect("task").expect("200");
+}
+
+/// Millisecond backoff, so a retry against a real socket does not slow the suite.
+fn quick() -> RetryPolicy {
+    RetryPolicy::default()
+        .with_base_delay(Duration::from_millis(1))
+        .with_max_delay(Duration::from_millis(5))
+}
+
+fn hyper_client() -> hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    Full<Bytes>,
+> {
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http()
+}
+
+fn hyper_post(url: String, key: &IdempotencyKey) -> Request<Full<Bytes>> {
+    let mut request = Request::post(url)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from_static(br#"{"amount":1200}"#)))
+        .expect("valid request");
+    request.extensions_mut().insert(key.clone());
+    request
+}
+
+async fn row(ledger: &dyn Ledger, key: &IdempotencyKey) -> OperationRecord {
+    ledger
+        .get(key.as_str())
+        .await
+        .expect("read the ledger")
+        .expect("the operation has a row")
+}
+
+type BoxedResponse = Response<http_body_util::combinators::BoxBody<Bytes, BoxError>>;
+
+/// A boxed response's status, whole body and report.
+async fn body_of(response: BoxedResponse) -> (http::StatusCode, Bytes, RetryReport) {
+    let report = RetryReport::from_extensions(response.extensions())
+        .cloned()
+        .expect("every response carries a report");
+    let status = response.status();
+    let body = response.into_body().collect().await.expect("body");
+    (status, body.to_bytes(), report)
+}
+
+/// Sends one charge twice with one key through the layer over a real hyper client: the second
+/// is answered from `ledger` with nothing sent.
+async fn a_second_send_through_hyper_is_replayed(ledger: impl Ledger + Clone, name: &str) {
+    let server = TestServer::start(
+        vec![Action::json(201, r#"{"id":"ch_1"}"#)],
+        Action::status(500),
+    )
+    .await;
+    let layer = Client::builder()
+        .policy(quick())
+        .ledger(ledger.clone())
+        .build_layer()
+        .expect("valid");
+    let service = ServiceBuilder::new()
+        .layer(layer.box_response_body())
+        .service(hyper_client());
+    let key = IdempotencyKey::derive("tests.tower.hyper", &[name]);
+
+    let first = service
+        .clone()
+        .oneshot(hyper_post(server.url("/v1/charges"), &key))
+        .await
+        .expect("sent");
+    let (status, body, report) = body_of(first).await;
+    assert_eq!(
+        (status.as_u16(), &body[..]),
+        (201, &br#"{"id":"ch_1"}"#[..]),
+        "{name}"
+    );
+    assert!(!report.is_replayed(), "{name}");
+    assert_eq!(
+        row(&ledger, &key).await.status,
+        OperationStatus::Succeeded,
+        "{name}"
+    );
+
+    let second = service
+        .oneshot(hyper_post(server.url("/v1/charges"), &key))
+        .await
+        .expect("replayed");
+    let (status, body, report) = body_of(second).await;
+    assert_eq!(
+        (status.as_u16(), &body[..]),
+        (201, &br#"{"id":"ch_1"}"#[..]),
+        "{name}"
+    );
+    assert!(report.is_replayed(), "{name}: answered from the ledger");
+    assert_eq!(
+        server.hits(),
+        1,
+        "{name}: the second send never reached the server"
+    );
+}
+
+#[tokio::test]
+async fn a_ledger_over_a_hyper_client_replays_a_second_send_with_the_key() {
+    a_second_send_through_hyper_is_replayed(MemoryLedger::new(), "memory").await;
+    #[cfg(feature = "sqlite")]
+    {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let ledger = idempotent_retry::SqliteLedger::open(dir.path().join("operations.db"))
+            .await
+            .expect("open the ledger");
+        a_second_send_through_hyper_is_replayed(ledger, "sqlite").await;
+    }
+}
+
+#[tokio::test]
+async fn a_ledger_over_hyper_incoming_is_refused_naming_the_bodies_it_rebuilds() {
+    let server = TestServer::start(vec![], Action::ok("ok")).await;
+    let ledger = MemoryLedger::new();
+    let layer = Client::builder()
+        .ledger(ledger.clone())
+        .build_layer()
+        .expect("valid");
+    let service = ServiceBuilder::new().layer(layer).service(hyper_client());
+    let key = IdempotencyKey::derive("tests.tower.hyper", &["incoming"]);
+    let err = service
+        .oneshot(hyper_post(server.url("/v1/charges"), &key))
+        .await
+        .expect_err("hyper's Incoming cannot be rebuilt");
+    assert_eq!(err.kind(), ErrorKind::Builder);
+    let message = err.to_string();
+    for named in [
+        "http::response::Response<hyper::body::incoming::Incoming>",
+        "http_body_util::Full<Bytes>",
+        "http_body_util::combinators::BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>",
+        "http_body_util::combinators::UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>",
+        "IdempotentRetryLayer::box_response_body",
+        "body.map_err(Into::into).boxed()",
+        "nothing was sent",
+    ] {
+        assert!(message.contains(named), "{named}: {message}");
+    }
+    assert_eq!(server.hits(), 0);
+    assert!(ledger.is_empty(), "nothing claimed");
 }

@@ -31,7 +31,7 @@ use http::Method;
 use tracing::Instrument;
 
 use crate::error::Error;
-use crate::exchange::{RetryRequest, RetryResponse};
+use crate::exchange::{self, RetryRequest, RetryResponse};
 use crate::key::IdempotencyKey;
 use crate::ledger::{self, Begin, LedgerHandle};
 use crate::observe::{LedgerVerdict, OperationEvent};
@@ -166,11 +166,7 @@ where
         ));
     };
     if !ledger::can_replay::<T::Response>() {
-        return refused(Error::builder(
-            "a ledger replays completed operations, and this front end's response body type \
-             cannot be rebuilt from saved bytes (hyper's Incoming, say: map it to Full<Bytes> or \
-             a BoxBody first); nothing was sent",
-        ));
+        return refused(Error::builder(exchange::not_replayable::<T::Response>()));
     }
     let window = settled.policy.reconcile_window();
     let operation = ledger::Operation {

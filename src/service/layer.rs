@@ -3,7 +3,10 @@
 use std::fmt;
 use std::sync::Arc;
 
+use tower::layer::util::Stack;
+
 use super::IdempotentRetry;
+use super::boxed::BoxResponseBodyLayer;
 use crate::client::{Client, ClientBuilder};
 use crate::error::Error;
 use crate::settings::Settings;
@@ -46,6 +49,12 @@ use crate::settings::Settings;
 /// `redirect::Policy::none()`: by default it follows redirects below the layer, with the key
 /// (the layer logs a warning with the key and both origins when the response comes from another
 /// URL than the one sent).
+///
+/// # Ledger
+///
+/// With a [`Ledger`](crate::Ledger) in the settings, the response body must be one the ledger
+/// can rebuild to replay a completed operation ([`RetryResponse::from_saved`](crate::RetryResponse::from_saved)):
+/// over a hyper client, use [`box_response_body`](Self::box_response_body).
 ///
 /// # Examples
 ///
@@ -123,6 +132,35 @@ impl IdempotentRetryLayer {
 
     pub(crate) fn from_settings(settings: Arc<Settings>) -> Self {
         IdempotentRetryLayer { settings }
+    }
+
+    /// This layer with a [`BoxResponseBodyLayer`] inside it: the response body of the service
+    /// it wraps is boxed as `BoxBody<Bytes, Box<dyn Error + Send + Sync>>`, which a
+    /// [`Ledger`](crate::Ledger) can save and rebuild to replay. Use it over a hyper client,
+    /// whose `Incoming` body a ledger cannot rebuild: without it, a keyed request is refused
+    /// with [`ErrorKind::Builder`](crate::ErrorKind::Builder). The service's response type is
+    /// then `http::Response<BoxBody<Bytes, Box<dyn Error + Send + Sync>>>`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http_body_util::Full;
+    /// use idempotent_retry::{Client, MemoryLedger};
+    /// use tower::ServiceBuilder;
+    ///
+    /// let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+    ///     .build_http::<Full<Bytes>>();
+    /// let layer = Client::builder().ledger(MemoryLedger::new()).build_layer()?;
+    /// let service = ServiceBuilder::new()
+    ///     .layer(layer.box_response_body())
+    ///     .concurrency_limit(16)
+    ///     .service(hyper);
+    /// # drop(service);
+    /// # Ok::<(), idempotent_retry::Error>(())
+    /// ```
+    pub fn box_response_body(self) -> Stack<BoxResponseBodyLayer, IdempotentRetryLayer> {
+        Stack::new(BoxResponseBodyLayer::new(), self)
     }
 }
 

@@ -2,7 +2,9 @@
 //!
 //! Tower's layout: the layer in `layer.rs`, the service here, its future in `future.rs`. The
 //! service only sends attempts; keys, classification, backoff and windows are the engine's.
+//! Beside them: `boxed.rs`, the layer that boxes a response body a ledger could not rebuild.
 
+mod boxed;
 mod future;
 mod layer;
 
@@ -58,9 +60,11 @@ pub use layer::IdempotentRetryLayer;
 /// **Ledger**: with a [`Ledger`](crate::Ledger) in the settings, each keyed request is claimed,
 /// recorded and finished as the [`Client`](crate::Client) does it. The request's body must be
 /// one the ledger can fingerprint and the response's one it can rebuild to replay
-/// ([`RetryRequest::fingerprint`], [`RetryResponse::from_saved`]): over a hyper client, map
-/// hyper's `Incoming` to a `BoxBody` first. Otherwise the request is refused with
-/// [`ErrorKind::Builder`](crate::ErrorKind::Builder) and nothing is claimed or sent.
+/// ([`RetryRequest::fingerprint`], [`RetryResponse::from_saved`]): over a hyper client, box
+/// hyper's `Incoming` inside the layer with
+/// [`IdempotentRetryLayer::box_response_body`]. Otherwise the request is refused with
+/// [`ErrorKind::Builder`](crate::ErrorKind::Builder), naming the response type and the body
+/// types a ledger rebuilds, and nothing is claimed or sent.
 ///
 /// **Cancellation**: dropping the [`ResponseFuture`] (a timeout outside the layer, a
 /// `select!`) drops the attempt in flight or the wait, and the future's copy of the inner
