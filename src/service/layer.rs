@@ -58,22 +58,27 @@ use crate::settings::Settings;
 ///
 /// # Examples
 ///
+/// Over `reqwest::Client`, built to follow no redirect (see above):
+///
 /// ```
-/// use std::time::Duration;
-/// use idempotent_retry::{Client, IdempotentRetryLayer, RetryPolicy};
+/// use idempotent_retry::{Client, RetryPolicy};
 /// use tower::ServiceBuilder;
 ///
 /// let layer = Client::builder()
 ///     .policy(RetryPolicy::default().with_max_attempts(3))
 ///     .build_layer()?;
-/// let service = ServiceBuilder::new()
-///     .layer(layer)
-///     .service(reqwest::Client::new());
+/// let http = reqwest::Client::builder()
+///     .redirect(reqwest::redirect::Policy::none())
+///     .build()
+///     .expect("a client");
+/// let service = ServiceBuilder::new().layer(layer).service(http);
+/// # drop(service);
 /// # Ok::<(), idempotent_retry::Error>(())
 /// ```
 ///
-/// Over a hyper client, with a per-attempt limit and concurrency limit inside the layer
-/// (`examples/tower_stack.rs` runs a full stack against a local receiver):
+/// Over a hyper client (which follows no redirect), with a per-attempt limit and concurrency
+/// limit inside the layer (`examples/tower_stack.rs` runs a full stack against a local
+/// receiver):
 ///
 /// ```
 /// use std::time::Duration;
@@ -201,9 +206,11 @@ impl Client {
     /// use tower::ServiceBuilder;
     ///
     /// let client = Client::builder().ledger(MemoryLedger::new()).build()?;
-    /// let service = ServiceBuilder::new()
-    ///     .layer(client.layer())
-    ///     .service(reqwest::Client::new());
+    /// let http = reqwest::Client::builder()
+    ///     .redirect(reqwest::redirect::Policy::none())
+    ///     .build()
+    ///     .expect("a client");
+    /// let service = ServiceBuilder::new().layer(client.layer()).service(http);
     /// # drop(service);
     /// # Ok::<(), idempotent_retry::Error>(())
     /// ```
