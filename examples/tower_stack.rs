@@ -14,6 +14,12 @@
 //! The receiver (the crate's `testkit::Receiver`, on 127.0.0.1) resets the first attempt after sending
 //! the email, then answers 503: the third attempt meets the saved response, and exactly one
 //! email is sent.
+//!
+//! Then the same layer over `reqwest::Client`, built to follow no redirect (below the layer
+//! it would follow them with the key, to any origin), with a ledger: the row's scope comes
+//! from the layer's rule for the path `/v1/refunds`, and a second send with the key is
+//! answered from the ledger, nothing sent. (Over the hyper client, a ledger needs the body
+//! boxed: `layer.box_response_body()`.)
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -24,8 +30,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use idempotent_retry::testkit::{Fault, Receiver, When};
 use idempotent_retry::{
-    AttemptEvent, Client, IdempotencyKey, IdempotentRetryLayer, Observer, OperationEvent,
-    RetryPolicy, RetryReport,
+    AttemptEvent, Client, IDEMPOTENCY_KEY, IdempotencyKey, IdempotentRetryLayer, Ledger,
+    MemoryLedger, Observer, OperationEvent, RetryPolicy, RetryReport,
 };
 use tower::util::BoxCloneService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
@@ -141,5 +147,46 @@ async fn main() -> Result<(), BoxError> {
         err.is_outcome_unknown()
     );
     assert!(!err.is_outcome_unknown());
+
+    refund_through_reqwest(&server).await
+}
+
+/// The layer over `reqwest::Client` with a ledger: the refund's row is scoped by the layer's
+/// rule for its path, and a second send with the key is answered from the ledger.
+async fn refund_through_reqwest(server: &Receiver) -> Result<(), BoxError> {
+    let ledger = MemoryLedger::new();
+    let layer = Client::builder()
+        .ledger(ledger.clone())
+        .build_layer()?
+        .scope_for_path_prefix("/v1/refunds", "shop.refund");
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()?;
+    let service = ServiceBuilder::new().layer(layer).service(http.clone());
+    let key = IdempotencyKey::derive("example.refund", &["order-1042"]);
+    let refund = || {
+        http.post(server.url("/v1/refunds"))
+            .header(IDEMPOTENCY_KEY, key.as_str())
+            .json(&serde_json::json!({"order": "order-1042", "amount": 1200}))
+            .build()
+    };
+
+    println!("POST /v1/refunds twice through reqwest, with a ledger:");
+    let first = service.clone().oneshot(refund()?).await?;
+    let second = service.oneshot(refund()?).await?;
+    let replayed = RetryReport::of(&second).is_some_and(RetryReport::is_replayed);
+    let row = ledger
+        .get(key.as_str())
+        .await?
+        .ok_or("the refund has a row")?;
+    println!(
+        "  {} then {} (replayed from the ledger: {replayed}); row scope {:?}",
+        first.status(),
+        second.status(),
+        row.scope
+    );
+    assert!(replayed);
+    assert_eq!(row.scope, "shop.refund");
+    assert_eq!(server.effects_for(key.as_str()), 1, "exactly one refund");
     Ok(())
 }

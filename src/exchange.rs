@@ -84,6 +84,13 @@ pub trait RetryRequest: Sized + Send + 'static {
     fn url(&self) -> Option<reqwest::Url> {
         None
     }
+
+    /// The request's path (`/v1/charges`, no query), for the tower layer's ledger scopes by
+    /// path prefix (`IdempotentRetryLayer::scope_for_path_prefix`, feature `tower`). The
+    /// default is `None`: no rule by path applies to the request.
+    fn path(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// A response type the retry engine can classify and annotate.
@@ -177,6 +184,10 @@ impl RetryRequest for reqwest::Request {
         Some(reqwest::Request::url(self).clone())
     }
 
+    fn path(&self) -> Option<&str> {
+        Some(reqwest::Request::url(self).path())
+    }
+
     fn fingerprint(&self) -> Option<RequestFingerprint> {
         let body = match self.body() {
             None => &[][..],
@@ -267,6 +278,10 @@ impl<B: Clone + Send + 'static> RetryRequest for http::Request<B> {
         // Only an absolute URI names a server; a path alone leaves the attributes out.
         self.uri().scheme()?;
         reqwest::Url::parse(&self.uri().to_string()).ok()
+    }
+
+    fn path(&self) -> Option<&str> {
+        Some(self.uri().path())
     }
 
     fn fingerprint(&self) -> Option<RequestFingerprint> {

@@ -1,7 +1,8 @@
 //! The tower front end on its own: exact attempt sequences against `tower-test` mocks, and the
 //! layer inside `ServiceBuilder` stacks (timeout, concurrency limit, `BoxCloneService`,
-//! `tower-http`), and a ledger under the layer over a hyper client. The fault cases shared
-//! with the other front ends are in `front_ends.rs`.
+//! `tower-http`), a ledger under the layer over a hyper client and over `reqwest::Client`
+//! (replay, and the ledger scope of requests without extensions). The fault cases shared with
+//! the other front ends are in `front_ends.rs`.
 
 mod support;
 
@@ -17,7 +18,8 @@ use http_body_util::BodyExt as _;
 use http_body_util::Full;
 use idempotent_retry::{
     Client, ErrorKind, FailureKind, IDEMPOTENCY_KEY, IdempotencyKey, IdempotentRetryLayer, Ledger,
-    MemoryLedger, OperationRecord, OperationStatus, RetryPolicy, RetryReport, Sleep, Sleeper,
+    LedgerScope, MemoryLedger, OperationRecord, OperationStatus, Reconciled, Resolution,
+    ResolutionKind, RetryPolicy, RetryReport, Sleep, Sleeper, reconcile_fn,
 };
 use support::*;
 use tower::util::BoxCloneService;
@@ -665,4 +667,187 @@ async fn a_ledger_over_hyper_incoming_is_refused_naming_the_bodies_it_rebuilds()
     }
     assert_eq!(server.hits(), 0);
     assert!(ledger.is_empty(), "nothing claimed");
+}
+
+fn reqwest_without_redirects() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("a client")
+}
+
+fn charge(url: String, key: &IdempotencyKey) -> reqwest::RequestBuilder {
+    reqwest_without_redirects()
+        .post(url)
+        .header(IDEMPOTENCY_KEY, key.as_str())
+        .body(r#"{"amount":1200}"#)
+}
+
+/// The scopes the reconcilers were asked about, by reconciler.
+type Asked = Arc<std::sync::Mutex<Vec<(&'static str, String, String)>>>;
+
+fn asking(name: &'static str, asked: &Asked) -> impl idempotent_retry::Reconciler {
+    let asked = Arc::clone(asked);
+    reconcile_fn(name, move |operation| {
+        asked.lock().expect("not poisoned").push((
+            name,
+            operation.scope.clone(),
+            operation.key.clone(),
+        ));
+        async { Resolution::NotDone }
+    })
+}
+
+#[tokio::test]
+async fn requests_through_reqwest_get_the_scope_of_their_header_or_path_and_its_reconciler() {
+    let server = TestServer::start(vec![Action::Reset], Action::json(201, "{}")).await;
+    let ledger = MemoryLedger::new();
+    let asked = Asked::default();
+    let client = Client::builder()
+        .policy(quick().with_max_attempts(1))
+        .ledger(ledger.clone())
+        .reconciler_for_scope("shop.charge", asking("charges", &asked))
+        .reconciler_for_scope("shop.refund", asking("refunds", &asked))
+        .build()
+        .expect("valid");
+    let layer = client
+        .layer()
+        .scope_for_path_prefix("/v1", "shop.api")
+        .scope_for_path_prefix("/v1/charges", "shop.charge");
+    let service = ServiceBuilder::new()
+        .layer(layer)
+        .service(reqwest_without_redirects());
+    let key = |what: &str| IdempotencyKey::derive("tests.tower.scope", &[what]);
+
+    // By path: the first charge's connection is reset, its outcome unknown.
+    let unknown = key("unknown charge");
+    let err = service
+        .clone()
+        .oneshot(
+            charge(server.url("/v1/charges/ch_1"), &unknown)
+                .build()
+                .expect("request"),
+        )
+        .await
+        .expect_err("reset, one attempt");
+    assert!(err.is_outcome_unknown(), "{err}");
+    let by_path = key("charge");
+    service
+        .clone()
+        .oneshot(
+            charge(server.url("/v1/charges"), &by_path)
+                .build()
+                .expect("request"),
+        )
+        .await
+        .expect("sent");
+    // By header, over the path's: the header is taken off before anything is sent.
+    let by_header = key("refund");
+    let request = charge(server.url("/v1/charges/ch_1/refunds"), &by_header)
+        .header(IdempotentRetryLayer::SCOPE_HEADER, "shop.refund")
+        .build()
+        .expect("request");
+    service.clone().oneshot(request).await.expect("sent");
+    // No rule: the host.
+    let by_host = key("other");
+    service
+        .clone()
+        .oneshot(
+            charge(server.url("/v2/charges"), &by_host)
+                .build()
+                .expect("request"),
+        )
+        .await
+        .expect("sent");
+    let under_v1 = key("v1");
+    service
+        .oneshot(
+            charge(server.url("/v1/customers"), &under_v1)
+                .build()
+                .expect("request"),
+        )
+        .await
+        .expect("sent");
+
+    let scope = async |key: &IdempotencyKey| row(&ledger, key).await.scope;
+    assert_eq!(scope(&unknown).await, "shop.charge");
+    assert_eq!(scope(&by_path).await, "shop.charge");
+    assert_eq!(scope(&by_header).await, "shop.refund");
+    assert_eq!(scope(&by_host).await, "127.0.0.1");
+    assert_eq!(scope(&under_v1).await, "shop.api");
+    let requests = server.requests();
+    assert_eq!(requests.len(), 5);
+    assert!(
+        requests.iter().all(|r| r
+            .header(IdempotentRetryLayer::SCOPE_HEADER.as_str())
+            .is_none()),
+        "the scope header reached the server: {requests:?}"
+    );
+
+    // The unknown charge is reconciled by the charges' reconciler, and only by it.
+    assert_eq!(
+        row(&ledger, &unknown).await.status,
+        OperationStatus::Unknown
+    );
+    let reconciled = client
+        .reconcile(unknown.as_str())
+        .await
+        .expect("reconciled");
+    assert_eq!(reconciled, Reconciled::Resolved(ResolutionKind::NotDone));
+    assert_eq!(
+        *asked.lock().expect("not poisoned"),
+        [(
+            "charges",
+            "shop.charge".to_owned(),
+            unknown.as_str().to_owned()
+        )]
+    );
+}
+
+#[tokio::test]
+async fn the_scope_header_never_reaches_the_server_and_conflicts_are_refused() {
+    let server = TestServer::start(vec![], Action::ok("ok")).await;
+    // Without a ledger the header means nothing, and is still taken off.
+    let service = ServiceBuilder::new()
+        .layer(IdempotentRetryLayer::new())
+        .service(reqwest_without_redirects());
+    let request = reqwest_without_redirects()
+        .get(server.url("/v1/charges"))
+        .header(IdempotentRetryLayer::SCOPE_HEADER, "shop.charge")
+        .build()
+        .expect("request");
+    service.oneshot(request).await.expect("sent");
+    assert_eq!(server.hits(), 1);
+    assert_eq!(
+        server.requests()[0].header(IdempotentRetryLayer::SCOPE_HEADER.as_str()),
+        None
+    );
+
+    // An `http::Request` naming two scopes, or the header twice, is refused with nothing sent.
+    let (layer, _time) = virtual_layer(RetryPolicy::default());
+    let mut two = post("");
+    two.headers_mut().insert(
+        IdempotentRetryLayer::SCOPE_HEADER,
+        HeaderValue::from_static("shop.refund"),
+    );
+    two.extensions_mut().insert(LedgerScope::new("shop.charge"));
+    let mut twice = post("");
+    for scope in ["a", "b"] {
+        twice.headers_mut().append(
+            IdempotentRetryLayer::SCOPE_HEADER,
+            HeaderValue::from_static(scope),
+        );
+    }
+    for (request, says) in [
+        (two, "two different ledger scopes"),
+        (twice, "more than once"),
+    ] {
+        let (call, mut handle) = spawn_call(&layer, request);
+        let err = call.await.expect("task").expect_err("refused");
+        assert_eq!(err.kind(), ErrorKind::Builder);
+        assert!(err.to_string().contains(says), "{err}");
+        assert_eq!(err.attempts(), 0);
+        // The call is over and its service dropped: the mock saw no request.
+        assert!(handle.next_request().await.is_none(), "nothing sent");
+    }
 }

@@ -3,10 +3,12 @@
 use std::fmt;
 use std::sync::Arc;
 
+use http::HeaderName;
 use tower::layer::util::Stack;
 
 use super::IdempotentRetry;
 use super::boxed::BoxResponseBodyLayer;
+use super::scope::{SCOPE_HEADER, ScopeRules};
 use crate::client::{Client, ClientBuilder};
 use crate::error::Error;
 use crate::settings::Settings;
@@ -54,7 +56,18 @@ use crate::settings::Settings;
 ///
 /// With a [`Ledger`](crate::Ledger) in the settings, the response body must be one the ledger
 /// can rebuild to replay a completed operation ([`RetryResponse::from_saved`](crate::RetryResponse::from_saved)):
-/// over a hyper client, use [`box_response_body`](Self::box_response_body).
+/// over a hyper client, use [`box_response_body`](Self::box_response_body). Each row's scope
+/// (what [`reconciler_for_scope`](crate::ClientBuilder::reconciler_for_scope) matches) is, first
+/// found: the request's [`LedgerScope`](crate::LedgerScope) extension, its
+/// [`SCOPE_HEADER`](Self::SCOPE_HEADER), the layer's
+/// [`scope_for_path_prefix`](Self::scope_for_path_prefix), its host.
+///
+/// # Default
+///
+/// | setting | default |
+/// |---|---|
+/// | everything from the builder | [`ClientBuilder`]'s `# Default` table |
+/// | [`scope_for_path_prefix`](Self::scope_for_path_prefix) | none: a row's scope is its request's host |
 ///
 /// # Examples
 ///
@@ -113,11 +126,15 @@ use crate::settings::Settings;
 #[must_use]
 pub struct IdempotentRetryLayer {
     settings: Arc<Settings>,
+    scopes: Arc<ScopeRules>,
 }
 
 impl fmt::Debug for IdempotentRetryLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.settings.debug_as("IdempotentRetryLayer", f)
+        f.debug_struct("IdempotentRetryLayer")
+            .field("settings", &self.settings)
+            .field("scopes", &self.scopes)
+            .finish()
     }
 }
 
@@ -130,13 +147,78 @@ impl Default for IdempotentRetryLayer {
 impl IdempotentRetryLayer {
     /// A layer with every default (see [`ClientBuilder`]'s `# Default` table).
     pub fn new() -> Self {
-        IdempotentRetryLayer {
-            settings: Arc::new(ClientBuilder::new().settings_unchecked()),
-        }
+        Self::from_settings(Arc::new(ClientBuilder::new().settings_unchecked()))
     }
 
     pub(crate) fn from_settings(settings: Arc<Settings>) -> Self {
-        IdempotentRetryLayer { settings }
+        IdempotentRetryLayer {
+            settings,
+            scopes: Arc::default(),
+        }
+    }
+
+    /// The header a request names its ledger scope in (`Idempotent-Retry-Scope`), for request
+    /// types without extensions (`reqwest::Request`). The layer takes it off the request before
+    /// the first attempt: it never reaches the wire. It names the scope of the operation's row
+    /// in the [`Ledger`](crate::Ledger) as a [`LedgerScope`](crate::LedgerScope) extension
+    /// does, over the layer's [`scope_for_path_prefix`](Self::scope_for_path_prefix).
+    ///
+    /// # Errors
+    ///
+    /// The request is refused with [`ErrorKind::Builder`](crate::ErrorKind::Builder), nothing
+    /// sent, when the header is set more than once, is not visible ASCII, or names another
+    /// scope than the request's `LedgerScope` extension.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idempotent_retry::IdempotentRetryLayer;
+    ///
+    /// let http = reqwest::Client::builder()
+    ///     .redirect(reqwest::redirect::Policy::none())
+    ///     .build()
+    ///     .expect("a client");
+    /// let request = http
+    ///     .post("https://api.example.com/v1/charges")
+    ///     .header(IdempotentRetryLayer::SCOPE_HEADER, "shop.charge")
+    ///     .build()
+    ///     .expect("a request");
+    /// // service.oneshot(request).await: the row's scope is `shop.charge`.
+    /// # drop(request);
+    /// ```
+    pub const SCOPE_HEADER: HeaderName = SCOPE_HEADER;
+
+    /// Names the ledger scope of requests whose path is `prefix` or under it (`/v1/charges`
+    /// covers `/v1/charges` and `/v1/charges/ch_1`, not `/v1/chargesx`), on any host, so their
+    /// rows match [`reconciler_for_scope`](crate::ClientBuilder::reconciler_for_scope)`(scope)`.
+    /// The longest matching prefix wins; a prefix given again takes the new scope; a leading
+    /// `/` is implied and a trailing one ignored (`/` covers every path). A request's
+    /// [`LedgerScope`](crate::LedgerScope) extension or [`SCOPE_HEADER`](Self::SCOPE_HEADER)
+    /// wins over it. The path is [`RetryRequest::path`](crate::RetryRequest::path)'s
+    /// (`reqwest::Request` and `http::Request` give it).
+    ///
+    /// Default: none; a row's scope is its request's host.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idempotent_retry::{Client, MemoryLedger, SendAgain};
+    ///
+    /// let layer = Client::builder()
+    ///     .ledger(MemoryLedger::new())
+    ///     .reconciler_for_scope("shop.charge", SendAgain::new())
+    ///     .build_layer()?
+    ///     .scope_for_path_prefix("/v1/charges", "shop.charge");
+    /// # drop(layer);
+    /// # Ok::<(), idempotent_retry::Error>(())
+    /// ```
+    pub fn scope_for_path_prefix(
+        mut self,
+        prefix: impl AsRef<str>,
+        scope: impl Into<String>,
+    ) -> Self {
+        Arc::make_mut(&mut self.scopes).insert(prefix.as_ref(), scope.into());
+        self
     }
 
     /// This layer with a [`BoxResponseBodyLayer`] inside it: the response body of the service
@@ -173,7 +255,7 @@ impl<S> tower::Layer<S> for IdempotentRetryLayer {
     type Service = IdempotentRetry<S>;
 
     fn layer(&self, inner: S) -> IdempotentRetry<S> {
-        IdempotentRetry::from_parts(inner, Arc::clone(&self.settings))
+        IdempotentRetry::from_parts(inner, Arc::clone(&self.settings), Arc::clone(&self.scopes))
     }
 }
 

@@ -2,11 +2,13 @@
 //!
 //! Tower's layout: the layer in `layer.rs`, the service here, its future in `future.rs`. The
 //! service only sends attempts; keys, classification, backoff and windows are the engine's.
-//! Beside them: `boxed.rs`, the layer that boxes a response body a ledger could not rebuild.
+//! Beside them: `scope.rs`, the ledger scope of a request that carries no extensions, and
+//! `boxed.rs`, the layer that boxes a response body a ledger could not rebuild.
 
 mod boxed;
 mod future;
 mod layer;
+mod scope;
 
 use std::any::Any;
 use std::fmt;
@@ -20,6 +22,7 @@ use crate::error::Error;
 use crate::exchange::{RetryRequest, RetryResponse};
 use crate::settings::{Overrides, Settings};
 use crate::transport::{BoxError, SendError, Transport, send_error};
+use scope::ScopeRules;
 
 pub use future::ResponseFuture;
 pub use layer::IdempotentRetryLayer;
@@ -34,11 +37,13 @@ pub use layer::IdempotentRetryLayer;
 /// attempt, waiting for readiness before each.
 ///
 /// **Per request**: put an [`IdempotencyKey`](crate::IdempotencyKey), a
-/// [`RetryPolicy`](crate::RetryPolicy) or [`WithoutIdempotencyKey`](crate::WithoutIdempotencyKey)
-/// (no automatic key) in an `http::Request`'s extensions, or set the key header yourself.
-/// (`reqwest::Request` has no public extensions: use the key header,
+/// [`RetryPolicy`](crate::RetryPolicy), [`WithoutIdempotencyKey`](crate::WithoutIdempotencyKey)
+/// (no automatic key) or a [`LedgerScope`](crate::LedgerScope) in an `http::Request`'s
+/// extensions, or set the key header yourself. (`reqwest::Request` has no public extensions:
+/// use the key header, the [scope header](IdempotentRetryLayer::SCOPE_HEADER),
 /// [per-host policies](crate::ClientBuilder::policy_for_host) and
-/// [`auto_keys`](crate::ClientBuilder::auto_keys) on the layer's builder.)
+/// [`auto_keys`](crate::ClientBuilder::auto_keys) on the layer's builder, and
+/// [scopes by path prefix](IdempotentRetryLayer::scope_for_path_prefix) on the layer.)
 ///
 /// **Errors**: the service's error is the crate's [`Error`], with the inner service's error as
 /// its source; [`Error::take_response_as`] returns the last response in the inner service's
@@ -64,7 +69,10 @@ pub use layer::IdempotentRetryLayer;
 /// hyper's `Incoming` inside the layer with
 /// [`IdempotentRetryLayer::box_response_body`]. Otherwise the request is refused with
 /// [`ErrorKind::Builder`](crate::ErrorKind::Builder), naming the response type and the body
-/// types a ledger rebuilds, and nothing is claimed or sent.
+/// types a ledger rebuilds, and nothing is claimed or sent. A row's scope is the request's
+/// [`LedgerScope`](crate::LedgerScope), else its
+/// [scope header](IdempotentRetryLayer::SCOPE_HEADER), else the layer's
+/// [scope for its path](IdempotentRetryLayer::scope_for_path_prefix), else its host.
 ///
 /// **Cancellation**: dropping the [`ResponseFuture`] (a timeout outside the layer, a
 /// `select!`) drops the attempt in flight or the wait, and the future's copy of the inner
@@ -78,6 +86,7 @@ pub use layer::IdempotentRetryLayer;
 pub struct IdempotentRetry<S> {
     inner: S,
     settings: Arc<Settings>,
+    scopes: Arc<ScopeRules>,
 }
 
 impl<S: fmt::Debug> fmt::Debug for IdempotentRetry<S> {
@@ -85,6 +94,7 @@ impl<S: fmt::Debug> fmt::Debug for IdempotentRetry<S> {
         f.debug_struct("IdempotentRetry")
             .field("inner", &self.inner)
             .field("settings", &self.settings)
+            .field("scopes", &self.scopes)
             .finish()
     }
 }
@@ -95,8 +105,12 @@ impl<S> IdempotentRetry<S> {
         tower::Layer::layer(&IdempotentRetryLayer::new(), inner)
     }
 
-    pub(crate) fn from_parts(inner: S, settings: Arc<Settings>) -> Self {
-        IdempotentRetry { inner, settings }
+    pub(crate) fn from_parts(inner: S, settings: Arc<Settings>, scopes: Arc<ScopeRules>) -> Self {
+        IdempotentRetry {
+            inner,
+            settings,
+            scopes,
+        }
     }
 
     /// The wrapped service.
@@ -133,19 +147,27 @@ where
             .map_err(|err| Error::not_ready(err.into()))
     }
 
-    fn call(&mut self, request: R) -> Self::Future {
+    fn call(&mut self, mut request: R) -> Self::Future {
         // The ready service goes with the future (tower's contract: `call` follows a ready
         // `poll_ready`); a fresh clone stays behind for the next call.
         let clone = self.inner.clone();
         let service = std::mem::replace(&mut self.inner, clone);
         let settings = Arc::clone(&self.settings);
+        // The scope header comes off here, before the engine clones the request for any
+        // attempt; the scope goes in as this front end's override, as the `Client`'s
+        // `ledger_scope` does.
+        let scope = scope::settle_scope(&mut request, &self.scopes);
         ResponseFuture::new(async move {
+            let overrides = Overrides {
+                scope: scope?,
+                ..Overrides::default()
+            };
             let transport = ServiceTransport {
                 service,
                 ready: true,
                 key_header: settings.key_header.clone(),
             };
-            engine::execute(&settings, request, Overrides::default(), transport).await
+            engine::execute(&settings, request, overrides, transport).await
         })
     }
 }
