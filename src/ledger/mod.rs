@@ -1020,6 +1020,8 @@ pub struct ListFilter {
     pub scope: Option<String>,
     /// Only rows first attempted at or before this time.
     pub older_than: Option<SystemTime>,
+    /// Only rows whose key starts with this.
+    pub key_prefix: Option<String>,
 }
 
 impl ListFilter {
@@ -1032,6 +1034,7 @@ impl ListFilter {
             unresolved: false,
             scope: None,
             older_than: None,
+            key_prefix: None,
         }
     }
 
@@ -1063,6 +1066,15 @@ impl ListFilter {
         self
     }
 
+    /// Only rows whose key starts with `prefix`, compared as bytes: no case folding, no
+    /// pattern characters. The SQL ledgers read a range of the key's order (SQLite through the
+    /// key's index), not every row.
+    #[must_use]
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = Some(prefix.into());
+        self
+    }
+
     /// Whether `row` is selected (the limit aside): the rule every ledger applies.
     #[must_use]
     pub fn selects(&self, row: &OperationRecord) -> bool {
@@ -1070,6 +1082,10 @@ impl ListFilter {
             && (!self.unresolved || row.status.is_unresolved())
             && self.scope.as_ref().is_none_or(|scope| &row.scope == scope)
             && self.older_than.is_none_or(|at| row.first_attempt_at <= at)
+            && self
+                .key_prefix
+                .as_ref()
+                .is_none_or(|prefix| row.key.starts_with(prefix.as_str()))
     }
 
     /// Refuses a limit of 0.

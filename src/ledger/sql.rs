@@ -221,6 +221,22 @@ pub(crate) fn list_query(dialect: Dialect, filter: &super::ListFilter) -> (Strin
         let at = bind(Param::Int(super::to_millis(older_than)), &mut params);
         conditions.push(format!("first_attempt_at <= {at}"));
     }
+    if let Some(prefix) = &filter.key_prefix {
+        // A range rather than LIKE, which has pattern characters to escape and, in SQLite,
+        // folds ASCII case and skips the index. The keys with a prefix are contiguous in byte
+        // order: SQLite's BINARY collation, PostgreSQL's "C" (its primary key's index serves
+        // the range when the database's collation is C; otherwise the rows are scanned).
+        let key = match dialect {
+            Dialect::Sqlite => "key",
+            Dialect::Postgres => "key COLLATE \"C\"",
+        };
+        let from = bind(Param::Text(prefix.clone()), &mut params);
+        conditions.push(format!("{key} >= {from}"));
+        if let Some(end) = prefix_end(prefix) {
+            let to = bind(Param::Text(end), &mut params);
+            conditions.push(format!("{key} < {to}"));
+        }
+    }
     let limit = bind(Param::Int(i64::from(filter.limit)), &mut params);
     let conditions = if conditions.is_empty() {
         String::new()
@@ -233,6 +249,25 @@ pub(crate) fn list_query(dialect: Dialect, filter: &super::ListFilter) -> (Strin
         ),
         params,
     )
+}
+
+/// The least string above every string that starts with `prefix`, in byte order (which in
+/// UTF-8 is code point order): the prefix with its last character that is not the largest one
+/// raised by one and what follows dropped; `None` when there is no such character.
+fn prefix_end(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        // The surrogates are no characters: the one after U+D7FF is U+E000.
+        let next = match last {
+            '\u{d7ff}' => Some('\u{e000}'),
+            other => char::from_u32(u32::from(other) + 1),
+        };
+        if let Some(next) = next {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
 }
 
 fn index() -> String {
@@ -469,6 +504,57 @@ mod tests {
         );
         assert!(sql.ends_with("LIMIT ?1"), "{sql}");
         assert_eq!(params, vec![Param::Int(1)]);
+    }
+
+    #[test]
+    fn a_key_prefix_is_a_byte_range() {
+        let filter = super::super::ListFilter::new(3).key_prefix("ord%_");
+        let (sql, params) = list_query(Dialect::Sqlite, &filter);
+        assert!(
+            sql.contains("WHERE key >= ?1 AND key < ?2 ORDER BY"),
+            "{sql}"
+        );
+        assert_eq!(
+            params,
+            vec![
+                Param::Text("ord%_".into()),
+                Param::Text("ord%`".into()),
+                Param::Int(3)
+            ]
+        );
+        let filter = super::super::ListFilter::new(3)
+            .scope("s")
+            .key_prefix("\u{10ffff}");
+        let (sql, params) = list_query(Dialect::Postgres, &filter);
+        assert!(
+            sql.contains(r#"WHERE scope = $1 AND key COLLATE "C" >= $2 ORDER BY"#),
+            "{sql}"
+        );
+        assert_eq!(params.len(), 3, "no upper bound above the last character");
+    }
+
+    #[test]
+    fn the_end_of_a_prefix_is_the_least_string_above_its_keys() {
+        assert_eq!(prefix_end("order-").as_deref(), Some("order."));
+        assert_eq!(prefix_end("a\u{10ffff}").as_deref(), Some("b"));
+        assert_eq!(prefix_end("a\u{d7ff}").as_deref(), Some("a\u{e000}"));
+        assert_eq!(prefix_end("\u{10ffff}\u{10ffff}"), None);
+        assert_eq!(prefix_end(""), None);
+        // Every key with the prefix is inside [prefix, end), in byte order, and the end is not.
+        for (prefix, key) in [
+            ("ab", "ab"),
+            ("ab", "ab\u{10ffff}zz"),
+            ("é", "éa"),
+            ("a\u{7f}", "a\u{7f}\u{80}"),
+        ] {
+            let end = prefix_end(prefix).expect("an end");
+            assert!(prefix.as_bytes() <= key.as_bytes(), "{prefix:?} {key:?}");
+            assert!(
+                key.as_bytes() < end.as_bytes(),
+                "{prefix:?} {key:?} {end:?}"
+            );
+            assert!(!end.starts_with(prefix), "{end:?}");
+        }
     }
 
     #[test]
