@@ -18,7 +18,7 @@ pub(super) fn read_version(conn: &Connection) -> Result<u32, LedgerError> {
 }
 
 /// Fails unless the table has every column the crate reads.
-fn check_shape(conn: &Connection) -> Result<(), LedgerError> {
+pub(super) fn check_shape(conn: &Connection) -> Result<(), LedgerError> {
     conn.prepare(&probe())
         .map(drop)
         .map_err(|err| shape_error().with_source(err))

@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime};
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 
 use self::writer::Writer;
-use super::sql::TABLE;
+use super::sql::{SCHEMA_VERSION, TABLE, next_step};
 use super::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, ListFilter,
     OperationRecord, ReconcileClaim, Resolve,
@@ -78,6 +78,13 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// second, read-only connection on tokio's blocking pool: WAL lets them run beside a batch,
 /// so a read never waits for one, and they see every committed write.
 ///
+/// # Read-only
+///
+/// [`open_read_only`](Self::open_read_only) opens an existing file for reading alone, with no
+/// writer thread: it never creates the file, never migrates it and never writes it, and every
+/// write through the ledger is refused. Operators' tools (`idempotent-retry-ledger list`,
+/// `show`) open files so, beside the processes that write them.
+///
 /// The writer thread ends once the last clone is dropped and the writes queued by then are
 /// done and answered; the file is then closed. If the thread dies (a panic), every write queued or sent
 /// later fails with [`LedgerErrorKind::Unavailable`](super::LedgerErrorKind::Unavailable):
@@ -107,11 +114,18 @@ struct Inner {
     /// Declared first, so closed first: the write connection, closing last, checkpoints the
     /// WAL into the file and removes it, which a read-only connection cannot.
     reader: Arc<Mutex<Connection>>,
-    writer: Writer,
+    /// `None` when the ledger was opened read-only.
+    writer: Option<Writer>,
     path: PathBuf,
 }
 
 impl SqliteLedger {
+    /// The schema version this release reads and writes (the SQL ledgers share it; see the
+    /// [schema docs](super::Ledger#schema)). [`open`](Self::open) and
+    /// [`migrate`](Self::migrate) bring a file to it; [`open_read_only`](Self::open_read_only)
+    /// opens only a file at it.
+    pub const SCHEMA_VERSION: u32 = SCHEMA_VERSION;
+
     /// Opens (creating if needed) the ledger file at `path`, starts its writer thread and runs
     /// [`migrate`](Self::migrate).
     ///
@@ -145,10 +159,88 @@ impl SqliteLedger {
         Ok(SqliteLedger {
             inner: Arc::new(Inner {
                 reader: Arc::new(Mutex::new(reader)),
-                writer,
+                writer: Some(writer),
                 path,
             }),
         })
+    }
+
+    /// Opens the existing ledger file at `path` for reading only: [`get`](Ledger::get),
+    /// [`list`](Ledger::list) and [`schema_version`](Self::schema_version) answer from it, and
+    /// every write ([`claim`](Ledger::claim), [`finish`](Ledger::finish),
+    /// [`migrate`](Self::migrate), ...) is refused. The file is never created, migrated or
+    /// written, so it may be one the process may not write, or one that other processes are
+    /// writing.
+    ///
+    /// SQLite reads a file in WAL mode (as [`open`](Self::open) leaves it) through its `-wal`
+    /// and `-shm` files: when they are missing, it creates them beside the file, as any reader
+    /// does; in a directory it may not write, it then cannot read the file.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerErrorKind::InvalidInput`](super::LedgerErrorKind::InvalidInput) when the file
+    /// is at an older schema version than [`SCHEMA_VERSION`](Self::SCHEMA_VERSION) (the
+    /// message names both and the fix: [`migrate`](Self::migrate) it, or run
+    /// `idempotent-retry-ledger --sqlite FILE migrate`);
+    /// [`LedgerErrorKind::Corrupt`](super::LedgerErrorKind::Corrupt) when it is not an SQLite
+    /// database, holds no ledger table or one of another shape, or is at a newer version than
+    /// this release knows;
+    /// [`LedgerErrorKind::Unavailable`](super::LedgerErrorKind::Unavailable) when there is no
+    /// file at `path`, it cannot be read, or the linked SQLite is older than 3.35.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use idempotent_retry::{Ledger, LedgerErrorKind, ListFilter, SqliteLedger};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = std::env::temp_dir().join(format!("ir-doc-ro-{}", std::process::id()));
+    /// # std::fs::create_dir_all(&dir)?;
+    /// let path = dir.join("operations.db");
+    /// // A missing file is not created.
+    /// let missing = SqliteLedger::open_read_only(&path).await.unwrap_err();
+    /// assert_eq!(missing.kind(), LedgerErrorKind::Unavailable);
+    /// assert!(!path.exists());
+    ///
+    /// drop(SqliteLedger::open(&path).await?); // a worker made the file
+    /// let ledger = SqliteLedger::open_read_only(&path).await?;
+    /// assert!(ledger.list(&ListFilter::new(10)).await?.is_empty());
+    /// # std::fs::remove_dir_all(&dir)?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn open_read_only(path: impl AsRef<Path>) -> Result<Self, LedgerError> {
+        check_library(rusqlite::version_number(), rusqlite::version())?;
+        let path = path.as_ref().to_path_buf();
+        let opened = path.clone();
+        let reader = blocking(move || {
+            let conn = open_existing(&opened)?;
+            check_readable(&conn, &opened, migrate::read_version(&conn)?)?;
+            Ok(conn)
+        })
+        .await?;
+        Ok(SqliteLedger {
+            inner: Arc::new(Inner {
+                reader: Arc::new(Mutex::new(reader)),
+                writer: None,
+                path,
+            }),
+        })
+    }
+
+    /// The schema version of the existing ledger file at `path`, read without opening it as a
+    /// ledger: nothing is created, migrated or written. It tells whether
+    /// [`open_read_only`](Self::open_read_only) will take the file (at
+    /// [`SCHEMA_VERSION`](Self::SCHEMA_VERSION)) and what [`migrate`](Self::migrate) will do.
+    ///
+    /// # Errors
+    ///
+    /// As [`schema_version`](Self::schema_version), and
+    /// [`LedgerErrorKind::Unavailable`](super::LedgerErrorKind::Unavailable) when there is no
+    /// file at `path`.
+    pub async fn file_schema_version(path: impl AsRef<Path>) -> Result<u32, LedgerError> {
+        let path = path.as_ref().to_path_buf();
+        blocking(move || migrate::read_version(&open_existing(&path)?)).await
     }
 
     /// The file's path.
@@ -168,10 +260,9 @@ impl SqliteLedger {
     /// [`LedgerErrorKind::Unavailable`](super::LedgerErrorKind::Unavailable) if SQLite
     /// refuses the setting, or the writer thread stopped.
     pub async fn set_busy_timeout(&self, timeout: Duration) -> Result<(), LedgerError> {
-        self.inner
-            .writer
-            .alone(move |conn| configure(conn, timeout))
-            .await?;
+        if let Some(writer) = &self.inner.writer {
+            writer.alone(move |conn| configure(conn, timeout)).await?;
+        }
         self.read(move |conn| configure(conn, timeout)).await
     }
 
@@ -187,9 +278,10 @@ impl SqliteLedger {
     /// release knows (the file is left as it was);
     /// [`LedgerErrorKind::Unavailable`](super::LedgerErrorKind::Unavailable) when it cannot be
     /// written (a read-only file system, another process holding the write lock past the
-    /// [busy timeout](Self::set_busy_timeout)) or the writer thread stopped.
+    /// [busy timeout](Self::set_busy_timeout)), the writer thread stopped, or the ledger was
+    /// [opened read-only](Self::open_read_only).
     pub async fn migrate(&self) -> Result<(), LedgerError> {
-        self.inner.writer.alone(migrate::migrate).await
+        self.writer()?.alone(migrate::migrate).await
     }
 
     /// The schema version the file is at, from its `PRAGMA user_version` (0 when none is
@@ -204,6 +296,27 @@ impl SqliteLedger {
     /// read.
     pub async fn schema_version(&self) -> Result<u32, LedgerError> {
         self.read(migrate::read_version).await
+    }
+
+    /// The writer, unless the ledger was opened read-only.
+    fn writer(&self) -> Result<&Writer, LedgerError> {
+        self.inner.writer.as_ref().ok_or_else(|| {
+            LedgerError::unavailable(format!(
+                "{} was opened read-only: writes are refused",
+                self.inner.path.display()
+            ))
+        })
+    }
+
+    /// Queues `write` for the next batch, or refuses it at once on a read-only ledger.
+    fn batched<T: Send + 'static>(
+        &self,
+        write: impl FnOnce(&Connection) -> Result<T, LedgerError> + Send + 'static,
+    ) -> LedgerFuture<'_, T> {
+        match self.writer() {
+            Ok(writer) => Box::pin(writer.batched(write)),
+            Err(refused) => Box::pin(std::future::ready(Err(refused))),
+        }
     }
 
     /// Runs `f` on the read-only connection, on tokio's blocking pool.
@@ -239,13 +352,83 @@ fn open_writer(path: &Path) -> Result<Connection, LedgerError> {
 
 /// The read connection: read-only, on a file the write connection has already opened.
 fn open_reader(path: &Path) -> Result<Connection, LedgerError> {
+    let conn = read_only(path).map_err(|err| storage(err, "cannot open"))?;
+    configure(&conn, DEFAULT_BUSY_TIMEOUT)?;
+    Ok(conn)
+}
+
+/// A read-only connection (`SQLITE_OPEN_READ_ONLY`, which never creates the file).
+fn read_only(path: &Path) -> rusqlite::Result<Connection> {
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
         | OpenFlags::SQLITE_OPEN_URI
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn =
-        Connection::open_with_flags(path, flags).map_err(|err| storage(err, "cannot open"))?;
+    Connection::open_with_flags(path, flags)
+}
+
+/// A read-only connection to an existing file, for [`SqliteLedger::open_read_only`]: never
+/// created, and refused at once when it cannot be read.
+fn open_existing(path: &Path) -> Result<Connection, LedgerError> {
+    let cannot = |err: rusqlite::Error| {
+        let what = if err.sqlite_error_code() == Some(ErrorCode::CannotOpen) && !path.exists() {
+            format!("no ledger file at {}", path.display())
+        } else {
+            format!("cannot open {} read-only", path.display())
+        };
+        storage(err, &what)
+    };
+    let conn = read_only(path).map_err(cannot)?;
     configure(&conn, DEFAULT_BUSY_TIMEOUT)?;
+    // Opening reads nothing: the first read finds a file that is not a database, or a WAL
+    // file whose `-shm` and `-wal` SQLite may not create.
+    conn.query_row("SELECT count(*) FROM sqlite_master", [], |_| Ok(()))
+        .map_err(|err| {
+            if err.sqlite_error_code() == Some(ErrorCode::ReadOnly) {
+                storage(
+                    err,
+                    &format!(
+                        "cannot read {} read-only: in WAL mode SQLite needs the -wal and -shm \
+                         files beside it, and cannot create them there (copy the file to a \
+                         directory this user may write)",
+                        path.display()
+                    ),
+                )
+            } else {
+                cannot(err)
+            }
+        })?;
     Ok(conn)
+}
+
+/// Refuses a file [`SqliteLedger::open_read_only`] cannot read as it is: at another schema
+/// version than this release's, or without the ledger's table of the right shape.
+fn check_readable(conn: &Connection, path: &Path, version: u32) -> Result<(), LedgerError> {
+    if version == 0 && !has_table(conn)? {
+        return Err(LedgerError::corrupt(format!(
+            "{} has no {TABLE} table: it is not a ledger file",
+            path.display()
+        )));
+    }
+    if version < SCHEMA_VERSION {
+        return Err(LedgerError::invalid(format!(
+            "{path} is at schema version {version}, older than {SCHEMA_VERSION}, the version \
+             this release reads, and a read-only open does not migrate: migrate it with \
+             SqliteLedger::migrate or `idempotent-retry-ledger --sqlite {path} migrate`, once \
+             every process using it runs a release that knows version {SCHEMA_VERSION}",
+            path = path.display()
+        )));
+    }
+    // A newer version is refused by name, as `migrate` refuses it.
+    next_step(version)?;
+    migrate::check_shape(conn)
+}
+
+fn has_table(conn: &Connection) -> Result<bool, LedgerError> {
+    conn.query_row(
+        "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?1",
+        [TABLE],
+        |row| row.get(0),
+    )
+    .map_err(|err| storage(err, "cannot read the file's tables"))
 }
 
 fn configure(conn: &Connection, timeout: Duration) -> Result<(), LedgerError> {
@@ -322,29 +505,17 @@ fn storage(err: rusqlite::Error, what: &str) -> LedgerError {
 impl Ledger for SqliteLedger {
     fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
         let claim = claim.clone();
-        Box::pin(
-            self.inner
-                .writer
-                .batched(move |conn| statements::claim(conn, claim)),
-        )
+        self.batched(move |conn| statements::claim(conn, claim))
     }
 
     fn record_attempt<'a>(&'a self, update: &'a AttemptUpdate) -> LedgerFuture<'a, ()> {
         let update = update.clone();
-        Box::pin(
-            self.inner
-                .writer
-                .batched(move |conn| statements::record_attempt(conn, &update)),
-        )
+        self.batched(move |conn| statements::record_attempt(conn, &update))
     }
 
     fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
         let finish = finish.clone();
-        Box::pin(
-            self.inner
-                .writer
-                .batched(move |conn| statements::finish(conn, &finish)),
-        )
+        self.batched(move |conn| statements::finish(conn, &finish))
     }
 
     fn get<'a>(&'a self, key: &'a str) -> LedgerFuture<'a, Option<OperationRecord>> {
@@ -353,11 +524,7 @@ impl Ledger for SqliteLedger {
     }
 
     fn purge_batch(&self, now: SystemTime, limit: u32) -> LedgerFuture<'_, u64> {
-        Box::pin(
-            self.inner
-                .writer
-                .batched(move |conn| statements::purge(conn, now, limit)),
-        )
+        self.batched(move |conn| statements::purge(conn, now, limit))
     }
 
     fn claim_unresolved<'a>(
@@ -365,20 +532,12 @@ impl Ledger for SqliteLedger {
         claim: &'a ReconcileClaim,
     ) -> LedgerFuture<'a, Option<Claimed>> {
         let claim = claim.clone();
-        Box::pin(
-            self.inner
-                .writer
-                .batched(move |conn| reconcile::claim_unresolved(conn, &claim)),
-        )
+        self.batched(move |conn| reconcile::claim_unresolved(conn, &claim))
     }
 
     fn resolve<'a>(&'a self, resolve: &'a Resolve) -> LedgerFuture<'a, ()> {
         let resolve = resolve.clone();
-        Box::pin(
-            self.inner
-                .writer
-                .batched(move |conn| reconcile::resolve(conn, &resolve)),
-        )
+        self.batched(move |conn| reconcile::resolve(conn, &resolve))
     }
 
     fn list<'a>(&'a self, filter: &'a ListFilter) -> LedgerFuture<'a, Vec<OperationRecord>> {
@@ -391,7 +550,7 @@ impl Ledger for SqliteLedger {
 mod tests {
     use super::*;
     use crate::LedgerErrorKind;
-    use crate::ledger::sql::{Dialect, SCHEMA_VERSION, STEPS};
+    use crate::ledger::sql::{Dialect, STEPS};
     use crate::ledger::{from_millis, ledger_conformance};
 
     /// Every case on a new file of its own, with the claims of the concurrent case racing on
@@ -470,10 +629,20 @@ mod tests {
                 .map_err(|err| storage(err, "cookie"))?;
             Ok((cookie, conn.total_changes()))
         };
-        let before = ledger.inner.writer.alone(state).await.expect("state");
+        let before = ledger
+            .writer()
+            .expect("writable")
+            .alone(state)
+            .await
+            .expect("state");
         ledger.migrate().await.expect("again");
         assert_eq!(
-            ledger.inner.writer.alone(state).await.expect("state"),
+            ledger
+                .writer()
+                .expect("writable")
+                .alone(state)
+                .await
+                .expect("state"),
             before
         );
         assert_eq!(
@@ -557,6 +726,176 @@ mod tests {
             .query_row("SELECT count(*) FROM sqlite_master", [], |row| row.get(0))
             .expect("count");
         assert_eq!(tables, 0, "no table was created");
+    }
+
+    #[tokio::test]
+    async fn a_read_only_ledger_reads_what_a_writer_writes_and_refuses_every_write() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("shared.db");
+        let missing = SqliteLedger::open_read_only(&path)
+            .await
+            .expect_err("no file");
+        assert_eq!(missing.kind(), LedgerErrorKind::Unavailable, "{missing}");
+        assert!(
+            missing.to_string().contains("no ledger file at"),
+            "{missing}"
+        );
+        assert!(!path.exists(), "not created");
+        assert_eq!(
+            SqliteLedger::file_schema_version(&path)
+                .await
+                .expect_err("no file")
+                .kind(),
+            LedgerErrorKind::Unavailable
+        );
+        assert!(!path.exists(), "not created");
+
+        let writer = SqliteLedger::open(&path).await.expect("open");
+        let reader = SqliteLedger::open_read_only(&path)
+            .await
+            .expect("open read-only");
+        assert_eq!(
+            reader.schema_version().await.expect("version"),
+            SqliteLedger::SCHEMA_VERSION
+        );
+        writer.claim(&claim_of("seen")).await.expect("claim");
+        let row = reader.get("seen").await.expect("read").expect("committed");
+        assert_eq!(row.lease_owner.as_deref(), Some("run-seen"));
+
+        let refused = [
+            reader.claim(&claim_of("refused")).await.map(drop),
+            reader
+                .purge_batch(SystemTime::UNIX_EPOCH, 10)
+                .await
+                .map(drop),
+            reader.migrate().await,
+        ];
+        for result in refused {
+            let err = result.expect_err("read-only");
+            assert_eq!(err.kind(), LedgerErrorKind::Unavailable, "{err}");
+            assert!(err.to_string().contains("opened read-only"), "{err}");
+        }
+        reader
+            .set_busy_timeout(Duration::from_secs(1))
+            .await
+            .expect("the reader's own setting");
+        assert!(writer.get("refused").await.expect("read").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_read_only_open_refuses_an_older_file_with_its_fix_and_leaves_it_as_it_was() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("v2.db");
+        drop(SqliteLedger::open(&path).await.expect("open"));
+        let older = SCHEMA_VERSION - 1;
+        Connection::open(&path)
+            .expect("open")
+            .pragma_update(None, "user_version", older)
+            .expect("stamp");
+        assert_eq!(
+            SqliteLedger::file_schema_version(&path)
+                .await
+                .expect("version"),
+            older
+        );
+        let bytes = std::fs::read(&path).expect("read");
+        let err = SqliteLedger::open_read_only(&path)
+            .await
+            .expect_err("older");
+        assert_eq!(err.kind(), LedgerErrorKind::InvalidInput, "{err}");
+        let message = err.to_string();
+        for part in [
+            format!("schema version {older}, older than {SCHEMA_VERSION}"),
+            "idempotent-retry-ledger --sqlite".to_owned(),
+            "migrate".to_owned(),
+        ] {
+            assert!(message.contains(&part), "{message:?} lacks {part:?}");
+        }
+        assert_eq!(std::fs::read(&path).expect("read"), bytes, "not migrated");
+        assert_eq!(user_version(&path), i64::from(older));
+    }
+
+    #[tokio::test]
+    async fn a_read_only_open_refuses_a_newer_file_and_one_without_the_table() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let newer = dir.path().join("newer.db");
+        Connection::open(&newer)
+            .expect("open")
+            .pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+            .expect("stamp");
+        let err = SqliteLedger::open_read_only(&newer)
+            .await
+            .expect_err("newer");
+        assert_eq!(err.kind(), LedgerErrorKind::Corrupt, "{err}");
+        assert!(
+            err.to_string().contains("upgrade idempotent-retry"),
+            "{err}"
+        );
+
+        let other = dir.path().join("other.db");
+        Connection::open(&other)
+            .expect("open")
+            .execute_batch("CREATE TABLE notes (text TEXT)")
+            .expect("create");
+        let err = SqliteLedger::open_read_only(&other)
+            .await
+            .expect_err("not a ledger");
+        assert_eq!(err.kind(), LedgerErrorKind::Corrupt, "{err}");
+        assert!(err.to_string().contains("not a ledger file"), "{err}");
+
+        let garbage = dir.path().join("garbage.db");
+        std::fs::write(&garbage, vec![0x5a_u8; 8192]).expect("write garbage");
+        let err = SqliteLedger::open_read_only(&garbage)
+            .await
+            .expect_err("not a database");
+        assert_eq!(err.kind(), LedgerErrorKind::Corrupt, "{err}");
+    }
+
+    /// A key prefix is read through the key's index (SQLite's plan says so), and finds the
+    /// keys that start with it, pattern characters and all.
+    #[tokio::test]
+    async fn a_key_prefix_is_found_through_the_key_index() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("prefix.db");
+        let ledger = SqliteLedger::open(&path).await.expect("open");
+        for key in ["ab_1", "ab_2", "abc", "ab%", "aB_3", "ac"] {
+            ledger.claim(&claim_of(key)).await.expect("claim");
+        }
+        let keys = |prefix: &str| {
+            let ledger = ledger.clone();
+            let filter = ListFilter::new(10).key_prefix(prefix);
+            async move {
+                let mut keys: Vec<String> = ledger
+                    .list(&filter)
+                    .await
+                    .expect("list")
+                    .into_iter()
+                    .map(|row| row.key)
+                    .collect();
+                keys.sort();
+                keys
+            }
+        };
+        assert_eq!(keys("ab_").await, ["ab_1", "ab_2"]);
+        assert_eq!(keys("ab").await, ["ab%", "ab_1", "ab_2", "abc"]);
+        assert_eq!(keys("ab%").await, ["ab%"]);
+        assert!(keys("b").await.is_empty());
+
+        let (sql, _) =
+            crate::ledger::sql::list_query(Dialect::Sqlite, &ListFilter::new(10).key_prefix("ab"));
+        let conn = Connection::open(&path).expect("open");
+        let plan: Vec<String> = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .expect("explain")
+            .query_map(rusqlite::params!["ab", "ac", 10], |row| row.get(3))
+            .expect("plan")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        assert!(
+            plan.iter()
+                .any(|step| step.contains("USING INDEX sqlite_autoindex") && step.contains("key>?")),
+            "{plan:?}"
+        );
     }
 
     #[tokio::test]
