@@ -1,7 +1,8 @@
 //! The operators' command, `idempotent-retry-ledger`, run as a process on an SQLite ledger with
 //! a row in every status: its text and JSON output against golden files in `tests/data/cli/`
-//! (`UPDATE_GOLDEN=1` rewrites them; review the diff), its exit statuses, and what `resolve`
-//! and `purge` leave in the file.
+//! (`UPDATE_GOLDEN=1` rewrites them; review the diff), its exit statuses, what `resolve`,
+//! `release`, `purge` and `migrate` leave in the file, and that the commands that read leave
+//! it as it was.
 #![cfg(feature = "cli")]
 
 use std::path::{Path, PathBuf};
@@ -45,10 +46,30 @@ type Row = (
     Option<(OperationStatus, Option<SavedResponse>)>,
 );
 
-/// A ledger file with every status, two keys for one request, and one expired row.
+/// A ledger file with every status, two keys for one request, and one expired row, closed.
 async fn ledger_with_every_status(path: &Path) {
     let ledger = SqliteLedger::open(path).await.expect("open");
     rows_in_every_status(&ledger).await;
+    drop(ledger);
+    closed(path).await;
+}
+
+/// Waits (a bounded while) for the ledger's writer thread, which ends on its own once the
+/// ledger is dropped, to close the file: closing, it checkpoints the WAL and removes it.
+async fn closed(path: &Path) {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    let wal = PathBuf::from(wal);
+    for _ in 0..1000 {
+        if !wal.exists() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "the ledger's writer did not close {} within 10 s",
+        path.display()
+    );
 }
 
 /// Every status, two keys for one request, and one expired row, written to `ledger`.
@@ -239,8 +260,332 @@ async fn list_show_and_duplicates_print_every_status_as_the_golden_files_say() {
     );
     assert_eq!(
         failed(&run(&path, &["show", "order-9"]), 1),
-        "order-9: no such operation\n"
+        "order-9: no such operation, and no key starts with it\n"
     );
+}
+
+/// The file's bytes and modification time, and its schema version.
+async fn state(path: &Path) -> (Vec<u8>, SystemTime, u32) {
+    (
+        std::fs::read(path).expect("read the file"),
+        std::fs::metadata(path)
+            .and_then(|meta| meta.modified())
+            .expect("mtime"),
+        SqliteLedger::file_schema_version(path)
+            .await
+            .expect("version"),
+    )
+}
+
+#[tokio::test]
+async fn list_show_and_duplicates_leave_the_file_as_it_was() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("ledger.db");
+    ledger_with_every_status(&path).await;
+    let before = state(&path).await;
+    for args in [
+        &["list"][..],
+        &["list", "--json", "--status", "unresolved"],
+        &["show", "order-3"],
+        &["show", "order-1-a", "--json"],
+        &["duplicates"],
+        &["duplicates", "--json"],
+    ] {
+        ok(&run(&path, args));
+    }
+    failed(&run(&path, &["show", "order-"]), 1);
+    assert!(state(&path).await == before, "the file changed");
+}
+
+#[tokio::test]
+async fn a_file_this_user_may_not_write_is_listed() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("ledger.db");
+    ledger_with_every_status(&path).await;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444)).expect("chmod");
+    golden("list.txt", &ok(&run(&path, &["list"])));
+    golden("show-unknown.txt", &ok(&run(&path, &["show", "order-3"])));
+    assert_eq!(
+        std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777,
+        0o444
+    );
+}
+
+#[tokio::test]
+async fn show_takes_a_unique_key_prefix_and_refuses_an_ambiguous_one() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("ledger.db");
+    ledger_with_every_status(&path).await;
+    assert_eq!(
+        ok(&run(&path, &["show", "order-1-a"])),
+        ok(&run(&path, &["show", "order-1-again"]))
+    );
+    // A whole key is that key, even when another key starts with it.
+    let exact: serde_json::Value =
+        serde_json::from_str(&ok(&run(&path, &["show", "order-1", "--json"]))).expect("JSON");
+    assert_eq!(exact["key"], "order-1");
+    golden(
+        "show-ambiguous.txt",
+        &failed(&run(&path, &["show", "order-"]), 1),
+    );
+    assert_eq!(
+        failed(&run(&path, &["show", "order-1-b"]), 1),
+        "order-1-b: no such operation, and no key starts with it\n"
+    );
+    assert_eq!(
+        failed(&run(&path, &["show", "order"]), 1),
+        "order: no such operation (a key prefix needs 6 characters or more)\n"
+    );
+}
+
+/// A ledger file with a response whose body is `body` under `key`.
+async fn ledger_with_body(path: &Path, key: &str, body: Vec<u8>) {
+    let ledger = SqliteLedger::open(path).await.expect("open");
+    let claimed = ledger
+        .claim(&claim(key, "exports", "f-body", 0))
+        .await
+        .expect("claim");
+    assert!(matches!(claimed, Claimed::New(_)), "{claimed:?}");
+    let saved = SavedResponse::new(200, Vec::new(), Some(body));
+    ledger
+        .finish(
+            &Finish::new(
+                key,
+                format!("worker-a/{key}"),
+                OperationStatus::Succeeded,
+                Some(saved),
+            )
+            .expect("valid finish")
+            .with_last_attempt(at(30)),
+        )
+        .await
+        .expect("finish");
+    drop(ledger);
+    closed(path).await;
+}
+
+#[tokio::test]
+async fn show_prints_a_text_body_s_first_lines_and_another_in_hex() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let text = dir.path().join("text.db");
+    let mut body = String::from("\u{1b}[31mred\u{1b}[0m\tand a tab\r\n");
+    body.push_str(&"x".repeat(230));
+    body.push('\n');
+    for n in 3..=25 {
+        body.push_str(&format!("line {n}\n"));
+    }
+    ledger_with_body(&text, "export-text", body.clone().into_bytes()).await;
+    golden(
+        "show-body-text.txt",
+        &ok(&run(&text, &["show", "export-text"])),
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&run(&text, &["show", "export-text", "--json"]))).expect("JSON");
+    assert_eq!(
+        json["response"]["body"],
+        body.as_str(),
+        "--json has all of it"
+    );
+    assert_eq!(json["response"]["body_hex"], serde_json::Value::Null);
+
+    let binary = dir.path().join("binary.db");
+    let bytes: Vec<u8> = (0..40u8).map(|n| n.wrapping_mul(37) ^ 0x80).collect();
+    assert!(std::str::from_utf8(&bytes).is_err());
+    ledger_with_body(&binary, "export-binary", bytes.clone()).await;
+    golden(
+        "show-body-binary.txt",
+        &ok(&run(&binary, &["show", "export-binary"])),
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&run(&binary, &["show", "export-binary", "--json"])))
+            .expect("JSON");
+    assert_eq!(json["response"]["body"], serde_json::Value::Null);
+    let hex: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+    assert_eq!(json["response"]["body_hex"], hex.as_str());
+}
+
+/// A file as a release at schema version 1 left it (its table and index, its version
+/// recorded), with one row: the SQL of that version, as it shipped.
+fn version_1_file(path: &Path) {
+    let conn = rusqlite::Connection::open(path).expect("open");
+    conn.execute_batch(
+        "CREATE TABLE idempotent_operations (
+            key               TEXT PRIMARY KEY,
+            scope             TEXT NOT NULL,
+            fingerprint       TEXT NOT NULL,
+            status            TEXT NOT NULL,
+            attempts          INTEGER NOT NULL,
+            first_attempt_at  BIGINT NOT NULL,
+            last_attempt_at   BIGINT,
+            lease_owner       TEXT,
+            lease_expires_at  BIGINT,
+            response_status   INTEGER,
+            response_headers  TEXT,
+            response_body     BLOB,
+            expires_at        BIGINT NOT NULL
+        );
+        CREATE INDEX idempotent_operations_expires_at ON idempotent_operations (expires_at);
+        INSERT INTO idempotent_operations (key, scope, fingerprint, status, attempts,
+            first_attempt_at, expires_at)
+            VALUES ('order-old', 'charges', 'f-old', 'unknown', 2, 1704067200000, 1704153600000);
+        PRAGMA user_version = 1;",
+    )
+    .expect("the version 1 schema");
+}
+
+#[tokio::test]
+async fn an_older_file_is_refused_by_every_command_until_migrate_upgrades_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("v1.db");
+    version_1_file(&path);
+    let before = state(&path).await;
+    let current = SqliteLedger::SCHEMA_VERSION;
+    let expected = format!(
+        "error: {} is at schema version 1; this command reads version {current}: run \
+         `idempotent-retry-ledger --sqlite {} migrate` once every process using it runs a \
+         release that knows version {current} (an older release refuses a ledger newer than it \
+         knows)\n",
+        path.display(),
+        path.display()
+    );
+    assert_eq!(failed(&run(&path, &["list"]), 4), expected);
+    for args in [
+        &["show", "order-old"][..],
+        &["duplicates"],
+        &["purge"],
+        &[
+            "resolve",
+            "order-old",
+            "--not-done",
+            "--operator",
+            "a",
+            "--reason",
+            "r",
+        ],
+        &["release", "order-old", "--operator", "a", "--reason", "r"],
+    ] {
+        assert_eq!(failed(&run(&path, args), 4), expected, "{args:?}");
+    }
+    assert!(state(&path).await == before, "the file changed");
+
+    assert_eq!(
+        ok(&run(&path, &["migrate"])),
+        format!("migrated from schema version 1 to {current}\n")
+    );
+    assert_eq!(
+        SqliteLedger::file_schema_version(&path)
+            .await
+            .expect("version"),
+        current
+    );
+    assert_eq!(
+        ok(&run(&path, &["migrate"])),
+        format!("at schema version {current} already; nothing changed\n")
+    );
+    let listed = ok(&run(&path, &["list", "--status", "unknown"]));
+    assert!(listed.contains("order-old"), "{listed}");
+
+    // A file one version behind (the same table, an older version recorded) is refused too.
+    let behind = dir.path().join("behind.db");
+    drop(SqliteLedger::open(&behind).await.expect("open"));
+    closed(&behind).await;
+    rusqlite::Connection::open(&behind)
+        .expect("open")
+        .pragma_update(None, "user_version", current - 1)
+        .expect("stamp");
+    assert!(failed(&run(&behind, &["list"]), 4).contains(&format!(
+        "is at schema version {}; this command reads version {current}",
+        current - 1
+    )));
+    assert_eq!(
+        ok(&run(&behind, &["migrate"])),
+        format!(
+            "migrated from schema version {} to {current}\n",
+            current - 1
+        )
+    );
+}
+
+/// Each command's line, what it printed (stdout, then stderr) and its exit status, as an
+/// operator's terminal shows them.
+fn transcript(path: &Path, commands: &[&[&str]]) -> String {
+    let mut out = String::new();
+    for args in commands {
+        let words: Vec<String> = args
+            .iter()
+            .map(|arg| {
+                if arg.contains(' ') {
+                    format!("\"{arg}\"")
+                } else {
+                    (*arg).to_owned()
+                }
+            })
+            .collect();
+        let output = run(path, args);
+        out.push_str(&format!("$ idempotent-retry-ledger {}\n", words.join(" ")));
+        out.push_str(&text(&output.stdout));
+        out.push_str(&text(&output.stderr));
+        out.push_str(&format!(
+            "[exit {}]\n\n",
+            output.status.code().expect("an exit status")
+        ));
+    }
+    out
+}
+
+#[tokio::test]
+async fn release_frees_a_key_by_hand_and_refuses_what_may_have_run() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("ledger.db");
+    ledger_with_every_status(&path).await;
+    let release = |key: &'static str, force: bool| -> Vec<&'static str> {
+        let mut args = vec![
+            "release",
+            key,
+            "--operator",
+            "alice",
+            "--reason",
+            "INC-7: the gateway was down, nothing reached it",
+        ];
+        if force {
+            args.push("--force");
+        }
+        args
+    };
+    let commands = [
+        release("order-0", false),
+        release("order-3", false),
+        release("order-3", true),
+        release("order-2", false),
+        release("order-1", true),
+        release("order-4", true),
+        release("order-9", false),
+        vec!["show", "order-3"],
+    ];
+    let commands: Vec<&[&str]> = commands.iter().map(Vec::as_slice).collect();
+    golden("release.txt", &transcript(&path, &commands));
+
+    let ledger = SqliteLedger::open_read_only(&path).await.expect("open");
+    let released = ledger.get("order-3").await.expect("read").expect("a row");
+    assert_eq!(released.status, OperationStatus::NotSent);
+    let note = released.resolution.expect("recorded");
+    assert_eq!(note.kind, ResolutionKind::Released);
+    assert_eq!(note.by, "operator alice");
+    assert_eq!(
+        note.reason.as_deref(),
+        Some("INC-7: the gateway was down, nothing reached it")
+    );
+    assert_eq!(note.at, at(7_200));
+    for (key, status) in [
+        ("order-0", OperationStatus::NotSent),
+        ("order-2", OperationStatus::FailedFinal),
+        ("order-1", OperationStatus::Succeeded),
+        ("order-4", OperationStatus::InFlight),
+    ] {
+        let row = ledger.get(key).await.expect("read").expect("a row");
+        assert_eq!(row.status, status, "{key}");
+    }
 }
 
 #[tokio::test]
@@ -334,13 +679,47 @@ fn usage_errors_exit_2_and_a_missing_file_exits_3() {
         "list",
         "show",
         "resolve",
+        "release",
         "purge",
         "duplicates",
+        "migrate",
         "Exit status:",
+        "4  the ledger is at an older schema version than this command reads: run `migrate`",
         "--sqlite <PATH>",
     ] {
         assert!(help.contains(part), "--help lacks {part:?}:\n{help}");
     }
+    let release = ok(&Command::new(BIN)
+        .args(["release", "--help"])
+        .output()
+        .expect("run"));
+    for part in [
+        "becomes not_sent",
+        "may have run",
+        "--force",
+        "run it twice",
+        "always refuses a succeeded row",
+        "Exit status:",
+    ] {
+        assert!(
+            release.contains(part),
+            "release --help lacks {part:?}:\n{release}"
+        );
+    }
+    let nameless = Command::new(BIN)
+        .args([
+            "--sqlite",
+            "x.db",
+            "release",
+            "k",
+            "--operator",
+            "",
+            "--reason",
+            "r",
+        ])
+        .output()
+        .expect("run");
+    failed(&nameless, 2);
     let none = Command::new(BIN).output().expect("run");
     assert_eq!(none.status.code(), Some(2));
     let nowhere = Command::new(BIN).arg("list").output().expect("run");
@@ -415,6 +794,58 @@ async fn a_postgres_ledger_prints_as_the_sqlite_one_does() {
     golden("list.txt", &ok(&run(&["list"])));
     golden("list.json", &ok(&run(&["list", "--json"])));
     golden("duplicates.txt", &ok(&run(&["duplicates"])));
+    // A key prefix is a range in byte order, whatever the database's collation: in ICU's
+    // `en-US`, say, "order-Za" sorts after "order-[", the end of the prefix "order-Z".
+    golden("show-ambiguous.txt", &failed(&run(&["show", "order-"]), 1));
+    assert_eq!(
+        ok(&run(&["show", "order-1-a", "--json"])),
+        ok(&run(&["show", "order-1-again", "--json"]))
+    );
+    ledger
+        .claim(&claim("order-Za", "charges", "f-za", 60))
+        .await
+        .expect("claim");
+    let found: serde_json::Value =
+        serde_json::from_str(&ok(&run(&["show", "order-Z", "--json"]))).expect("JSON");
+    assert_eq!(found["key"], "order-Za");
+
+    // A database at version 2 is read, but not released in (the workers of version 2 cannot
+    // read a not_sent row) until migrate brings it to the version that has them.
+    let (db, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the test database");
+    tokio::spawn(connection);
+    db.batch_execute("UPDATE idempotent_operations_schema SET version = 2")
+        .await
+        .expect("stamp version 2");
+    ok(&run(&["list"]));
+    let refused = failed(
+        &run(&["release", "order-Za", "--operator", "a", "--reason", "r"]),
+        4,
+    );
+    assert!(
+        refused.contains("the database is at schema version 2; this command reads version 3")
+            && refused.contains("`idempotent-retry-ledger --postgres URL migrate`"),
+        "{refused}"
+    );
+    assert_eq!(
+        ok(&run(&["migrate"])),
+        format!(
+            "migrated from schema version 2 to {}\n",
+            SqliteLedger::SCHEMA_VERSION
+        )
+    );
+    assert_eq!(
+        ok(&run(&[
+            "release",
+            "order-0",
+            "--operator",
+            "alice",
+            "--reason",
+            "r"
+        ])),
+        "order-0: released by operator alice (it was failed_final)\n"
+    );
     assert_eq!(
         ok(&run(&[
             "resolve",

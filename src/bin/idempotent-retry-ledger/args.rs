@@ -54,6 +54,23 @@ pub(crate) enum Action {
     Duplicates {
         json: bool,
     },
+    Release {
+        key: String,
+        operator: String,
+        reason: String,
+        force: bool,
+    },
+    Migrate,
+}
+
+impl Action {
+    /// Whether the command only reads the ledger, so it opens an SQLite file read-only.
+    pub(crate) fn reads_only(&self) -> bool {
+        matches!(
+            self,
+            Action::List { .. } | Action::Show { .. } | Action::Duplicates { .. }
+        )
+    }
 }
 
 /// One run of the command.
@@ -68,9 +85,14 @@ pub(crate) struct Invocation {
 const EXIT_CODES: &str = "\
 Exit status:
   0  done
-  1  nothing to do: no such operation, or it is not unresolved, or a live lease holds it
+  1  nothing to do: no such operation, an ambiguous key prefix (show), or a row the command
+     refuses: not unresolved (resolve), succeeded or maybe run (release), held by a live lease
   2  usage error
-  3  the ledger could not be opened, read or written";
+  3  the ledger could not be opened, read or written
+  4  the ledger is at an older schema version than this command reads: run `migrate`";
+
+/// The fewest characters `show` takes as a key prefix.
+pub(crate) const MIN_PREFIX: usize = 6;
 
 /// The command's definition.
 pub(crate) fn command() -> Command {
@@ -86,12 +108,26 @@ pub(crate) fn command() -> Command {
             .required(true)
             .help("The idempotency key")
     };
+    let operator = || {
+        Arg::new("operator")
+            .long("operator")
+            .value_name("NAME")
+            .required(true)
+            .value_parser(clap::builder::NonEmptyStringValueParser::new())
+    };
+    let reason = || {
+        Arg::new("reason")
+            .long("reason")
+            .value_name("TEXT")
+            .required(true)
+            .value_parser(clap::builder::NonEmptyStringValueParser::new())
+    };
     Command::new("idempotent-retry-ledger")
         .about("Inspect and settle the operations an idempotent-retry ledger records")
         .long_about(
             "Inspect and settle the operations an idempotent-retry ledger records: list them, \
-             show one, resolve an unknown outcome by hand, purge expired rows, and find the \
-             same request sent under several keys.",
+             show one, resolve an unknown outcome by hand, release a key by hand, purge expired \
+             rows, find the same request sent under several keys, and migrate the schema.",
         )
         .version(env!("CARGO_PKG_VERSION"))
         .after_help(EXIT_CODES)
@@ -103,7 +139,7 @@ pub(crate) fn command() -> Command {
                 .value_name("PATH")
                 .value_parser(clap::value_parser!(PathBuf))
                 .global(true)
-                .help("The ledger's SQLite file (it must exist; it is migrated to the current schema)"),
+                .help("The ledger's SQLite file (it must exist; list, show and duplicates open it read-only; only migrate changes its schema)"),
         )
         .arg(
             Arg::new("postgres")
@@ -121,12 +157,13 @@ pub(crate) fn command() -> Command {
         )
         .subcommand(
             Command::new("list")
+                .after_help(EXIT_CODES)
                 .about("List operations, oldest first")
                 .arg(
                     Arg::new("status")
                         .long("status")
                         .value_name("STATUS")
-                        .value_parser(["in_flight", "succeeded", "failed_final", "unknown", "unresolved"])
+                        .value_parser(["in_flight", "succeeded", "failed_final", "unknown", "not_sent", "unresolved"])
                         .help("Only this status (unresolved: unknown or in flight)"),
                 )
                 .arg(Arg::new("scope").long("scope").value_name("SCOPE").help("Only this scope"))
@@ -148,12 +185,23 @@ pub(crate) fn command() -> Command {
         )
         .subcommand(
             Command::new("show")
-                .about("Show one operation's record")
-                .arg(key())
+                .after_help(EXIT_CODES)
+                .about("Show one operation's record, its saved body too")
+                .long_about(format!(
+                    "Show one operation's record. KEY is the whole key, or a prefix of at least \
+                     {MIN_PREFIX} characters that only one key starts with; an ambiguous prefix \
+                     is refused with the first keys that start with it. The text shows the saved \
+                     body's first lines (control characters escaped), or its size and first bytes \
+                     in hex when it is not UTF-8; --json has all of it."
+                ))
+                .arg(key().help(format!(
+                    "The idempotency key, or a unique prefix of it ({MIN_PREFIX} characters or more)"
+                )))
                 .arg(json()),
         )
         .subcommand(
             Command::new("resolve")
+                .after_help(EXIT_CODES)
                 .about("Settle an unresolved operation by hand, recording who and why")
                 .arg(key())
                 .arg(Arg::new("done").long("done").action(ArgAction::SetTrue).help(
@@ -187,23 +235,12 @@ pub(crate) fn command() -> Command {
                         .requires("done")
                         .help("With --done: the body to replay (empty by default)"),
                 )
-                .arg(
-                    Arg::new("operator")
-                        .long("operator")
-                        .value_name("NAME")
-                        .required(true)
-                        .help("Who resolves it (recorded)"),
-                )
-                .arg(
-                    Arg::new("reason")
-                        .long("reason")
-                        .value_name("TEXT")
-                        .required(true)
-                        .help("Why (recorded)"),
-                ),
+                .arg(operator().help("Who resolves it (recorded)"))
+                .arg(reason().help("Why (recorded)")),
         )
         .subcommand(
             Command::new("purge")
+                .after_help(EXIT_CODES)
                 .about("Delete expired rows in batches, with a progress line per batch on stderr")
                 .arg(
                     Arg::new("batch")
@@ -216,19 +253,62 @@ pub(crate) fn command() -> Command {
         )
         .subcommand(
             Command::new("duplicates")
+                .after_help(EXIT_CODES)
                 .about(
                     "Requests recorded under more than one key (the same scope and fingerprint): \
                      \"did we charge twice?\"",
                 )
                 .arg(json()),
         )
+        .subcommand(
+            Command::new("release")
+                .after_help(EXIT_CODES)
+                .about("Free one key by hand, recording who and why: the next request under it is sent")
+                .long_about(
+                    "Free one key by hand, recording who and why: its row becomes not_sent, with a \
+                     resolution of kind released, so the next request sent under the key is sent \
+                     (the same request or another) in a new window, instead of being replayed, \
+                     refused as a key reuse or held for reconciling.\n\n\
+                     Use it when you know what the ledger cannot: no attempt under the key reached \
+                     the receiver (a wrong address, a receiver that was down), or the receiver has \
+                     forgotten the key and nothing ran.\n\n\
+                     It refuses a row whose operation may have run (unknown, in_flight under a \
+                     lapsed lease, failed_final with a saved answer), because sending again could \
+                     then run it twice, or be refused by a receiver that remembers the key: check \
+                     the receiver first, then --force releases it anyway. It always refuses a \
+                     succeeded row (it replays its saved answer; send a different request under a \
+                     new key) and a row a live lease holds (a run is sending it: try again once it \
+                     lapses). It takes the whole key, not a prefix.",
+                )
+                .arg(key())
+                .arg(operator().help("Who releases it (recorded)"))
+                .arg(reason().help("Why (recorded)"))
+                .arg(
+                    Arg::new("force")
+                        .long("force")
+                        .action(ArgAction::SetTrue)
+                        .help("Release a row whose operation may have run (never a succeeded one)"),
+                ),
+        )
+        .subcommand(
+            Command::new("migrate")
+                .after_help(EXIT_CODES)
+                .about("Bring the ledger's schema to this release's version, saying from which to which")
+                .long_about(
+                    "Bring the ledger's schema to this release's version, saying from which to \
+                     which. Only this command changes the schema: the others refuse a ledger at an \
+                     older version (exit status 4). Run it once every process using the ledger \
+                     runs a release that knows the new version: an older release refuses a ledger \
+                     newer than it knows.",
+                ),
+        )
 }
 
 /// Reads the parsed arguments; `Err` is a usage error's message.
 pub(crate) fn invocation(matches: &ArgMatches) -> Result<Invocation, String> {
-    let (name, sub) = matches
-        .subcommand()
-        .ok_or("a command is required (list, show, resolve, purge, duplicates)")?;
+    let (name, sub) = matches.subcommand().ok_or(
+        "a command is required (list, show, resolve, release, purge, duplicates, migrate)",
+    )?;
     let location = match (
         sub.get_one::<PathBuf>("sqlite"),
         sub.get_one::<String>("postgres"),
@@ -249,6 +329,12 @@ pub(crate) fn invocation(matches: &ArgMatches) -> Result<Invocation, String> {
         .transpose()?;
     let json = || sub.get_flag("json");
     let key = || sub.get_one::<String>("key").cloned().unwrap_or_default();
+    let operator = || {
+        sub.get_one::<String>("operator")
+            .cloned()
+            .unwrap_or_default()
+    };
+    let reason = || sub.get_one::<String>("reason").cloned().unwrap_or_default();
     let action = match name {
         "list" => {
             let status = sub.get_one::<String>("status").map(String::as_str);
@@ -292,12 +378,16 @@ pub(crate) fn invocation(matches: &ArgMatches) -> Result<Invocation, String> {
             } else {
                 Verdict::SendAgain
             },
-            operator: sub
-                .get_one::<String>("operator")
-                .cloned()
-                .unwrap_or_default(),
-            reason: sub.get_one::<String>("reason").cloned().unwrap_or_default(),
+            operator: operator(),
+            reason: reason(),
         },
+        "release" => Action::Release {
+            key: key(),
+            operator: operator(),
+            reason: reason(),
+            force: sub.get_flag("force"),
+        },
+        "migrate" => Action::Migrate,
         "purge" => Action::Purge {
             batch: *sub.get_one::<u32>("batch").expect("it has a default"),
         },

@@ -1,13 +1,15 @@
 //! `idempotent-retry-ledger`: the operators' command over a ledger (feature `cli`).
 //!
-//! `list`, `show KEY`, `resolve KEY --done/--not-done/--send-again`, `purge`, `duplicates`,
-//! over an SQLite file (`--sqlite PATH`) or a PostgreSQL database (`--postgres URL`, with the
-//! `postgres` feature). Run it with `--help` for the options and the exit statuses; the
-//! README's "After outcome unknown" says when to reach for it.
+//! `list`, `show KEY`, `resolve KEY --done/--not-done/--send-again`, `release KEY`, `purge`,
+//! `duplicates`, `migrate`, over an SQLite file (`--sqlite PATH`) or a PostgreSQL database
+//! (`--postgres URL`, with the `postgres` feature). Run it with `--help` for the options and
+//! the exit statuses; the README's "After outcome unknown" says when to reach for it.
 //!
 //! `args.rs` reads the command line (clap, builder API), `render.rs` prints rows; this file
 //! opens the ledger and runs the command through the library's public API, the same calls a
-//! client makes (a resolution by hand holds the row under a lease, as a run would).
+//! client makes (a resolution or a release by hand holds the row under a lease, as a run
+//! would). Only `migrate` changes the schema: the commands that read open an SQLite file
+//! read-only, and every command refuses a ledger older than it reads.
 #![forbid(unsafe_code)]
 
 mod args;
@@ -17,10 +19,11 @@ use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::SystemTime;
 
-use args::{Action, Invocation, Location, Verdict};
+use args::{Action, Invocation, Location, MIN_PREFIX, Verdict};
 use idempotent_retry::{
-    Clock, Ledger, LedgerError, ListFilter, Reconciled, Resolution, SavedResponse, SqliteLedger,
-    TokioClock, resolve_by_hand,
+    Clock, Ledger, LedgerError, LedgerErrorKind, ListFilter, OperationRecord, OperationStatus,
+    Reconciled, Released, Resolution, SavedResponse, SqliteLedger, TokioClock, release_by_hand,
+    resolve_by_hand,
 };
 
 /// How a command ended, as its exit status says.
@@ -29,6 +32,26 @@ enum Ending {
     /// Nothing to do (exit 1), and why.
     Nothing(String),
 }
+
+/// Why a command could not run.
+enum Failure {
+    /// The ledger failed (exit 3).
+    Ledger(LedgerError),
+    /// The ledger is at an older schema version than the command reads (exit 4): the message,
+    /// with the fix.
+    Older(String),
+}
+
+impl From<LedgerError> for Failure {
+    fn from(err: LedgerError) -> Self {
+        Failure::Ledger(err)
+    }
+}
+
+/// The keys a refused prefix lists.
+const CANDIDATES: usize = 5;
+/// The keys a prefix is counted up to.
+const COUNTED: u32 = 100;
 
 fn main() -> ExitCode {
     let matches = match args::command().try_get_matches() {
@@ -61,9 +84,13 @@ fn main() -> ExitCode {
             eprintln!("{why}");
             ExitCode::from(1)
         }
-        Err(err) => {
+        Err(Failure::Ledger(err)) => {
             eprintln!("error: {err}");
             ExitCode::from(3)
+        }
+        Err(Failure::Older(why)) => {
+            eprintln!("error: {why}");
+            ExitCode::from(4)
         }
     }
 }
@@ -73,55 +100,190 @@ fn main() -> ExitCode {
 #[cfg(feature = "postgres")]
 const RECONCILING_SCHEMA: u32 = 2;
 
-async fn open(location: &Location) -> Result<Box<dyn Ledger>, LedgerError> {
+/// The schema version that added the `not_sent` status, which `release` writes: a database
+/// reaches it only once its workers can read such a row (a worker that cannot refuses it).
+#[cfg(feature = "postgres")]
+const NOT_SENT_SCHEMA: u32 = 3;
+
+/// `path` as a shell word, to paste into a command line.
+fn shell_word(path: &std::path::Path) -> String {
+    let text = path.display().to_string();
+    if !text.is_empty()
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-+=:,@".contains(c))
+    {
+        text
+    } else {
+        format!("'{}'", text.replace('\'', r"'\''"))
+    }
+}
+
+/// The refusal of a ledger at schema version `found`, older than `reads`; `fix` is the
+/// migrate command line.
+fn older(what: &str, found: u32, reads: u32, fix: &str) -> Failure {
+    Failure::Older(format!(
+        "{what} is at schema version {found}; this command reads version {reads}: run `{fix}` \
+         once every process using it runs a release that knows version {reads} (an older \
+         release refuses a ledger newer than it knows)"
+    ))
+}
+
+/// Refuses a missing SQLite file before anything opens it: an operator's typo must not look
+/// like an empty ledger, and `SqliteLedger::open` would create it.
+fn existing(path: &std::path::Path) -> Result<(), Failure> {
+    if path.is_file() {
+        Ok(())
+    } else {
+        Err(LedgerError::new(
+            LedgerErrorKind::InvalidInput,
+            format!("no ledger file at {}", path.display()),
+        )
+        .into())
+    }
+}
+
+/// Opens the ledger for `action`: an SQLite file read-only when the action only reads, and
+/// never one at an older schema version (`migrate` opens it itself).
+async fn open(location: &Location, action: &Action) -> Result<Box<dyn Ledger>, Failure> {
     match location {
         Location::Sqlite(path) => {
-            // Opening creates a missing file: an operator's typo must not look like an empty
-            // ledger.
-            if !path.is_file() {
-                return Err(LedgerError::new(
-                    idempotent_retry::LedgerErrorKind::InvalidInput,
-                    format!("no ledger file at {}", path.display()),
-                ));
+            existing(path)?;
+            let found = SqliteLedger::file_schema_version(path).await?;
+            let reads = SqliteLedger::SCHEMA_VERSION;
+            if found < reads {
+                let fix = format!(
+                    "idempotent-retry-ledger --sqlite {} migrate",
+                    shell_word(path)
+                );
+                return Err(older(&path.display().to_string(), found, reads, &fix));
             }
-            Ok(Box::new(SqliteLedger::open(path).await?))
+            // A newer file is refused by the opening itself, with both versions.
+            Ok(if action.reads_only() {
+                Box::new(SqliteLedger::open_read_only(path).await?)
+            } else {
+                Box::new(SqliteLedger::open(path).await?)
+            })
         }
         #[cfg(feature = "postgres")]
         Location::Postgres(url) => {
             let ledger = idempotent_retry::PostgresLedger::connect(url).await?;
             // The workers migrate their database (once all of them run a release that knows the
             // new version); an operator's command reads it as they left it, and says so when it
-            // is older than what the command reads.
+            // is older than what the command reads or writes.
             let version = ledger.schema_version().await?;
-            if version < RECONCILING_SCHEMA {
-                return Err(LedgerError::new(
-                    idempotent_retry::LedgerErrorKind::InvalidInput,
-                    format!(
-                        "the database is at schema version {version}; this command reads version \
-                         {RECONCILING_SCHEMA} (the request and resolution columns): run \
-                         PostgresLedger::migrate once every worker runs this release"
-                    ),
-                ));
+            let reads = if matches!(action, Action::Release { .. }) {
+                NOT_SENT_SCHEMA
+            } else {
+                RECONCILING_SCHEMA
+            };
+            if version < reads {
+                // The URL may hold a password: it is not repeated.
+                let fix = "idempotent-retry-ledger --postgres URL migrate";
+                return Err(older("the database", version, reads, fix));
             }
             Ok(Box::new(ledger))
         }
         #[cfg(not(feature = "postgres"))]
-        Location::Postgres(_) => Err(LedgerError::new(
-            idempotent_retry::LedgerErrorKind::InvalidInput,
-            "this build has no PostgreSQL support: build with --features cli,postgres",
-        )),
+        Location::Postgres(_) => Err(no_postgres().into()),
     }
 }
 
-async fn run(invocation: Invocation) -> Result<Ending, LedgerError> {
-    let ledger = open(&invocation.location).await?;
-    let ledger = &*ledger;
-    let now = invocation.now.unwrap_or_else(|| TokioClock::new().wall());
+#[cfg(not(feature = "postgres"))]
+fn no_postgres() -> LedgerError {
+    LedgerError::new(
+        LedgerErrorKind::InvalidInput,
+        "this build has no PostgreSQL support: build with --features cli,postgres",
+    )
+}
+
+/// Brings the ledger to this release's schema version: the versions before and after.
+async fn migrate(location: &Location) -> Result<(u32, u32), Failure> {
+    match location {
+        Location::Sqlite(path) => {
+            existing(path)?;
+            let from = SqliteLedger::file_schema_version(path).await?;
+            if from == SqliteLedger::SCHEMA_VERSION {
+                return Ok((from, from));
+            }
+            // Opening migrates (and refuses a newer file, leaving it as it is).
+            let ledger = SqliteLedger::open(path).await?;
+            Ok((from, ledger.schema_version().await?))
+        }
+        #[cfg(feature = "postgres")]
+        Location::Postgres(url) => {
+            let ledger = idempotent_retry::PostgresLedger::connect(url).await?;
+            let from = ledger.schema_version().await?;
+            ledger.migrate().await?;
+            Ok((from, ledger.schema_version().await?))
+        }
+        #[cfg(not(feature = "postgres"))]
+        Location::Postgres(_) => Err(no_postgres().into()),
+    }
+}
+
+/// What `show` found for `key`: the row with that key, else the one row whose key starts with
+/// it.
+enum Found {
+    Row(Box<OperationRecord>),
+    Nothing(String),
+}
+
+async fn find(ledger: &dyn Ledger, key: &str) -> Result<Found, LedgerError> {
+    if let Some(row) = ledger.get(key).await? {
+        return Ok(Found::Row(Box::new(row)));
+    }
+    if key.chars().count() < MIN_PREFIX {
+        return Ok(Found::Nothing(format!(
+            "{key}: no such operation (a key prefix needs {MIN_PREFIX} characters or more)"
+        )));
+    }
+    let mut rows = ledger
+        .list(&ListFilter::new(COUNTED + 1).key_prefix(key))
+        .await?;
+    Ok(match rows.len() {
+        0 => Found::Nothing(format!(
+            "{key}: no such operation, and no key starts with it"
+        )),
+        1 => Found::Row(Box::new(rows.remove(0))),
+        many => {
+            let count = if many > COUNTED as usize {
+                format!("more than {COUNTED} keys start with it")
+            } else {
+                format!("{many} keys start with it")
+            };
+            let shown = if many > CANDIDATES {
+                format!(", the first {CANDIDATES} here")
+            } else {
+                String::new()
+            };
+            Found::Nothing(format!(
+                "{key}: ambiguous key prefix: {count}{shown}; give more of the key\n{}",
+                render::candidates(&rows, CANDIDATES).trim_end()
+            ))
+        }
+    })
+}
+
+async fn run(invocation: Invocation) -> Result<Ending, Failure> {
     let mut out = std::io::stdout().lock();
     let print = |out: &mut std::io::StdoutLock<'_>, text: &str| {
         // A closed pipe (`| head`) ends the output, not the command's work.
         let _ = out.write_all(text.as_bytes());
     };
+    if let Action::Migrate = invocation.action {
+        let (from, to) = migrate(&invocation.location).await?;
+        let text = if from == to {
+            format!("at schema version {to} already; nothing changed\n")
+        } else {
+            format!("migrated from schema version {from} to {to}\n")
+        };
+        print(&mut out, &text);
+        return Ok(Ending::Done);
+    }
+    let ledger = open(&invocation.location, &invocation.action).await?;
+    let ledger = &*ledger;
+    let now = invocation.now.unwrap_or_else(|| TokioClock::new().wall());
     match invocation.action {
         Action::List {
             status,
@@ -157,8 +319,9 @@ async fn run(invocation: Invocation) -> Result<Ending, LedgerError> {
             Ok(Ending::Done)
         }
         Action::Show { key, json } => {
-            let Some(row) = ledger.get(&key).await? else {
-                return Ok(Ending::Nothing(format!("{key}: no such operation")));
+            let row = match find(ledger, &key).await? {
+                Found::Row(row) => row,
+                Found::Nothing(why) => return Ok(Ending::Nothing(why)),
             };
             if json {
                 print(&mut out, &format!("{}\n", pretty(&render::json(&row))));
@@ -236,6 +399,46 @@ async fn run(invocation: Invocation) -> Result<Ending, LedgerError> {
             }
             Ok(Ending::Done)
         }
+        Action::Release {
+            key,
+            operator,
+            reason,
+            force,
+        } => {
+            let released = release_by_hand(ledger, &key, &operator, &reason, force, now).await?;
+            Ok(match released {
+                Released::Released(previous) => {
+                    print(
+                        &mut out,
+                        &format!("{key}: released by operator {operator} (it was {previous})\n"),
+                    );
+                    Ending::Done
+                }
+                Released::MayHaveRun(status) => {
+                    let what = if status == OperationStatus::FailedFinal {
+                        "failed_final with a saved answer".to_owned()
+                    } else {
+                        status.to_string()
+                    };
+                    Ending::Nothing(format!(
+                        "{key}: it is {what}, so it may have run, and a new request under the key \
+                         could run it again or be refused by the receiver; nothing changed: \
+                         check the receiver, then --force releases it"
+                    ))
+                }
+                Released::Succeeded => Ending::Nothing(format!(
+                    "{key}: it succeeded, and the receiver answers the key with its saved \
+                     response; nothing changed: send a different request under a new key"
+                )),
+                Released::Busy => Ending::Nothing(format!(
+                    "{key}: a live lease holds it (a run is sending it, or a reconciler asking); \
+                     nothing changed: run `show {key}` and try again once it lapses"
+                )),
+                Released::Missing => Ending::Nothing(format!("{key}: no such operation")),
+                other => Ending::Nothing(format!("{key}: nothing changed ({other:?})")),
+            })
+        }
+        Action::Migrate => unreachable!("migrate is run before the ledger is opened"),
     }
 }
 

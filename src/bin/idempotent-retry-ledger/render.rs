@@ -143,6 +143,13 @@ pub(crate) fn record(row: &OperationRecord, now: SystemTime) -> String {
             },
         ),
     ));
+    if let Some(body) = row
+        .response
+        .as_ref()
+        .and_then(|saved| saved.body.as_deref())
+    {
+        lines.push(("body", body_text(body)));
+    }
     lines.push((
         "resolution",
         row.resolution.as_ref().map_or_else(
@@ -169,10 +176,80 @@ pub(crate) fn record(row: &OperationRecord, now: SystemTime) -> String {
         ),
     ));
     let width = lines.iter().map(|(name, _)| name.len()).max().unwrap_or(0) + 1;
+    // A value of several lines continues under its first line.
+    let continued = format!("\n{:width$} ", "");
     lines
         .iter()
-        .map(|(name, value)| format!("{:<width$} {value}\n", format!("{name}:")))
+        .map(|(name, value)| {
+            format!(
+                "{:<width$} {}\n",
+                format!("{name}:"),
+                value.replace('\n', &continued)
+            )
+        })
         .collect()
+}
+
+/// The lines of a UTF-8 body `show` prints; the rest is left to `--json`.
+const BODY_LINES: usize = 20;
+/// The characters of a body's line `show` prints.
+const LINE_CHARS: usize = 200;
+/// The bytes of a body that is not UTF-8 `show` prints in hex.
+const HEX_BYTES: usize = 32;
+
+/// A saved body as `show` prints it: a UTF-8 body as text, its first [`BODY_LINES`] lines
+/// (control characters escaped, so a body cannot drive the terminal), any other as its size
+/// and first bytes in hex.
+fn body_text(body: &[u8]) -> String {
+    if body.is_empty() {
+        return "empty".to_owned();
+    }
+    let Ok(text) = std::str::from_utf8(body) else {
+        let shown = &body[..body.len().min(HEX_BYTES)];
+        let more = if shown.len() < body.len() { " …" } else { "" };
+        return format!(
+            "{} bytes, not UTF-8: {}{more} (--json for all)",
+            body.len(),
+            hex(shown, " ")
+        );
+    };
+    let mut lines: Vec<String> = text.lines().take(BODY_LINES).map(body_line).collect();
+    let rest = text.lines().count().saturating_sub(BODY_LINES);
+    if rest > 0 {
+        let s = if rest == 1 { "" } else { "s" };
+        lines.push(format!("… {rest} more line{s}; --json for all"));
+    }
+    lines.join("\n")
+}
+
+/// One line of a body: control characters but tabs escaped, cut at [`LINE_CHARS`].
+fn body_line(line: &str) -> String {
+    let mut out = String::new();
+    for (n, c) in line.chars().enumerate() {
+        if n == LINE_CHARS {
+            let rest = line.chars().count() - LINE_CHARS;
+            let _ = write!(out, "… ({rest} more characters)");
+            break;
+        }
+        if c.is_control() && c != '\t' {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Bytes as lowercase hex pairs, `separator` between them.
+fn hex(bytes: &[u8], separator: &str) -> String {
+    let mut out = String::with_capacity(bytes.len() * (2 + separator.len()));
+    for (n, byte) in bytes.iter().enumerate() {
+        if n > 0 {
+            out.push_str(separator);
+        }
+        let _ = write!(out, "{byte:02x}");
+    }
+    out
 }
 
 fn describe_status(row: &OperationRecord) -> String {
@@ -182,6 +259,9 @@ fn describe_status(row: &OperationRecord) -> String {
         FailedFinal => "not done, or refused: the next run sends it again",
         Unknown => "outcome unknown: it may have run",
         InFlight => "a run holds it, or died holding it",
+        NotSent => {
+            "no attempt reached a receiver, or released by hand: the next request under the key is sent"
+        }
         _ => "",
     };
     format!("{} ({meaning})", row.status)
@@ -201,11 +281,17 @@ pub(crate) fn json(row: &OperationRecord) -> Value {
         "last_attempt_at": row.last_attempt_at.map(time),
         "lease_owner": row.lease_owner,
         "lease_expires_at": row.lease_expires_at.map(time),
-        "response": row.response.as_ref().map(|saved| json!({
-            "status": saved.status,
-            "headers": saved.headers,
-            "body": saved.body.as_ref().map(|body| String::from_utf8_lossy(body).into_owned()),
-        })),
+        "response": row.response.as_ref().map(|saved| {
+            // A body that is not UTF-8 is given in hex, never altered to fit a JSON string.
+            let body = saved.body.as_deref();
+            let text = body.and_then(|body| std::str::from_utf8(body).ok());
+            json!({
+                "status": saved.status,
+                "headers": saved.headers,
+                "body": text,
+                "body_hex": body.filter(|_| text.is_none()).map(|body| hex(body, "")),
+            })
+        }),
         "resolution": row.resolution.as_ref().map(|note| json!({
             "kind": note.kind.as_str(),
             "by": note.by,
@@ -214,6 +300,27 @@ pub(crate) fn json(row: &OperationRecord) -> Value {
         })),
         "expires_at": time(row.expires_at),
     })
+}
+
+/// The keys a prefix matched, for a refusal: a line each, the first `shown` of them.
+pub(crate) fn candidates(rows: &[OperationRecord], shown: usize) -> String {
+    let width = rows
+        .iter()
+        .take(shown)
+        .map(|row| row.key.chars().count())
+        .max()
+        .unwrap_or(0);
+    let mut out = String::new();
+    for row in rows.iter().take(shown) {
+        let _ = writeln!(
+            out,
+            "  {:<width$}  {:<12}  first attempted {}",
+            row.key,
+            row.status.as_str(),
+            time(row.first_attempt_at)
+        );
+    }
+    out
 }
 
 /// One request recorded under several keys.
