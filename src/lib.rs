@@ -388,7 +388,9 @@ pub use operation_outcome::Outcome;
 pub use policy::RetryPolicy;
 pub use report::{AttemptRecord, RetryReport, Wait, WaitReason};
 #[cfg(feature = "tower")]
-pub use service::{IdempotentRetry, IdempotentRetryLayer, ResponseFuture};
+pub use service::{
+    BoxResponseBody, BoxResponseBodyLayer, IdempotentRetry, IdempotentRetryLayer, ResponseFuture,
+};
 pub use time::{Clock, Sleep, Sleeper, TokioClock, TokioSleeper};
 
 /// Deterministic generators for the unit tests and the `internals` door.

@@ -24,6 +24,7 @@ use crate::settings::{Overrides, Settings};
 use crate::transport::{BoxError, SendError, Transport, send_error};
 use scope::ScopeRules;
 
+pub use boxed::{BoxResponseBody, BoxResponseBodyLayer};
 pub use future::ResponseFuture;
 pub use layer::IdempotentRetryLayer;
 
