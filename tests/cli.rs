@@ -628,6 +628,17 @@ async fn resolve_records_the_operator_and_refuses_what_is_not_unresolved() {
         failed(&resolve("order-9", &["--send-again"]), 1),
         "order-9: no such operation\n"
     );
+    // Commands that change a row take the whole key, and say so to a prefix.
+    assert_eq!(
+        failed(&resolve("order-1-ag", &["--not-done"]), 1),
+        "order-1-ag: no such operation; one key starts with it, but commands that change a row \
+         take the whole key: `show order-1-ag` prints it\n"
+    );
+    assert_eq!(
+        failed(&resolve("order-", &["--not-done"]), 1),
+        "order-: no such operation; 7 keys start with it, but commands that change a row take \
+         the whole key: `show order-` lists them\n"
+    );
 
     let ledger = SqliteLedger::open(&path).await.expect("open");
     let done = ledger.get("order-3").await.expect("read").expect("a row");

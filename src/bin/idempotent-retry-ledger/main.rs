@@ -265,6 +265,35 @@ async fn find(ledger: &dyn Ledger, key: &str) -> Result<Found, LedgerError> {
     })
 }
 
+/// The answer of `resolve` and `release` for a key no row has: those commands write, so they
+/// take the whole key, and say so when `key` is the prefix of one.
+async fn missing(ledger: &dyn Ledger, key: &str) -> Result<Ending, LedgerError> {
+    let starting = if key.chars().count() >= MIN_PREFIX {
+        ledger
+            .list(&ListFilter::new(COUNTED + 1).key_prefix(key))
+            .await?
+            .len()
+    } else {
+        0
+    };
+    Ok(Ending::Nothing(match starting {
+        0 => format!("{key}: no such operation"),
+        1 => format!(
+            "{key}: no such operation; one key starts with it, but commands that change a row \
+             take the whole key: `show {key}` prints it"
+        ),
+        many => format!(
+            "{key}: no such operation; {} keys start with it, but commands that change a row \
+             take the whole key: `show {key}` lists them",
+            if many > COUNTED as usize {
+                format!("more than {COUNTED}")
+            } else {
+                many.to_string()
+            }
+        ),
+    }))
+}
+
 async fn run(invocation: Invocation) -> Result<Ending, Failure> {
     let mut out = std::io::stdout().lock();
     let print = |out: &mut std::io::StdoutLock<'_>, text: &str| {
@@ -360,7 +389,7 @@ async fn run(invocation: Invocation) -> Result<Ending, Failure> {
                 Reconciled::Settled(status) => Ending::Nothing(format!(
                     "{key}: it is {status}, not unresolved; nothing changed"
                 )),
-                Reconciled::Missing => Ending::Nothing(format!("{key}: no such operation")),
+                Reconciled::Missing => missing(ledger, &key).await?,
                 other => Ending::Nothing(format!("{key}: nothing changed ({other:?})")),
             })
         }
@@ -434,7 +463,7 @@ async fn run(invocation: Invocation) -> Result<Ending, Failure> {
                     "{key}: a live lease holds it (a run is sending it, or a reconciler asking); \
                      nothing changed: run `show {key}` and try again once it lapses"
                 )),
-                Released::Missing => Ending::Nothing(format!("{key}: no such operation")),
+                Released::Missing => missing(ledger, &key).await?,
                 other => Ending::Nothing(format!("{key}: nothing changed ({other:?})")),
             })
         }
