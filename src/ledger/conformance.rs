@@ -107,8 +107,8 @@ const CASES: &[(&str, Case)] = &[
 /// reconciling: the request's method and URL kept, [`claim_unresolved`](Ledger::claim_unresolved)
 /// holding only unknown rows and dead runs (and one of concurrent holds winning),
 /// [`resolve`](Ledger::resolve) by the holder only with each resolution's status, window and
-/// note, and [`unresolved`](Ledger::unresolved) and [`list`](Ledger::list) selecting,
-/// ordering and limiting rows.
+/// note, and [`unresolved`](Ledger::unresolved) and [`list`](Ledger::list) selecting (by
+/// status, scope, age and key prefix), ordering and limiting rows.
 ///
 /// `factory` must return an **empty** ledger each time (for shared storage: a new database,
 /// schema or table), since the purge cases count rows. The cases use fixed times in 2024 and
@@ -1616,6 +1616,35 @@ async fn listing(ledger: Arc<dyn Ledger>) -> Outcome {
         ["c-flight"],
         "rows of scope b first attempted by 20 s"
     );
+    for (prefix, expected) in [
+        ("b-", &["b-unknown"][..]),
+        ("c-flight", &["c-flight"]),
+        ("c-flight-", &[]),
+        ("d", &["d-unknown"]),
+        (
+            "",
+            &["a-done", "b-unknown", "c-flight", "d-unknown", "e-failed"],
+        ),
+        // Pattern characters are bytes like any other.
+        ("%", &[]),
+        ("_-unknown", &[]),
+        ("B-", &[]),
+    ] {
+        let listed = ok(
+            ledger.list(&ListFilter::new(10).key_prefix(prefix)).await,
+            "list by key prefix",
+        )?;
+        ensure_eq!(
+            keys(listed),
+            expected,
+            "rows whose key starts with {prefix:?}"
+        );
+    }
+    let filter = ListFilter::new(10)
+        .key_prefix("d-")
+        .status(OperationStatus::Succeeded);
+    let listed = ok(ledger.list(&filter).await, "list by key prefix and status")?;
+    ensure_eq!(keys(listed), [] as [&str; 0], "rows of key d-, succeeded");
     refused(
         ledger.list(&ListFilter::new(0)).await,
         LedgerErrorKind::InvalidInput,

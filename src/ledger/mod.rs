@@ -795,17 +795,19 @@ impl Finish {
 ///
 /// ## Versions
 ///
-/// This is **schema version 2** (version 1 had neither the request nor the resolution
-/// columns, nor the status index), and the store records its version: an SQLite file in its
-/// `PRAGMA user_version` (so the file is the ledger's own: nothing else should set that
-/// pragma), a PostgreSQL database in the one row of `idempotent_operations_schema`.
-/// `SqliteLedger::schema_version` and `PostgresLedger::schema_version` read it. `migrate`
-/// (which `SqliteLedger::open` runs on every start) compares it with the version this release
+/// This is **schema version 3** (version 1 had neither the request nor the resolution
+/// columns, nor the status index; version 3 adds no column, and says that rows may hold the
+/// `not_sent` status and the `released` resolution), and the store records its version: an
+/// SQLite file in its `PRAGMA user_version` (so the file is the ledger's own: nothing else
+/// should set that pragma), a PostgreSQL database in the one row of
+/// `idempotent_operations_schema`. `SqliteLedger::schema_version` and
+/// `PostgresLedger::schema_version` read it. `migrate` (which `SqliteLedger::open` runs on every
+/// start; `SqliteLedger::open_read_only` never does) compares it with the version this release
 /// knows:
 ///
-/// - **none recorded** (0): a new store gets the table and the indexes at version 2; a store
-///   made by the 0.1 `migrate`, which recorded no version, gets the columns it lacks, is
-///   checked to have every column and is stamped version 2, its rows untouched;
+/// - **none recorded** (0): a new store gets the table and the indexes; a store made by the 0.1
+///   `migrate`, which recorded no version, gets the columns it lacks and is checked to have
+///   every column, its rows untouched; either is then stamped with each version it reaches;
 /// - **older**: the steps from there to the current version run, one version at a time;
 /// - **the same**: nothing changes, so `migrate` may run on every start;
 /// - **newer** (a later release wrote the store): [`LedgerErrorKind::Corrupt`], with both
