@@ -432,17 +432,16 @@ mod tests {
         });
         let (first, inside) = inside.await.expect("task");
         assert_eq!(first, 1);
-        let (b, dup, c) = (write("b"), write("a"), write("c"));
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        // Queued behind the held batch before it is released: each is polled once, which
+        // sends it (a spawned task might not have run yet when the gate opens).
+        let b = queued(writer.batched(insert("b"))).await;
+        let dup = queued(writer.batched(insert("a"))).await;
+        let c = queued(writer.batched(insert("c"))).await;
         gate.send(()).expect("release");
         a.await.expect("task").expect("a");
-        b.await
-            .expect("task")
-            .expect("b committed beside the failure");
-        c.await
-            .expect("task")
-            .expect("c committed beside the failure");
-        let err = dup.await.expect("task").expect_err("a duplicate key");
+        b.await.expect("b committed beside the failure");
+        c.await.expect("c committed beside the failure");
+        let err = dup.await.expect_err("a duplicate key");
         assert_eq!(err.kind(), crate::LedgerErrorKind::Unavailable, "{err}");
         assert_eq!(
             inside.recv().expect("the second batch"),
