@@ -343,9 +343,13 @@ async fn a_send_dropped_while_its_claim_is_in_flight_leaves_the_key_free_for_the
         )
         .await;
         // The claim lands for nobody: the row is held until it is given back.
-        while memory.get(key.as_str()).await.expect("read").is_none() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while memory.get(key.as_str()).await.expect("read").is_none() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{kind:?}: the dropped send's claim never reached the store"));
         // Another front end (a client of its own, as another process would be) sends the key
         // now: it finds the lease held until the claim is given back, waits for that, then
         // goes ahead. (Releases are the abandoning client's own business: a client never waits
