@@ -5,6 +5,8 @@
 //! it as it was.
 #![cfg(feature = "cli")]
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, SystemTime};
@@ -409,28 +411,14 @@ async fn show_prints_a_text_body_s_first_lines_and_another_in_hex() {
 /// recorded), with one row: the SQL of that version, as it shipped.
 fn version_1_file(path: &Path) {
     let conn = rusqlite::Connection::open(path).expect("open");
-    conn.execute_batch(
-        "CREATE TABLE idempotent_operations (
-            key               TEXT PRIMARY KEY,
-            scope             TEXT NOT NULL,
-            fingerprint       TEXT NOT NULL,
-            status            TEXT NOT NULL,
-            attempts          INTEGER NOT NULL,
-            first_attempt_at  BIGINT NOT NULL,
-            last_attempt_at   BIGINT,
-            lease_owner       TEXT,
-            lease_expires_at  BIGINT,
-            response_status   INTEGER,
-            response_headers  TEXT,
-            response_body     BLOB,
-            expires_at        BIGINT NOT NULL
-        );
-        CREATE INDEX idempotent_operations_expires_at ON idempotent_operations (expires_at);
+    conn.execute_batch(&format!(
+        "{}
         INSERT INTO idempotent_operations (key, scope, fingerprint, status, attempts,
             first_attempt_at, expires_at)
             VALUES ('order-old', 'charges', 'f-old', 'unknown', 2, 1704067200000, 1704153600000);
         PRAGMA user_version = 1;",
-    )
+        support::ddl_0_1("BLOB")
+    ))
     .expect("the version 1 schema");
 }
 
