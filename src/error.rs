@@ -449,7 +449,7 @@ impl Error {
     /// `idempotency key reused for a different request: key K is recorded as …; nothing was
     /// sent; the key's operation is done: …`, each fact once.
     fn describe_key_reuse(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        use crate::status::OperationStatus;
+        use crate::ledger::OperationStatus;
         let inner = &self.inner;
         let held = inner
             .held
@@ -596,3 +596,21 @@ mod tests {
         );
     }
 }
+impl Error {
+    /// An [`ErrorKind::Ledger`] error: the operation, as far as it got, with the ledger's
+    /// failure as the source.
+    pub(crate) fn ledger(
+        report: RetryReport,
+        outcome_unknown: bool,
+        message: impl Into<String>,
+        source: crate::ledger::LedgerError,
+    ) -> Self {
+        // The ledger's own words in the message too: "table ... is missing: run migrate()"
+        // must reach a person who prints the error, not only one who walks its sources.
+        let message = format!("{} ({source})", message.into());
+        Error::operation(ErrorKind::Ledger, report, outcome_unknown)
+            .with_message(message)
+            .with_source(source)
+    }
+}
+

@@ -299,20 +299,13 @@
 //!
 //! In the package: `docs/ARCHITECTURE.md` (modules, the path of one request), `SECURITY.md`
 //! (what a key reveals, hostile input), `docs/performance.md`, `CHANGELOG.md`. MSRV: 1.88.
-#![forbid(unsafe_code)]
 // docs.rs builds with `--cfg docsrs` on nightly, where `doc(cfg(..))` below needs the feature.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // The docs name the optional front ends and the testkit; built without their features, those
 // links dangle.
 #![cfg_attr(
-    not(all(feature = "tower", feature = "middleware", feature = "testkit")),
+    not(all(feature = "tower", feature = "middleware")),
     allow(rustdoc::broken_intra_doc_links)
-)]
-#![warn(
-    missing_docs,
-    missing_debug_implementations,
-    rust_2018_idioms,
-    unreachable_pub
 )]
 
 pub mod backoff;
@@ -333,36 +326,36 @@ mod held;
 pub mod internals;
 mod key;
 mod keyed;
-mod ledger;
+pub mod ledger;
 #[cfg(feature = "middleware")]
 mod middleware;
-mod observe;
+pub mod observe;
 mod operation_outcome;
 mod outcome;
 mod policy;
 mod readable;
-mod report;
+pub mod reconcile;
+pub mod report;
 pub mod retry_after;
 #[cfg(feature = "tower")]
-mod service;
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub mod service;
 mod settings;
-mod status;
 mod telemetry;
-#[cfg(feature = "testkit")]
-#[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
-pub mod testkit;
-mod time;
+pub mod time;
 mod transport;
 mod window;
+
+/// Where a redirect may lead: the hops a [`RedirectPolicy`] followed and why it stopped.
+pub mod redirect {
+    pub use crate::client::{RedirectChain, RedirectHop, RedirectStop};
+}
 
 pub use budget::{RetryBudget, RetryBudgetConfig};
 pub use classify::FailureKind;
 #[cfg(feature = "multipart")]
 pub use client::multipart;
-pub use client::{
-    Client, ClientBuilder, IDEMPOTENCY_KEY, RedirectChain, RedirectHop, RedirectPolicy,
-    RedirectStop, RequestBuilder,
-};
+pub use client::{Client, ClientBuilder, IDEMPOTENCY_KEY, RedirectPolicy, RequestBuilder};
 pub use error::{Error, ErrorKind};
 pub use exchange::{RetryRequest, RetryResponse};
 pub use extension::{LedgerScope, WithoutIdempotencyKey};
@@ -370,28 +363,16 @@ pub use fingerprint::RequestFingerprint;
 pub use held::{HeldOperation, RequestPart};
 pub use key::{IdempotencyKey, InvalidKey, InvalidKeyReason};
 pub use keyed::{DerivationSecret, InvalidSecret};
-#[cfg(feature = "sqlite")]
-pub use ledger::SqliteLedger;
-pub use ledger::{
-    AttemptUpdate, Claim, ClaimBuilder, Claimed, Finish, HttpProbe, LeaseHeldPolicy, Ledger,
-    LedgerError, LedgerErrorKind, LedgerFuture, LedgerOptions, ListFilter, MemoryLedger,
-    OperationRecord, OperationRecordBuilder, OperationStatus, ReconcileClaim, ReconcileFn,
-    ReconcileFuture, Reconciled, Reconciler, Released, Resolution, ResolutionKind, ResolutionNote,
-    Resolve, SavedResponse, SendAgain, SweepReport, reconcile_fn, release_by_hand, resolve_by_hand,
-};
-#[cfg(feature = "postgres")]
-pub use ledger::{PostgresLedger, PostgresLedgerBuilder};
 #[cfg(feature = "middleware")]
+#[cfg_attr(docsrs, doc(cfg(feature = "middleware")))]
 pub use middleware::IdempotentRetryMiddleware;
-pub use observe::{AttemptEvent, LedgerVerdict, Observer, OperationEvent, RetryRefusedEvent};
+pub use observe::Observer;
 pub use operation_outcome::Outcome;
 pub use policy::RetryPolicy;
-pub use report::{AttemptRecord, RetryReport, Wait, WaitReason};
+pub use report::RetryReport;
 #[cfg(feature = "tower")]
-pub use service::{
-    BoxResponseBody, BoxResponseBodyLayer, IdempotentRetry, IdempotentRetryLayer, ResponseFuture,
-};
-pub use time::{Clock, Sleep, Sleeper, TokioClock, TokioSleeper};
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub use service::{IdempotentRetry, IdempotentRetryLayer};
 
 /// Deterministic generators for the unit tests and the `internals` door.
 #[cfg(any(test, feature = "internals"))]
@@ -428,8 +409,7 @@ mod test_rng {
 }
 
 /// Compiles and runs every `rust` block of the README as a doc test, so its examples keep
-/// building against the crate. Its testkit example needs `testkit`, which the crate's own
-/// dev-dependency on itself turns on for every test build.
-#[cfg(all(doctest, feature = "testkit"))]
+/// building against the crate.
+#[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;

@@ -41,18 +41,7 @@ pub(crate) fn attempt_budget(
     }
 }
 
-/// The instant before which an operation first attempted is outside a window of `length`,
-/// seen at `now` (wall-clock time, across runs and workers).
-pub(crate) fn cutoff(now: SystemTime, length: Duration) -> SystemTime {
-    now.checked_sub(length).unwrap_or(SystemTime::UNIX_EPOCH)
-}
-
-/// Whether an operation first attempted at `first_attempt_at` is still inside its window,
-/// given the [`cutoff`]. The SQL ledgers state the same comparison in their claim
-/// (`first_attempt_at > cutoff`), with the cutoff computed here.
-pub(crate) fn is_open(first_attempt_at: SystemTime, cutoff: SystemTime) -> bool {
-    first_attempt_at > cutoff
-}
+pub(crate) use idempotent_retry_ledger::window::{cutoff, is_open};
 
 /// What a run starting at `now` has left of a window of `length` that opened at
 /// `first_attempt_at` in an earlier run (zero when it has closed). A clock that reads earlier

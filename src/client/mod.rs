@@ -26,10 +26,8 @@ use reqwest::IntoUrl;
 
 use crate::budget::RetryBudget;
 use crate::error::Error;
-use crate::ledger::{
-    Bounded, Ledger, LedgerError, LedgerHandle, LedgerOptions, ReconcileContext, Reconciled,
-    Reconciler, Reconcilers, SweepReport,
-};
+use crate::ledger::{Bounded, Ledger, LedgerError, LedgerHandle, LedgerOptions};
+use crate::reconcile::{Context as ReconcileContext, Reconciled, Reconciler, Reconcilers, SweepReport};
 use crate::observe::{AttemptEvent, Chain, Observer, OnAttempt, OnOperation, OperationEvent};
 use crate::policy::RetryPolicy;
 use crate::settings::{Jitter, Settings};
@@ -159,7 +157,7 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// The [`LedgerError`]: [`LedgerErrorKind::InvalidInput`](crate::LedgerErrorKind::InvalidInput)
+    /// The [`LedgerError`]: [`LedgerErrorKind::InvalidInput`](crate::ledger::LedgerErrorKind::InvalidInput)
     /// for a `limit` of 0, or the storage failure (batches already deleted stay deleted).
     pub async fn purge_expired(&self, limit: u32) -> Result<u64, LedgerError> {
         let settings = &self.inner.settings;
@@ -177,7 +175,7 @@ impl Client {
         let settings = &self.inner.settings;
         let handle = settings.ledger.as_ref().ok_or_else(|| {
             LedgerError::new(
-                crate::LedgerErrorKind::InvalidInput,
+                crate::ledger::LedgerErrorKind::InvalidInput,
                 "this client has no ledger to reconcile (see ClientBuilder::ledger)",
             )
         })?;
@@ -202,10 +200,9 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// [`LedgerErrorKind::InvalidInput`](crate::LedgerErrorKind::InvalidInput) when the client
-    /// has no ledger; [`LedgerErrorKind::Unsupported`](crate::LedgerErrorKind::Unsupported)
-    /// for a ledger that does not implement reconciling; the ledger's error otherwise
-    /// ([`LeaseLost`](crate::LedgerErrorKind::LeaseLost) when the reconciler answered after
+    /// [`LedgerErrorKind::InvalidInput`](crate::ledger::LedgerErrorKind::InvalidInput) when the client
+    /// has no ledger; the ledger's error otherwise
+    /// ([`LeaseLost`](crate::ledger::LedgerErrorKind::LeaseLost) when the reconciler answered after
     /// the hold lapsed: nothing was recorded).
     ///
     /// # Examples
@@ -223,7 +220,7 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub async fn reconcile(&self, key: &str) -> Result<Reconciled, LedgerError> {
-        crate::ledger::reconcile_key(self.reconcile_context()?, key).await
+        crate::reconcile::reconcile(self.reconcile_context()?, key).await
     }
 
     /// One batch of a sweep of unresolved operations: at most `limit` rows whose reconcile
@@ -234,13 +231,13 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// As [`reconcile`](Self::reconcile), and [`LedgerErrorKind::InvalidInput`](crate::LedgerErrorKind::InvalidInput)
+    /// As [`reconcile`](Self::reconcile), and [`LedgerErrorKind::InvalidInput`](crate::ledger::LedgerErrorKind::InvalidInput)
     /// for a `limit` of 0, when the rows cannot be listed. A failure on one row is counted in
     /// [`SweepReport::failed`] and the sweep goes on.
     pub async fn reconcile_unresolved(&self, limit: u32) -> Result<SweepReport, LedgerError> {
         let cx = self.reconcile_context()?;
         let older_than = crate::window::cutoff(cx.clock.wall(), cx.window);
-        crate::ledger::sweep(cx, limit, older_than).await
+        crate::reconcile::sweep(cx, limit, older_than).await
     }
 
     /// Runs a `reqwest::Request` as one logical operation, by the same rules as

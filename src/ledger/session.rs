@@ -12,8 +12,8 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
 
-use super::reconcile::{self, Context, Reconciled, Reconcilers};
-use super::resolution::reconcilable;
+use crate::reconcile::{self, Context, Reconciled, Reconcilers};
+use super::reconcilable;
 use super::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerOptions, OperationRecord,
     OperationStatus, SavedResponse, later,
@@ -124,18 +124,27 @@ pub(crate) async fn claim<R: RetryResponse>(
     let mut reconciled: Option<String> = None;
     loop {
         let now = clock.wall();
-        let claim = Claim {
-            key: key.as_str().to_owned(),
-            scope: scope.clone(),
-            fingerprint: fingerprint.as_str().to_owned(),
-            owner: owner.clone(),
+        let mut claim = Claim::builder(
+            key.as_str(),
+            fingerprint.as_str(),
+            owner.clone(),
             now,
-            lease_until: later(now, attempt_timeout.saturating_add(options.lease_slack)),
-            expires_at: later(now, retention),
-            window_cutoff: window::cutoff(now, window),
-            method: Some(method.to_owned()),
-            url: url.clone(),
-        };
+            later(now, attempt_timeout.saturating_add(options.lease_slack)),
+        )
+        .scope(scope.clone())
+        .expires_at(later(now, retention))
+        .window_cutoff(window::cutoff(now, window))
+        .build()
+        .map_err(|source| {
+            Error::ledger(
+                RetryReport::new(Some(key.clone())),
+                false,
+                "could not claim the operation; nothing was sent",
+                source,
+            )
+        })?;
+        claim.method = Some(method.to_owned());
+        claim.url.clone_from(&url);
         let cutoff = claim.window_cutoff;
         // Bounded by the ledger's call timeout inside, so that the task that finishes a claim
         // whose caller has gone ends too.
@@ -361,14 +370,11 @@ async fn release_unused_claim(ledger: &dyn Ledger, claim: &Claim, claimed: &Clai
         }
         Claimed::Existing(_) => return,
     };
-    let finish = Finish {
-        key: claim.key.clone(),
-        owner: claim.owner.clone(),
-        status,
-        response: None,
-        last_attempt_at: None,
+    let written = match Finish::new(claim.key.clone(), claim.owner.clone(), status, None) {
+        Ok(finish) => ledger.finish(&finish).await,
+        Err(err) => Err(err),
     };
-    if let Err(err) = ledger.finish(&finish).await {
+    if let Err(err) = written {
         tracing::warn!(key = claim.key.as_str(), error = %err, "could not release an abandoned claim; its lease will lapse");
     }
 }
@@ -511,12 +517,7 @@ impl LedgerRun {
         let reach = wait
             .saturating_add(self.attempt_timeout)
             .saturating_add(self.handle.options.lease_slack);
-        let update = AttemptUpdate {
-            key: self.key.as_str().to_owned(),
-            owner: self.owner.clone(),
-            at,
-            lease_until: later(at, reach),
-        };
+        let update = AttemptUpdate::new(self.key.as_str(), self.owner.clone(), at, later(at, reach))?;
         self.handle.ledger.record_attempt(&update).await
     }
 
@@ -531,17 +532,25 @@ impl LedgerRun {
 
     /// The finish that writes `status` and `response`, counting the last attempt if it was
     /// not recorded.
-    fn finish_of(&mut self, status: OperationStatus, response: Option<SavedResponse>) -> Finish {
-        Finish {
-            key: self.key.as_str().to_owned(),
-            owner: std::mem::take(&mut self.owner),
+    fn finish_of(
+        &mut self,
+        status: OperationStatus,
+        response: Option<SavedResponse>,
+    ) -> Result<Finish, LedgerError> {
+        let finish = Finish::new(
+            self.key.as_str(),
+            std::mem::take(&mut self.owner),
             status,
             response,
-            last_attempt_at: *self
-                .last_attempt_at
-                .get_mut()
-                .unwrap_or_else(PoisonError::into_inner),
-        }
+        )?;
+        let last = *self
+            .last_attempt_at
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        Ok(match last {
+            Some(at) => finish.with_last_attempt(at),
+            None => finish,
+        })
     }
 
     /// Writes the run's outcome and releases the lease. A response's body is read to save it,
@@ -602,9 +611,9 @@ impl LedgerRun {
             }
         };
         let headers = response.headers();
-        let saved = SavedResponse {
-            status: status.as_u16(),
-            headers: self
+        let saved = SavedResponse::new(
+            status.as_u16(),
+            self
                 .handle
                 .options
                 .saved_headers
@@ -618,8 +627,8 @@ impl LedgerRun {
                     })
                 })
                 .collect(),
-            body: saved_body.map(|bytes| bytes.to_vec()),
-        };
+            saved_body.map(|bytes| bytes.to_vec()),
+        );
         let written = self.write(outcome_of(status), Some(saved)).await;
         match written {
             Ok(()) => {
@@ -641,8 +650,10 @@ impl LedgerRun {
         status: OperationStatus,
         response: Option<SavedResponse>,
     ) -> Result<(), LedgerError> {
-        let finish = self.finish_of(status, response);
-        let written = self.handle.ledger.finish(&finish).await;
+        let written = match self.finish_of(status, response) {
+            Ok(finish) => self.handle.ledger.finish(&finish).await,
+            Err(err) => Err(err),
+        };
         self.settled = true;
         written
     }
@@ -658,7 +669,13 @@ impl Drop for LedgerRun {
         // without getting here is still covered by the lease lapsing.
         let unknown = self.exposure.is_unknown();
         let status = OperationStatus::unfinished(unknown, self.exposure.reached());
-        let finish = self.finish_of(status, None);
+        let finish = match self.finish_of(status, None) {
+            Ok(finish) => finish,
+            Err(err) => {
+                tracing::warn!(key = self.key.as_str(), error = %err, "could not release an abandoned operation; its lease will lapse");
+                return;
+            }
+        };
         tracing::info!(
             key = finish.key.as_str(),
             outcome_unknown = unknown,

@@ -1,0 +1,594 @@
+//! What the SQL ledgers share: the table, the column list, the schema version and the steps
+//! that reach it, and turning a row into a record.
+
+use std::time::SystemTime;
+
+use super::{
+    LedgerError, OperationRecord, OperationStatus, ResolutionKind, ResolutionNote, SavedResponse,
+    from_millis, to_millis,
+};
+
+/// The ledger's table.
+pub const TABLE: &str = "idempotent_operations";
+
+/// The schema version this crate reads and writes: the table shape [`schema`] creates is
+/// version 1. A change to the shape raises it by one and appends a step to [`STEPS`].
+pub const SCHEMA_VERSION: u32 = 3;
+
+/// Where PostgreSQL keeps the version: a table of one row (SQLite uses `PRAGMA user_version`).
+pub const VERSION_TABLE: &str = "idempotent_operations_schema";
+
+/// The SQL details a migration step may depend on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+impl Dialect {
+    /// The type of a byte-string column.
+    fn bytes_type(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "BLOB",
+            Dialect::Postgres => "BYTEA",
+        }
+    }
+}
+
+/// One migration step: the statements that take a store from version `from` to `from + 1`.
+/// Version 0 is a store with no version recorded: a new one, or one created by the 0.1
+/// `migrate`, which did not record a version.
+///
+/// Each step runs in a transaction of its own that also records the version it reaches, so a
+/// store is always at a version whose shape it has, even when a later step fails.
+#[derive(Debug)]
+pub struct Step {
+    /// The version the step starts from.
+    pub from: u32,
+    /// Columns the step adds to the table, each only if it is missing (a store whose version
+    /// was lost may have them already): name and type. They are added before the statements.
+    pub columns: &'static [(&'static str, &'static str)],
+    /// The statements, in order, for a dialect.
+    pub statements: fn(Dialect) -> Vec<String>,
+}
+
+impl Step {
+    /// The version the step reaches.
+    pub fn to(&self) -> u32 {
+        self.from + 1
+    }
+}
+
+/// Every step, oldest first: `STEPS[n]` goes from version `n` to `n + 1`, so the last one ends
+/// at [`SCHEMA_VERSION`].
+pub const STEPS: &[Step] = &[
+    Step {
+        from: 0,
+        // `IF NOT EXISTS` makes one step serve both kinds of version-0 store: a new one gets the
+        // table and the index; a 0.1 one already has both and keeps its rows. The columns are
+        // checked with [`probe`] once the last step has run.
+        columns: &[],
+        statements: |dialect| vec![schema(dialect.bytes_type()), index()],
+    },
+    Step {
+        from: 1,
+        // Reconciling: what the request was (for reconcilers and operators), and the last
+        // resolution of an unknown outcome (how, by whom, when, why). Every column may be
+        // NULL, so the rows already there are kept as they are; and an index for sweeps of
+        // unresolved rows.
+        columns: &[
+            ("method", "TEXT"),
+            ("url", "TEXT"),
+            ("resolution", "TEXT"),
+            ("resolved_by", "TEXT"),
+            ("resolved_at", "BIGINT"),
+            ("resolution_reason", "TEXT"),
+        ],
+        statements: |_| {
+            vec![format!(
+                "CREATE INDEX IF NOT EXISTS {TABLE}_status ON {TABLE} (status, first_attempt_at)"
+            )]
+        },
+    },
+    Step {
+        from: 2,
+        // The `not_sent` status (no attempt reached a receiver: the key is free) and the
+        // `released` resolution. The shape is the same; the version says that rows may hold
+        // them, so a release that cannot read them refuses the store instead of failing on a
+        // row.
+        columns: &[],
+        statements: |_| Vec::new(),
+    },
+];
+
+// A version without its step (or a step past the version) would leave stores stamped with a
+// version whose shape they do not have.
+const _: () = assert!(STEPS.len() == SCHEMA_VERSION as usize);
+
+/// The step a store at version `found` takes next, or `None` when it is at [`SCHEMA_VERSION`].
+///
+/// # Errors
+///
+/// [`LedgerErrorKind::Corrupt`](super::LedgerErrorKind::Corrupt) when `found` is newer than
+/// this crate knows: a later release wrote the store, and this one cannot tell what its rows
+/// mean.
+pub fn next_step(found: u32) -> Result<Option<&'static Step>, LedgerError> {
+    if found > SCHEMA_VERSION {
+        return Err(LedgerError::corrupt(format!(
+            "schema version {found} is newer than {SCHEMA_VERSION}, the latest this release \
+             of idempotent-retry knows: upgrade idempotent-retry to use this store (it was left \
+             unchanged)"
+        )));
+    }
+    // `STEPS[n]` starts from version `n` (a test checks it), and `found` is at most the
+    // number of steps, where `get` gives `None`.
+    Ok(usize::try_from(found).ok().and_then(|n| STEPS.get(n)))
+}
+
+/// A stored version that cannot be one (SQLite's `user_version` and PostgreSQL's `INTEGER`
+/// are signed).
+pub fn version_from(stored: i64) -> Result<u32, LedgerError> {
+    u32::try_from(stored)
+        .map_err(|_| LedgerError::corrupt(format!("schema version {stored} is not a version")))
+}
+
+/// The error for a table that lacks a column this crate reads.
+pub fn shape_error() -> LedgerError {
+    LedgerError::corrupt(format!(
+        "table {TABLE} is missing or exists with another shape than schema version \
+         {SCHEMA_VERSION}: run the ledger's `migrate()` (or `idempotent-retry-ledger migrate`); \
+         a table of another shape is not this crate's, and is left as it is"
+    ))
+}
+
+/// The columns, in the order [`RawRow`] expects them.
+pub const COLUMNS: &str = "key, scope, fingerprint, status, attempts, first_attempt_at, \
+     last_attempt_at, lease_owner, lease_expires_at, response_status, response_headers, \
+     response_body, expires_at, method, url, resolution, resolved_by, resolved_at, \
+     resolution_reason";
+
+/// How many columns [`COLUMNS`] names: a statement that returns something after them reads it
+/// at this index.
+pub const COLUMN_COUNT: usize = 19;
+
+/// The version-1 table, with the body column's type (`BLOB` or `BYTEA`) filled in.
+fn schema(bytes_type: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {TABLE} (
+            key               TEXT PRIMARY KEY,
+            scope             TEXT NOT NULL,
+            fingerprint       TEXT NOT NULL,
+            status            TEXT NOT NULL,
+            attempts          INTEGER NOT NULL,
+            first_attempt_at  BIGINT NOT NULL,
+            last_attempt_at   BIGINT,
+            lease_owner       TEXT,
+            lease_expires_at  BIGINT,
+            response_status   INTEGER,
+            response_headers  TEXT,
+            response_body     {bytes_type},
+            expires_at        BIGINT NOT NULL
+        )"
+    )
+}
+
+/// The index on `expires_at`, for purges.
+/// `ALTER TABLE ... ADD COLUMN` of one of a [`Step`]'s columns; PostgreSQL's with `IF NOT
+/// EXISTS` (SQLite has no such clause: its migration looks the column up first).
+pub fn add_column(dialect: Dialect, (name, kind): (&str, &str)) -> String {
+    let guard = match dialect {
+        Dialect::Sqlite => "",
+        Dialect::Postgres => "IF NOT EXISTS ",
+    };
+    format!("ALTER TABLE {TABLE} ADD COLUMN {guard}{name} {kind}")
+}
+
+/// One value bound to a statement that [`list_query`] builds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Param {
+    Text(String),
+    Int(i64),
+}
+
+/// The `SELECT` for [`Ledger::list`](super::Ledger::list) in `dialect`, with its parameters
+/// in order; the limit is the last one.
+pub fn list_query(dialect: Dialect, filter: &super::ListFilter) -> (String, Vec<Param>) {
+    let mut conditions = Vec::new();
+    let mut params = Vec::new();
+    let bind = |param: Param, params: &mut Vec<Param>| {
+        params.push(param);
+        match dialect {
+            Dialect::Sqlite => format!("?{}", params.len()),
+            Dialect::Postgres => format!("${}", params.len()),
+        }
+    };
+    if let Some(status) = filter.status {
+        let at = bind(Param::Text(status.as_str().to_owned()), &mut params);
+        conditions.push(format!("status = {at}"));
+    }
+    if filter.unresolved {
+        conditions.push("status IN ('unknown', 'in_flight')".to_owned());
+    }
+    if let Some(scope) = &filter.scope {
+        let at = bind(Param::Text(scope.clone()), &mut params);
+        conditions.push(format!("scope = {at}"));
+    }
+    if let Some(older_than) = filter.older_than {
+        let at = bind(Param::Int(super::to_millis(older_than)), &mut params);
+        conditions.push(format!("first_attempt_at <= {at}"));
+    }
+    if let Some(prefix) = &filter.key_prefix {
+        // A range rather than LIKE, which has pattern characters to escape and, in SQLite,
+        // folds ASCII case and skips the index. The keys with a prefix are contiguous in byte
+        // order: SQLite's BINARY collation, PostgreSQL's "C" (its primary key's index serves
+        // the range when the database's collation is C; otherwise the rows are scanned).
+        let key = match dialect {
+            Dialect::Sqlite => "key",
+            Dialect::Postgres => "key COLLATE \"C\"",
+        };
+        let from = bind(Param::Text(prefix.clone()), &mut params);
+        conditions.push(format!("{key} >= {from}"));
+        if let Some(end) = prefix_end(prefix) {
+            let to = bind(Param::Text(end), &mut params);
+            conditions.push(format!("{key} < {to}"));
+        }
+    }
+    let limit = bind(Param::Int(i64::from(filter.limit)), &mut params);
+    let conditions = if conditions.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", conditions.join(" AND "))
+    };
+    (
+        format!(
+            "SELECT {COLUMNS} FROM {TABLE}{conditions} ORDER BY first_attempt_at, key LIMIT {limit}"
+        ),
+        params,
+    )
+}
+
+/// The least string above every string that starts with `prefix`, in byte order (which in
+/// UTF-8 is code point order): the prefix with its last character that is not the largest one
+/// raised by one and what follows dropped; `None` when there is no such character.
+fn prefix_end(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        // The surrogates are no characters: the one after U+D7FF is U+E000.
+        let next = match last {
+            '\u{d7ff}' => Some('\u{e000}'),
+            other => char::from_u32(u32::from(other) + 1),
+        };
+        if let Some(next) = next {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
+fn index() -> String {
+    format!("CREATE INDEX IF NOT EXISTS {TABLE}_expires_at ON {TABLE} (expires_at)")
+}
+
+/// A statement that fails unless the table has every column: run after `CREATE TABLE IF NOT
+/// EXISTS`, which keeps a table of another shape as it is.
+pub fn probe() -> String {
+    format!("SELECT {COLUMNS} FROM {TABLE} WHERE 1 = 0")
+}
+
+/// A row as the drivers read it, before validation.
+#[derive(Debug)]
+pub struct RawRow {
+    pub key: String,
+    pub scope: String,
+    pub fingerprint: String,
+    pub status: String,
+    pub attempts: i64,
+    pub first_attempt_at: i64,
+    pub last_attempt_at: Option<i64>,
+    pub lease_owner: Option<String>,
+    pub lease_expires_at: Option<i64>,
+    pub response_status: Option<i64>,
+    pub response_headers: Option<String>,
+    pub response_body: Option<Vec<u8>>,
+    pub expires_at: i64,
+    pub method: Option<String>,
+    pub url: Option<String>,
+    pub resolution: Option<String>,
+    pub resolved_by: Option<String>,
+    pub resolved_at: Option<i64>,
+    pub resolution_reason: Option<String>,
+}
+
+impl RawRow {
+    /// Validates the row.
+    pub fn into_record(self) -> Result<OperationRecord, LedgerError> {
+        let attempts = u32::try_from(self.attempts).map_err(|_| {
+            LedgerError::corrupt(format!("row {}: attempts {}", self.key, self.attempts))
+        })?;
+        let response = match self.response_status {
+            None => None,
+            Some(status) => {
+                let status = u16::try_from(status)
+                    .ok()
+                    .filter(|s| (100..=999).contains(s))
+                    .ok_or_else(|| {
+                        LedgerError::corrupt(format!("row {}: response status {status}", self.key))
+                    })?;
+                let headers = match &self.response_headers {
+                    None => Vec::new(),
+                    Some(json) => serde_json::from_str(json).map_err(|err| {
+                        LedgerError::corrupt(format!("row {}: response headers", self.key))
+                            .with_source(err)
+                    })?,
+                };
+                Some(SavedResponse {
+                    status,
+                    headers,
+                    body: self.response_body,
+                })
+            }
+        };
+        let resolution = match (&self.resolution, &self.resolved_by, self.resolved_at) {
+            (None, _, _) => None,
+            (Some(kind), Some(by), Some(at)) => Some(ResolutionNote {
+                kind: kind.parse::<ResolutionKind>()?,
+                by: by.clone(),
+                at: from_millis(at),
+                reason: self.resolution_reason.clone(),
+            }),
+            (Some(_), _, _) => {
+                return Err(LedgerError::corrupt(format!(
+                    "row {}: a resolution without who made it or when",
+                    self.key
+                )));
+            }
+        };
+        Ok(OperationRecord {
+            status: self.status.parse::<OperationStatus>()?,
+            attempts,
+            first_attempt_at: from_millis(self.first_attempt_at),
+            last_attempt_at: self.last_attempt_at.map(from_millis),
+            lease_owner: self.lease_owner,
+            lease_expires_at: self.lease_expires_at.map(from_millis),
+            response,
+            expires_at: from_millis(self.expires_at),
+            method: self.method,
+            url: self.url,
+            resolution,
+            key: self.key,
+            scope: self.scope,
+            fingerprint: self.fingerprint,
+        })
+    }
+}
+
+/// `record` with its times cut to the whole milliseconds the SQL ledgers keep: the record a
+/// statement wrote, as reading it back would give, for a write that builds its record instead
+/// of reading it back.
+pub fn as_stored(mut record: OperationRecord) -> OperationRecord {
+    let cut = |at: SystemTime| from_millis(to_millis(at));
+    record.first_attempt_at = cut(record.first_attempt_at);
+    record.last_attempt_at = record.last_attempt_at.map(cut);
+    record.lease_expires_at = record.lease_expires_at.map(cut);
+    record.expires_at = cut(record.expires_at);
+    record
+}
+
+/// The saved response's columns: status, headers as JSON, body.
+pub fn response_columns(
+    response: Option<&SavedResponse>,
+) -> (Option<i64>, Option<String>, Option<Vec<u8>>) {
+    match response {
+        None => (None, None, None),
+        Some(saved) => (
+            Some(i64::from(saved.status)),
+            // Serializing pairs of strings cannot fail.
+            serde_json::to_string(&saved.headers).ok(),
+            saved.body.clone(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::LedgerErrorKind;
+
+    fn raw() -> RawRow {
+        RawRow {
+            key: "k".into(),
+            scope: "s".into(),
+            fingerprint: "f".into(),
+            status: "succeeded".into(),
+            attempts: 2,
+            first_attempt_at: 1_000,
+            last_attempt_at: Some(2_000),
+            lease_owner: None,
+            lease_expires_at: None,
+            response_status: Some(201),
+            response_headers: Some(r#"[["content-type","text/plain"]]"#.into()),
+            response_body: Some(b"ok".to_vec()),
+            expires_at: 9_000,
+            method: Some("POST".into()),
+            url: Some("https://api.example.com/v1/charges".into()),
+            resolution: Some("done".into()),
+            resolved_by: Some("operator alice".into()),
+            resolved_at: Some(5_000),
+            resolution_reason: None,
+        }
+    }
+
+    #[test]
+    fn a_valid_row_decodes_and_round_trips_its_response() {
+        let record = raw().into_record().expect("valid");
+        assert_eq!(record.attempts, 2);
+        assert_eq!(COLUMNS.split(", ").count(), COLUMN_COUNT);
+        let note = record.resolution.clone().expect("resolved");
+        assert_eq!(
+            (note.kind, note.by.as_str()),
+            (ResolutionKind::Done, "operator alice")
+        );
+        assert_eq!(record.method.as_deref(), Some("POST"));
+        let response = record.response.expect("saved");
+        assert_eq!(response.status, 201);
+        let (status, headers, body) = response_columns(Some(&response));
+        assert_eq!(status, Some(201));
+        assert_eq!(
+            headers.as_deref(),
+            Some(r#"[["content-type","text/plain"]]"#)
+        );
+        assert_eq!(body.as_deref(), Some(&b"ok"[..]));
+    }
+
+    #[test]
+    fn steps_run_in_order_from_no_version_to_the_current_one() {
+        for (n, step) in STEPS.iter().enumerate() {
+            assert_eq!(
+                usize::try_from(step.from).ok(),
+                Some(n),
+                "step {n} out of order"
+            );
+        }
+        // Following the steps from "no version" reaches the current version, one at a time.
+        let mut version = 0;
+        while let Some(step) = next_step(version).expect("known") {
+            assert_eq!(step.from, version);
+            version = step.to();
+        }
+        assert_eq!(version, SCHEMA_VERSION);
+        for dialect in [Dialect::Sqlite, Dialect::Postgres] {
+            let statements = (STEPS[0].statements)(dialect);
+            assert!(
+                statements[0].contains(dialect.bytes_type()),
+                "{statements:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_list_binds_each_condition_once_and_the_limit_last() {
+        let at = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(2);
+        let filter = super::super::ListFilter::new(5)
+            .status(OperationStatus::Unknown)
+            .scope("s")
+            .older_than(at);
+        let (sql, params) = list_query(Dialect::Postgres, &filter);
+        assert!(
+            sql.ends_with(
+                "WHERE status = $1 AND scope = $2 AND first_attempt_at <= $3 \
+                 ORDER BY first_attempt_at, key LIMIT $4"
+            ),
+            "{sql}"
+        );
+        assert_eq!(
+            params,
+            vec![
+                Param::Text("unknown".into()),
+                Param::Text("s".into()),
+                Param::Int(2_000),
+                Param::Int(5)
+            ]
+        );
+        let (sql, params) = list_query(
+            Dialect::Sqlite,
+            &super::super::ListFilter::new(1).unresolved(),
+        );
+        assert!(
+            sql.contains("WHERE status IN ('unknown', 'in_flight') ORDER BY"),
+            "{sql}"
+        );
+        assert!(sql.ends_with("LIMIT ?1"), "{sql}");
+        assert_eq!(params, vec![Param::Int(1)]);
+    }
+
+    #[test]
+    fn a_key_prefix_is_a_byte_range() {
+        let filter = super::super::ListFilter::new(3).key_prefix("ord%_");
+        let (sql, params) = list_query(Dialect::Sqlite, &filter);
+        assert!(
+            sql.contains("WHERE key >= ?1 AND key < ?2 ORDER BY"),
+            "{sql}"
+        );
+        assert_eq!(
+            params,
+            vec![
+                Param::Text("ord%_".into()),
+                Param::Text("ord%`".into()),
+                Param::Int(3)
+            ]
+        );
+        let filter = super::super::ListFilter::new(3)
+            .scope("s")
+            .key_prefix("\u{10ffff}");
+        let (sql, params) = list_query(Dialect::Postgres, &filter);
+        assert!(
+            sql.contains(r#"WHERE scope = $1 AND key COLLATE "C" >= $2 ORDER BY"#),
+            "{sql}"
+        );
+        assert_eq!(params.len(), 3, "no upper bound above the last character");
+    }
+
+    #[test]
+    fn the_end_of_a_prefix_is_the_least_string_above_its_keys() {
+        assert_eq!(prefix_end("order-").as_deref(), Some("order."));
+        assert_eq!(prefix_end("a\u{10ffff}").as_deref(), Some("b"));
+        assert_eq!(prefix_end("a\u{d7ff}").as_deref(), Some("a\u{e000}"));
+        assert_eq!(prefix_end("\u{10ffff}\u{10ffff}"), None);
+        assert_eq!(prefix_end(""), None);
+        // Every key with the prefix is inside [prefix, end), in byte order, and the end is not.
+        for (prefix, key) in [
+            ("ab", "ab"),
+            ("ab", "ab\u{10ffff}zz"),
+            ("é", "éa"),
+            ("a\u{7f}", "a\u{7f}\u{80}"),
+        ] {
+            let end = prefix_end(prefix).expect("an end");
+            assert!(prefix.as_bytes() <= key.as_bytes(), "{prefix:?} {key:?}");
+            assert!(
+                key.as_bytes() < end.as_bytes(),
+                "{prefix:?} {key:?} {end:?}"
+            );
+            assert!(!end.starts_with(prefix), "{end:?}");
+        }
+    }
+
+    #[test]
+    fn a_newer_version_is_refused_and_names_both_versions() {
+        let err = next_step(SCHEMA_VERSION + 1).expect_err("newer");
+        assert_eq!(err.kind(), LedgerErrorKind::Corrupt);
+        let message = err.to_string();
+        for part in [
+            format!("schema version {}", SCHEMA_VERSION + 1),
+            format!("newer than {SCHEMA_VERSION},"),
+            "upgrade idempotent-retry".to_owned(),
+        ] {
+            assert!(message.contains(&part), "{message:?} lacks {part:?}");
+        }
+        assert!(!message.ends_with('.'), "{message:?}");
+        assert_eq!(
+            version_from(-1).expect_err("negative").kind(),
+            LedgerErrorKind::Corrupt
+        );
+        assert_eq!(version_from(i64::from(u32::MAX) + 1).ok(), None);
+        assert_eq!(version_from(1).ok(), Some(1));
+    }
+
+    #[test]
+    fn impossible_values_are_corrupt_not_panics() {
+        let cases: [fn(&mut RawRow); 6] = [
+            |r| r.resolution = Some("maybe".into()),
+            |r| r.resolved_at = None,
+            |r| r.attempts = -1,
+            |r| r.status = "done".into(),
+            |r| r.response_status = Some(70_000),
+            |r| r.response_headers = Some("{not json".into()),
+        ];
+        for break_it in cases {
+            let mut row = raw();
+            break_it(&mut row);
+            let err = row.into_record().expect_err("corrupt");
+            assert_eq!(err.kind(), LedgerErrorKind::Corrupt);
+        }
+    }
+}

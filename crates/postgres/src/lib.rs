@@ -1,0 +1,568 @@
+//! The PostgreSQL ledger: one table shared by a fleet of workers, through a pool of
+//! connections.
+//!
+//! `mod.rs` holds the ledger and its calls; `builder.rs` the construction (pool size, connect
+//! timeout, TLS); `statements.rs` the text of each statement; `row.rs` a row's decoding;
+//! `reconcile.rs` what reconciling does to the table; `migrate.rs` the schema steps and version; `failure.rs` what an error means to the caller;
+//! `tls.rs` the rustls connector (feature `postgres-rustls`).
+//!
+//! The pool is deadpool-postgres: it keeps a statement cache per connection (each statement is
+//! prepared once per connection, not once per call), replaces a connection found closed when
+//! it hands one out, and is the pool tokio-postgres users most often already have, which
+//! [`PostgresLedger::from_pool`] then takes as it is. bb8-postgres would serve as well but
+//! leaves statement caching to the caller.
+
+mod builder;
+mod failure;
+mod group;
+mod migrate;
+mod reconcile;
+mod row;
+mod statements;
+#[cfg(feature = "rustls")]
+mod tls;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use deadpool_postgres::{Object, Pool};
+use tokio_postgres::Statement;
+use tokio_postgres::types::ToSql;
+
+pub use builder::PostgresLedgerBuilder;
+use failure::database;
+use group::{Group, NewRow, Outcome};
+use row::read_row;
+
+use idempotent_retry_ledger::sql::{as_stored, response_columns};
+use idempotent_retry_ledger::{
+    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, ListFilter,
+    OperationRecord, OperationStatus, ReconcileClaim, Resolve, to_millis,
+};
+
+/// A [`Ledger`] in a PostgreSQL table, for fleets of workers sharing one record.
+///
+/// Calls run on connections from the ledger's pool, each statement prepared once per
+/// connection. The claim of a new key is `INSERT ... ON CONFLICT (key) DO NOTHING RETURNING`:
+/// the insert is the lock, and of any number of workers racing for one key exactly one gets
+/// the row. A take-over is one `UPDATE ... WHERE` stating the rule (same fingerprint, not
+/// succeeded, inside the window, lease lapsed), which PostgreSQL re-checks against the latest
+/// row under concurrent updates.
+///
+/// # Group commit
+///
+/// Claims of new keys and finishes go out in batches: what queues while two batches are on
+/// the wire goes out together in the next, as one transaction (one insert and one update over
+/// arrays, pipelined in one round trip), so that under load many operations share one commit
+/// and the server's one WAL flush; one operation at a time, each call is its own statement.
+/// Every row of a batch is as atomic as its single statement, and each caller is answered
+/// after the commit with its own row. A batch waits at most 250 ms for a row lock another session holds
+/// on one of its keys; then its calls run one by one, so claims of different keys never wait
+/// on each other beyond that. Take-overs, attempts, reads and purges are single statements.
+///
+/// When a connection is lost, the calls it was carrying (one, or one batch) fail with
+/// [`LedgerErrorKind::Unavailable`](idempotent_retry_ledger::LedgerErrorKind::Unavailable) and the pool
+/// replaces the connection for the next call. A batch's connection that failed or was
+/// abandoned mid-transaction is closed, never handed back to the pool.
+///
+/// Three ways to make one: [`connect`](Self::connect) with a connection string (plain TCP, a
+/// pool of 16), [`builder`](Self::builder) to set the pool size, the connect timeout and TLS
+/// or to start from a `tokio_postgres::Config`, and [`from_pool`](Self::from_pool) to use a
+/// deadpool-postgres pool the application already has. Clones share the pool.
+///
+/// # Examples
+///
+/// ```no_run
+/// use idempotent_retry::{Client, LedgerOptions, PostgresLedger};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let ledger = PostgresLedger::connect("postgresql://app@db.internal/payments").await?;
+/// ledger.migrate().await?; // once per deploy; safe to run concurrently
+/// let client = Client::builder()
+///     .ledger(ledger)
+///     .ledger_options(LedgerOptions::new().worker("billing-7f9c"))
+///     .build()?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct PostgresLedger {
+    pool: Pool,
+    /// The batches claims and finishes go out in (`group.rs`), shared by the clones.
+    group: Arc<Group>,
+}
+
+impl fmt::Debug for PostgresLedger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let status = self.pool.status();
+        f.debug_struct("PostgresLedger")
+            .field("pool_size", &status.max_size)
+            .field("connections", &status.size)
+            .field("idle", &status.available)
+            .finish()
+    }
+}
+
+impl PostgresLedger {
+    /// Connects with a libpq-style connection string (`postgresql://user@host:port/db` or
+    /// `host=... user=...`) over plain TCP, with a pool of up to 16 connections, and opens the
+    /// first. For TLS, another pool size or a `tokio_postgres::Config`, use
+    /// [`builder`](Self::builder). Does not create the table: call [`migrate`](Self::migrate).
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerErrorKind::InvalidInput`](idempotent_retry_ledger::LedgerErrorKind::InvalidInput) for a malformed
+    /// string, or one that requires TLS (`sslmode=require`);
+    /// [`LedgerErrorKind::Unavailable`](idempotent_retry_ledger::LedgerErrorKind::Unavailable) when the server
+    /// cannot be reached or refuses the login.
+    pub async fn connect(url: &str) -> Result<Self, LedgerError> {
+        Self::builder().url(url).build().await
+    }
+
+    /// A builder: connection string or config, pool size, connect timeout, TLS.
+    pub fn builder() -> PostgresLedgerBuilder {
+        PostgresLedgerBuilder::new()
+    }
+
+    /// A ledger on the caller's deadpool-postgres pool (0.14), used as it is: its size,
+    /// timeouts, TLS and recycling are the caller's, and the ledger shares its connections
+    /// and statement caches with the application. Opens nothing: a wrong address shows at
+    /// the first call, as that call's
+    /// [`LedgerErrorKind::Unavailable`](idempotent_retry_ledger::LedgerErrorKind::Unavailable).
+    ///
+    /// A pool with a wait timeout turns a long queue for a connection into that error too; a
+    /// pool of more than one connection lets claims of different keys run side by side.
+    #[must_use]
+    pub fn from_pool(pool: Pool) -> Self {
+        PostgresLedger {
+            group: Arc::new(Group::new(pool.clone())),
+            pool,
+        }
+    }
+
+    /// The pool the ledger draws its connections from, to read its
+    /// [`status`](Pool::status) (say, for metrics) or to share it.
+    #[must_use]
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Brings the database to the crate's schema version, creating the table, its index and
+    /// the version table in a new database, and checks that the table has every column. Safe
+    /// to run on every start and from many workers at once: each step runs in a transaction
+    /// of its own under an advisory lock, on a pooled connection held for the migration. What
+    /// it does with older and newer databases is in the [schema docs](idempotent_retry_ledger::Ledger#schema).
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerErrorKind::Corrupt`](idempotent_retry_ledger::LedgerErrorKind::Corrupt) when a table of another
+    /// shape has the name, or the schema version is newer than this release knows (the
+    /// database is left as it was);
+    /// [`LedgerErrorKind::Unavailable`](idempotent_retry_ledger::LedgerErrorKind::Unavailable) when the
+    /// statements fail (no connection, no permission to create tables).
+    pub async fn migrate(&self) -> Result<(), LedgerError> {
+        let mut client = self.connection().await?;
+        migrate::migrate(&mut client).await
+    }
+
+    /// The schema version the database is at, from the one row of the
+    /// `idempotent_operations_schema` table: 0 when that table does not exist (a database not
+    /// migrated yet, or migrated by the 0.1 `migrate`, which recorded no version), which
+    /// [`migrate`](Self::migrate) brings up to date.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerErrorKind::Corrupt`](idempotent_retry_ledger::LedgerErrorKind::Corrupt) when the version table
+    /// holds other than one row, or a negative version;
+    /// [`LedgerErrorKind::Unavailable`](idempotent_retry_ledger::LedgerErrorKind::Unavailable) when the database
+    /// cannot be read.
+    pub async fn schema_version(&self) -> Result<u32, LedgerError> {
+        let client = self.connection().await?;
+        migrate::read_version(&client).await
+    }
+
+    /// A connection from the pool, held until dropped: a new one when none is idle and the
+    /// pool has room, else the next one returned.
+    async fn connection(&self) -> Result<Object, LedgerError> {
+        self.pool.get().await.map_err(failure::pool)
+    }
+
+    async fn claim_now(&self, claim: &Claim) -> Result<Claimed, LedgerError> {
+        let inserted = self
+            .group
+            .insert(NewRow {
+                key: claim.key.clone(),
+                scope: claim.scope.clone(),
+                fingerprint: claim.fingerprint.clone(),
+                now: to_millis(claim.now),
+                owner: claim.owner.clone(),
+                lease_until: to_millis(claim.lease_until),
+                expires_at: to_millis(claim.expires_at),
+                method: claim.method.clone(),
+                url: claim.url.clone(),
+            })
+            .await?;
+        if inserted {
+            return Ok(Claimed::New(as_stored(claim.new_row())));
+        }
+        let client = self.connection().await?;
+        let taken = client
+            .query_opt(
+                &prepared(
+                    &client,
+                    &statements::TAKE_OVER,
+                    "cannot take the operation over",
+                )
+                .await?,
+                &[
+                    &claim.key,
+                    &claim.owner,
+                    &to_millis(claim.lease_until),
+                    &claim.fingerprint,
+                    &to_millis(claim.window_cutoff),
+                    &to_millis(claim.now),
+                    &claim.scope,
+                    &claim.method,
+                    &claim.url,
+                    &to_millis(claim.expires_at),
+                ],
+            )
+            .await
+            .map_err(|err| database(err, "cannot take the operation over"))?;
+        if let Some(row) = taken {
+            let previous: String = row
+                .try_get(statements::PREVIOUS_STATUS)
+                .map_err(|err| database(err, "cannot decode the operation"))?;
+            return Ok(Claimed::TakenOver {
+                record: read_row(&row)?,
+                previous: previous.parse::<OperationStatus>()?,
+            });
+        }
+        match select(&client, &claim.key).await? {
+            Some(record) => Ok(Claimed::Existing(record)),
+            None => Err(LedgerError::unavailable(format!(
+                "operation {} vanished during its claim",
+                claim.key
+            ))),
+        }
+    }
+
+    /// Runs an `UPDATE` of one row held by `key`'s lease holder; a lost lease when it
+    /// changed none.
+    async fn update_held(
+        &self,
+        sql: &str,
+        key: &str,
+        params: &[&(dyn ToSql + Sync)],
+        what: &str,
+    ) -> Result<(), LedgerError> {
+        let client = self.connection().await?;
+        let changed = client
+            .execute(&prepared(&client, sql, what).await?, params)
+            .await
+            .map_err(|err| database(err, what))?;
+        if changed == 0 {
+            return Err(LedgerError::lease_lost(key));
+        }
+        Ok(())
+    }
+}
+
+/// The connection's prepared statement for `sql`, prepared on first use.
+async fn prepared(client: &Object, sql: &str, what: &str) -> Result<Statement, LedgerError> {
+    client
+        .prepare_cached(sql)
+        .await
+        .map_err(|err| database(err, what))
+}
+
+async fn select(client: &Object, key: &str) -> Result<Option<OperationRecord>, LedgerError> {
+    let what = "cannot read the operation";
+    client
+        .query_opt(&prepared(client, &statements::SELECT, what).await?, &[&key])
+        .await
+        .map_err(|err| database(err, what))?
+        .map(|row| read_row(&row))
+        .transpose()
+}
+
+impl Ledger for PostgresLedger {
+    fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
+        Box::pin(self.claim_now(claim))
+    }
+
+    fn record_attempt<'a>(&'a self, update: &'a AttemptUpdate) -> LedgerFuture<'a, ()> {
+        Box::pin(async move {
+            self.update_held(
+                &statements::RECORD_ATTEMPT,
+                &update.key,
+                &[
+                    &update.key,
+                    &update.owner,
+                    &to_millis(update.at),
+                    &to_millis(update.lease_until),
+                ],
+                "cannot record the attempt",
+            )
+            .await
+        })
+    }
+
+    fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
+        Box::pin(async move {
+            let (status, headers, body) = response_columns(finish.response.as_ref());
+            let changed = self
+                .group
+                .finish(Outcome {
+                    key: finish.key.clone(),
+                    owner: finish.owner.clone(),
+                    status: finish.status.as_str(),
+                    response_status: status.and_then(|s| i32::try_from(s).ok()),
+                    response_headers: headers,
+                    response_body: body,
+                    last_attempt_at: finish.last_attempt_at.map(to_millis),
+                })
+                .await?;
+            if changed {
+                Ok(())
+            } else {
+                Err(LedgerError::lease_lost(&finish.key))
+            }
+        })
+    }
+
+    fn get<'a>(&'a self, key: &'a str) -> LedgerFuture<'a, Option<OperationRecord>> {
+        Box::pin(async move { select(&self.connection().await?, key).await })
+    }
+
+    fn purge_batch(&self, now: SystemTime, limit: u32) -> LedgerFuture<'_, u64> {
+        Box::pin(async move {
+            let what = "cannot purge";
+            let client = self.connection().await?;
+            client
+                .execute(
+                    &prepared(&client, &statements::PURGE, what).await?,
+                    &[&to_millis(now), &i64::from(limit)],
+                )
+                .await
+                .map_err(|err| database(err, what))
+        })
+    }
+    fn claim_unresolved<'a>(
+        &'a self,
+        claim: &'a ReconcileClaim,
+    ) -> LedgerFuture<'a, Option<Claimed>> {
+        Box::pin(async move { reconcile::claim_unresolved(&self.connection().await?, claim).await })
+    }
+
+    fn resolve<'a>(&'a self, resolve: &'a Resolve) -> LedgerFuture<'a, ()> {
+        Box::pin(async move { reconcile::resolve(&self.connection().await?, resolve).await })
+    }
+
+    fn list<'a>(&'a self, filter: &'a ListFilter) -> LedgerFuture<'a, Vec<OperationRecord>> {
+        Box::pin(async move { reconcile::list(&self.connection().await?, filter).await })
+    }
+}
+#[cfg(test)]
+mod tests {
+    use tokio_postgres::{Client, NoTls};
+
+    use super::*;
+    use idempotent_retry_ledger::LedgerErrorKind;
+    use idempotent_retry_ledger::sql::{SCHEMA_VERSION, TABLE, VERSION_TABLE};
+
+    /// The test server's URL, or `None` (the test is skipped) outside CI.
+    pub(crate) fn url() -> Option<String> {
+        match std::env::var("IDEMPOTENT_RETRY_PG_URL") {
+            Ok(url) => Some(url),
+            Err(_) if std::env::var_os("CI").is_some() => {
+                panic!("IDEMPOTENT_RETRY_PG_URL must be set in CI (.ci/run starts PostgreSQL)")
+            }
+            Err(_) => {
+                eprintln!("skipped: IDEMPOTENT_RETRY_PG_URL is not set");
+                None
+            }
+        }
+    }
+
+    /// A name no other test's database has: this process, a counter, and the time.
+    #[allow(clippy::disallowed_methods)]
+    fn unique_suffix() -> String {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        format!("{}_{n}_{nanos}", std::process::id())
+    }
+
+    /// A new database on the test server, so a test sees no other test's tables; its URL and
+    /// a plain client on it.
+    pub(super) async fn fresh_database(base: &str) -> (String, Client) {
+        let (admin, connection) = tokio_postgres::connect(base, NoTls)
+            .await
+            .expect("connect to the test server");
+        tokio::spawn(connection);
+        let name = format!(
+            "ir_unit_{}",
+            unique_suffix()
+        );
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("create a database");
+        let (prefix, _) = base.rsplit_once('/').expect("URL ends with /database");
+        let url = format!("{prefix}/{name}");
+        let (client, connection) = tokio_postgres::connect(&url, NoTls)
+            .await
+            .expect("connect to the new database");
+        tokio::spawn(connection);
+        (url, client)
+    }
+
+    #[tokio::test]
+    async fn a_new_database_gets_one_version_row_and_a_second_migrate_keeps_it() {
+        let Some(base) = url() else { return };
+        let (url, plain) = fresh_database(&base).await;
+        let ledger = PostgresLedger::connect(&url).await.expect("connect");
+        assert_eq!(ledger.schema_version().await.expect("version"), 0);
+        ledger.migrate().await.expect("migrate");
+        ledger.migrate().await.expect("again");
+        assert_eq!(
+            ledger.schema_version().await.expect("version"),
+            SCHEMA_VERSION
+        );
+        let rows = plain
+            .query(&format!("SELECT version FROM {VERSION_TABLE}"), &[])
+            .await
+            .expect("read");
+        let versions: Vec<i32> = rows.iter().map(|row| row.get(0)).collect();
+        assert_eq!(
+            versions,
+            vec![i32::try_from(SCHEMA_VERSION).expect("small")]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_version_table_without_exactly_one_valid_row_is_corrupt() {
+        let Some(base) = url() else { return };
+        let (url, plain) = fresh_database(&base).await;
+        let ledger = PostgresLedger::connect(&url).await.expect("connect");
+        ledger.migrate().await.expect("migrate");
+        for (contents, says) in [
+            ("DELETE FROM {t}", "holds 0 rows"),
+            ("INSERT INTO {t} VALUES (1), (1)", "holds 2 rows"),
+            ("DELETE FROM {t}; INSERT INTO {t} VALUES (-1)", "-1"),
+        ] {
+            plain
+                .batch_execute(&contents.replace("{t}", VERSION_TABLE))
+                .await
+                .expect("rewrite the version table");
+            for err in [
+                ledger.schema_version().await.expect_err("read"),
+                ledger.migrate().await.expect_err("migrate"),
+            ] {
+                assert_eq!(err.kind(), LedgerErrorKind::Corrupt, "{err}");
+                assert!(err.to_string().contains(says), "{err}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_newer_version_is_refused_and_the_database_left_as_it_was() {
+        let Some(base) = url() else { return };
+        let (url, plain) = fresh_database(&base).await;
+        let newer = i32::try_from(SCHEMA_VERSION + 1).expect("small");
+        plain
+            .batch_execute(&format!(
+                "CREATE TABLE {VERSION_TABLE} (version INTEGER NOT NULL); \
+                 INSERT INTO {VERSION_TABLE} VALUES ({newer})"
+            ))
+            .await
+            .expect("stamp");
+        let ledger = PostgresLedger::connect(&url).await.expect("connect");
+        let err = ledger.migrate().await.expect_err("newer");
+        assert_eq!(err.kind(), LedgerErrorKind::Corrupt, "{err}");
+        assert!(
+            err.to_string().contains("upgrade idempotent-retry"),
+            "{err}"
+        );
+        let exists: bool = plain
+            .query_one(&format!("SELECT to_regclass('{TABLE}') IS NOT NULL"), &[])
+            .await
+            .expect("look")
+            .get(0);
+        assert!(!exists, "no table was created");
+        assert_eq!(
+            ledger.schema_version().await.expect("version"),
+            SCHEMA_VERSION + 1
+        );
+    }
+
+    #[tokio::test]
+    async fn a_malformed_url_and_an_unreachable_server_are_typed() {
+        let err = PostgresLedger::connect("host=/x port=notaport")
+            .await
+            .expect_err("malformed");
+        assert_eq!(err.kind(), LedgerErrorKind::InvalidInput);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        drop(listener);
+        let err = PostgresLedger::connect(&format!("postgresql://x@127.0.0.1:{port}/x"))
+            .await
+            .expect_err("nobody listens");
+        assert_eq!(err.kind(), LedgerErrorKind::Unavailable);
+    }
+
+    #[tokio::test]
+    async fn settings_that_cannot_work_are_refused_before_connecting() {
+        // Nothing listens on port 1: each of these must fail before trying.
+        for (builder, says) in [
+            (
+                PostgresLedger::builder(),
+                "no PostgreSQL connection string or config given",
+            ),
+            (
+                PostgresLedger::builder()
+                    .url("postgresql://x@127.0.0.1:1/x")
+                    .pool_size(0),
+                "a pool of at least one connection",
+            ),
+            (
+                PostgresLedger::builder().url("postgresql://x@127.0.0.1:1/x?sslmode=require"),
+                "requires TLS (sslmode=require)",
+            ),
+        ] {
+            let err = builder.build().await.expect_err("refused");
+            assert_eq!(err.kind(), LedgerErrorKind::InvalidInput, "{err}");
+            assert!(err.to_string().contains(says), "{err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_builder_s_connect_timeout_bounds_a_server_that_never_answers() {
+        // A listener that accepts and never speaks: the login cannot finish.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let _held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                open.push(socket);
+            }
+        });
+        let err = PostgresLedger::builder()
+            .url(&format!("postgresql://x@127.0.0.1:{port}/x"))
+            .connect_timeout(std::time::Duration::from_millis(200))
+            .build()
+            .await
+            .expect_err("silent server");
+        assert_eq!(err.kind(), LedgerErrorKind::Unavailable, "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("ledger unavailable: cannot connect"),
+            "{err}"
+        );
+    }
+}
