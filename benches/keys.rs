@@ -15,7 +15,8 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group};
-use idempotent_retry::{Clock, DerivationSecret, IdempotencyKey, TokioClock, backoff, canonical};
+use idempotent_retry::time::{Clock, TokioClock};
+use idempotent_retry::{DerivationSecret, IdempotencyKey, backoff, canonical};
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng};
 use serde_json::{Value, json};

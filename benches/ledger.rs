@@ -36,10 +36,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use idempotent_retry::{
-    Claim, Claimed, Client, Clock, Finish, IdempotencyKey, Ledger, MemoryLedger, OperationStatus,
-    SavedResponse, TokioClock,
+use idempotent_retry::ledger::{
+    Claim, Claimed, Finish, Ledger, MemoryLedger, OperationStatus, SavedResponse,
 };
+use idempotent_retry::time::{Clock, TokioClock};
+use idempotent_retry::{Client, IdempotencyKey};
 
 /// The bench's settings, from its command line.
 struct Options {
@@ -141,7 +142,7 @@ async fn contenders(options: &Options, dir: &Path) -> Vec<(&'static str, Client)
     }
     #[cfg(feature = "sqlite")]
     if options.wants("sqlite") {
-        let ledger = idempotent_retry::SqliteLedger::open(dir.join("bench.db"))
+        let ledger = idempotent_retry::ledger::SqliteLedger::open(dir.join("bench.db"))
             .await
             .expect("sqlite");
         clients.push(("sqlite", client(Some(ledger))));
@@ -152,13 +153,13 @@ async fn contenders(options: &Options, dir: &Path) -> Vec<(&'static str, Client)
     {
         let url = fresh_database(&base).await;
         let ledger = match options.pool {
-            Some(pool) => idempotent_retry::PostgresLedger::builder()
+            Some(pool) => idempotent_retry::ledger::PostgresLedger::builder()
                 .url(&url)
                 .pool_size(pool)
                 .build()
                 .await
                 .expect("postgres"),
-            None => idempotent_retry::PostgresLedger::connect(&url)
+            None => idempotent_retry::ledger::PostgresLedger::connect(&url)
                 .await
                 .expect("postgres"),
         };

@@ -35,7 +35,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Clients, Contender, start_server};
-use idempotent_retry::{Clock, TokioClock};
+use idempotent_retry::time::{Clock, TokioClock};
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng};
 

@@ -27,10 +27,11 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use idempotent_retry::testkit::{self, Fault, Receiver, When};
+use idempotent_retry::ledger::SqliteLedger;
 use idempotent_retry::{
-    Client, Error, IdempotencyKey, Outcome, RetryPolicy, RetryReport, SqliteLedger, canonical,
+    Client, Error, IdempotencyKey, Outcome, RetryPolicy, RetryReport, canonical,
 };
+use idempotent_retry_testkit::{self as testkit, Fault, Receiver, When};
 use serde_json::{Value, json};
 
 type BoxError = Box<dyn StdError + Send + Sync>;

@@ -16,8 +16,8 @@
 use std::error::Error as StdError;
 use std::time::Duration;
 
-use idempotent_retry::testkit::{self, Fault, Receiver, When};
 use idempotent_retry::{Client, IdempotencyKey, RetryPolicy, RetryReport, canonical};
+use idempotent_retry_testkit::{self as testkit, Fault, Receiver, When};
 use serde_json::{Value, json};
 
 /// The tool call as the conversation log stored it: the model's output, verbatim.

@@ -25,8 +25,8 @@ use std::error::Error as StdError;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use idempotent_retry::testkit::{self, Arrival, Fault, Receiver, When};
 use idempotent_retry::{Client, IdempotencyKey, RetryPolicy, RetryReport};
+use idempotent_retry_testkit::{self as testkit, Arrival, Fault, Receiver, When};
 use serde_json::json;
 
 const CONVERSATION: &str = "conv_42";

@@ -18,8 +18,8 @@ use std::error::Error as StdError;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use idempotent_retry::testkit::{self, Fault, Receiver, When};
 use idempotent_retry::{Client, IdempotencyKey, RetryPolicy};
+use idempotent_retry_testkit::{self as testkit, Fault, Receiver, When};
 use serde_json::json;
 
 const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(300);

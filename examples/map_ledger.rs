@@ -26,12 +26,12 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
 
-use idempotent_retry::testkit::{self, Fault, Receiver, RecordingSleeper, When};
-use idempotent_retry::{
-    AttemptUpdate, Claim, Claimed, Client, Finish, Ledger, LedgerError, LedgerErrorKind,
-    LedgerFuture, ListFilter, OperationRecord, OperationStatus, ReconcileClaim, Resolve,
-    RetryReport,
+use idempotent_retry::ledger::{
+    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerErrorKind, LedgerFuture,
+    ListFilter, OperationRecord, OperationStatus, ReconcileClaim, Resolve,
 };
+use idempotent_retry::{Client, RetryReport};
+use idempotent_retry_testkit::{self as testkit, Fault, Receiver, RecordingSleeper, When};
 
 /// Operations in process memory, one row per idempotency key. Clones share the rows.
 #[derive(Debug, Clone, Default)]

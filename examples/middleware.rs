@@ -18,10 +18,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use http::Extensions;
-use idempotent_retry::testkit::{Fault, Receiver, When};
-use idempotent_retry::{
-    Client, Error, IdempotencyKey, LedgerScope, MemoryLedger, RetryPolicy, RetryReport,
-};
+use idempotent_retry::ledger::MemoryLedger;
+use idempotent_retry::{Client, Error, IdempotencyKey, LedgerScope, RetryPolicy, RetryReport};
+use idempotent_retry_testkit::{Fault, Receiver, When};
 use reqwest_middleware::{ClientBuilder, Middleware, Next};
 
 /// Prints each attempt as it goes down the chain.

@@ -18,8 +18,8 @@ use std::error::Error as StdError;
 use std::fmt;
 use std::time::Duration;
 
-use idempotent_retry::testkit::{self, Fault, Receiver, When};
 use idempotent_retry::{Client, Error, ErrorKind, IdempotencyKey, RetryPolicy, RetryReport};
+use idempotent_retry_testkit::{self as testkit, Fault, Receiver, When};
 use serde_json::{Value, json};
 use tracing_subscriber::EnvFilter;
 

@@ -28,11 +28,13 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use idempotent_retry::testkit::{Fault, Receiver, When};
+use idempotent_retry::ledger::{Ledger, MemoryLedger};
+use idempotent_retry::observe::{AttemptEvent, OperationEvent};
 use idempotent_retry::{
-    AttemptEvent, Client, IDEMPOTENCY_KEY, IdempotencyKey, IdempotentRetryLayer, Ledger,
-    MemoryLedger, Observer, OperationEvent, RetryPolicy, RetryReport,
+    Client, IDEMPOTENCY_KEY, IdempotencyKey, IdempotentRetryLayer, Observer, RetryPolicy,
+    RetryReport,
 };
+use idempotent_retry_testkit::{Fault, Receiver, When};
 use tower::util::BoxCloneService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 use tower_http::set_header::SetRequestHeaderLayer;

@@ -1,7 +1,7 @@
 //! A response body read up to the ledger's size cap, and no further.
 //!
 //! The ledger saves a final response's body for replay, up to
-//! [`LedgerOptions::max_body`](crate::LedgerOptions::max_body). Reading the whole body to find
+//! [`LedgerOptions::max_body`](crate::ledger::LedgerOptions::max_body). Reading the whole body to find
 //! out whether it fits would buffer however much the server sends; instead the body is read
 //! frame by frame until it ends or passes the cap, and a body that passes it is handed back
 //! unread past that point: the bytes already read, then the rest of the stream. Memory stays

@@ -63,7 +63,7 @@ pub enum ErrorKind {
     /// The ledger could not be read or written. Before the first attempt: nothing was sent.
     /// After an attempt: [`is_outcome_unknown`](Error::is_outcome_unknown) says whether it may
     /// have run, and the next run with the same key resumes once the lease lapses. The
-    /// [`LedgerError`](crate::LedgerError) is the source.
+    /// [`LedgerError`](crate::ledger::LedgerError) is the source.
     Ledger,
     /// A redirect chain was longer than the [`RedirectPolicy`](crate::RedirectPolicy) allows.
     /// Not retried (it would loop again). The outcome is reported unknown: the request reached
@@ -613,4 +613,3 @@ impl Error {
             .with_source(source)
     }
 }
-

@@ -64,7 +64,7 @@ pub trait RetryRequest: Sized + Send + 'static {
         None
     }
 
-    /// What a [`Ledger`](crate::Ledger) records the request by: its method, URL and buffered
+    /// What a [`Ledger`](crate::ledger::Ledger) records the request by: its method, URL and buffered
     /// body ([`RequestFingerprint::new`]). `None` when the body is a stream that cannot be read
     /// without consuming it, or the type cannot tell: a front end with a ledger then refuses the
     /// keyed request with [`ErrorKind::Builder`](crate::ErrorKind::Builder) before claiming or
@@ -118,7 +118,7 @@ pub trait RetryResponse: Send + 'static {
         None
     }
 
-    /// Rebuilds a response a [`Ledger`](crate::Ledger) saved, to answer an operation that
+    /// Rebuilds a response a [`Ledger`](crate::ledger::Ledger) saved, to answer an operation that
     /// already succeeded without sending it again. `None` when this type cannot be built from
     /// bytes: a front end with a ledger then refuses keyed requests with
     /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) before claiming or sending anything.

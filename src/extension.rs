@@ -47,13 +47,13 @@ use crate::settings::Overrides;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct WithoutIdempotencyKey;
 
-/// The operation's scope in the [`Ledger`](crate::Ledger) for one request (`stripe.charge`,
+/// The operation's scope in the [`Ledger`](crate::ledger::Ledger) for one request (`stripe.charge`,
 /// `agent.send_email`): the extension form of
 /// [`RequestBuilder::ledger_scope`](crate::RequestBuilder::ledger_scope), for the tower service
 /// (an `http::Request`'s extensions) and the `reqwest-middleware` middleware
 /// (`.with_extension(LedgerScope::new("stripe.charge"))`). It names what kind of operation the
 /// key belongs to and which retention applies
-/// ([`LedgerOptions::scope_retention`](crate::LedgerOptions::scope_retention)).
+/// ([`LedgerOptions::scope_retention`](crate::ledger::LedgerOptions::scope_retention)).
 ///
 /// Default, without it: the request's host.
 ///

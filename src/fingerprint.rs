@@ -8,7 +8,7 @@ use crate::key::push_hex;
 /// Domain tag, so a fingerprint never hashes the same bytes as a derived key.
 const TAG: &[u8] = b"idempotent-retry:request:v1";
 
-/// What "the same request" means to a [`Ledger`](crate::Ledger): the SHA-256 of a request's
+/// What "the same request" means to a [`Ledger`](crate::ledger::Ledger): the SHA-256 of a request's
 /// method, full URL (without fragment) and buffered body, each length-prefixed.
 ///
 /// A JSON body (`application/json` or `+json`) that parses is hashed in RFC 8785 canonical

@@ -7,8 +7,8 @@ use std::time::SystemTime;
 
 use http::StatusCode;
 
-use crate::readable::rfc3339;
 use crate::ledger::OperationStatus;
+use crate::readable::rfc3339;
 
 /// The part of a request that differs from the one the ledger holds under its key.
 ///

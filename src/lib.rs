@@ -299,6 +299,12 @@
 //!
 //! In the package: `docs/ARCHITECTURE.md` (modules, the path of one request), `SECURITY.md`
 //! (what a key reveals, hostile input), `docs/performance.md`, `CHANGELOG.md`. MSRV: 1.88.
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    rust_2018_idioms,
+    unreachable_pub
+)]
 // docs.rs builds with `--cfg docsrs` on nightly, where `doc(cfg(..))` below needs the feature.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // The docs name the optional front ends and the testkit; built without their features, those

@@ -32,7 +32,7 @@ use crate::transport::{SendError, Transport, reqwest_send_error, send_error};
 /// see [`WithoutIdempotencyKey`](crate::WithoutIdempotencyKey)) on the `ClientWithMiddleware`'s
 /// request builder, or the key header.
 ///
-/// **Ledger**: built from a [`ClientBuilder`] with a [`Ledger`](crate::Ledger) (or taken from
+/// **Ledger**: built from a [`ClientBuilder`] with a [`Ledger`](crate::ledger::Ledger) (or taken from
 /// such a [`Client`] with [`Client::middleware`]), it claims, records and finishes each keyed
 /// request as the client does, and answers a completed one with its saved response without
 /// running the rest of the chain. `.with_extension(LedgerScope::new(..))`
@@ -100,12 +100,13 @@ impl ClientBuilder {
 
 impl Client {
     /// A `reqwest-middleware` middleware sharing this client's settings (policies, key header,
-    /// observer, clock, sleeper, RNG, retry budget and [`Ledger`](crate::Ledger)).
+    /// observer, clock, sleeper, RNG, retry budget and [`Ledger`](crate::ledger::Ledger)).
     ///
     /// # Examples
     ///
     /// ```
-    /// use idempotent_retry::{Client, MemoryLedger};
+    /// use idempotent_retry::Client;
+    /// use idempotent_retry::ledger::MemoryLedger;
     ///
     /// let client = Client::builder().ledger(MemoryLedger::new()).build()?;
     /// let _with_retries = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())

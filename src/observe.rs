@@ -27,7 +27,8 @@ use crate::key::IdempotencyKey;
 ///
 /// ```
 /// use std::sync::atomic::{AtomicU64, Ordering};
-/// use idempotent_retry::{AttemptEvent, Client, Observer, OperationEvent};
+/// use idempotent_retry::observe::{AttemptEvent, OperationEvent};
+/// use idempotent_retry::{Client, Observer};
 ///
 /// #[derive(Debug, Default)]
 /// struct Metrics {
@@ -60,7 +61,7 @@ pub trait Observer: Send + Sync + fmt::Debug + 'static {
     /// Called once per operation, when its result is final: a response is returned or an error
     /// is. Not called for requests refused before the key was settled (bad URL or policy).
     ///
-    /// With a [`Ledger`](crate::Ledger), an operation the ledger settles before anything is
+    /// With a [`Ledger`](crate::ledger::Ledger), an operation the ledger settles before anything is
     /// sent is reported too, with `attempts` 0 and [`OperationEvent::ledger_verdict`] set: a
     /// succeeded operation answered from its saved response, or one refused
     /// ([`KeyReuse`](crate::ErrorKind::KeyReuse), [`LeaseHeld`](crate::ErrorKind::LeaseHeld),
@@ -144,13 +145,13 @@ pub struct OperationEvent<'a> {
     pub outcome_unknown: bool,
     /// Time from the first attempt to the end of the last one; zero when nothing was sent.
     pub elapsed: Duration,
-    /// `Some` when the [`Ledger`](crate::Ledger) settled the operation before its first
+    /// `Some` when the [`Ledger`](crate::ledger::Ledger) settled the operation before its first
     /// attempt, so nothing was sent; `None` when the operation ran its attempts (or the client
     /// has no ledger).
     pub ledger_verdict: Option<LedgerVerdict>,
 }
 
-/// How a [`Ledger`](crate::Ledger) settled an operation before anything was sent, as
+/// How a [`Ledger`](crate::ledger::Ledger) settled an operation before anything was sent, as
 /// [`OperationEvent::ledger_verdict`] reports it.
 ///
 /// # Examples
@@ -159,7 +160,9 @@ pub struct OperationEvent<'a> {
 ///
 /// ```
 /// use std::sync::atomic::{AtomicU64, Ordering};
-/// use idempotent_retry::{Client, LedgerVerdict, MemoryLedger, Observer, OperationEvent};
+/// use idempotent_retry::{Client, Observer};
+/// use idempotent_retry::observe::{LedgerVerdict, OperationEvent};
+/// use idempotent_retry::ledger::MemoryLedger;
 ///
 /// #[derive(Debug, Default)]
 /// struct LedgerMetrics {

@@ -33,7 +33,7 @@ pub(crate) struct Exposure {
 
 impl Exposure {
     /// A run that follows earlier ones; `unresolved` when they may have executed the
-    /// operation (the ledger's [`OperationStatus::is_unresolved`](crate::OperationStatus::is_unresolved)),
+    /// operation (the ledger's [`OperationStatus::is_unresolved`](crate::ledger::OperationStatus::is_unresolved)),
     /// `reached` when one of their attempts reached a receiver (any status but `NotSent`).
     pub(crate) fn after(unresolved: bool, reached: bool) -> Self {
         Exposure {

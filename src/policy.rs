@@ -125,7 +125,7 @@ impl RetryPolicy {
     /// ([`validate`](Self::validate) refuses zero).
     ///
     /// `Duration::MAX` means no window; every computation with it saturates, and a
-    /// [`Ledger`](crate::Ledger) row's retention (twice the window) is clamped to the latest
+    /// [`Ledger`](crate::ledger::Ledger) row's retention (twice the window) is clamped to the latest
     /// time a ledger stores.
     ///
     /// Default: 24 h.

@@ -106,7 +106,7 @@ impl RetryReport {
             .fold(Duration::ZERO, Duration::saturating_add)
     }
 
-    /// Whether the response was replayed from the client's [`Ledger`](crate::Ledger): the
+    /// Whether the response was replayed from the client's [`Ledger`](crate::ledger::Ledger): the
     /// operation had already succeeded, so no request was sent (and
     /// [`attempts`](Self::attempts) is 0).
     #[must_use]
@@ -115,7 +115,7 @@ impl RetryReport {
     }
 
     /// Whether a replayed response lacks its body, because it was longer than the ledger
-    /// saves ([`LedgerOptions::max_body`](crate::LedgerOptions::max_body)): the status and
+    /// saves ([`LedgerOptions::max_body`](crate::ledger::LedgerOptions::max_body)): the status and
     /// saved headers are the original's, the body is empty.
     #[must_use]
     pub fn is_replay_body_missing(&self) -> bool {

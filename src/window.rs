@@ -5,7 +5,7 @@
 //! The rule: an attempt may start only while the window is open, strictly before
 //! `first attempt + window`; a wait (backoff or `Retry-After`) is taken only if the next attempt
 //! would still start inside it; an attempt's timeout is clipped so it ends with the window.
-//! With a [`Ledger`](crate::Ledger) the window spans runs: it counts from the operation's first
+//! With a [`Ledger`](crate::ledger::Ledger) the window spans runs: it counts from the operation's first
 //! attempt in its first run (`first_attempt_at`, wall-clock time shared by every worker), so a
 //! later run gets only what is left.
 

@@ -6,20 +6,27 @@ use std::fmt::Debug;
 use std::time::Duration;
 
 use http::HeaderValue;
-use idempotent_retry::testkit::{self, KeyRecord, ReplayableResponse, Reply};
-use idempotent_retry::{
-    AttemptRecord, Claim, Claimed, Client, ClientBuilder, DerivationSecret, Error, ErrorKind,
-    FailureKind, Finish, IdempotencyKey, InvalidKey, InvalidKeyReason, InvalidSecret,
-    LeaseHeldPolicy, LedgerError, LedgerErrorKind, LedgerOptions, LedgerScope, LedgerVerdict,
-    MemoryLedger, OperationRecord, OperationStatus, Outcome, RedirectChain, RedirectHop,
-    RedirectPolicy, RedirectStop, RequestFingerprint, RetryBudget, RetryBudgetConfig, RetryPolicy,
-    RetryReport, SavedResponse, TokioClock, TokioSleeper, Wait, WaitReason, WithoutIdempotencyKey,
-    backoff, canonical, retry_after,
+use idempotent_retry::ledger::{
+    Claim, Claimed, Finish, LeaseHeldPolicy, LedgerError, LedgerErrorKind, LedgerOptions,
+    MemoryLedger, OperationRecord, OperationStatus, SavedResponse,
 };
-use idempotent_retry::{
-    HttpProbe, ListFilter, ReconcileClaim, ReconcileFn, Reconciled, Resolution, ResolutionKind,
-    ResolutionNote, Resolve, SendAgain, SweepReport,
+use idempotent_retry::ledger::{
+    ListFilter, ReconcileClaim, ResolutionKind, ResolutionNote, Resolve,
 };
+use idempotent_retry::observe::LedgerVerdict;
+use idempotent_retry::reconcile::{
+    HttpProbe, ReconcileFn, Reconciled, Resolution, SendAgain, SweepReport,
+};
+use idempotent_retry::redirect::{RedirectChain, RedirectHop, RedirectStop};
+use idempotent_retry::report::{AttemptRecord, Wait, WaitReason};
+use idempotent_retry::time::{TokioClock, TokioSleeper};
+use idempotent_retry::{
+    Client, ClientBuilder, DerivationSecret, Error, ErrorKind, FailureKind, IdempotencyKey,
+    InvalidKey, InvalidKeyReason, InvalidSecret, LedgerScope, Outcome, RedirectPolicy,
+    RequestFingerprint, RetryBudget, RetryBudgetConfig, RetryPolicy, RetryReport,
+    WithoutIdempotencyKey, backoff, canonical, retry_after,
+};
+use idempotent_retry_testkit::{self as testkit, KeyRecord, ReplayableResponse, Reply};
 use serde_json::json;
 
 fn shareable<T: Send + Sync + Debug + 'static>() {}
@@ -72,7 +79,7 @@ fn every_public_value_type_is_send_sync_debug_and_static() {
     shareable::<Resolve>();
     shareable::<SendAgain>();
     shareable::<SweepReport>();
-    type Lookup = fn(idempotent_retry::OperationRecord) -> std::future::Ready<Resolution>;
+    type Lookup = fn(idempotent_retry::ledger::OperationRecord) -> std::future::Ready<Resolution>;
     shareable::<ReconcileFn<Lookup>>();
     shareable::<TokioClock>();
     shareable::<TokioSleeper>();

@@ -12,9 +12,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use idempotent_retry::observe::RetryRefusedEvent;
 use idempotent_retry::{
     Client, Error, ErrorKind, FailureKind, Observer, RetryBudget, RetryBudgetConfig, RetryPolicy,
-    RetryRefusedEvent, RetryReport,
+    RetryReport,
 };
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};

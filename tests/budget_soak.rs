@@ -19,8 +19,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
-use idempotent_retry::testkit::{self, Delivery, Fault, Receiver, Reply, When};
 use idempotent_retry::{Client, Error, ErrorKind, IdempotencyKey, RetryPolicy, RetryReport};
+use idempotent_retry_testkit::{self as testkit, Delivery, Fault, Receiver, Reply, When};
 use rand::rngs::StdRng;
 use rand::{RngExt as _, SeedableRng as _};
 

@@ -10,9 +10,8 @@ mod support;
 use std::error::Error as _;
 use std::time::Duration;
 
-use idempotent_retry::{
-    Client, ErrorKind, FailureKind, IdempotencyKey, RetryPolicy, RetryReport, WaitReason,
-};
+use idempotent_retry::report::WaitReason;
+use idempotent_retry::{Client, ErrorKind, FailureKind, IdempotencyKey, RetryPolicy, RetryReport};
 use support::*;
 
 fn client(policy: RetryPolicy) -> Client {

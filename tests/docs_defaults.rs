@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use http::HeaderName;
-use idempotent_retry::{Client, LeaseHeldPolicy, LedgerOptions, RetryBudgetConfig, RetryPolicy};
+use idempotent_retry::ledger::{LeaseHeldPolicy, LedgerOptions};
+use idempotent_retry::{Client, RetryBudgetConfig, RetryPolicy};
 
 /// The crate docs as rustdoc reads them.
 const CRATE_SOURCE: &str = include_str!("../src/lib.rs");

@@ -8,9 +8,10 @@ mod support;
 use std::time::Duration;
 
 use http::Version;
+use idempotent_retry::ledger::{Ledger, MemoryLedger};
 use idempotent_retry::{
-    Client, ErrorKind, IdempotencyKey, Ledger, LedgerScope, MemoryLedger, RequestBuilder,
-    RetryPolicy, RetryReport, WithoutIdempotencyKey,
+    Client, ErrorKind, IdempotencyKey, LedgerScope, RequestBuilder, RetryPolicy, RetryReport,
+    WithoutIdempotencyKey,
 };
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -11,12 +11,16 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempotent_retry::testkit::{Fault, Receiver, When};
-use idempotent_retry::{
-    AttemptEvent, Client, ClientBuilder, ErrorKind, IdempotencyKey, LeaseHeldPolicy, Ledger,
-    LedgerOptions, LedgerVerdict, MemoryLedger, Observer, OperationEvent, OperationRecord,
-    OperationStatus, RetryBudget, RetryPolicy, Sleep, Sleeper, SqliteLedger,
+use idempotent_retry::ledger::{
+    LeaseHeldPolicy, Ledger, LedgerOptions, MemoryLedger, OperationRecord, OperationStatus,
+    SqliteLedger,
 };
+use idempotent_retry::observe::{AttemptEvent, LedgerVerdict, OperationEvent};
+use idempotent_retry::time::{Sleep, Sleeper};
+use idempotent_retry::{
+    Client, ClientBuilder, ErrorKind, IdempotencyKey, Observer, RetryBudget, RetryPolicy,
+};
+use idempotent_retry_testkit::{Fault, Receiver, When};
 use support::front::{Call, Kind};
 use support::*;
 use tokio::sync::Notify;
@@ -220,7 +224,7 @@ async fn racing_workers_on_one_postgres_table_send_a_key_once() {
             return;
         };
         let connect = || async {
-            let ledger = idempotent_retry::PostgresLedger::connect(&url)
+            let ledger = idempotent_retry::ledger::PostgresLedger::connect(&url)
                 .await
                 .expect("connect");
             ledger.migrate().await.expect("migrate");

@@ -10,9 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::HeaderName;
+use idempotent_retry::observe::{AttemptEvent, OperationEvent, RetryRefusedEvent};
 use idempotent_retry::{
-    AttemptEvent, Client, ClientBuilder, ErrorKind, FailureKind, IdempotencyKey, Observer,
-    OperationEvent, RetryBudget, RetryBudgetConfig, RetryPolicy, RetryRefusedEvent,
+    Client, ClientBuilder, ErrorKind, FailureKind, IdempotencyKey, Observer, RetryBudget,
+    RetryBudgetConfig, RetryPolicy,
 };
 use support::front::{Call, FrontEnd, front_ends};
 use support::*;

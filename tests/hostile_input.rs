@@ -14,12 +14,13 @@ use std::future::Future;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
-use idempotent_retry::testkit::RecordingSleeper;
+use idempotent_retry::ledger::{LeaseHeldPolicy, LedgerOptions, MemoryLedger};
+use idempotent_retry::time::{Sleeper, TokioSleeper};
 use idempotent_retry::{
     Client, ClientBuilder, DerivationSecret, Error, ErrorKind, IdempotencyKey, InvalidKey,
-    InvalidKeyReason, LeaseHeldPolicy, LedgerOptions, MemoryLedger, RetryBudget, RetryBudgetConfig,
-    RetryPolicy, RetryReport, Sleeper, TokioSleeper, canonical,
+    InvalidKeyReason, RetryBudget, RetryBudgetConfig, RetryPolicy, RetryReport, canonical,
 };
+use idempotent_retry_testkit::RecordingSleeper;
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use support::*;
@@ -1328,7 +1329,7 @@ fn ledgered(options: LedgerOptions, policy: RetryPolicy) -> Client {
 async fn far_future_leases_and_retention_are_stored_in_sqlite() {
     bounded(async {
         let dir = tempfile::tempdir().expect("temp dir");
-        let ledger = idempotent_retry::SqliteLedger::open(dir.path().join("ops.db"))
+        let ledger = idempotent_retry::ledger::SqliteLedger::open(dir.path().join("ops.db"))
             .await
             .expect("opens");
         let client = Client::builder()

@@ -12,10 +12,11 @@ mod support;
 use std::future::Future;
 use std::time::Duration;
 
+use idempotent_retry::report::WaitReason;
 use idempotent_retry::{
-    Client, Error, ErrorKind, FailureKind, IdempotencyKey, RetryPolicy, RetryReport, WaitReason,
-    testkit,
+    Client, Error, ErrorKind, FailureKind, IdempotencyKey, RetryPolicy, RetryReport,
 };
+use idempotent_retry_testkit as testkit;
 use support::*;
 
 /// Fails a test that has not finished by then, instead of letting it hang.
@@ -565,7 +566,7 @@ async fn a_trickling_body_with_a_ledger_fails_send_within_the_attempt_timeout() 
         .policy(trickle_policy())
         .clock(time.clone())
         .sleeper(time.clone())
-        .ledger(idempotent_retry::MemoryLedger::new())
+        .ledger(idempotent_retry::ledger::MemoryLedger::new())
         .build()
         .expect("valid policy");
     let k = key("ledger trickle");

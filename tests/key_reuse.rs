@@ -7,11 +7,11 @@
 use std::time::Duration;
 
 use http::StatusCode;
-use idempotent_retry::testkit::{Fault, Receiver, When};
-use idempotent_retry::{
-    Claim, Client, Clock, ErrorKind, IdempotencyKey, Ledger, OperationStatus, Outcome, Released,
-    RequestPart, ResolutionKind, RetryPolicy, SqliteLedger, TokioClock, release_by_hand,
-};
+use idempotent_retry::ledger::{Claim, Ledger, OperationStatus, ResolutionKind, SqliteLedger};
+use idempotent_retry::reconcile::{Released, release_by_hand};
+use idempotent_retry::time::{Clock, TokioClock};
+use idempotent_retry::{Client, ErrorKind, IdempotencyKey, Outcome, RequestPart, RetryPolicy};
+use idempotent_retry_testkit::{Fault, Receiver, When};
 
 fn policy(attempts: u32) -> RetryPolicy {
     RetryPolicy::default()

@@ -11,11 +11,15 @@ use std::time::{Duration, SystemTime};
 
 use std::sync::Mutex;
 
+use idempotent_retry::ledger::{
+    AttemptUpdate, Claim, Claimed, Finish, LeaseHeldPolicy, Ledger, LedgerError, LedgerErrorKind,
+    LedgerFuture, LedgerOptions, ListFilter, MemoryLedger, OperationRecord, OperationStatus,
+    ReconcileClaim, Resolve,
+};
+use idempotent_retry::observe::{LedgerVerdict, OperationEvent};
+use idempotent_retry::redirect::RedirectChain;
 use idempotent_retry::{
-    AttemptUpdate, Claim, Claimed, Client, ErrorKind, FailureKind, Finish, IdempotencyKey,
-    LeaseHeldPolicy, Ledger, LedgerError, LedgerErrorKind, LedgerFuture, LedgerOptions,
-    LedgerVerdict, MemoryLedger, OperationEvent, OperationRecord, OperationStatus, RedirectChain,
-    RedirectPolicy, RetryPolicy, RetryReport,
+    Client, ErrorKind, FailureKind, IdempotencyKey, RedirectPolicy, RetryPolicy, RetryReport,
 };
 use support::*;
 use tokio::sync::Semaphore;
@@ -602,6 +606,18 @@ impl Ledger for Faulty {
     }
     fn purge_batch(&self, now: SystemTime, limit: u32) -> LedgerFuture<'_, u64> {
         self.inner.purge_batch(now, limit)
+    }
+    fn claim_unresolved<'a>(
+        &'a self,
+        claim: &'a ReconcileClaim,
+    ) -> LedgerFuture<'a, Option<Claimed>> {
+        self.inner.claim_unresolved(claim)
+    }
+    fn resolve<'a>(&'a self, resolve: &'a Resolve) -> LedgerFuture<'a, ()> {
+        self.inner.resolve(resolve)
+    }
+    fn list<'a>(&'a self, filter: &'a ListFilter) -> LedgerFuture<'a, Vec<OperationRecord>> {
+        self.inner.list(filter)
     }
 }
 

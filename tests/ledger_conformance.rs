@@ -5,11 +5,11 @@
 use std::fmt;
 use std::sync::Arc;
 
-use idempotent_retry::testkit::{ConformanceReport, ledger_conformance};
-use idempotent_retry::{
+use idempotent_retry::ledger::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerErrorKind, LedgerFuture, ListFilter,
     MemoryLedger, OperationRecord, ReconcileClaim, Resolve, SavedResponse,
 };
+use idempotent_retry_testkit::{ConformanceReport, ledger_conformance};
 
 /// One rule a [`Faulty`] ledger breaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,53 +146,6 @@ impl Ledger for Faulty {
     fn list<'a>(&'a self, filter: &'a ListFilter) -> LedgerFuture<'a, Vec<OperationRecord>> {
         self.inner.list(filter)
     }
-}
-
-/// A ledger written before reconciling existed: the required methods only, so the trait's
-/// provided `claim_unresolved`, `resolve` and `list` answer for it.
-#[derive(Debug, Clone, Default)]
-struct BeforeReconciling(MemoryLedger);
-
-impl Ledger for BeforeReconciling {
-    fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
-        self.0.claim(claim)
-    }
-    fn record_attempt<'a>(&'a self, update: &'a AttemptUpdate) -> LedgerFuture<'a, ()> {
-        self.0.record_attempt(update)
-    }
-    fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
-        self.0.finish(finish)
-    }
-    fn get<'a>(&'a self, key: &'a str) -> LedgerFuture<'a, Option<OperationRecord>> {
-        self.0.get(key)
-    }
-    fn purge_batch(&self, now: std::time::SystemTime, limit: u32) -> LedgerFuture<'_, u64> {
-        self.0.purge_batch(now, limit)
-    }
-}
-
-/// Such a ledger keeps compiling and passes every case it passed before; the reconciling
-/// cases fail by name, saying the method is not implemented.
-#[tokio::test]
-async fn a_ledger_from_before_reconciling_fails_only_the_reconciling_cases() {
-    let report = ledger_conformance(|| async { BeforeReconciling::default() }).await;
-    assert_eq!(
-        failed(&report),
-        [
-            "only unknown rows and dead runs are held to reconcile",
-            "concurrent holds of one row acquire it once",
-            "a resolution is written by its holder and releases the row",
-            "unresolved and list select, order and limit rows",
-        ],
-        "{report}"
-    );
-    let says = message(&report, "unresolved and list select, order and limit rows");
-    assert!(
-        says.ends_with(
-            "not supported by this ledger: this ledger does not implement Ledger::list\""
-        ),
-        "{says}"
-    );
 }
 
 async fn run(fault: Fault) -> ConformanceReport {

@@ -7,7 +7,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use idempotent_retry::{Claim, Ledger, SqliteLedger};
+use idempotent_retry::ledger::{Claim, Ledger, SqliteLedger};
 
 const CHILD: &str = "IDEMPOTENT_RETRY_LEDGER_FILES_DIR";
 

@@ -16,10 +16,11 @@ mod support;
 
 use std::time::Duration;
 
-use idempotent_retry::{
-    Client, ErrorKind, IdempotencyKey, LeaseHeldPolicy, Ledger, LedgerErrorKind, LedgerOptions,
-    MemoryLedger, OperationStatus, PostgresLedger, RetryPolicy, RetryReport,
+use idempotent_retry::ledger::{
+    LeaseHeldPolicy, Ledger, LedgerErrorKind, LedgerOptions, MemoryLedger, OperationStatus,
+    PostgresLedger,
 };
+use idempotent_retry::{Client, ErrorKind, IdempotencyKey, RetryPolicy, RetryReport};
 use support::*;
 use tokio_postgres::NoTls;
 
@@ -456,14 +457,20 @@ async fn a_claim_returns_its_row_as_stored_to_the_millisecond() {
     ledger.migrate().await.expect("migrate");
     let now = std::time::SystemTime::UNIX_EPOCH + Duration::new(1_704_067_200, 123_456_789);
     let claim = |owner: &str, at: std::time::SystemTime| {
-        idempotent_retry::Claim::builder("fine", "f", owner, at, at + Duration::new(60, 987_654))
-            .expires_at(at + Duration::new(3600, 555_555))
-            .request("POST", "https://api.example/v1/charges")
-            .build()
-            .expect("valid claim")
+        idempotent_retry::ledger::Claim::builder(
+            "fine",
+            "f",
+            owner,
+            at,
+            at + Duration::new(60, 987_654),
+        )
+        .expires_at(at + Duration::new(3600, 555_555))
+        .request("POST", "https://api.example/v1/charges")
+        .build()
+        .expect("valid claim")
     };
     let new = match ledger.claim(&claim("run-a", now)).await.expect("claim") {
-        idempotent_retry::Claimed::New(record) => record,
+        idempotent_retry::ledger::Claimed::New(record) => record,
         other => panic!("a new row: {other:?}"),
     };
     let stored = ledger.get("fine").await.expect("read").expect("row");
@@ -474,7 +481,7 @@ async fn a_claim_returns_its_row_as_stored_to_the_millisecond() {
     );
     let later = now + Duration::from_secs(120);
     let taken = match ledger.claim(&claim("run-b", later)).await.expect("claim") {
-        idempotent_retry::Claimed::TakenOver { record, .. } => record,
+        idempotent_retry::ledger::Claimed::TakenOver { record, .. } => record,
         other => panic!("a take-over of the lapsed lease: {other:?}"),
     };
     let stored = ledger.get("fine").await.expect("read").expect("row");
@@ -694,9 +701,9 @@ fn on_database(tls_url: &str, plain_url: &str) -> String {
 }
 
 /// The claim of `key` by `owner` at the fixed instant the concurrency tests use.
-fn claim_of(key: &str, owner: &str) -> idempotent_retry::Claim {
+fn claim_of(key: &str, owner: &str) -> idempotent_retry::ledger::Claim {
     let now = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-    idempotent_retry::Claim::builder(key, "fp", owner, now, now + Duration::from_secs(60))
+    idempotent_retry::ledger::Claim::builder(key, "fp", owner, now, now + Duration::from_secs(60))
         .expires_at(now + Duration::from_secs(86_400))
         .build()
         .expect("valid claim")
@@ -704,7 +711,7 @@ fn claim_of(key: &str, owner: &str) -> idempotent_retry::Claim {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_conformance_suite_passes_over_a_small_pool_the_caller_s_pool_and_tls() {
-    use idempotent_retry::testkit::ledger_conformance;
+    use idempotent_retry_testkit::ledger_conformance;
     let Some(base) = base_url() else { return };
     ledger_conformance(|| async {
         let url = fresh_database(&base).await;
@@ -890,7 +897,7 @@ async fn claims_of_64_keys_at_once_all_land_and_32_claims_of_one_key_have_one_wi
     let mut new = 0;
     while let Some(claimed) = claims.join_next().await {
         match claimed.expect("task").expect("claimed") {
-            idempotent_retry::Claimed::New(record) => {
+            idempotent_retry::ledger::Claimed::New(record) => {
                 assert_eq!(record.status, OperationStatus::InFlight);
                 new += 1;
             }
@@ -918,8 +925,8 @@ async fn claims_of_64_keys_at_once_all_land_and_32_claims_of_one_key_have_one_wi
     let mut existing = 0;
     while let Some(claimed) = claims.join_next().await {
         match claimed.expect("task").expect("claimed") {
-            idempotent_retry::Claimed::New(record) => winners.push(record.lease_owner),
-            idempotent_retry::Claimed::Existing(_) => existing += 1,
+            idempotent_retry::ledger::Claimed::New(record) => winners.push(record.lease_owner),
+            idempotent_retry::ledger::Claimed::Existing(_) => existing += 1,
             other => panic!("a live lease was taken over: {other:?}"),
         }
     }
@@ -961,7 +968,7 @@ async fn a_claim_waiting_on_one_key_s_lock_holds_up_no_other_key() {
                 .claim(&claim_of(&format!("free{i}"), "run-a"))
                 .await
                 .expect("claimed");
-            assert!(matches!(claimed, idempotent_retry::Claimed::New(_)));
+            assert!(matches!(claimed, idempotent_retry::ledger::Claimed::New(_)));
         }
     };
     tokio::time::timeout(Duration::from_secs(20), others)
@@ -977,7 +984,7 @@ async fn a_claim_waiting_on_one_key_s_lock_holds_up_no_other_key() {
         .expect("task")
         .expect("claimed once the lock is gone");
     assert!(
-        matches!(claimed, idempotent_retry::Claimed::New(_)),
+        matches!(claimed, idempotent_retry::ledger::Claimed::New(_)),
         "{claimed:?}"
     );
 }
@@ -1027,7 +1034,7 @@ async fn a_killed_connection_fails_at_most_the_call_that_notices_and_is_replaced
     let mut failures = 0;
     for i in 0..4 {
         match ledger.claim(&claim_of(&format!("after{i}"), "run-a")).await {
-            Ok(claimed) => assert!(matches!(claimed, idempotent_retry::Claimed::New(_))),
+            Ok(claimed) => assert!(matches!(claimed, idempotent_retry::ledger::Claimed::New(_))),
             Err(err) => {
                 assert_eq!(err.kind(), LedgerErrorKind::Unavailable, "{err}");
                 failures += 1;
@@ -1186,7 +1193,7 @@ async fn send_until_taken_over(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_database_bounds_every_stage_and_the_thaw_needs_no_restart() {
-    use idempotent_retry::testkit::{Receiver, Reply};
+    use idempotent_retry_testkit::{Receiver, Reply};
     let Some(base) = base_url() else { return };
     let url = fresh_database(&base).await;
     let (admin, connection) = tokio_postgres::connect(&base, NoTls)

@@ -9,11 +9,12 @@ mod support;
 use std::path::Path;
 use std::time::Duration;
 
-use idempotent_retry::testkit::{Fault, Receiver, When};
-use idempotent_retry::{
-    Client, ErrorKind, IdempotencyKey, LeaseHeldPolicy, Ledger, LedgerErrorKind, LedgerOptions,
-    MemoryLedger, OperationRecord, OperationStatus, RetryPolicy, RetryReport, SqliteLedger,
+use idempotent_retry::ledger::{
+    LeaseHeldPolicy, Ledger, LedgerErrorKind, LedgerOptions, MemoryLedger, OperationRecord,
+    OperationStatus, SqliteLedger,
 };
+use idempotent_retry::{Client, ErrorKind, IdempotencyKey, RetryPolicy, RetryReport};
+use idempotent_retry_testkit::{Fault, Receiver, When};
 use support::*;
 
 fn policy() -> RetryPolicy {
@@ -271,7 +272,7 @@ async fn a_file_locked_mid_attempt_gives_outcome_unknown_and_the_next_run_resolv
 /// recorded as done, a further restart answers from the file without a request.
 #[tokio::test]
 async fn a_restart_after_a_lost_answer_charges_once_and_then_replays_from_the_file() {
-    use idempotent_retry::testkit::{self, Fault, Receiver, When};
+    use idempotent_retry_testkit::{self as testkit, Fault, Receiver, When};
 
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("operations.db");
@@ -707,9 +708,9 @@ async fn a_killed_process_leaves_its_lease_and_the_next_one_takes_over() {
     );
 }
 
-fn claim_of(key: &str, owner: &str) -> idempotent_retry::Claim {
+fn claim_of(key: &str, owner: &str) -> idempotent_retry::ledger::Claim {
     let now = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_704_067_200);
-    idempotent_retry::Claim::builder(key, "f", owner, now, now + Duration::from_secs(60))
+    idempotent_retry::ledger::Claim::builder(key, "f", owner, now, now + Duration::from_secs(60))
         .expires_at(now + Duration::from_secs(3600))
         .build()
         .expect("valid claim")
@@ -746,8 +747,10 @@ async fn concurrent_claims_of_one_key_have_exactly_one_winner() {
     let (mut winners, mut existing) = (Vec::new(), Vec::new());
     while let Some(claimed) = claims.join_next().await {
         match claimed.expect("task").expect("claimed") {
-            idempotent_retry::Claimed::New(record) => winners.push(record.lease_owner),
-            idempotent_retry::Claimed::Existing(record) => existing.push(record.lease_owner),
+            idempotent_retry::ledger::Claimed::New(record) => winners.push(record.lease_owner),
+            idempotent_retry::ledger::Claimed::Existing(record) => {
+                existing.push(record.lease_owner)
+            }
             other => panic!("nothing to take over: {other:?}"),
         }
     }
@@ -775,15 +778,23 @@ async fn many_keys_at_once_all_land() {
             let claim = claim_of(&key, &owner);
             assert!(matches!(
                 ledger.claim(&claim).await.expect("claim"),
-                idempotent_retry::Claimed::New(_)
+                idempotent_retry::ledger::Claimed::New(_)
             ));
-            let update =
-                idempotent_retry::AttemptUpdate::new(&key, &owner, claim.now, claim.lease_until)
-                    .expect("valid update");
+            let update = idempotent_retry::ledger::AttemptUpdate::new(
+                &key,
+                &owner,
+                claim.now,
+                claim.lease_until,
+            )
+            .expect("valid update");
             ledger.record_attempt(&update).await.expect("attempt");
-            let finish =
-                idempotent_retry::Finish::new(&key, &owner, OperationStatus::Succeeded, None)
-                    .expect("valid finish");
+            let finish = idempotent_retry::ledger::Finish::new(
+                &key,
+                &owner,
+                OperationStatus::Succeeded,
+                None,
+            )
+            .expect("valid finish");
             ledger.finish(&finish).await.expect("finish");
         });
     }
@@ -865,7 +876,10 @@ async fn a_write_is_acknowledged_only_once_its_batch_committed() {
                 for n in 0.. {
                     let key = format!("ack-{task}-{n}");
                     let claimed = ledger.claim(&claim_of(&key, "run")).await;
-                    assert!(matches!(claimed, Ok(idempotent_retry::Claimed::New(_))));
+                    assert!(matches!(
+                        claimed,
+                        Ok(idempotent_retry::ledger::Claimed::New(_))
+                    ));
                     let mut out = std::io::stdout().lock();
                     writeln!(out, "{key}")
                         .and_then(|()| out.flush())

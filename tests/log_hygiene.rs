@@ -10,7 +10,8 @@ mod support;
 
 use std::time::Duration;
 
-use idempotent_retry::{Client, ErrorKind, IdempotencyKey, MemoryLedger, RetryPolicy};
+use idempotent_retry::ledger::MemoryLedger;
+use idempotent_retry::{Client, ErrorKind, IdempotencyKey, RetryPolicy};
 use support::*;
 
 /// Markers that must never reach the log. Each test appends its own suffix so parallel tests

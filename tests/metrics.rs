@@ -9,9 +9,8 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
-use idempotent_retry::{
-    Client, IdempotencyKey, MemoryLedger, RetryBudget, RetryBudgetConfig, RetryPolicy,
-};
+use idempotent_retry::ledger::MemoryLedger;
+use idempotent_retry::{Client, IdempotencyKey, RetryBudget, RetryBudgetConfig, RetryPolicy};
 use metrics::Unit;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use support::*;

@@ -4,10 +4,9 @@
 
 mod support;
 
+use idempotent_retry::ledger::{Ledger, MemoryLedger, SqliteLedger};
 use idempotent_retry::multipart::{Form, Part};
-use idempotent_retry::{
-    Client, ErrorKind, IdempotencyKey, Ledger, MemoryLedger, RetryReport, SqliteLedger,
-};
+use idempotent_retry::{Client, ErrorKind, IdempotencyKey, RetryReport};
 use support::*;
 
 fn client() -> Client {

@@ -9,7 +9,8 @@ mod support;
 
 use std::time::Duration;
 
-use idempotent_retry::{Client, IdempotencyKey, MemoryLedger, RetryPolicy};
+use idempotent_retry::ledger::MemoryLedger;
+use idempotent_retry::{Client, IdempotencyKey, RetryPolicy};
 use support::*;
 
 fn client() -> Client {

@@ -14,7 +14,8 @@ mod support;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use idempotent_retry::{Client, IdempotencyKey, MemoryLedger, RetryPolicy};
+use idempotent_retry::ledger::MemoryLedger;
+use idempotent_retry::{Client, IdempotencyKey, RetryPolicy};
 use opentelemetry::trace::{SpanKind, Status, TracerProvider as _};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use support::*;

@@ -13,9 +13,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderValue, StatusCode};
 use idempotent_retry::internals::{self, DecideInput, DecideStep};
+use idempotent_retry::report::WaitReason;
 use idempotent_retry::{
-    DerivationSecret, FailureKind, IdempotencyKey, RetryPolicy, WaitReason, backoff, canonical,
-    retry_after,
+    DerivationSecret, FailureKind, IdempotencyKey, RetryPolicy, backoff, canonical, retry_after,
 };
 use proptest::prelude::*;
 use rand::SeedableRng;

@@ -19,13 +19,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use idempotent_retry::testkit::{self, Fault, Receiver, Reply, When};
-use idempotent_retry::{
-    AttemptUpdate, Claim, Claimed, Client, ErrorKind, Finish, HttpProbe, IdempotencyKey, Ledger,
-    LedgerFuture, LedgerOptions, ListFilter, OperationRecord, OperationStatus, ReconcileClaim,
-    Reconciled, Resolution, ResolutionKind, Resolve, RetryPolicy, RetryReport, SavedResponse,
+use idempotent_retry::ledger::{
+    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerFuture, LedgerOptions, ListFilter,
+    OperationRecord, OperationStatus, ReconcileClaim, ResolutionKind, Resolve, SavedResponse,
     SqliteLedger,
 };
+use idempotent_retry::reconcile::{HttpProbe, Reconciled, Resolution};
+use idempotent_retry::{Client, ErrorKind, IdempotencyKey, RetryPolicy, RetryReport};
+use idempotent_retry_testkit::{self as testkit, Fault, Receiver, Reply, When};
 use support::*;
 
 /// The window every case runs with: an hour, passed in one step of the virtual clock.
@@ -76,7 +77,7 @@ impl Ledger for Shared {
 
 /// Where the operations are kept; each "process" opens its own handle on it.
 enum Store {
-    Memory(idempotent_retry::MemoryLedger),
+    Memory(idempotent_retry::ledger::MemoryLedger),
     Sqlite(tempfile::TempDir),
     Postgres(String),
 }
@@ -85,7 +86,7 @@ impl Store {
     /// Every store this machine has: memory, SQLite, and PostgreSQL when configured.
     async fn all() -> Vec<Store> {
         let mut stores = vec![
-            Store::Memory(idempotent_retry::MemoryLedger::new()),
+            Store::Memory(idempotent_retry::ledger::MemoryLedger::new()),
             Store::Sqlite(tempfile::tempdir().expect("temp dir")),
         ];
         if let Some(url) = postgres::fresh().await {
@@ -125,7 +126,7 @@ impl Store {
 mod postgres {
     use std::sync::Arc;
 
-    use idempotent_retry::{Ledger, PostgresLedger};
+    use idempotent_retry::ledger::{Ledger, PostgresLedger};
 
     /// A new database on the test server, or `None` without one.
     pub(super) async fn fresh() -> Option<String> {
@@ -143,7 +144,7 @@ mod postgres {
 mod postgres {
     use std::sync::Arc;
 
-    use idempotent_retry::Ledger;
+    use idempotent_retry::ledger::Ledger;
 
     pub(super) async fn fresh() -> Option<String> {
         None
@@ -597,7 +598,7 @@ async fn send_again_resends_with_the_same_key_and_the_receiver_replays() {
             .clock(time.clone())
             .sleeper(time.clone())
             .ledger(store.open().await)
-            .reconciler(idempotent_retry::SendAgain::new())
+            .reconciler(idempotent_retry::reconcile::SendAgain::new())
             .build()
             .expect("valid");
         let response = charge(&next, &provider, &key).await.expect("sent again");
@@ -605,7 +606,7 @@ async fn send_again_resends_with_the_same_key_and_the_receiver_replays() {
         assert_eq!(
             response
                 .headers()
-                .get(idempotent_retry::testkit::REPLAYED_HEADER)
+                .get(idempotent_retry_testkit::REPLAYED_HEADER)
                 .and_then(|v| v.to_str().ok()),
             Some("true"),
             "{name}: the receiver replayed"
@@ -641,7 +642,7 @@ async fn a_probe_answer_over_a_mebibyte_is_no_answer() {
         .status(OperationStatus::Unknown)
         .build()
         .expect("valid");
-    use idempotent_retry::Reconciler as _;
+    use idempotent_retry::reconcile::Reconciler as _;
     assert_eq!(probe.reconcile(&record).await, Resolution::Unknown);
     assert_eq!(receiver.arrivals(), 1, "asked once");
 }

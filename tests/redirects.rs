@@ -15,9 +15,10 @@ use std::time::Duration;
 
 use futures_util::stream;
 use http::{Method, StatusCode};
+use idempotent_retry::redirect::{RedirectChain, RedirectStop};
+use idempotent_retry::time::{Clock, TokioClock};
 use idempotent_retry::{
-    Client, Clock, ErrorKind, FailureKind, IdempotencyKey, RedirectChain, RedirectPolicy,
-    RedirectStop, RetryReport, TokioClock,
+    Client, ErrorKind, FailureKind, IdempotencyKey, RedirectPolicy, RetryReport,
 };
 use support::*;
 

@@ -18,11 +18,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
-use idempotent_retry::testkit::{
-    self, Compensation, Delivery, Fault, ForgetError, KeyStatus, Receiver, RecordingSleeper, Reply,
-    Violation, When,
-};
 use idempotent_retry::{Client, Error, IdempotencyKey, RetryPolicy, RetryReport};
+use idempotent_retry_testkit::{
+    self as testkit, Compensation, Delivery, Fault, ForgetError, KeyStatus, Receiver,
+    RecordingSleeper, Reply, Violation, When,
+};
 use rand::rngs::StdRng;
 use rand::{RngExt as _, SeedableRng as _};
 use serde_json::json;

@@ -19,10 +19,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use idempotent_retry::ledger::{LedgerOptions, MemoryLedger};
+use idempotent_retry::time::{Sleep, Sleeper};
 use idempotent_retry::{
-    Client, ClientBuilder, ErrorKind, IdempotencyKey, LedgerOptions, MemoryLedger, RetryPolicy,
-    RetryReport, Sleep, Sleeper, testkit,
+    Client, ClientBuilder, ErrorKind, IdempotencyKey, RetryPolicy, RetryReport,
 };
+use idempotent_retry_testkit as testkit;
 use support::*;
 #[cfg(feature = "tower")]
 use tower::{Layer, ServiceExt};

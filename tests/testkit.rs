@@ -9,11 +9,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use idempotent_retry::testkit::{
-    self, Compensation, Delivery, Fault, ForgetError, KeyStatus, Outcome, REPLAYED_HEADER,
-    Receiver, RecordingSleeper, Reply, Violation, When,
+use idempotent_retry::retry_after;
+use idempotent_retry::time::{Clock, Sleeper};
+use idempotent_retry_testkit::{
+    self as testkit, Compensation, Delivery, Fault, ForgetError, KeyStatus, Outcome,
+    REPLAYED_HEADER, Receiver, RecordingSleeper, Reply, Violation, When,
 };
-use idempotent_retry::{Clock, Sleeper, retry_after};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
@@ -436,7 +437,7 @@ async fn canned_answers_carry_every_retry_after_form_and_hints() {
     assert_eq!(answers[0].0, 429);
     assert_eq!(answers[0].1["retry-after"], "3");
     assert_eq!(answers[1].0, 503);
-    let wall = idempotent_retry::TokioClock::new();
+    let wall = idempotent_retry::time::TokioClock::new();
     let asked = retry_after::parse(&answers[1].1["retry-after"], Clock::wall(&wall))
         .expect("an HTTP-date the crate parses");
     assert!(asked <= Duration::from_secs(31), "{asked:?}");

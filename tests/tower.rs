@@ -16,10 +16,14 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 use http_body_util::BodyExt as _;
 use http_body_util::Full;
+use idempotent_retry::ledger::{
+    Ledger, MemoryLedger, OperationRecord, OperationStatus, ResolutionKind,
+};
+use idempotent_retry::reconcile::{Reconciled, Resolution, reconcile_fn};
+use idempotent_retry::time::{Sleep, Sleeper};
 use idempotent_retry::{
-    Client, ErrorKind, FailureKind, IDEMPOTENCY_KEY, IdempotencyKey, IdempotentRetryLayer, Ledger,
-    LedgerScope, MemoryLedger, OperationRecord, OperationStatus, Reconciled, Resolution,
-    ResolutionKind, RetryPolicy, RetryReport, Sleep, Sleeper, reconcile_fn,
+    Client, ErrorKind, FailureKind, IDEMPOTENCY_KEY, IdempotencyKey, IdempotentRetryLayer,
+    LedgerScope, RetryPolicy, RetryReport,
 };
 use support::*;
 use tower::util::BoxCloneService;
@@ -631,7 +635,7 @@ async fn a_ledger_over_a_hyper_client_replays_a_second_send_with_the_key() {
     #[cfg(feature = "sqlite")]
     {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let ledger = idempotent_retry::SqliteLedger::open(dir.path().join("operations.db"))
+        let ledger = idempotent_retry::ledger::SqliteLedger::open(dir.path().join("operations.db"))
             .await
             .expect("open the ledger");
         a_second_send_through_hyper_is_replayed(ledger, "sqlite").await;
@@ -686,7 +690,7 @@ fn charge(url: String, key: &IdempotencyKey) -> reqwest::RequestBuilder {
 /// The scopes the reconcilers were asked about, by reconciler.
 type Asked = Arc<std::sync::Mutex<Vec<(&'static str, String, String)>>>;
 
-fn asking(name: &'static str, asked: &Asked) -> impl idempotent_retry::Reconciler {
+fn asking(name: &'static str, asked: &Asked) -> impl idempotent_retry::reconcile::Reconciler {
     let asked = Arc::clone(asked);
     reconcile_fn(name, move |operation| {
         asked.lock().expect("not poisoned").push((

@@ -25,7 +25,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use arbitrary::Arbitrary;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use idempotent_retry::internals::{self, DecideInput, DecideStep};
-use idempotent_retry::{FailureKind, RetryPolicy, WaitReason, backoff, retry_after};
+use idempotent_retry::{backoff, FailureKind, retry_after, RetryPolicy};
+use idempotent_retry::report::WaitReason;
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug, Clone, Copy)]

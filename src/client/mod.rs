@@ -27,9 +27,11 @@ use reqwest::IntoUrl;
 use crate::budget::RetryBudget;
 use crate::error::Error;
 use crate::ledger::{Bounded, Ledger, LedgerError, LedgerHandle, LedgerOptions};
-use crate::reconcile::{Context as ReconcileContext, Reconciled, Reconciler, Reconcilers, SweepReport};
 use crate::observe::{AttemptEvent, Chain, Observer, OnAttempt, OnOperation, OperationEvent};
 use crate::policy::RetryPolicy;
+use crate::reconcile::{
+    Context as ReconcileContext, Reconciled, Reconciler, Reconcilers, SweepReport,
+};
 use crate::settings::{Jitter, Settings};
 use crate::time::{Clock, Sleeper, TokioClock, TokioSleeper};
 
@@ -208,7 +210,9 @@ impl Client {
     /// # Examples
     ///
     /// ```
-    /// use idempotent_retry::{Client, MemoryLedger, Reconciled, SendAgain};
+    /// use idempotent_retry::Client;
+    /// use idempotent_retry::ledger::MemoryLedger;
+    /// use idempotent_retry::reconcile::{Reconciled, SendAgain};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -437,7 +441,7 @@ impl ClientBuilder {
     /// redirects itself (reqwest's default: up to 10, every header but credentials on every
     /// hop, to any origin) does so before this crate sees the 3xx. When that happens the
     /// crate logs a `warn` event with the key and both origins and sets
-    /// [`RedirectChain::inner_client_redirected`](crate::RedirectChain::inner_client_redirected)
+    /// [`RedirectChain::inner_client_redirected`](crate::redirect::RedirectChain::inner_client_redirected)
     /// on the response; it cannot undo where the key went.
     ///
     /// Default: a client with reqwest's defaults and `redirect::Policy::none()`, built by
@@ -615,14 +619,15 @@ impl ClientBuilder {
     /// # Examples
     ///
     /// ```
-    /// use idempotent_retry::{Client, IdempotencyKey, MemoryLedger, RetryReport};
+    /// use idempotent_retry::{Client, IdempotencyKey, RetryReport};
+    /// use idempotent_retry::ledger::MemoryLedger;
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let receiver = idempotent_retry::testkit::Receiver::start().await?;
+    /// # let receiver = idempotent_retry_testkit::Receiver::start().await?;
     /// # let url = receiver.url("/v1/charges");
     /// let client = Client::builder()
-    /// #   .http(idempotent_retry::testkit::loopback_http()?)
+    /// #   .http(idempotent_retry_testkit::loopback_http()?)
     ///     .ledger(MemoryLedger::new())
     ///     .build()?;
     /// let key = IdempotencyKey::derive("billing.charge", &["order-17"]);

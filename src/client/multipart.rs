@@ -20,7 +20,7 @@
 //!
 //! The boundary is random, drawn once per [`Form`]: every attempt of a request, and every
 //! [`try_clone`](crate::RequestBuilder::try_clone) of its builder, sends the same one, so a
-//! [`Ledger`](crate::Ledger) sees one fingerprint. A form built again (after a restart, say)
+//! [`Ledger`](crate::ledger::Ledger) sees one fingerprint. A form built again (after a restart, say)
 //! has another boundary, hence other bytes on the wire, but the same
 //! [fingerprint](crate::RequestFingerprint): the ledger hashes a multipart body with its
 //! boundary replaced by a fixed one, so the same key finds the same operation.

@@ -125,7 +125,7 @@ impl RequestBuilder {
     /// A [`Form`](crate::multipart::Form) whose parts are all in memory (text, bytes, a
     /// `reqwest::Body` made from bytes) is encoded here, once: every attempt sends the same
     /// bytes with the same boundary, so the request has one fingerprint in a
-    /// [`Ledger`](crate::Ledger). A form with a streamed part is sent as a stream, as
+    /// [`Ledger`](crate::ledger::Ledger). A form with a streamed part is sent as a stream, as
     /// [`body`](Self::body) sends one: it gets one attempt, and if that attempt fails
     /// transiently the error is [`ErrorKind::BodyNotReplayable`](crate::ErrorKind::BodyNotReplayable).
     /// [`Form::is_replayable`](crate::multipart::Form::is_replayable) tells which it is.
@@ -223,9 +223,9 @@ impl RequestBuilder {
         self
     }
 
-    /// The operation's scope in the client's [`Ledger`](crate::Ledger) (`stripe.charge`,
+    /// The operation's scope in the client's [`Ledger`](crate::ledger::Ledger) (`stripe.charge`,
     /// `agent.send_email`): what kind of operation the key names, and which retention
-    /// applies ([`LedgerOptions::scope_retention`](crate::LedgerOptions::scope_retention)).
+    /// applies ([`LedgerOptions::scope_retention`](crate::ledger::LedgerOptions::scope_retention)).
     ///
     /// Default: the URL's host.
     #[inline]
@@ -241,7 +241,7 @@ impl RequestBuilder {
     /// not retried (2xx, most 4xx, 501, ...) is returned as `Ok`, as `reqwest` does.
     /// Redirects are followed by the client's [`RedirectPolicy`](crate::RedirectPolicy): the
     /// response is the last hop's (`response.url()`), and
-    /// [`RedirectChain::of`](crate::RedirectChain::of) lists the hops.
+    /// [`RedirectChain::of`](crate::redirect::RedirectChain::of) lists the hops.
     ///
     /// # Errors
     ///
@@ -255,7 +255,7 @@ impl RequestBuilder {
     /// - [`ErrorKind::Transport`](crate::ErrorKind::Transport): a transport failure that was not retried.
     /// - [`ErrorKind::TooManyRedirects`](crate::ErrorKind::TooManyRedirects): a redirect chain
     ///   longer than the client's [`RedirectPolicy`](crate::RedirectPolicy) allows; not retried.
-    /// - With a [`Ledger`](crate::Ledger): [`ErrorKind::KeyReuse`](crate::ErrorKind::KeyReuse)
+    /// - With a [`Ledger`](crate::ledger::Ledger): [`ErrorKind::KeyReuse`](crate::ErrorKind::KeyReuse)
     ///   (the key was recorded for a different request),
     ///   [`ErrorKind::LeaseHeld`](crate::ErrorKind::LeaseHeld) (another run holds it),
     ///   [`ErrorKind::ReconcileWindow`](crate::ErrorKind::ReconcileWindow) (its first attempt,
@@ -270,7 +270,7 @@ impl RequestBuilder {
     ///
     /// Dropping the future (a timeout around `send`, a `select!`) stops the operation where it
     /// is. A retry admitted and not yet sent costs the [`RetryBudget`](crate::RetryBudget)
-    /// nothing, one in flight is charged as a failed retry; with a [`Ledger`](crate::Ledger), the
+    /// nothing, one in flight is charged as a failed retry; with a [`Ledger`](crate::ledger::Ledger), the
     /// claim is given
     /// back on a spawned task, recorded as outcome unknown if an attempt may have reached the
     /// server, so the next `send` with the key goes ahead at once with the same key and window.
@@ -284,8 +284,8 @@ impl RequestBuilder {
     /// the attempt timeout has run out), nothing is retried, and the operation counts as done:
     /// the server answered, the [`RetryReport`](crate::RetryReport) says so. To get the body
     /// after all, send again with the same key: an idempotent receiver replays it. With a
-    /// [`Ledger`](crate::Ledger), `send` reads the body up to
-    /// [`LedgerOptions::max_body`](crate::LedgerOptions::max_body) to save it, so there a stall
+    /// [`Ledger`](crate::ledger::Ledger), `send` reads the body up to
+    /// [`LedgerOptions::max_body`](crate::ledger::LedgerOptions::max_body) to save it, so there a stall
     /// or break within that much is an [`ErrorKind::Transport`](crate::ErrorKind::Transport)
     /// error, outcome unknown; the rest of a longer body is the caller's, as above.
     pub async fn send(self) -> Result<reqwest::Response, Error> {

@@ -19,7 +19,7 @@ pub enum LeaseHeldPolicy {
     /// Look again every `poll` until the other run finishes (then replay its response, or take
     /// the operation over) or its lease lapses, for at most `max_wait`; then fail with
     /// [`ErrorKind::LeaseHeld`](crate::ErrorKind::LeaseHeld). Waits go through the client's
-    /// [`Sleeper`](crate::Sleeper).
+    /// [`Sleeper`](crate::time::Sleeper).
     ///
     /// A zero `poll` or `max_wait` behaves as [`Fail`](Self::Fail). No wait is longer than
     /// what is left of `max_wait`, and the waits add up without overflow, so
@@ -32,7 +32,7 @@ pub enum LeaseHeldPolicy {
     },
 }
 
-/// How a [`Client`](crate::Client) uses its [`Ledger`](crate::Ledger).
+/// How a [`Client`](crate::Client) uses its [`Ledger`](crate::ledger::Ledger).
 ///
 /// # Default
 ///
@@ -122,7 +122,7 @@ impl LedgerOptions {
     /// How far a lease reaches past what the run needs (the next attempt's timeout and the
     /// wait before it). A run that dies is taken over by the next one this long after its
     /// attempt would have timed out. A run whose caller drops it gives its lease back at once
-    /// instead (see [`Ledger`](crate::Ledger)); the slack matters for runs that die or freeze.
+    /// instead (see [`Ledger`](crate::ledger::Ledger)); the slack matters for runs that die or freeze.
     ///
     /// **Clock skew.** Leases and windows are wall-clock times: written with the holder's
     /// clock, compared with the claimer's. A worker whose clock runs `d` ahead of the holder's

@@ -12,7 +12,6 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
 
-use crate::reconcile::{self, Context, Reconciled, Reconcilers};
 use super::reconcilable;
 use super::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerOptions, OperationRecord,
@@ -26,6 +25,7 @@ use crate::held::HeldOperation;
 use crate::key::IdempotencyKey;
 use crate::outcome::Exposure;
 use crate::readable::{duration as human, rfc3339};
+use crate::reconcile::{self, Context, Reconciled, Reconcilers};
 use crate::report::RetryReport;
 use crate::time::{Clock, Sleeper};
 use crate::window;
@@ -517,7 +517,8 @@ impl LedgerRun {
         let reach = wait
             .saturating_add(self.attempt_timeout)
             .saturating_add(self.handle.options.lease_slack);
-        let update = AttemptUpdate::new(self.key.as_str(), self.owner.clone(), at, later(at, reach))?;
+        let update =
+            AttemptUpdate::new(self.key.as_str(), self.owner.clone(), at, later(at, reach))?;
         self.handle.ledger.record_attempt(&update).await
     }
 
@@ -613,8 +614,7 @@ impl LedgerRun {
         let headers = response.headers();
         let saved = SavedResponse::new(
             status.as_u16(),
-            self
-                .handle
+            self.handle
                 .options
                 .saved_headers
                 .iter()

@@ -3,12 +3,11 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::ledger::{
-    Resolution,
-    Claim, Claimed, Ledger, LedgerError, OperationRecord, OperationStatus, ResolutionKind,
-    ResolutionNote, Resolve, later, require,
-};
 use crate::key::IdempotencyKey;
+use crate::ledger::{
+    Claim, Claimed, Ledger, LedgerError, OperationRecord, OperationStatus, Resolution,
+    ResolutionKind, ResolutionNote, Resolve, later, require,
+};
 
 /// How long the operator's hold lasts if the release is interrupted between its two writes.
 const HOLD: Duration = Duration::from_secs(60);
@@ -57,11 +56,12 @@ pub enum Released {
 /// # Examples
 ///
 /// ```
-/// use idempotent_retry::{MemoryLedger, Released, release_by_hand};
+/// use idempotent_retry::ledger::MemoryLedger;
+/// use idempotent_retry::reconcile::{release_by_hand, Released};
 /// use std::time::{Duration, SystemTime};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), idempotent_retry::LedgerError> {
+/// # async fn main() -> Result<(), idempotent_retry::ledger::LedgerError> {
 /// let ledger = MemoryLedger::new();
 /// let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_704_067_200);
 /// let released = release_by_hand(&ledger, "order-17", "alice", "INC-7: wrong port", false, now).await?;

@@ -22,11 +22,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use crate::key::IdempotencyKey;
 use crate::ledger::{
     Claimed, Ledger, LedgerError, LedgerOptions, OperationRecord, OperationStatus, ReconcileClaim,
     Resolve, later,
 };
-use crate::key::IdempotencyKey;
 use crate::time::Clock;
 
 /// The reconcilers of one front end: one for every scope, and one per scope over it.
@@ -275,11 +275,12 @@ const BY_HAND_LEASE: Duration = Duration::from_secs(60);
 /// # Examples
 ///
 /// ```
-/// use idempotent_retry::{Ledger, MemoryLedger, Reconciled, Resolution, resolve_by_hand};
+/// use idempotent_retry::ledger::{Ledger, MemoryLedger};
+/// use idempotent_retry::reconcile::{Reconciled, Resolution, resolve_by_hand};
 /// use std::time::{Duration, SystemTime};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), idempotent_retry::LedgerError> {
+/// # async fn main() -> Result<(), idempotent_retry::ledger::LedgerError> {
 /// let ledger = MemoryLedger::new();
 /// let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_704_067_200);
 /// let reason = Some("no charge in the provider's dashboard");

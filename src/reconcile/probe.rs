@@ -29,7 +29,9 @@ type Interpret = dyn Fn(&OperationRecord, http::Response<Bytes>) -> Resolution +
 /// # Examples
 ///
 /// ```
-/// use idempotent_retry::{Client, HttpProbe, MemoryLedger, Resolution, SavedResponse};
+/// use idempotent_retry::Client;
+/// use idempotent_retry::reconcile::{HttpProbe, Resolution};
+/// use idempotent_retry::ledger::{MemoryLedger, SavedResponse};
 ///
 /// let probe = HttpProbe::new(
 ///     reqwest::Client::new(),

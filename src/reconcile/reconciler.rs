@@ -13,7 +13,7 @@ use crate::ledger::{OperationRecord, Resolution};
 pub type ReconcileFuture<'a> = Pin<Box<dyn Future<Output = Resolution> + Send + 'a>>;
 
 /// Finds out what happened to an operation whose outcome is unknown: asks the receiver (an
-/// HTTP lookup, [`HttpProbe`](crate::HttpProbe)), another system, or a person, and answers
+/// HTTP lookup, [`HttpProbe`](crate::reconcile::HttpProbe)), another system, or a person, and answers
 /// with a [`Resolution`].
 ///
 /// It is consulted while the operation's row is held under a lease, as a run holds it, so no
@@ -26,7 +26,7 @@ pub type ReconcileFuture<'a> = Pin<Box<dyn Future<Output = Resolution> + Send + 
 /// ([`ClientBuilder::reconciler_for_scope`](crate::ClientBuilder::reconciler_for_scope)).
 ///
 /// The answer must be finished within the lease (the policy's attempt timeout plus
-/// [`LedgerOptions::lease_slack`](crate::LedgerOptions::lease_slack)); after that another run
+/// [`LedgerOptions::lease_slack`](crate::ledger::LedgerOptions::lease_slack)); after that another run
 /// may take the row, and a late answer is refused and counted as failed. A call dropped while
 /// its reconciler runs (a caller's timeout around `send`) leaves the hold to lapse the same
 /// way, and the row as it was. A reconciler that
@@ -61,7 +61,9 @@ impl<F> fmt::Debug for ReconcileFn<F> {
 /// # Examples
 ///
 /// ```
-/// use idempotent_retry::{Client, MemoryLedger, Resolution, reconcile_fn};
+/// use idempotent_retry::Client;
+/// use idempotent_retry::ledger::MemoryLedger;
+/// use idempotent_retry::reconcile::{reconcile_fn, Resolution};
 ///
 /// // Charges are looked up in our own payments table, by key.
 /// let client = Client::builder()

@@ -19,14 +19,15 @@ use crate::transport::BoxError;
 /// `BoxBody<Bytes, Box<dyn Error + Send + Sync>>`.
 ///
 /// Put it inside [`IdempotentRetryLayer`](crate::IdempotentRetryLayer) over a service whose
-/// response body a [`Ledger`](crate::Ledger) cannot rebuild, hyper's `Incoming` above all; the
+/// response body a [`Ledger`](crate::ledger::Ledger) cannot rebuild, hyper's `Incoming` above all; the
 /// simplest way is [`IdempotentRetryLayer::box_response_body`](crate::IdempotentRetryLayer::box_response_body),
 /// which stacks the two in that order.
 ///
 /// # Examples
 ///
 /// ```
-/// use idempotent_retry::{Client, MemoryLedger};
+/// use idempotent_retry::Client;
+/// use idempotent_retry::ledger::MemoryLedger;
 /// use tower::ServiceBuilder;
 ///
 /// let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
@@ -62,7 +63,7 @@ impl<S> tower::Layer<S> for BoxResponseBodyLayer {
 
 /// A service whose responses are the inner service's with the body boxed as
 /// `BoxBody<Bytes, Box<dyn Error + Send + Sync>>` (the body's error converted with `Into`),
-/// which a [`Ledger`](crate::Ledger) can save and rebuild. Built by [`BoxResponseBodyLayer`].
+/// which a [`Ledger`](crate::ledger::Ledger) can save and rebuild. Built by [`BoxResponseBodyLayer`].
 ///
 /// It takes any `http::Response<B>` whose body yields `Bytes` and is `Send + Sync + 'static`,
 /// with an error that converts into `Box<dyn Error + Send + Sync>` (hyper's `Incoming`, any

@@ -21,7 +21,7 @@ use crate::settings::Settings;
 /// [`ClientBuilder::build_layer`] for any other setting, or from a [`Client`](crate::Client)
 /// with [`Client::layer`](crate::Client::layer) to share that client's settings.
 ///
-/// The service is [`IdempotentRetry`], its future [`ResponseFuture`](crate::ResponseFuture); its error is the crate's
+/// The service is [`IdempotentRetry`], its future [`ResponseFuture`](crate::service::ResponseFuture); its error is the crate's
 /// [`Error`](crate::Error), with the last response available through
 /// [`Error::take_response_as`](crate::Error::take_response_as) in the inner service's response
 /// type, and the [`RetryReport`](crate::RetryReport) in the response's extensions
@@ -54,7 +54,7 @@ use crate::settings::Settings;
 ///
 /// # Ledger
 ///
-/// With a [`Ledger`](crate::Ledger) in the settings, the response body must be one the ledger
+/// With a [`Ledger`](crate::ledger::Ledger) in the settings, the response body must be one the ledger
 /// can rebuild to replay a completed operation ([`RetryResponse::from_saved`](crate::RetryResponse::from_saved)):
 /// over a hyper client, use [`box_response_body`](Self::box_response_body). Each row's scope
 /// (what [`reconciler_for_scope`](crate::ClientBuilder::reconciler_for_scope) matches) is, first
@@ -160,7 +160,7 @@ impl IdempotentRetryLayer {
     /// The header a request names its ledger scope in (`Idempotent-Retry-Scope`), for request
     /// types without extensions (`reqwest::Request`). The layer takes it off the request before
     /// the first attempt: it never reaches the wire. It names the scope of the operation's row
-    /// in the [`Ledger`](crate::Ledger) as a [`LedgerScope`](crate::LedgerScope) extension
+    /// in the [`Ledger`](crate::ledger::Ledger) as a [`LedgerScope`](crate::LedgerScope) extension
     /// does, over the layer's [`scope_for_path_prefix`](Self::scope_for_path_prefix).
     ///
     /// # Errors
@@ -202,7 +202,9 @@ impl IdempotentRetryLayer {
     /// # Examples
     ///
     /// ```
-    /// use idempotent_retry::{Client, MemoryLedger, SendAgain};
+    /// use idempotent_retry::Client;
+    /// use idempotent_retry::ledger::MemoryLedger;
+    /// use idempotent_retry::reconcile::SendAgain;
     ///
     /// let layer = Client::builder()
     ///     .ledger(MemoryLedger::new())
@@ -223,7 +225,7 @@ impl IdempotentRetryLayer {
 
     /// This layer with a [`BoxResponseBodyLayer`] inside it: the response body of the service
     /// it wraps is boxed as `BoxBody<Bytes, Box<dyn Error + Send + Sync>>`, which a
-    /// [`Ledger`](crate::Ledger) can save and rebuild to replay. Use it over a hyper client,
+    /// [`Ledger`](crate::ledger::Ledger) can save and rebuild to replay. Use it over a hyper client,
     /// whose `Incoming` body a ledger cannot rebuild: without it, a keyed request is refused
     /// with [`ErrorKind::Builder`](crate::ErrorKind::Builder). The service's response type is
     /// then `http::Response<BoxBody<Bytes, Box<dyn Error + Send + Sync>>>`.
@@ -233,7 +235,8 @@ impl IdempotentRetryLayer {
     /// ```
     /// use bytes::Bytes;
     /// use http_body_util::Full;
-    /// use idempotent_retry::{Client, MemoryLedger};
+    /// use idempotent_retry::Client;
+    /// use idempotent_retry::ledger::MemoryLedger;
     /// use tower::ServiceBuilder;
     ///
     /// let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
@@ -277,14 +280,15 @@ impl ClientBuilder {
 
 impl Client {
     /// A tower layer sharing this client's settings (policies, key header, observer, clock,
-    /// sleeper, RNG, retry budget and [`Ledger`](crate::Ledger)), for services other than this
+    /// sleeper, RNG, retry budget and [`Ledger`](crate::ledger::Ledger)), for services other than this
     /// client. Operations sent through the layer and through the client are one set: a key
     /// claimed by one is in progress, replayed or refused for the other.
     ///
     /// # Examples
     ///
     /// ```
-    /// use idempotent_retry::{Client, MemoryLedger};
+    /// use idempotent_retry::Client;
+    /// use idempotent_retry::ledger::MemoryLedger;
     /// use tower::ServiceBuilder;
     ///
     /// let client = Client::builder().ledger(MemoryLedger::new()).build()?;

@@ -63,7 +63,7 @@ pub use layer::IdempotentRetryLayer;
 /// response head** only: the body is read after the operation has returned, under no limit
 /// of this crate, so bound that read yourself.
 ///
-/// **Ledger**: with a [`Ledger`](crate::Ledger) in the settings, each keyed request is claimed,
+/// **Ledger**: with a [`Ledger`](crate::ledger::Ledger) in the settings, each keyed request is claimed,
 /// recorded and finished as the [`Client`](crate::Client) does it. The request's body must be
 /// one the ledger can fingerprint and the response's one it can rebuild to replay
 /// ([`RetryRequest::fingerprint`], [`RetryResponse::from_saved`]): over a hyper client, box

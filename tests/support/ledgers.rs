@@ -4,9 +4,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use idempotent_retry::{
-    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, MemoryLedger,
-    OperationRecord,
+use idempotent_retry::ledger::{
+    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, ListFilter,
+    MemoryLedger, OperationRecord, ReconcileClaim, Resolve,
 };
 
 type Hook = dyn Fn(&Claim, Claimed) -> Result<Claimed, LedgerError> + Send + Sync;
@@ -84,30 +84,18 @@ impl Ledger for ClaimHook {
     fn purge_batch(&self, now: SystemTime, limit: u32) -> LedgerFuture<'_, u64> {
         self.inner.purge_batch(now, limit)
     }
+    fn claim_unresolved<'a>(
+        &'a self,
+        claim: &'a ReconcileClaim,
+    ) -> LedgerFuture<'a, Option<Claimed>> {
+        self.inner.claim_unresolved(claim)
+    }
+    fn resolve<'a>(&'a self, resolve: &'a Resolve) -> LedgerFuture<'a, ()> {
+        self.inner.resolve(resolve)
+    }
+    fn list<'a>(&'a self, filter: &'a ListFilter) -> LedgerFuture<'a, Vec<OperationRecord>> {
+        self.inner.list(filter)
+    }
 }
 
-/// The table and index exactly as the 0.1 `migrate` created them (it recorded no schema
-/// version), with `body_type` for the response body column (`BLOB` in SQLite, `BYTEA` in
-/// PostgreSQL). Frozen: the shape a store made by 0.1 has, whatever the schema is now.
-pub fn ddl_0_1(body_type: &str) -> String {
-    format!(
-        "
-CREATE TABLE IF NOT EXISTS idempotent_operations (
-    key               TEXT PRIMARY KEY,
-    scope             TEXT NOT NULL,
-    fingerprint       TEXT NOT NULL,
-    status            TEXT NOT NULL,
-    attempts          INTEGER NOT NULL,
-    first_attempt_at  BIGINT NOT NULL,
-    last_attempt_at   BIGINT,
-    lease_owner       TEXT,
-    lease_expires_at  BIGINT,
-    response_status   INTEGER,
-    response_headers  TEXT,
-    response_body     {body_type},
-    expires_at        BIGINT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS idempotent_operations_expires_at
-    ON idempotent_operations (expires_at);"
-    )
-}
+pub use idempotent_retry::ledger::sql::ddl_0_1;

@@ -36,10 +36,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 // The HTTP/1.1 reading and the fault primitives (reset, clean close, stall) are the testkit's
-// own, compiled here from the same file so the two servers cannot drift apart. It is private to
-// the crate, hence the path include rather than a `use`; `raw.rs` shares this copy.
-#[path = "../../src/testkit/wire.rs"]
-pub(super) mod wire;
+// own (its doc-hidden `wire` module), so the two servers cannot drift apart; `raw.rs` uses them
+// too.
+pub(super) use idempotent_retry_testkit::wire;
 
 use wire::{Incoming, accept_loop, answer, close, find_header, read_request, reset, stall};
 

@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use idempotent_retry::{Clock, Sleep, Sleeper, TokioClock};
+use idempotent_retry::time::{Clock, Sleep, Sleeper, TokioClock};
 use tokio::time::Instant;
 
 #[derive(Debug)]

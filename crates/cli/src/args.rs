@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use clap::{Arg, ArgAction, ArgGroup, ArgMatches, Command};
-use idempotent_retry::OperationStatus;
+use idempotent_retry::ledger::OperationStatus;
 
 /// Where the ledger is.
 #[derive(Debug)]

@@ -20,11 +20,14 @@ use std::process::ExitCode;
 use std::time::SystemTime;
 
 use args::{Action, Invocation, Location, MIN_PREFIX, Verdict};
-use idempotent_retry::{
-    Clock, Ledger, LedgerError, LedgerErrorKind, ListFilter, OperationRecord, OperationStatus,
-    Reconciled, Released, Resolution, SavedResponse, SqliteLedger, TokioClock, release_by_hand,
-    resolve_by_hand,
+use idempotent_retry::ledger::{
+    Ledger, LedgerError, LedgerErrorKind, ListFilter, OperationRecord, OperationStatus,
+    SavedResponse, SqliteLedger,
 };
+use idempotent_retry::reconcile::{
+    Reconciled, Released, Resolution, release_by_hand, resolve_by_hand,
+};
+use idempotent_retry::time::{Clock, TokioClock};
 
 /// How a command ended, as its exit status says.
 enum Ending {
@@ -167,7 +170,7 @@ async fn open(location: &Location, action: &Action) -> Result<Box<dyn Ledger>, F
         }
         #[cfg(feature = "postgres")]
         Location::Postgres(url) => {
-            let ledger = idempotent_retry::PostgresLedger::connect(url).await?;
+            let ledger = idempotent_retry::ledger::PostgresLedger::connect(url).await?;
             // The workers migrate their database (once all of them run a release that knows the
             // new version); an operator's command reads it as they left it, and says so when it
             // is older than what the command reads or writes.
@@ -212,7 +215,7 @@ async fn migrate(location: &Location) -> Result<(u32, u32), Failure> {
         }
         #[cfg(feature = "postgres")]
         Location::Postgres(url) => {
-            let ledger = idempotent_retry::PostgresLedger::connect(url).await?;
+            let ledger = idempotent_retry::ledger::PostgresLedger::connect(url).await?;
             let from = ledger.schema_version().await?;
             ledger.migrate().await?;
             Ok((from, ledger.schema_version().await?))

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
 
-use idempotent_retry::OperationRecord;
+use idempotent_retry::ledger::OperationRecord;
 use serde_json::{Value, json};
 
 /// RFC 3339, to the second when the time has no milliseconds, else to the millisecond.
@@ -253,7 +253,7 @@ fn hex(bytes: &[u8], separator: &str) -> String {
 }
 
 fn describe_status(row: &OperationRecord) -> String {
-    use idempotent_retry::OperationStatus::*;
+    use idempotent_retry::ledger::OperationStatus::*;
     let meaning = match row.status {
         Succeeded => "done: replayed from the ledger",
         FailedFinal => "not done, or refused: the next run sends it again",
@@ -335,7 +335,7 @@ impl Duplicate<'_> {
     fn succeeded(&self) -> usize {
         self.rows
             .iter()
-            .filter(|row| row.status == idempotent_retry::OperationStatus::Succeeded)
+            .filter(|row| row.status == idempotent_retry::ledger::OperationStatus::Succeeded)
             .count()
     }
 }

@@ -3,7 +3,6 @@
 use std::error::Error as StdError;
 use std::fmt;
 
-
 type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
 /// Why a ledger operation failed. Match with a wildcard arm: new kinds may be added.

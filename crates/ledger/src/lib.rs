@@ -19,6 +19,12 @@
 //! fleet of workers sharing one table).
 //!
 //! The [`Ledger`] docs give the SQL ledgers' schema and queries for incidents.
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    rust_2018_idioms,
+    unreachable_pub
+)]
 
 use std::fmt;
 use std::future::Future;
@@ -159,8 +165,7 @@ impl OperationRecord {
     ///
     /// [`LedgerErrorKind::LeaseLost`], naming `key`, when another run holds it or none does.
     pub fn check_held_by(&self, key: &str, owner: &str) -> Result<(), LedgerError> {
-        if self.status == OperationStatus::InFlight && self.lease_owner.as_deref() == Some(owner)
-        {
+        if self.status == OperationStatus::InFlight && self.lease_owner.as_deref() == Some(owner) {
             Ok(())
         } else {
             Err(LedgerError::lease_lost(key))
@@ -876,6 +881,40 @@ impl Finish {
 /// A sweep settles unresolved rows through a [`Reconciler`]: [`unresolved`](Self::unresolved),
 /// then for each row [`claim_unresolved`](Self::claim_unresolved) and
 /// [`resolve`](Self::resolve), under a lease as a run's writes are.
+/// # Every method is required
+///
+/// A ledger that leaves out the reconciling and listing methods does not compile, so no
+/// client finds out at run time that its ledger cannot settle an unknown outcome:
+///
+/// ```compile_fail,E0046
+/// use idempotent_retry_ledger::{
+///     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerFuture, MemoryLedger,
+///     OperationRecord,
+/// };
+/// use std::time::SystemTime;
+///
+/// #[derive(Debug)]
+/// struct WithoutReconciling(MemoryLedger);
+///
+/// impl Ledger for WithoutReconciling {
+///     fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
+///         self.0.claim(claim)
+///     }
+///     fn record_attempt<'a>(&'a self, update: &'a AttemptUpdate) -> LedgerFuture<'a, ()> {
+///         self.0.record_attempt(update)
+///     }
+///     fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
+///         self.0.finish(finish)
+///     }
+///     fn get<'a>(&'a self, key: &'a str) -> LedgerFuture<'a, Option<OperationRecord>> {
+///         self.0.get(key)
+///     }
+///     fn purge_batch(&self, now: SystemTime, limit: u32) -> LedgerFuture<'_, u64> {
+///         self.0.purge_batch(now, limit)
+///     }
+///     // claim_unresolved, resolve and list missing: error E0046
+/// }
+/// ```
 pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// Claims the operation, in one atomic step:
     ///

@@ -390,6 +390,32 @@ pub fn response_columns(
     }
 }
 
+/// The table and index exactly as the 0.1 `migrate` created them (it recorded no schema
+/// version), with `body_type` for the response body column (`BLOB` in SQLite, `BYTEA` in
+/// PostgreSQL). Frozen: the shape a store made by 0.1 has, whatever the schema is now.
+pub fn ddl_0_1(body_type: &str) -> String {
+    format!(
+        "
+CREATE TABLE IF NOT EXISTS idempotent_operations (
+    key               TEXT PRIMARY KEY,
+    scope             TEXT NOT NULL,
+    fingerprint       TEXT NOT NULL,
+    status            TEXT NOT NULL,
+    attempts          INTEGER NOT NULL,
+    first_attempt_at  BIGINT NOT NULL,
+    last_attempt_at   BIGINT,
+    lease_owner       TEXT,
+    lease_expires_at  BIGINT,
+    response_status   INTEGER,
+    response_headers  TEXT,
+    response_body     {body_type},
+    expires_at        BIGINT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idempotent_operations_expires_at
+    ON idempotent_operations (expires_at);"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

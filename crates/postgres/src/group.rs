@@ -676,7 +676,11 @@ mod tests {
                 .await
                 .expect("answered")
                 .expect_err("the batch failed");
-            assert_eq!(err.kind(), idempotent_retry_ledger::LedgerErrorKind::Unavailable, "{err}");
+            assert_eq!(
+                err.kind(),
+                idempotent_retry_ledger::LedgerErrorKind::Unavailable,
+                "{err}"
+            );
         }
         let (reply, answer) = oneshot::channel();
         run(

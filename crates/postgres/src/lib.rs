@@ -11,6 +11,12 @@
 //! it hands one out, and is the pool tokio-postgres users most often already have, which
 //! [`PostgresLedger::from_pool`] then takes as it is. bb8-postgres would serve as well but
 //! leaves statement caching to the caller.
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    rust_2018_idioms,
+    unreachable_pub
+)]
 
 mod builder;
 mod failure;
@@ -403,10 +409,7 @@ mod tests {
             .await
             .expect("connect to the test server");
         tokio::spawn(connection);
-        let name = format!(
-            "ir_unit_{}",
-            unique_suffix()
-        );
+        let name = format!("ir_unit_{}", unique_suffix());
         admin
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .await

@@ -3,6 +3,12 @@
 //! One writer thread per ledger commits the writes in batches ([`writer`]); reads run on a
 //! read-only connection of their own, beside it. [`statements`] holds what each call does to
 //! the file, [`reconcile`] what reconciling does to it, [`migrate`] the schema steps.
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    rust_2018_idioms,
+    unreachable_pub
+)]
 
 mod migrate;
 mod private;
@@ -550,8 +556,8 @@ impl Ledger for SqliteLedger {
 mod tests {
     use super::*;
     use idempotent_retry_ledger::LedgerErrorKind;
-    use idempotent_retry_ledger::sql::{Dialect, STEPS};
     use idempotent_retry_ledger::from_millis;
+    use idempotent_retry_ledger::sql::{Dialect, STEPS};
 
     #[test]
     fn an_sqlite_older_than_the_floor_is_refused_by_name() {
@@ -866,8 +872,10 @@ mod tests {
         assert_eq!(keys("ab%").await, ["ab%"]);
         assert!(keys("b").await.is_empty());
 
-        let (sql, _) =
-            idempotent_retry_ledger::sql::list_query(Dialect::Sqlite, &ListFilter::new(10).key_prefix("ab"));
+        let (sql, _) = idempotent_retry_ledger::sql::list_query(
+            Dialect::Sqlite,
+            &ListFilter::new(10).key_prefix("ab"),
+        );
         let conn = Connection::open(&path).expect("open");
         let plan: Vec<String> = conn
             .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))

@@ -442,7 +442,11 @@ mod tests {
         b.await.expect("b committed beside the failure");
         c.await.expect("c committed beside the failure");
         let err = dup.await.expect_err("a duplicate key");
-        assert_eq!(err.kind(), idempotent_retry_ledger::LedgerErrorKind::Unavailable, "{err}");
+        assert_eq!(
+            err.kind(),
+            idempotent_retry_ledger::LedgerErrorKind::Unavailable,
+            "{err}"
+        );
         assert_eq!(
             inside.recv().expect("the second batch"),
             3,
@@ -492,7 +496,11 @@ mod tests {
         let err = broken.await.expect_err("its own error");
         assert!(err.to_string().contains("failed after its insert"), "{err}");
         let err = before.await.expect_err("rolled back with the batch");
-        assert_eq!(err.kind(), idempotent_retry_ledger::LedgerErrorKind::Unavailable, "{err}");
+        assert_eq!(
+            err.kind(),
+            idempotent_retry_ledger::LedgerErrorKind::Unavailable,
+            "{err}"
+        );
         assert!(err.to_string().contains("rolled back"), "{err}");
         // The broken batch never reached its commit; the write queued behind the broken one
         // went into a transaction of its own.

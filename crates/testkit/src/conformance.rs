@@ -117,7 +117,7 @@ const CASES: &[(&str, Case)] = &[
 /// # Examples
 ///
 /// ```
-/// use idempotent_retry::MemoryLedger;
+/// use idempotent_retry::ledger::MemoryLedger;
 /// use idempotent_retry_testkit::ledger_conformance;
 ///
 /// # #[tokio::main(flavor = "current_thread")]

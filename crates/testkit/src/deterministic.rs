@@ -3,7 +3,6 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use idempotent_retry::Error;
 use idempotent_retry::IdempotencyKey;
 use idempotent_retry::time::{Sleep, Sleeper};
 
@@ -107,12 +106,11 @@ pub fn fixed_key(n: u64) -> IdempotencyKey {
 ///
 /// # Errors
 ///
-/// [`ErrorKind::Builder`](idempotent_retry::ErrorKind::Builder) when reqwest cannot build a client (its TLS
+/// reqwest's error when it cannot build a client (its TLS
 /// back end failed to load).
-pub fn loopback_http() -> Result<reqwest::Client, Error> {
+pub fn loopback_http() -> Result<reqwest::Client, reqwest::Error> {
     reqwest::Client::builder()
         .no_proxy()
         .redirect(reqwest::redirect::Policy::none())
         .build()
-        .map_err(Error::builder_from)
 }

@@ -233,9 +233,11 @@ mod tests {
         let value = header(&headers, "retry-after").expect("a date");
         assert_eq!(value, "Mon, 01 Jan 2024 00:00:31 GMT");
         // Rounded up to whole seconds: never earlier than asked.
-        let asked =
-            idempotent_retry::retry_after::parse(&http::HeaderValue::from_str(value).expect("ascii"), wall)
-                .expect("parsable");
+        let asked = idempotent_retry::retry_after::parse(
+            &http::HeaderValue::from_str(value).expect("ascii"),
+            wall,
+        )
+        .expect("parsable");
         assert!(asked >= Duration::from_secs(30), "{asked:?}");
         assert!(asked < Duration::from_secs(31), "{asked:?}");
     }

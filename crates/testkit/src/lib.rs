@@ -73,6 +73,12 @@
 //! assert_eq!(receiver.arrivals(), 2);
 //! # Ok(()) }
 //! ```
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    rust_2018_idioms,
+    unreachable_pub
+)]
 
 mod conformance;
 mod deterministic;
@@ -81,7 +87,8 @@ mod handler;
 mod receiver;
 mod records;
 mod state;
-mod wire;
+#[doc(hidden)]
+pub mod wire;
 
 pub use conformance::{ConformanceFailure, ConformanceReport, ledger_conformance};
 pub use deterministic::{RecordingSleeper, fixed_key, loopback_http};

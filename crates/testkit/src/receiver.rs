@@ -456,7 +456,7 @@ async fn serve(serving: Arc<Serving>, stream: TcpStream) {
         }
         Some(Fault::Respond(canned)) => {
             shared.set_outcome(number, Outcome::Faulted);
-            let headers = canned.headers_at(TokioClock.wall());
+            let headers = canned.headers_at(TokioClock::new().wall());
             return wire::answer(stream, canned.status, &headers, b"", None, head_only).await;
         }
         _ => {}

@@ -79,7 +79,7 @@ impl Shared {
     /// Empty state for a receiver that starts now.
     pub(super) fn new(scope: String) -> Shared {
         Shared {
-            started: TokioClock.now(),
+            started: TokioClock::new().now(),
             scope,
             changed: Notify::new(),
             state: Mutex::default(),
@@ -212,7 +212,9 @@ impl Shared {
         path: &str,
         key: Option<&str>,
     ) -> (u64, Option<Fault>) {
-        let at = TokioClock.now().saturating_duration_since(self.started);
+        let at = TokioClock::new()
+            .now()
+            .saturating_duration_since(self.started);
         let mut st = self.lock();
         let number = st.arrivals.len() as u64 + 1;
         let key_attempt = match key {

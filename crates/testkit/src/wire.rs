@@ -1,5 +1,7 @@
 //! Just enough HTTP/1.1 for a loopback test server, plus the ways a connection can go wrong.
 //!
+//! Public only for the test servers of the idempotent-retry workspace: not covered by semver.
+//!
 //! Hand-written on purpose: a production server (hyper) hides exactly the behaviours a fault
 //! harness must produce on demand (a reset with `SO_LINGER` 0 after the request was read, a clean
 //! close without an answer, a stall that notices the client hanging up). One request per
@@ -23,7 +25,7 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(2);
 
 /// Accepts connections for as long as the task runs, serving each with `serve` on its own
 /// task; finished connections are reaped as they end, so a long run does not pile them up.
-pub(crate) async fn accept_loop<F, Fut>(listener: TcpListener, serve: F)
+pub async fn accept_loop<F, Fut>(listener: TcpListener, serve: F)
 where
     F: Fn(TcpStream) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
@@ -45,18 +47,18 @@ where
 
 /// A request as read off the wire.
 #[derive(Debug)]
-pub(crate) struct Incoming {
-    pub(crate) method: String,
+pub struct Incoming {
+    pub method: String,
     /// The request target as sent (origin form).
-    pub(crate) path: String,
+    pub path: String,
     /// Names lowercased, values trimmed, in the order sent.
-    pub(crate) headers: Vec<(String, String)>,
+    pub headers: Vec<(String, String)>,
     /// The complete body (chunked bodies decoded).
-    pub(crate) body: Vec<u8>,
+    pub body: Vec<u8>,
 }
 
 /// The first value of header `name` (case-insensitive).
-pub(crate) fn find_header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+pub fn find_header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
     headers
         .iter()
         .find(|(n, _)| n.eq_ignore_ascii_case(name))
@@ -69,7 +71,7 @@ fn invalid(what: &str) -> io::Error {
 
 /// Reads one request completely: request line, headers up to the empty line, then the body
 /// (chunked, `Content-Length` bytes, or none). Answers `Expect: 100-continue`.
-pub(crate) async fn read_request(reader: &mut BufReader<TcpStream>) -> io::Result<Incoming> {
+pub async fn read_request(reader: &mut BufReader<TcpStream>) -> io::Result<Incoming> {
     let mut budget = MAX_HEAD;
     // RFC 9112 2.2: ignore empty lines before the request line.
     let request_line = loop {
@@ -195,7 +197,7 @@ async fn read_line(reader: &mut BufReader<TcpStream>, budget: &mut usize) -> io:
 }
 
 /// Waits `delay` unless the client hangs up first; `true` when the full delay passed.
-pub(crate) async fn stall(stream: &mut TcpStream, delay: Duration) -> bool {
+pub async fn stall(stream: &mut TcpStream, delay: Duration) -> bool {
     let sleep = tokio::time::sleep(delay);
     tokio::pin!(sleep);
     let mut scratch = [0u8; 1024];
@@ -212,14 +214,14 @@ pub(crate) async fn stall(stream: &mut TcpStream, delay: Duration) -> bool {
 }
 
 /// A real TCP reset: `SO_LINGER` 0, then close the socket.
-pub(crate) fn reset(stream: TcpStream) {
+pub fn reset(stream: TcpStream) {
     let _ = SockRef::from(&stream).set_linger(Some(Duration::ZERO));
     drop(stream);
 }
 
 /// A clean close: FIN, then wait (bounded) for the client's FIN so that no unread byte turns the
 /// close into a reset.
-pub(crate) async fn close(mut stream: TcpStream) {
+pub async fn close(mut stream: TcpStream) {
     let _ = stream.flush().await;
     let _ = stream.shutdown().await;
     let mut scratch = [0u8; 1024];
@@ -236,7 +238,7 @@ pub(crate) async fn close(mut stream: TcpStream) {
 
 /// Writes an answer (`Content-Length` is `declared` or the body's length), then closes cleanly.
 /// Framing headers in `headers` are ignored; `head_only` leaves the body out (a `HEAD` request).
-pub(crate) async fn answer(
+pub async fn answer(
     mut stream: TcpStream,
     status: u16,
     headers: &[(String, String)],

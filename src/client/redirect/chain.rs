@@ -36,7 +36,7 @@ pub struct RedirectHop {
 /// Each attempt starts again from the original URL, so the chain is the last attempt's only.
 ///
 /// ```
-/// use idempotent_retry::RedirectChain;
+/// use idempotent_retry::redirect::RedirectChain;
 ///
 /// // A response no redirect was involved in has the empty chain.
 /// let response = reqwest::Response::from(http::Response::new(""));
@@ -60,7 +60,7 @@ static EMPTY: RedirectChain = RedirectChain {
 impl RedirectChain {
     /// The chain behind a response of [`RequestBuilder::send`](crate::RequestBuilder::send).
     /// Empty when no redirect was involved, and for responses replayed from a
-    /// [`Ledger`](crate::Ledger) (nothing was sent) or from the other front ends (which follow
+    /// [`Ledger`](crate::ledger::Ledger) (nothing was sent) or from the other front ends (which follow
     /// no redirects).
     #[must_use]
     pub fn of(response: &reqwest::Response) -> &RedirectChain {

@@ -28,7 +28,7 @@ const DEFAULT_MAX_HOPS: u32 = 10;
 ///   same body, same key. They are followed to the origin of the original request and to the
 ///   origins this policy allows; a redirect that would carry the key to any other origin is
 ///   not followed, and the caller gets the 3xx itself as the final response
-///   ([`RedirectChain::stopped`](crate::RedirectChain::stopped) says why). A streamed body that cannot be sent twice stops
+///   ([`RedirectChain::stopped`](crate::redirect::RedirectChain::stopped) says why). A streamed body that cannot be sent twice stops
 ///   there too.
 /// - Across origins, credentials (`Authorization`, `Cookie`, `Proxy-Authorization`,
 ///   `WWW-Authenticate`) are removed whatever this policy allows, as reqwest does. No `Referer`
@@ -45,8 +45,8 @@ const DEFAULT_MAX_HOPS: u32 = 10;
 /// URL with the same key, and a redirect target that cannot be reached counts as
 /// [`FailureKind::RedirectTargetUnreachable`](crate::FailureKind::RedirectTargetUnreachable)
 /// (the request did leave, so the outcome is unknown); `response.url()` is the final URL and
-/// [`RedirectChain::of`](crate::RedirectChain::of) lists the hops. With a
-/// [`Ledger`](crate::Ledger) the final hop's answer is what is saved; a 301, 302, 307 or 308
+/// [`RedirectChain::of`](crate::redirect::RedirectChain::of) lists the hops. With a
+/// [`Ledger`](crate::ledger::Ledger) the final hop's answer is what is saved; a 301, 302, 307 or 308
 /// left unfollowed is recorded as not done (that server ran nothing), so a later run sends the
 /// operation again with the same key.
 ///
@@ -58,7 +58,7 @@ const DEFAULT_MAX_HOPS: u32 = 10;
 /// reqwest's default follows up to 10 redirects with the key on every hop, to any origin:
 /// build it with `.redirect(reqwest::redirect::Policy::none())`. When the inner client follows
 /// a redirect anyway, the crate logs a warning (key, both origins) and sets
-/// [`RedirectChain::inner_client_redirected`](crate::RedirectChain::inner_client_redirected).
+/// [`RedirectChain::inner_client_redirected`](crate::redirect::RedirectChain::inner_client_redirected).
 ///
 /// # Default
 ///

@@ -3,15 +3,12 @@
 //! (`UPDATE_GOLDEN=1` rewrites them; review the diff), its exit statuses, what `resolve`,
 //! `release`, `purge` and `migrate` leave in the file, and that the commands that read leave
 //! it as it was.
-#![cfg(feature = "cli")]
-
-mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, SystemTime};
 
-use idempotent_retry::{
+use idempotent_retry::ledger::{
     Claim, Claimed, Finish, Ledger, OperationStatus, ResolutionKind, SavedResponse, SqliteLedger,
 };
 
@@ -417,7 +414,7 @@ fn version_1_file(path: &Path) {
             first_attempt_at, expires_at)
             VALUES ('order-old', 'charges', 'f-old', 'unknown', 2, 1704067200000, 1704153600000);
         PRAGMA user_version = 1;",
-        support::ddl_0_1("BLOB")
+        idempotent_retry::ledger::sql::ddl_0_1("BLOB")
     ))
     .expect("the version 1 schema");
 }
@@ -778,7 +775,7 @@ async fn a_postgres_ledger_prints_as_the_sqlite_one_does() {
         .expect("create a database");
     let (prefix, _) = base.rsplit_once('/').expect("URL ends with /database");
     let url = format!("{prefix}/{name}");
-    let ledger = idempotent_retry::PostgresLedger::connect(&url)
+    let ledger = idempotent_retry::ledger::PostgresLedger::connect(&url)
         .await
         .expect("connect");
     ledger.migrate().await.expect("migrate");
