@@ -514,6 +514,24 @@ impl StdError for Error {
     }
 }
 
+impl Error {
+    /// An [`ErrorKind::Ledger`] error: the operation, as far as it got, with the ledger's
+    /// failure as the source.
+    pub(crate) fn ledger(
+        report: RetryReport,
+        outcome_unknown: bool,
+        message: impl Into<String>,
+        source: crate::ledger::LedgerError,
+    ) -> Self {
+        // The ledger's own words in the message too: "table ... is missing: run migrate()"
+        // must reach a person who prints the error, not only one who walks its sources.
+        let message = format!("{} ({source})", message.into());
+        Error::operation(ErrorKind::Ledger, report, outcome_unknown)
+            .with_message(message)
+            .with_source(source)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -594,22 +612,5 @@ mod tests {
              RetryBudgetConfig::with_capacity (last failure: throttled); not executed; \
              idempotency key k_9"
         );
-    }
-}
-impl Error {
-    /// An [`ErrorKind::Ledger`] error: the operation, as far as it got, with the ledger's
-    /// failure as the source.
-    pub(crate) fn ledger(
-        report: RetryReport,
-        outcome_unknown: bool,
-        message: impl Into<String>,
-        source: crate::ledger::LedgerError,
-    ) -> Self {
-        // The ledger's own words in the message too: "table ... is missing: run migrate()"
-        // must reach a person who prints the error, not only one who walks its sources.
-        let message = format!("{} ({source})", message.into());
-        Error::operation(ErrorKind::Ledger, report, outcome_unknown)
-            .with_message(message)
-            .with_source(source)
     }
 }

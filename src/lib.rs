@@ -141,13 +141,13 @@
 //! | [`ClientBuilder::key_in_spans`] | off | a derived key can reveal its inputs, and every trace backend keeps what it receives; failed operations' `warn` events name the key either way |
 //! | [`ClientBuilder::reconciler`] | none | only your receiver can say whether an operation ran: past the window, a run answers `ReconcileWindow` |
 //! | [`ClientBuilder::reconciler_for_scope`] | none | as for the client's reconciler; a scope's own takes precedence over it |
-//! | [`LedgerOptions::retention`] | 7 days | cheap to keep, and covers manual replays and incident forensics; never less than twice the request's reconcile window |
-//! | [`LedgerOptions::lease_slack`] | 30 s | far above the clock skew of NTP-synchronized workers (milliseconds) |
-//! | [`LedgerOptions::max_body`] | 64 KiB | an API's JSON answer; a longer body is passed through and not saved |
-//! | [`LedgerOptions::saved_headers`] | `Content-Type`, `Location` | what a replayed answer needs to be read |
-//! | [`LedgerOptions::on_lease_held`] | [`LeaseHeldPolicy::Fail`] | the caller chooses whether to wait for another worker |
-//! | [`LedgerOptions::worker`] | a random UUID | name it after a host or pod, so `lease_owner` says who holds a row |
-//! | [`LedgerOptions::call_timeout`] | 10 s | a thousand times a healthy commit and past SQLite's 5 s wait for another process's lock; a frozen database costs an operation this long, never forever |
+//! | [`LedgerOptions::retention`](crate::ledger::LedgerOptions::retention) | 7 days | cheap to keep, and covers manual replays and incident forensics; never less than twice the request's reconcile window |
+//! | [`LedgerOptions::lease_slack`](crate::ledger::LedgerOptions::lease_slack) | 30 s | far above the clock skew of NTP-synchronized workers (milliseconds) |
+//! | [`LedgerOptions::max_body`](crate::ledger::LedgerOptions::max_body) | 64 KiB | an API's JSON answer; a longer body is passed through and not saved |
+//! | [`LedgerOptions::saved_headers`](crate::ledger::LedgerOptions::saved_headers) | `Content-Type`, `Location` | what a replayed answer needs to be read |
+//! | [`LedgerOptions::on_lease_held`](crate::ledger::LedgerOptions::on_lease_held) | [`LeaseHeldPolicy::Fail`](crate::ledger::LeaseHeldPolicy::Fail) | the caller chooses whether to wait for another worker |
+//! | [`LedgerOptions::worker`](crate::ledger::LedgerOptions::worker) | a random UUID | name it after a host or pod, so `lease_owner` says who holds a row |
+//! | [`LedgerOptions::call_timeout`](crate::ledger::LedgerOptions::call_timeout) | 10 s | a thousand times a healthy commit and past SQLite's 5 s wait for another process's lock; a frozen database costs an operation this long, never forever |
 //!
 //! # Front ends
 //!
@@ -171,7 +171,7 @@
 //!
 //! # Durable operations
 //!
-//! Give the client a [`Ledger`] ([`ClientBuilder::ledger`]) and every front end claims each
+//! Give the client a [`Ledger`](crate::ledger::Ledger) ([`ClientBuilder::ledger`]) and every front end claims each
 //! keyed request in it before the first attempt (one atomic insert under a lease), records each
 //! attempt that a retry follows and saves the outcome (an operation of one attempt costs two
 //! writes):
@@ -181,8 +181,8 @@
 //! | never sent: no attempt reached a receiver (`not_sent`) | sends this request, whatever it is, under the key, in a new window |
 //! | for a different request (method, URL **with its origin**, or canonical body) | [`ErrorKind::KeyReuse`], nothing sent; [`Error::held_operation`] names what differs and what the ledger holds, and [`Error::outcome`] is that operation's (`Done` when it succeeded: never "not done" while it may have run) |
 //! | succeeded | the saved response, [`RetryReport::is_replayed`], nothing sent |
-//! | under another run's live lease | [`ErrorKind::LeaseHeld`], nothing sent (or waits: [`LeaseHeldPolicy`]) |
-//! | first attempted longer ago than the reconcile window | [`ErrorKind::ReconcileWindow`], nothing sent; but an unresolved row is first settled by the scope's [`Reconciler`], if one is set (below) |
+//! | under another run's live lease | [`ErrorKind::LeaseHeld`], nothing sent (or waits: [`LeaseHeldPolicy`](crate::ledger::LeaseHeldPolicy)) |
+//! | first attempted longer ago than the reconcile window | [`ErrorKind::ReconcileWindow`], nothing sent; but an unresolved row is first settled by the scope's [`Reconciler`](crate::reconcile::Reconciler), if one is set (below) |
 //! | otherwise (unknown, failed, or a lapsed lease left by a crash) | sends with the same key, inside the original window |
 //!
 //! The fingerprint includes the URL's origin on purpose: a key belongs to the receiver that saw
@@ -190,34 +190,34 @@
 //! endpoint) is a receiver this crate cannot see into. Moving an operation that may have run to
 //! a new base URL is a decision about the receivers, not the client: look up its answer under
 //! the key at the old one; a key no receiver saw moves by itself, and an operator frees one by
-//! hand with [`release_by_hand`] (`idempotent-retry-ledger release`).
+//! hand with [`release_by_hand`](crate::reconcile::release_by_hand) (`idempotent-retry-ledger release`).
 //!
-//! [`MemoryLedger`] serves one process, `SqliteLedger` (feature `sqlite`) one machine,
+//! [`MemoryLedger`](crate::ledger::MemoryLedger) serves one process, `SqliteLedger` (feature `sqlite`) one machine,
 //! `PostgresLedger` (feature `postgres`) a fleet sharing one table. A ledger failure is
 //! [`ErrorKind::Ledger`]: before the first attempt nothing is sent; after one, the error
 //! carries the key and the outcome flag. A dropped `send` gives its lease back at once, a dead
-//! process's lease lapses. [`ClientBuilder::ledger`] has an example, [`Ledger`] the stages of
+//! process's lease lapses. [`ClientBuilder::ledger`] has an example, [`Ledger`](crate::ledger::Ledger) the stages of
 //! one run, the schema and the incident query.
 //!
 //! # Reconciling unknown outcomes
 //!
 //! Inside the window, sending again with the same key is the reconcile: the receiver replays
-//! what ran. After it, a [`Reconciler`] finds out what happened ([`HttpProbe`] asks the
-//! receiver with a `GET` built from the row, [`reconcile_fn`] runs your own lookup,
-//! [`SendAgain`] trusts a receiver that keeps keys longer than the window) and answers a
-//! [`Resolution`]: `Done` (the response to replay), `NotDone` (send it in a new window) or
+//! what ran. After it, a [`Reconciler`](crate::reconcile::Reconciler) finds out what happened ([`HttpProbe`](crate::reconcile::HttpProbe) asks the
+//! receiver with a `GET` built from the row, [`reconcile_fn`](crate::reconcile::reconcile_fn) runs your own lookup,
+//! [`SendAgain`](crate::reconcile::SendAgain) trusts a receiver that keeps keys longer than the window) and answers a
+//! [`Resolution`](crate::reconcile::Resolution): `Done` (the response to replay), `NotDone` (send it in a new window) or
 //! `Unknown`. It runs under the row's lease, as a run does, and the row records who resolved
 //! it and when: when a run finds the row past its window
 //! ([`ClientBuilder::reconciler`], [`ClientBuilder::reconciler_for_scope`]), on demand
 //! ([`Client::reconcile`]), and in sweeps of unresolved rows
 //! ([`Client::reconcile_unresolved`]). Operators settle rows by hand with
-//! [`resolve_by_hand`], or with the `idempotent-retry-ledger` command (feature `cli`); the
+//! [`resolve_by_hand`](crate::reconcile::resolve_by_hand), or with the `idempotent-retry-ledger` command (feature `cli`); the
 //! README's "After outcome unknown" says what to do when.
 //!
 //! # Testing
 //!
-//! Time is read through a [`Clock`], waits go through a [`Sleeper`], [`ClientBuilder::rng_seed`]
-//! fixes the jitter: tests assert exact delays without waiting. [`testkit`] has an idempotent
+//! Time is read through a [`Clock`](crate::time::Clock), waits go through a [`Sleeper`](crate::time::Sleeper), [`ClientBuilder::rng_seed`]
+//! fixes the jitter: tests assert exact delays without waiting. `idempotent-retry-testkit` has an idempotent
 //! loopback receiver with fault scripting and a side-effect recorder, for senders and handlers.
 //!
 //! # Traces
@@ -281,7 +281,7 @@
 //! | `rustls` (default) | TLS through rustls with the aws-lc-rs provider, reqwest's default; without a TLS feature the client speaks plain HTTP only, unless the `reqwest::Client` you pass enables TLS itself |
 //! | `rustls-no-provider` | rustls without a crypto provider: install one before building a `Client`, and skip the aws-lc C build |
 //! | `native-tls` | TLS through the platform's library (OpenSSL on Linux, which needs its headers to build) |
-//! | `tower` | [`IdempotentRetryLayer`], [`IdempotentRetry`], [`ResponseFuture`] |
+//! | `tower` | [`IdempotentRetryLayer`], [`IdempotentRetry`], [`ResponseFuture`](crate::service::ResponseFuture) |
 //! | `middleware` | [`IdempotentRetryMiddleware`] for `reqwest-middleware` 0.5 |
 //! | `multipart` | `multipart/form-data` bodies (`RequestBuilder::multipart`); a form of in-memory parts is sent again byte for byte |
 //! | `sqlite` | `SqliteLedger`: the ledger in an SQLite file, linked against the system's SQLite (3.35 or later) |
@@ -291,7 +291,7 @@
 //! | `opentelemetry` | trace context on the wire: each request carries its own CLIENT span's `traceparent` ([traces](#traces)); needs a `tracing-opentelemetry` layer (0.34, OpenTelemetry 0.33) in the subscriber |
 //! | `metrics` | [metrics](#metrics) through the `metrics` facade (0.24) |
 //! | `cli` | the `idempotent-retry-ledger` command: `list`, `show`, `resolve`, `purge` and `duplicates` over an SQLite ledger file, or a PostgreSQL one with `postgres` too (`--help` has the options and exit statuses) |
-//! | `testkit` | [`testkit`]: the loopback receiver with fault scripting and a side-effect recorder, deterministic helpers and the ledger conformance suite, for tests |
+//! | `testkit` | `idempotent-retry-testkit`: the loopback receiver with fault scripting and a side-effect recorder, deterministic helpers and the ledger conformance suite, for tests |
 //!
 //! (`internals` is for the crate's own benches and fuzz targets, outside semver: leave it off.)
 //!

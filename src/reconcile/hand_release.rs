@@ -50,7 +50,7 @@ pub enum Released {
 ///
 /// # Errors
 ///
-/// [`LedgerErrorKind::InvalidInput`](super::LedgerErrorKind::InvalidInput) for an empty key,
+/// [`LedgerErrorKind::InvalidInput`](crate::ledger::LedgerErrorKind::InvalidInput) for an empty key,
 /// operator name or reason; the ledger's error from a read or a write.
 ///
 /// # Examples

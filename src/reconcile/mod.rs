@@ -269,7 +269,7 @@ const BY_HAND_LEASE: Duration = Duration::from_secs(60);
 ///
 /// # Errors
 ///
-/// [`LedgerErrorKind::InvalidInput`](super::LedgerErrorKind::InvalidInput) for an empty key or
+/// [`LedgerErrorKind::InvalidInput`](crate::ledger::LedgerErrorKind::InvalidInput) for an empty key or
 /// operator name; the ledger's error from the hold or the write.
 ///
 /// # Examples

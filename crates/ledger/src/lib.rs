@@ -89,9 +89,9 @@ impl FromStr for OperationStatus {
 pub struct SavedResponse {
     /// The status code.
     pub status: u16,
-    /// The selected headers ([`LedgerOptions::saved_headers`]), in order.
+    /// The selected headers (`LedgerOptions::saved_headers`), in order.
     pub headers: Vec<(String, String)>,
-    /// The body, or `None` when it was longer than [`LedgerOptions::max_body`].
+    /// The body, or `None` when it was longer than `LedgerOptions::max_body`.
     pub body: Option<Vec<u8>>,
 }
 
@@ -715,7 +715,7 @@ impl Finish {
 ///
 /// - **One row per key, one short transaction per method** (most are one statement). A
 ///   method never waits on another run (no lock held across calls); the client does the
-///   waiting ([`LeaseHeldPolicy`]).
+///   waiting (`LeaseHeldPolicy`).
 /// - **The claim is atomic.** [`claim`](Self::claim) checks and writes in one step: two
 ///   concurrent claims of one key, from any number of tasks or processes sharing the
 ///   storage, get at most one [`Claimed::New`] or [`Claimed::TakenOver`] between them; every
@@ -772,10 +772,10 @@ impl Finish {
 /// `NotSent` row, whose window starts again); in the same
 /// process the next claim of the key first waits for that write. A worker in another process
 /// sees the row free once the write lands (milliseconds); until then it finds the lease held,
-/// and [`LeaseHeldPolicy`] decides whether it waits. A run dropped while its claim
+/// and `LeaseHeldPolicy` decides whether it waits. A run dropped while its claim
 /// is in flight gives the lease back the same way once the claim lands. A process that dies
 /// runs none of this: its lease lapses after the attempt timeout plus
-/// [`LedgerOptions::lease_slack`], which also says what clock skew between workers can do.
+/// `LedgerOptions::lease_slack`, which also says what clock skew between workers can do.
 ///
 /// ## Which write keeps which guarantee
 ///
@@ -795,7 +795,7 @@ impl Finish {
 ///
 /// One table (and in PostgreSQL a one-row version table), created by the SQL ledgers'
 /// `migrate` function. Times are milliseconds since the Unix epoch, read from the client's
-/// [`Clock`](crate::Clock) (so workers sharing a table should have synchronized clocks; leases
+/// `Clock` (so workers sharing a table should have synchronized clocks; leases
 /// tolerate skew well below the lease slack).
 ///
 /// ```sql
@@ -877,8 +877,8 @@ impl Finish {
 /// ```
 ///
 /// The `idempotent-retry-ledger` command (feature `cli`) asks both without SQL: `list --status
-/// unresolved` and `duplicates`, and settles a row with `resolve` (see [`resolve_by_hand`]).
-/// A sweep settles unresolved rows through a [`Reconciler`]: [`unresolved`](Self::unresolved),
+/// unresolved` and `duplicates`, and settles a row with `resolve` (see `resolve_by_hand`).
+/// A sweep settles unresolved rows through a `Reconciler`: [`unresolved`](Self::unresolved),
 /// then for each row [`claim_unresolved`](Self::claim_unresolved) and
 /// [`resolve`](Self::resolve), under a lease as a run's writes are.
 /// # Every method is required

@@ -10,7 +10,7 @@ use std::time::SystemTime;
 
 use super::{LedgerError, OperationRecord, OperationStatus, SavedResponse, require};
 
-/// What a [`Reconciler`](crate::Reconciler) (or an operator) found out about an operation
+/// What a `Reconciler` (or an operator) found out about an operation
 /// whose outcome was unknown.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -58,7 +58,7 @@ pub enum ResolutionKind {
     NotDone,
     /// [`Resolution::SendAgain`].
     SendAgain,
-    /// Freed by an operator ([`release_by_hand`](crate::release_by_hand)): the row became
+    /// Freed by an operator (`release_by_hand`): the row became
     /// [`NotSent`](OperationStatus::NotSent), so the next request under the key is sent.
     Released,
 }

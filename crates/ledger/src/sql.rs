@@ -11,7 +11,7 @@ use super::{
 /// The ledger's table.
 pub const TABLE: &str = "idempotent_operations";
 
-/// The schema version this crate reads and writes: the table shape [`schema`] creates is
+/// The schema version this crate reads and writes: the table shape `schema` creates is
 /// version 1. A change to the shape raises it by one and appends a step to [`STEPS`].
 pub const SCHEMA_VERSION: u32 = 3;
 

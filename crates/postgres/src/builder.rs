@@ -39,15 +39,15 @@ const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// keepalive probes after 15 s idle, `tcp_user_timeout` 30 s (unacknowledged data closes the
 /// connection, on Linux), a wait of at most 30 s for a pooled connection and of the connect
 /// timeout to check one handed back. Above them every call is bounded by
-/// [`LedgerOptions::call_timeout`](crate::LedgerOptions::call_timeout).
+/// `LedgerOptions::call_timeout` (in `idempotent-retry`).
 ///
 /// # Examples
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use idempotent_retry::PostgresLedger;
+/// use idempotent_retry::ledger::PostgresLedger;
 ///
-/// # async fn run() -> Result<(), idempotent_retry::LedgerError> {
+/// # async fn run() -> Result<(), idempotent_retry::ledger::LedgerError> {
 /// let ledger = PostgresLedger::builder()
 ///     .url("postgresql://app@db.internal/payments")
 ///     .pool_size(32)

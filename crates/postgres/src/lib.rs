@@ -80,7 +80,8 @@ use idempotent_retry_ledger::{
 /// # Examples
 ///
 /// ```no_run
-/// use idempotent_retry::{Client, LedgerOptions, PostgresLedger};
+/// use idempotent_retry::Client;
+/// use idempotent_retry::ledger::{LedgerOptions, PostgresLedger};
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let ledger = PostgresLedger::connect("postgresql://app@db.internal/payments").await?;

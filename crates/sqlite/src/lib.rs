@@ -1,8 +1,8 @@
 //! The SQLite ledger: a file on one machine, shared by every process that opens it.
 //!
-//! One writer thread per ledger commits the writes in batches ([`writer`]); reads run on a
-//! read-only connection of their own, beside it. [`statements`] holds what each call does to
-//! the file, [`reconcile`] what reconciling does to it, [`migrate`] the schema steps.
+//! One writer thread per ledger commits the writes in batches (`writer`); reads run on a
+//! read-only connection of their own, beside it. `statements` holds what each call does to
+//! the file, `reconcile` what reconciling does to it, `migrate` the schema steps.
 #![warn(
     missing_docs,
     missing_debug_implementations,
@@ -99,7 +99,8 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// # Examples
 ///
 /// ```
-/// use idempotent_retry::{Client, SqliteLedger};
+/// use idempotent_retry::Client;
+/// use idempotent_retry::ledger::SqliteLedger;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -197,7 +198,7 @@ impl SqliteLedger {
     /// # Examples
     ///
     /// ```
-    /// use idempotent_retry::{Ledger, LedgerErrorKind, ListFilter, SqliteLedger};
+    /// use idempotent_retry::ledger::{Ledger, LedgerErrorKind, ListFilter, SqliteLedger};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
