@@ -42,6 +42,7 @@ use std::collections::{BinaryHeap, HashMap};
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use idempotent_retry::internals::budget as charges;
 use idempotent_retry::{FailureKind, RetryBudget, backoff};
 use rand::rngs::StdRng;
 use rand::{Rng, RngExt, SeedableRng};
@@ -160,7 +161,7 @@ fn simulate(strategy: Strategy, budget: bool, clients: usize, setup: Setup) -> R
         let caller = &mut callers[id];
         if *arrived <= CAPACITY_PER_SLOT {
             if let (Some(budget), 0) = (&budget, caller.retries) {
-                budget.record_first_attempt_success();
+                charges::record_first_attempt_success(budget);
             }
             last_end = last_end.max(at);
             continue;
@@ -169,9 +170,9 @@ fn simulate(strategy: Strategy, budget: bool, clients: usize, setup: Setup) -> R
         // caller gives up.
         if let Some(budget) = &budget {
             if caller.retries > 0 {
-                budget.charge_failed_retry(FailureKind::ServerError);
+                charges::charge_failed_retry(budget, FailureKind::ServerError);
             }
-            if !budget.try_admit(FailureKind::ServerError) {
+            if !charges::try_admit(budget, FailureKind::ServerError) {
                 gave_up += 1;
                 last_end = last_end.max(at);
                 continue;

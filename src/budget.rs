@@ -7,7 +7,7 @@
 //! retries of a blip, which succeed.
 //!
 //! The numbers, and why this design over AWS's bucket as it is, tower's ratio budget or gRPC's
-//! throttling, are in [`RetryBudget`]'s docs.
+//! throttling, are in `docs/budget.md`.
 //!
 //! # Sharing
 //!
@@ -182,126 +182,39 @@ impl RetryBudgetConfig {
     }
 }
 
-/// A token bucket that limits retries across every operation that shares it, charged when a
-/// retry fails.
+/// A token bucket that limits retries across every operation that shares it: a retry is sent
+/// only while the bucket can pay for it, a retry that fails is charged, and a first-attempt
+/// success deposits. The client and the other front ends charge it themselves; a caller
+/// creates it, shares it (clones share one bucket) and reads it.
 ///
-/// A handle: clones share one bucket. Every [`Client`](crate::Client) has one by default
-/// ([`ClientBuilder::retry_budget`](crate::ClientBuilder::retry_budget) replaces or shares it,
+/// # Errors
+///
+/// A retry the bucket refuses is not sent: the operation ends with
+/// [`ErrorKind::BudgetExhausted`](crate::ErrorKind::BudgetExhausted), counted in
+/// [`refused`](Self::refused) and heard by
+/// [`Observer::on_retry_refused`](crate::Observer::on_retry_refused).
+///
+/// # Default
+///
+/// Every [`Client`](crate::Client) has one with [`RetryBudgetConfig::new()`]'s numbers (500
+/// tokens, 5 per failed retry, 10 per timed-out one, +1 per first-attempt success);
+/// [`ClientBuilder::retry_budget`](crate::ClientBuilder::retry_budget) replaces or shares it,
 /// [`ClientBuilder::without_retry_budget`](crate::ClientBuilder::without_retry_budget) turns it
-/// off). The numbers are set with [`RetryBudgetConfig`].
-///
-/// The methods below are what the retry loop calls; they are public for other front ends and
-/// simulations. The bucket is one atomic level and one atomic counter: cheap to share across
-/// threads, never blocking, and no clock is read. An operation that succeeds on its first
-/// attempt costs one atomic update (its deposit).
-///
-/// # How it works
-///
-/// | event | tokens |
-/// |---|---|
-/// | capacity (and the starting level) | the capacity |
-/// | a retry is due | sent if the level is at least what it would cost ([`try_admit`](Self::try_admit)); nothing taken |
-/// | a retry that was sent fails (timed out) | - the timeout cost |
-/// | a retry that was sent fails (a 409 "still in progress") | nothing |
-/// | a retry that was sent fails (any other way) | - the retry cost |
-/// | a retry that was sent succeeds | nothing |
-/// | an operation succeeds on its first attempt | + the success reward, up to the capacity |
-///
-/// The level never goes below zero. A retry the bucket refuses is not sent: the operation ends
-/// with [`ErrorKind::BudgetExhausted`](crate::ErrorKind::BudgetExhausted), the refusal is
-/// counted ([`refused`](Self::refused)) and observers hear of it
-/// ([`Observer::on_retry_refused`](crate::Observer::on_retry_refused)).
-///
-/// # Why this design
-///
-/// A budget must tell a blip from an outage. In a blip, many operations in flight fail at once
-/// and their retries succeed; in an outage, the retries fail too. Only what a retry *did*
-/// tells them apart, so that is what is charged.
-///
-/// - **AWS standard mode** (500 tokens, 5 per retry, 10 per retry after a timeout, the cost
-///   refunded when the retry succeeds, +1 per first-attempt success) takes the cost when the
-///   retry is sent. Its long-run accounting is the one kept here: an operation that succeeds
-///   after `k` retries has paid for `k - 1` failed ones either way, and the numbers are the same.
-///   But a retry in flight holds its tokens until it answers, so a burst of transient failures
-///   across many operations in flight (100 retries drain a full bucket) is refused *before*
-///   the successful retries can refund it. Measured with the soak in `tests/budget_soak.rs`:
-///   a third of 600 operations lost at 48 and at 256 in flight against a service that answered
-///   every retry. Users of the SDKs report the same (once the bucket is empty, every call loses
-///   its retries).
-/// - **AWS "retry behavior 2.1"** lowers a throttled retry to 5 tokens against 14 for other
-///   errors, and drops the separate timeout cost. Here a throttled retry that succeeds (the
-///   server paced it with `Retry-After` and then answered) costs nothing at all, and holds
-///   nothing while it waits; one that is throttled again costs the retry cost, like any retry
-///   that failed, so a server answering 429 to everything is bounded like an outage (a cheaper
-///   throttle would let `cost / throttled cost` times as many retries through). A timed-out
-///   retry still costs double: it held a connection and the server for the whole timeout.
-/// - **Finagle and tower's ratio budget** (retries at most 20% of requests plus 10 per second,
-///   over a 10 s window) and **Envoy** (retries at most 20% of active requests, at least 3)
-///   scale the allowance with the traffic. But a ratio still judges a retry before it answers:
-///   a blip in which more than a fifth of the operations in flight fail at once (four in five
-///   in the soak) is shed all the same. Finagle's also reads a clock, and its window lets
-///   `1.2 n` requests and more through an outage of `n` operations.
-/// - **gRPC retry throttling** (10 tokens, -1 per failure, +0.1 per success, no retries at or
-///   below half) bounds an outage to 5 retries, and one burst of failures in flight turns
-///   retries off for the next 50 successes: it cannot tell a blip from an outage either.
-/// - **Google SRE** suggests retries stay under 10% of requests per client. In steady state
-///   this bucket sustains one failed retry per `retry_cost / success_reward` first-attempt
-///   successes (20% by default); the cap, not the ratio, is what bounds an outage.
-///
-/// What it guarantees:
-///
-/// - **An outage is bounded, at any concurrency, without a clock.** A full bucket pays for
-///   `b = capacity / retry_cost` failed retries (100 by default). Once they have failed, no
-///   retry is admitted until first-attempt successes refill the bucket. Retries admitted before
-///   that but not yet failed are at most one per operation in flight, so during a total outage
-///   `n` operations with `c` in flight send at most `n + b + c` requests, however long it lasts
-///   (measured: `docs/performance.md`).
-/// - **A blip costs nothing.** A retry that succeeds is never charged, however many are in
-///   flight at once; a retry waiting out the server's `Retry-After` holds no tokens.
-/// - **A 409 "still in progress" is free** ([`RetryBudgetConfig::cost_of`]): the server is
-///   answering, quickly and correctly, about our own first attempt. Those retries are still
-///   bounded by the policy's attempts and reconcile window, and an empty bucket admits them.
-/// - **It refills on its own once the service recovers**: every first-attempt success deposits
-///   the success reward; `retry_cost / success_reward` of them pay for one failed retry again.
-///
-/// The price is the `c` above: until the first retries fail, the bucket cannot know it is
-/// facing an outage, so each operation in flight may send one retry. Where everything is in
-/// flight at once (a thundering herd of 1000 callers, `examples/herd.rs`), that is about two
-/// calls per caller where charging each retry when it was sent kept it at 1.1.
-///
-/// Counting "success": any response the client returns as `Ok` (a 2xx, or a final 4xx such as
-/// 404 or 422) means the server is answering. A retry whose outcome never arrives (the
-/// operation was dropped while it was in flight) is charged the retry cost, as a failure.
-///
-/// # Sizing
-///
-/// `capacity / retry_cost` is how many failed retries the client may send before it stops
-/// retrying (and how many extra requests an outage costs, plus one per operation in flight).
-/// Raise the capacity ([`RetryBudgetConfig::with_capacity`]) when operations end with
-/// [`BudgetExhausted`](crate::ErrorKind::BudgetExhausted) against a service that is merely
-/// unreliable; lower it for a service that must be protected harder; give each downstream
-/// service a budget of its own rather than one for all.
+/// off. How it works, why this design, what it guarantees and how to size it:
+/// `docs/budget.md` in the package.
 ///
 /// # Examples
 ///
 /// ```
-/// use idempotent_retry::{FailureKind, RetryBudget};
+/// use idempotent_retry::{Client, RetryBudget};
 ///
 /// let budget = RetryBudget::new();
-/// let shared = budget.clone(); // same bucket
-///
-/// // An attempt answered 503: may we retry? Admitting takes nothing.
-/// assert!(budget.try_admit(FailureKind::ServerError));
-/// assert_eq!(shared.available(), 500);
-///
-/// // The retry failed too: now it is paid for.
-/// assert_eq!(shared.charge_failed_retry(FailureKind::ServerError), 5);
-/// assert_eq!(budget.available(), 495);
-///
-/// // Another operation succeeds on its first attempt: one token back.
-/// budget.record_first_attempt_success();
-/// assert_eq!(shared.available(), 496);
-/// assert_eq!(shared.refused(), 0);
+/// // Two clients in one service, one bucket: their failed retries drain it together.
+/// let payments = Client::builder().retry_budget(budget.clone()).build()?;
+/// let refunds = Client::builder().retry_budget(budget.clone()).build()?;
+/// assert_eq!(payments.retry_budget().map(RetryBudget::available), Some(500));
+/// assert_eq!(refunds.retry_budget().map(RetryBudget::refused), Some(0));
+/// # Ok::<(), idempotent_retry::Error>(())
 /// ```
 #[derive(Clone)]
 pub struct RetryBudget {
@@ -382,7 +295,7 @@ impl RetryBudget {
     /// either way. A refusal is counted ([`refused`](Self::refused)); the retry must not be
     /// sent.
     #[must_use = "`false` means the retry must not be sent"]
-    pub fn try_admit(&self, failure: FailureKind) -> bool {
+    pub(crate) fn try_admit(&self, failure: FailureKind) -> bool {
         let admitted = self.available() >= self.inner.config.cost_of(failure);
         if !admitted {
             self.inner.refused.fetch_add(1, Ordering::Relaxed);
@@ -392,7 +305,7 @@ impl RetryBudget {
 
     /// A retry that was sent failed this way: takes its cost from the bucket (the level stops
     /// at zero) and returns the cost.
-    pub fn charge_failed_retry(&self, failure: FailureKind) -> u32 {
+    pub(crate) fn charge_failed_retry(&self, failure: FailureKind) -> u32 {
         let cost = self.inner.config.cost_of(failure);
         self.charge(cost);
         cost
@@ -413,7 +326,7 @@ impl RetryBudget {
     /// An operation succeeded on its first attempt: deposits the success reward. The bucket
     /// never rises above its capacity. (A success after retries deposits nothing: its failed
     /// retries were charged, the one that succeeded was not.)
-    pub fn record_first_attempt_success(&self) {
+    pub(crate) fn record_first_attempt_success(&self) {
         let capacity = self.inner.config.capacity;
         let reward = self.inner.config.success_reward;
         // A full bucket (the usual case) is only read: no write to a line every core shares.

@@ -166,8 +166,8 @@ pub(crate) fn decide<R: rand::Rng + ?Sized>(
     }
 }
 
-/// The timeout for an attempt starting at `now`: the per-attempt timeout, shortened so the
-/// without a key.
+/// Whether `method` is idempotent by definition (RFC 9110 §9.2.2: `GET`, `HEAD`, `OPTIONS`,
+/// `PUT`, `DELETE`, `TRACE`), so that a request with it is retried even without a key.
 pub(crate) fn is_idempotent_method(method: &http::Method) -> bool {
     use http::Method;
     [

@@ -1,6 +1,8 @@
 //! The one door into the pure decision engine, for the crate's benchmarks (`benches/decide.rs`),
 //! fuzz targets (`fuzz/`) and property tests (`tests/properties.rs`), which time single
-//! decisions or drive whole operations on virtual time.
+//! decisions or drive whole operations on virtual time; and into a
+//! [`RetryBudget`](crate::RetryBudget)'s charges ([`budget`]), for the tests and the herd
+//! simulation (`examples/herd.rs`) that drain or refill a bucket by hand.
 //!
 //! Behind the `internals` feature, hidden from the docs and not covered by semver: it mirrors
 //! the engine's internal shape, which may change in any release. The randomness is one word
@@ -122,6 +124,34 @@ pub fn decide(
     )
 }
 
+/// The retry loop's three dealings with a shared [`RetryBudget`](crate::RetryBudget), which
+/// only the crate's front ends make: for tests and simulations that drain or refill a bucket
+/// by hand. Each is the budget's own method, as the front ends call it.
+pub mod budget {
+    use crate::budget::RetryBudget;
+    use crate::classify::FailureKind;
+
+    /// May a retry after a failure of this kind be sent? `true` when the level is at least
+    /// what the retry would cost if it failed; nothing is taken either way, and a refusal is
+    /// counted in [`RetryBudget::refused`].
+    #[must_use = "`false` means the retry must not be sent"]
+    pub fn try_admit(budget: &RetryBudget, failure: FailureKind) -> bool {
+        budget.try_admit(failure)
+    }
+
+    /// A retry that was sent failed this way: takes its cost from the bucket (the level stops
+    /// at zero) and returns the cost.
+    pub fn charge_failed_retry(budget: &RetryBudget, failure: FailureKind) -> u32 {
+        budget.charge_failed_retry(failure)
+    }
+
+    /// An operation succeeded on its first attempt: deposits the success reward, up to the
+    /// capacity.
+    pub fn record_first_attempt_success(budget: &RetryBudget) {
+        budget.record_first_attempt_success();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use http::HeaderValue;
@@ -136,6 +166,25 @@ mod tests {
             replayable: true,
             elapsed,
         }
+    }
+
+    #[test]
+    fn the_budget_door_admits_charges_and_deposits_as_the_front_ends_do() {
+        let shared = crate::RetryBudget::new();
+        assert!(budget::try_admit(&shared, FailureKind::ServerError));
+        assert_eq!(shared.available(), 500, "admitting takes nothing");
+        assert_eq!(
+            budget::charge_failed_retry(&shared, FailureKind::ServerError),
+            5
+        );
+        assert_eq!(
+            budget::charge_failed_retry(&shared, FailureKind::Timeout),
+            10
+        );
+        assert_eq!(shared.available(), 485);
+        budget::record_first_attempt_success(&shared);
+        assert_eq!(shared.available(), 486);
+        assert_eq!(shared.refused(), 0);
     }
 
     #[test]

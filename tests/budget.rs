@@ -322,8 +322,14 @@ async fn waiting_out_a_409_in_progress_costs_no_tokens() {
         RetryBudget::with_config(RetryBudgetConfig::new().with_capacity(10)).expect("valid budget");
     let client = client_with(Client::builder().retry_budget(budget.clone()));
     // Empty the bucket, as failed retries elsewhere would.
-    assert_eq!(budget.charge_failed_retry(FailureKind::ServerError), 5);
-    assert_eq!(budget.charge_failed_retry(FailureKind::ServerError), 5);
+    assert_eq!(
+        idempotent_retry::internals::budget::charge_failed_retry(&budget, FailureKind::ServerError),
+        5
+    );
+    assert_eq!(
+        idempotent_retry::internals::budget::charge_failed_retry(&budget, FailureKind::ServerError),
+        5
+    );
     assert_eq!(budget.available(), 0);
 
     // Our own first attempt still running: three 409s, then the saved answer. An empty bucket
@@ -359,7 +365,7 @@ async fn a_refused_throttled_retry_reports_the_outcome_as_not_executed() {
     let budget =
         RetryBudget::with_config(RetryBudgetConfig::new().with_capacity(10)).expect("valid budget");
     while budget.available() > 0 {
-        budget.charge_failed_retry(FailureKind::ServerError);
+        idempotent_retry::internals::budget::charge_failed_retry(&budget, FailureKind::ServerError);
     }
     let client = client_with(Client::builder().retry_budget(budget));
     let server = TestServer::start(vec![], Action::status(429)).await;

@@ -721,8 +721,8 @@ async fn a_retry_the_budget_refuses_is_counted_and_heard_by_every_observer_first
     let budget =
         RetryBudget::with_config(RetryBudgetConfig::new().with_capacity(10)).expect("valid");
     // Two failed retries elsewhere empty the shared bucket.
-    budget.charge_failed_retry(FailureKind::ServerError);
-    budget.charge_failed_retry(FailureKind::ServerError);
+    idempotent_retry::internals::budget::charge_failed_retry(&budget, FailureKind::ServerError);
+    idempotent_retry::internals::budget::charge_failed_retry(&budget, FailureKind::ServerError);
     let settings = || {
         Client::builder()
             .policy(fast())

@@ -1276,8 +1276,8 @@ fn budget_config_extremes() {
         .with_success_reward(u32::MAX);
     let budget = RetryBudget::with_config(max).expect("valid");
     assert_eq!(budget.available(), u32::MAX);
-    budget.record_first_attempt_success();
-    budget.record_first_attempt_success();
+    idempotent_retry::internals::budget::record_first_attempt_success(&budget);
+    idempotent_retry::internals::budget::record_first_attempt_success(&budget);
     assert_eq!(
         budget.available(),
         u32::MAX,

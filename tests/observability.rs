@@ -111,6 +111,68 @@ async fn a_422_on_a_keyed_request_is_logged_as_an_error() {
 }
 
 #[tokio::test]
+async fn a_422_on_a_derived_or_header_key_is_logged_as_key_reuse_at_error() {
+    capture_log();
+    let server = TestServer::start(vec![], Action::status(422)).await;
+    let derived = IdempotencyKey::derive("evt_trace_derived", &["order-7"]);
+    let response = client()
+        .post(server.url("/"))
+        .idempotency_key(derived.clone())
+        .send()
+        .await
+        .expect("final");
+    assert_eq!(response.status(), 422);
+    let response = client()
+        .post(server.url("/"))
+        .header("idempotency-key", "evt_trace_header")
+        .send()
+        .await
+        .expect("final");
+    assert_eq!(response.status(), 422);
+    for key in [derived.as_str(), "evt_trace_header"] {
+        let lines = log_lines_with(key);
+        assert!(
+            lines.iter().any(|l| l.contains("ERROR")
+                && l.contains(
+                    "422 on a keyed request: the key was reused with a different payload"
+                )),
+            "{key}: {lines:#?}"
+        );
+        assert!(
+            !lines.iter().any(|l| l.contains("automatic key")),
+            "{key}: {lines:#?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_422_on_an_automatic_key_is_a_rejected_request_at_warn_not_key_reuse() {
+    capture_log();
+    let server = TestServer::start(vec![], Action::status(422)).await;
+    let response = client().post(server.url("/")).send().await.expect("final");
+    assert_eq!(response.status(), 422);
+    let keys = server.keys();
+    let [Some(key)] = keys.as_slice() else {
+        panic!("one attempt with an automatic key on a POST: {keys:?}");
+    };
+    let lines = log_lines_with(key);
+    assert!(
+        lines.iter().any(|l| l.contains("WARN")
+            && l.contains(
+                "422 on a request with an automatic key: the server rejected the request"
+            )
+            && l.contains("check the payload")),
+        "{lines:#?}"
+    );
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.contains("ERROR") || l.contains("reused with a different payload")),
+        "a minted key cannot have been reused: {lines:#?}"
+    );
+}
+
+#[tokio::test]
 async fn bodies_and_auth_headers_are_never_logged() {
     capture_log();
     let server = TestServer::start(vec![Action::status(503)], Action::ok("")).await;

@@ -5,14 +5,20 @@
 //! again: on the happy path (one attempt) that was about 700 of the copy's 1 600 instructions.
 //! A request built by [`RequestBuilder`](crate::RequestBuilder) is copied from its parts
 //! instead. Its extensions are empty (reqwest's builder sets none but the timeout, which ours
-//! never sets: a test below holds reqwest to it), and its buffered body's bytes are taken out
-//! once, when the operation starts, to be shared by every copy: reqwest keeps a body's own
-//! clone to itself and shows its bytes only as a slice, but a buffered body yields them whole,
-//! without a copy, as its one frame. A request handed to
+//! never sets: checked once a process, on a probe request built through every builder method
+//! the crate calls, and a test below holds reqwest to it), and its buffered body's bytes are
+//! taken out once, when the operation starts, to be shared by every copy: reqwest keeps a
+//! body's own clone to itself and shows its bytes only as a slice, but a buffered body yields
+//! them whole, without a copy, as its one frame. A request handed to
 //! [`Client::execute`](crate::Client::execute) may carry extensions, which only reqwest can
 //! copy: its copies are reqwest's.
+//!
+//! Should a later reqwest break either assumption (the probe carries extensions; a buffered
+//! body's frame is pending, fails, or its bytes do not add up), the copies are reqwest's
+//! `try_clone`, the body rebuilt from the bytes polled out: slower, never wrong, no panic.
 
 use std::pin::Pin;
+use std::sync::OnceLock;
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
@@ -32,19 +38,29 @@ pub(super) enum Copies {
 }
 
 impl Copies {
-    /// For a request built by [`RequestBuilder`](crate::RequestBuilder): takes the bytes of its
-    /// buffered body out and puts back a body that shares them, so the request sends the same
-    /// bytes as before.
-    pub(super) fn of_built(request: &mut reqwest::Request) -> Copies {
+    /// For a request built by [`RequestBuilder`](crate::RequestBuilder) through `http` (the
+    /// client's `reqwest::Client`): takes the bytes of its buffered body out and puts back a
+    /// body that shares them, so the request sends the same bytes as before. The copies are
+    /// reqwest's `try_clone` instead when reqwest's builder sets extensions or the body does
+    /// not yield its bytes as expected.
+    pub(super) fn of_built(request: &mut reqwest::Request, http: &reqwest::Client) -> Copies {
+        Copies::of_request(request, builder_sets_no_extensions(http))
+    }
+
+    /// As [`of_built`](Self::of_built), for a request whose builder sets no extensions when
+    /// `no_extensions`; reqwest's copies otherwise.
+    fn of_request(request: &mut reqwest::Request, no_extensions: bool) -> Copies {
+        if !no_extensions {
+            return Copies::Reqwest;
+        }
         let Some(body) = request.body_mut() else {
             return Copies::Parts(None);
         };
-        if body.as_bytes().is_none() {
-            return Copies::Stream;
+        let (copies, rebuilt) = of_buffered(body);
+        if let Some(rebuilt) = rebuilt {
+            *body = rebuilt;
         }
-        let bytes = take_buffered(body);
-        *body = reqwest::Body::from(bytes.clone());
-        Copies::Parts(Some(bytes))
+        copies
     }
 
     /// A copy of `original`, the operation's request, to send as one attempt; `None` for a
@@ -66,36 +82,110 @@ impl Copies {
     }
 }
 
-/// The bytes of a buffered body (`as_bytes` is `Some`), which it yields as one frame, at once.
-/// Should a buffered body ever yield more than one frame, they are joined: the bytes are
-/// always all of them.
-fn take_buffered(body: &mut reqwest::Body) -> Bytes {
-    let mut cx = Context::from_waker(Waker::noop());
-    let mut read = Read::default();
-    loop {
-        match Pin::new(&mut *body).poll_frame(&mut cx) {
-            Poll::Ready(None) => return read.into_bytes(),
-            Poll::Ready(Some(Ok(frame))) => {
-                let Ok(data) = frame.into_data() else {
-                    continue;
-                };
-                read.push(data);
-                if body.is_end_stream() {
-                    return read.into_bytes();
-                }
+/// A request body as [`of_buffered`] reads it: reqwest's, or a test's.
+trait Buffered: hyper::body::Body<Data = Bytes> + Unpin {
+    /// The body's bytes, if it holds them all (reqwest's `as_bytes`).
+    fn bytes(&self) -> Option<&[u8]>;
+}
+
+impl Buffered for reqwest::Body {
+    fn bytes(&self) -> Option<&[u8]> {
+        self.as_bytes()
+    }
+}
+
+/// How a body's copies are made, and the body to put in its place (`None`: leave it).
+///
+/// A buffered body that yields its bytes, all of them, in ready data frames is shared:
+/// [`Copies::Parts`] and a body over the same bytes. Anything else (a pending frame, an error,
+/// trailers, fewer or more bytes than it held) falls back to [`Copies::Reqwest`], with a body
+/// made of the bytes polled out followed by those the body still holds, or the body left as
+/// it is when nothing was polled out or those do not add up to the bytes it held.
+fn of_buffered<B: Buffered>(body: &mut B) -> (Copies, Option<reqwest::Body>) {
+    let Some(held) = body.bytes().map(<[u8]>::len) else {
+        return (Copies::Stream, None);
+    };
+    match take_buffered(body, held) {
+        Ok(bytes) => {
+            let shared = reqwest::Body::from(bytes.clone());
+            (Copies::Parts(Some(bytes)), Some(shared))
+        }
+        Err(read) if read.len() == 0 => (Copies::Reqwest, None),
+        Err(read) => {
+            let rest = body.bytes().unwrap_or_default();
+            if read.len() + rest.len() != held {
+                return (Copies::Reqwest, None);
             }
-            Poll::Ready(Some(Err(_))) | Poll::Pending => {
-                unreachable!("a buffered reqwest body is always ready and cannot fail")
-            }
+            let mut all = Vec::with_capacity(held);
+            all.extend_from_slice(&read.into_bytes());
+            all.extend_from_slice(rest);
+            (Copies::Reqwest, Some(reqwest::Body::from(all)))
         }
     }
 }
 
+/// The `held` bytes of a buffered body, which it yields as one frame, at once. Should it
+/// yield more than one data frame, they are joined. `Err` with the bytes polled out so far
+/// when it does anything else: a pending frame, an error, trailers, other than `held` bytes.
+fn take_buffered<B: Buffered>(body: &mut B, held: usize) -> Result<Bytes, Read> {
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut read = Read::default();
+    loop {
+        match Pin::new(&mut *body).poll_frame(&mut cx) {
+            Poll::Ready(None) if read.len() == held => return Ok(read.into_bytes()),
+            Poll::Ready(Some(Ok(frame))) => {
+                let Ok(data) = frame.into_data() else {
+                    return Err(read);
+                };
+                read.push(data);
+                if read.len() > held {
+                    return Err(read);
+                }
+                if read.len() == held && body.is_end_stream() {
+                    return Ok(read.into_bytes());
+                }
+            }
+            Poll::Ready(_) | Poll::Pending => return Err(read),
+        }
+    }
+}
+
+/// Whether reqwest's builder, through every method [`RequestBuilder`](crate::RequestBuilder)
+/// calls on it, builds a request without extensions; probed once a process, with `client`.
+fn builder_sets_no_extensions(client: &reqwest::Client) -> bool {
+    static NONE: OnceLock<bool> = OnceLock::new();
+    *NONE.get_or_init(|| {
+        let mut headers = http::HeaderMap::new();
+        headers.insert("x-two", http::HeaderValue::from_static("2"));
+        let built = client
+            .post("https://user:password@probe.invalid/v1/probe")
+            .header("x-one", "1")
+            .headers(headers)
+            .query(&[("expand", "customer")])
+            .json(&[42])
+            .form(&[("amount", 42)])
+            .body("{}")
+            .version(http::Version::HTTP_11)
+            .bearer_auth("token")
+            .basic_auth("user", Some("password"))
+            .build();
+        built.is_ok_and(carries_no_extensions)
+    })
+}
+
+/// Whether `request` carries no extensions (`reqwest::Request` shows them to nobody else).
+fn carries_no_extensions(request: reqwest::Request) -> bool {
+    http::Request::<reqwest::Body>::try_from(request)
+        .is_ok_and(|request| request.extensions().is_empty())
+}
+
 #[cfg(test)]
 mod tests {
+    use std::collections::VecDeque;
     use std::time::Duration;
 
     use http::{HeaderValue, Method, Version};
+    use hyper::body::Frame;
 
     use super::*;
 
@@ -146,7 +236,7 @@ mod tests {
                 let mut original = request(body());
                 *original.timeout_mut() = timeout;
                 let before = parts(&original.try_clone().expect("a buffered body clones"));
-                let copies = Copies::of_built(&mut original);
+                let copies = Copies::of_request(&mut original, true);
                 assert!(matches!(copies, Copies::Parts(_)));
                 assert_eq!(parts(&original), before);
                 for _ in 0..2 {
@@ -161,7 +251,7 @@ mod tests {
     fn a_stream_is_left_alone_and_never_copied() {
         let stream = futures_util::stream::iter([Ok::<_, std::io::Error>(Bytes::from("x"))]);
         let mut original = request(Some(reqwest::Body::wrap_stream(stream)));
-        let copies = Copies::of_built(&mut original);
+        let copies = Copies::of_request(&mut original, true);
         assert!(matches!(copies, Copies::Stream));
         assert!(copies.copy(&original).is_none());
         assert!(
@@ -196,5 +286,146 @@ mod tests {
             .expect("a request");
         let http = http::Request::<reqwest::Body>::try_from(built).expect("an http request");
         assert!(http.extensions().is_empty());
+    }
+
+    /// One step of a [`Scripted`] body.
+    enum Step {
+        /// The next this many bytes, as a data frame.
+        Data(usize),
+        Pending,
+        Fail,
+        Trailers,
+    }
+
+    /// A buffered body that polls as scripted, then yields what it still holds as one frame.
+    struct Scripted {
+        held: Vec<u8>,
+        steps: VecDeque<Step>,
+    }
+
+    impl Scripted {
+        fn new(held: &[u8], steps: impl IntoIterator<Item = Step>) -> Self {
+            Scripted {
+                held: held.to_vec(),
+                steps: steps.into_iter().collect(),
+            }
+        }
+    }
+
+    impl hyper::body::Body for Scripted {
+        type Data = Bytes;
+        type Error = std::io::Error;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+            let step = self.steps.pop_front();
+            match step {
+                Some(Step::Data(n)) => {
+                    let data: Vec<u8> = self.held.drain(..n).collect();
+                    Poll::Ready(Some(Ok(Frame::data(Bytes::from(data)))))
+                }
+                Some(Step::Pending) => Poll::Pending,
+                Some(Step::Fail) => Poll::Ready(Some(Err(std::io::Error::other("scripted")))),
+                Some(Step::Trailers) => {
+                    Poll::Ready(Some(Ok(Frame::trailers(http::HeaderMap::new()))))
+                }
+                None if self.held.is_empty() => Poll::Ready(None),
+                None => {
+                    let data = std::mem::take(&mut self.held);
+                    Poll::Ready(Some(Ok(Frame::data(Bytes::from(data)))))
+                }
+            }
+        }
+
+        fn is_end_stream(&self) -> bool {
+            self.held.is_empty() && self.steps.is_empty()
+        }
+    }
+
+    impl Buffered for Scripted {
+        fn bytes(&self) -> Option<&[u8]> {
+            Some(&self.held)
+        }
+    }
+
+    #[test]
+    fn a_body_that_is_pending_fails_or_has_trailers_falls_back_to_reqwests_copy() {
+        const BODY: &[u8] = b"{\"amount\":42}";
+        let scripts: [fn() -> Vec<Step>; 7] = [
+            || vec![Step::Pending],
+            || vec![Step::Fail],
+            || vec![Step::Trailers],
+            || vec![Step::Data(5), Step::Pending],
+            || vec![Step::Data(5), Step::Fail],
+            || vec![Step::Data(5), Step::Data(3), Step::Trailers],
+            || vec![Step::Data(0), Step::Data(7), Step::Pending],
+        ];
+        let expected = parts(&request(Some(reqwest::Body::from(BODY))));
+        for script in scripts {
+            let mut body = Scripted::new(BODY, script());
+            let (copies, rebuilt) = of_buffered(&mut body);
+            assert!(matches!(copies, Copies::Reqwest));
+            // The body in the request: the rebuilt one, or the scripted one as it was left.
+            let body = rebuilt.unwrap_or_else(|| reqwest::Body::from(body.held));
+            let original = request(Some(body));
+            assert_eq!(parts(&original), expected);
+            for _ in 0..2 {
+                let copy = copies.copy(&original).expect("a buffered body is copied");
+                assert_eq!(parts(&copy), expected);
+            }
+        }
+    }
+
+    #[test]
+    fn a_body_that_yields_its_bytes_in_ready_frames_is_shared() {
+        const BODY: &[u8] = b"{\"amount\":42}";
+        for script in [
+            vec![],
+            vec![Step::Data(5)],
+            vec![Step::Data(5), Step::Data(8)],
+        ] {
+            let mut body = Scripted::new(BODY, script);
+            let (copies, rebuilt) = of_buffered(&mut body);
+            let Copies::Parts(Some(bytes)) = copies else {
+                panic!("a well-behaved buffered body is copied from its parts");
+            };
+            assert_eq!(&bytes[..], BODY);
+            let rebuilt = rebuilt.expect("a body sharing the bytes");
+            assert_eq!(rebuilt.as_bytes(), Some(BODY));
+        }
+    }
+
+    #[derive(Clone, Debug, PartialEq)]
+    struct Marker(u32);
+
+    #[test]
+    fn a_request_carrying_an_extension_is_copied_by_reqwest_with_it() {
+        let mut built = http::Request::builder()
+            .method(Method::POST)
+            .uri("https://api.example.com/v1/charges")
+            .header("idempotency-key", "k-1")
+            .version(Version::HTTP_11)
+            .body(reqwest::Body::from("{\"amount\":42}"))
+            .expect("an http request");
+        built.extensions_mut().insert(Marker(7));
+        let mut original = reqwest::Request::try_from(built).expect("a reqwest request");
+        let probe = original.try_clone().expect("a buffered body clones");
+        assert!(!carries_no_extensions(probe));
+        let before = parts(&original);
+        let copies = Copies::of_request(&mut original, false);
+        assert!(matches!(copies, Copies::Reqwest));
+        assert_eq!(parts(&original), before);
+        let copy = copies.copy(&original).expect("a buffered body is copied");
+        assert_eq!(parts(&copy), before);
+        let copy = http::Request::<reqwest::Body>::try_from(copy).expect("an http request");
+        assert_eq!(copy.extensions().get::<Marker>(), Some(&Marker(7)));
+    }
+
+    /// The probe the fast path stands on finds no extensions in this reqwest.
+    #[test]
+    fn the_probe_finds_reqwests_builder_setting_no_extensions() {
+        assert!(builder_sets_no_extensions(&reqwest::Client::new()));
     }
 }

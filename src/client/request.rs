@@ -290,7 +290,7 @@ impl RequestBuilder {
     /// error, outcome unknown; the rest of a longer body is the caller's, as above.
     pub async fn send(self) -> Result<reqwest::Response, Error> {
         let (client, mut request, overrides) = self.into_parts()?;
-        let copies = Copies::of_built(&mut request);
+        let copies = Copies::of_built(&mut request, &client.http);
         execute(&client, request, overrides, copies).await
     }
 

@@ -48,6 +48,8 @@ pub(super) struct Attempts<'s> {
     attempt_timeout: Duration,
     state: OperationState,
     report: RetryReport,
+    /// Whether the key was minted at random for this operation (not the caller's).
+    minted_key: bool,
     /// Whether the operation may have run, when no ledger run keeps it.
     exposure: Exposure,
     ledger: Option<&'s LedgerRun>,
@@ -90,6 +92,7 @@ impl<'s> Attempts<'s> {
                 replayable: true,
             },
             report: RetryReport::new(key),
+            minted_key: settled.minted_key,
             exposure: Exposure::default(),
             ledger,
             budget_tab: BudgetTab::new(settings.budget.as_ref()),
@@ -422,7 +425,12 @@ impl<'s> Attempts<'s> {
     fn finish_with_response<R: RetryResponse>(mut self, mut response: R, attempts: u32) -> R {
         self.budget_tab.settle_success();
         metrics::budget_tokens(self.settings.budget.as_ref());
-        log_final(response.status(), self.report.idempotency_key(), attempts);
+        log_final(
+            response.status(),
+            self.report.idempotency_key(),
+            self.minted_key,
+            attempts,
+        );
         response.extensions_mut().insert(self.report);
         response
     }
@@ -507,23 +515,37 @@ fn stop_error(
     }
 }
 
-/// Logs the final response; a 422 on a keyed request (the key reused with another payload, a
-/// client bug) at error level, with the key on the event itself so warn/error filters keep it.
-fn log_final(status: StatusCode, key: Option<&IdempotencyKey>, attempts: u32) {
-    if let Some(key) = key
-        && status == StatusCode::UNPROCESSABLE_ENTITY
-    {
-        tracing::error!(
-            key = key.as_str(),
-            attempt = attempts,
-            status = status.as_u16(),
-            "422 on a keyed request: the key was reused with a different payload"
-        );
-    } else {
-        tracing::debug!(
-            attempt = attempts,
-            status = status.as_u16(),
-            "final response"
-        );
+/// Logs the final response. A 422 on a request with the caller's key (the key reused with
+/// another payload, a client bug) is logged at error level; with a key `minted` for this
+/// operation, which no other request can have carried, it is the server rejecting the request
+/// itself, at warn level. Either way the key is on the event itself so warn/error filters keep
+/// it.
+fn log_final(status: StatusCode, key: Option<&IdempotencyKey>, minted: bool, attempts: u32) {
+    match key {
+        Some(key) if status == StatusCode::UNPROCESSABLE_ENTITY && !minted => {
+            tracing::error!(
+                key = key.as_str(),
+                attempt = attempts,
+                status = status.as_u16(),
+                "422 on a keyed request: the key was reused with a different payload"
+            );
+        }
+        Some(key) if status == StatusCode::UNPROCESSABLE_ENTITY => {
+            tracing::warn!(
+                key = key.as_str(),
+                attempt = attempts,
+                status = status.as_u16(),
+                "422 on a request with an automatic key: the server rejected the request (not \
+                 key reuse: the key was minted for this operation); check the payload against \
+                 the API"
+            );
+        }
+        _ => {
+            tracing::debug!(
+                attempt = attempts,
+                status = status.as_u16(),
+                "final response"
+            );
+        }
     }
 }

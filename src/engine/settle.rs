@@ -21,6 +21,9 @@ pub(super) struct Settled {
     pub(super) method: Method,
     pub(super) policy: RetryPolicy,
     pub(super) key: Option<IdempotencyKey>,
+    /// Whether `key` was minted at random for this operation (no key given, derived or in the
+    /// header): no other request can have been sent with it.
+    pub(super) minted_key: bool,
     pub(super) attempt_timeout: Duration,
     pub(super) scope: Option<String>,
     /// The operation's `idempotent_request` span, opened once the key is settled: every
@@ -50,7 +53,7 @@ pub(super) fn settle<Q: RetryRequest>(
         return Err(Error::builder("the request's timeout must be positive"));
     }
     let method = request.method().clone();
-    let key = attach_key(
+    let (key, minted_key) = attach_key(
         request.headers_mut(),
         &method,
         &settings.key_header,
@@ -62,6 +65,7 @@ pub(super) fn settle<Q: RetryRequest>(
         method,
         policy,
         key,
+        minted_key,
         attempt_timeout: overrides.timeout.unwrap_or(policy.attempt_timeout()),
         scope: overrides.scope,
         span,
@@ -69,14 +73,14 @@ pub(super) fn settle<Q: RetryRequest>(
 }
 
 /// Settles the operation's key and puts it in the request's headers (one lookup of the
-/// header, whether it is there or not).
+/// header, whether it is there or not); `true` with a key minted here at random.
 fn attach_key(
     headers: &mut HeaderMap,
     method: &Method,
     header: &HeaderName,
     explicit: Option<IdempotencyKey>,
     auto_key: bool,
-) -> Result<Option<IdempotencyKey>, Error> {
+) -> Result<(Option<IdempotencyKey>, bool), Error> {
     let slot = match headers.entry(header) {
         Entry::Occupied(values) => {
             // A key the caller put in the header stays exactly as given (its bytes are the
@@ -95,17 +99,17 @@ fn attach_key(
                 Some(explicit) if explicit != in_header => Err(Error::builder(format!(
                     "two different idempotency keys: one given, another in the {header} header"
                 ))),
-                _ => Ok(Some(in_header)),
+                _ => Ok((Some(in_header), false)),
             };
         }
         Entry::Vacant(slot) => slot,
     };
     // Only a key from elsewhere is written in.
-    let key = match explicit {
-        Some(key) => key,
-        None if auto_key && !is_idempotent_method(method) => IdempotencyKey::random(),
-        None => return Ok(None),
+    let (key, minted) = match explicit {
+        Some(key) => (key, false),
+        None if auto_key && !is_idempotent_method(method) => (IdempotencyKey::random(), true),
+        None => return Ok((None, false)),
     };
     slot.insert(key.to_header_value());
-    Ok(Some(key))
+    Ok((Some(key), minted))
 }
