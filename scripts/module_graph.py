@@ -137,10 +137,12 @@ class Crate:
         self.files, self.text, self.spans, test_only = {}, {}, {}, set()
         for f in sorted(src.rglob("*.rs")):
             rel = f.relative_to(src)
-            if rel.parts[0] == "bin" or rel.as_posix() == "main.rs":
+            # A binary's main.rs is its crate root when there is no library beside it.
+            if rel.parts[0] == "bin" or (rel.as_posix() == "main.rs" and (src / "lib.rs").exists()):
                 continue
             parts = list(rel.with_suffix("").parts)
-            mod = ("crate", *parts[:-1]) + (() if parts[-1] in ("lib", "mod") else (parts[-1],))
+            root_names = ("lib", "mod", "main") if len(parts) == 1 else ("lib", "mod")
+            mod = ("crate", *parts[:-1]) + (() if parts[-1] in root_names else (parts[-1],))
             self.files[mod] = f"src/{rel.as_posix()}"
             t, tests = drop_test_items(strip(f.read_text(encoding="utf-8")))
             test_only |= {mod + (name,) for name in tests}
@@ -228,6 +230,34 @@ def analyse(root):
     return crate, edges, structural, plain, circles(crate.files.values(), plain)
 
 
+def workspace(root):
+    """Each crate's module graph, and the crate graph (normal dependencies between the
+    workspace's crates): one count line per crate, the crate arrows, exit 1 on any circle."""
+    import json
+    import subprocess
+    meta = json.loads(subprocess.run(
+        ["cargo", "metadata", "--no-deps", "--format-version", "1"],
+        cwd=root, check=True, capture_output=True, text=True).stdout)
+    members = {p["name"]: p for p in meta["packages"]}
+    arrows = {(name, d["name"]) for name, p in members.items() for d in p["dependencies"]
+              if d["name"] in members and d["kind"] is None}
+    status = 0
+    for name in sorted(members):
+        crate_root = Path(members[name]["manifest_path"]).parent
+        crate, _, _, plain, comps = analyse(crate_root)
+        for k, comp in enumerate(comps, 1):
+            print(f"{name}: circle {k} ({len(comp)} modules): {', '.join(comp)}")
+        print(f"{name}: {len(comps)} circles among {len(crate.files)} modules, {len(plain)} arrows")
+        status |= 1 if comps else 0
+    for a, b in sorted(arrows):
+        print(f"crate {a} -> {b}")
+    crate_circles = circles(members, arrows)
+    for comp in crate_circles:
+        print(f"crate circle: {', '.join(comp)}")
+    print(f"{len(crate_circles)} circles among {len(members)} crates, {len(arrows)} arrows")
+    return 1 if status or crate_circles else status
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--root", default=Path(__file__).resolve().parent.parent,
@@ -235,9 +265,13 @@ def main(argv=None):
     ap.add_argument("--edges", action="store_true", help="print every arrow")
     ap.add_argument("--dot", action="store_true", help="print Graphviz")
     ap.add_argument("--self-test", action="store_true", help="run the built-in cases")
+    ap.add_argument("--workspace", action="store_true",
+                    help="every crate of the cargo workspace, and the graph of the crates")
     args = ap.parse_args(argv)
     if args.self_test:
         return self_test()
+    if args.workspace:
+        return workspace(Path(args.root))
     if not (Path(args.root) / "src").is_dir():
         ap.error(f"no src/ under {args.root}")
     crate, edges, structural, plain, comps = analyse(args.root)
