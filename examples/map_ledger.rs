@@ -1,24 +1,24 @@
-//! A `Ledger` of your own: operations kept in a `Mutex<HashMap>`, written with the crate's
-//! public API only, as it would be outside the crate, then proved and used.
+//! A `Ledger` of your own over a key-value store with conditional writes (the shape of
+//! DynamoDB's conditional put, etcd's compare-and-swap or Redis `WATCH`), written with the
+//! crate's public API only, as it would be outside the crate, then proved and used.
 //!
-//! Run it with `cargo run --example map_ledger --features testkit`. It
+//! Run it with `cargo run --example map_ledger`. It
 //!
-//! 1. runs the crate's ledger conformance suite on it (the process exits non-zero if any case
-//!    fails, with the report on stderr);
+//! 1. runs the ledger conformance suite of `idempotent-retry-testkit` on it (the process exits
+//!    non-zero if any case fails, with the report on stderr);
 //! 2. sends one keyed POST through a `Client` with it, against the testkit's loopback
 //!    receiver, where the first attempt's answer is lost after the charge committed: the
 //!    retry with the same key is answered without a second charge;
 //! 3. sends the same operation again (a redelivered job): it is answered from the ledger,
 //!    and nothing is sent.
 //!
-//! It implements the reconciling methods too (`claim_unresolved`, `resolve`, `list`), so a
-//! `Reconciler`, `Client::reconcile_unresolved` and the operators' command work on it; a ledger
-//! that leaves them to the trait's provided methods still compiles, and answers unresolved
-//! rows past their window with `ReconcileWindow` as before.
-//!
-//! A store with real durability (a database, a key-value service) follows the same shape:
-//! the claim's check-and-write in one conditional write (an `INSERT ... ON CONFLICT`, a
-//! conditional put), the holder checks in the update's condition.
+//! The ledger is the storage and nothing else: every rule is the contract's own
+//! ([`Claim::may_take_over`] and [`Claim::take_over`], [`AttemptUpdate::apply`],
+//! [`Finish::apply`], [`ReconcileClaim::may_take`] and [`ReconcileClaim::hold`],
+//! [`Resolve::apply`], [`ListFilter::apply`]), applied to a copy of the row that is written
+//! back only if nobody wrote it in between. A lost race reads the row again and decides
+//! again, so two workers' claims of one key acquire it once. The trait has no optional
+//! method: a ledger that leaves out reconciling or listing does not compile.
 
 use std::collections::HashMap;
 use std::error::Error as StdError;
@@ -27,198 +27,163 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
 
 use idempotent_retry::ledger::{
-    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerErrorKind, LedgerFuture,
-    ListFilter, OperationRecord, OperationStatus, ReconcileClaim, Resolve,
+    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, ListFilter,
+    OperationRecord, OperationStatus, ReconcileClaim, Resolve,
 };
 use idempotent_retry::{Client, RetryReport};
 use idempotent_retry_testkit::{self as testkit, Fault, Receiver, RecordingSleeper, When};
 
-/// Operations in process memory, one row per idempotency key. Clones share the rows.
+/// A stand-in for a key-value service: each value has a version, and a write names the
+/// version it read (`None`: the key must be absent), failing if another write came first.
+#[derive(Debug, Default)]
+struct Store {
+    items: Mutex<HashMap<String, (u64, OperationRecord)>>,
+}
+
+impl Store {
+    fn items(&self) -> MutexGuard<'_, HashMap<String, (u64, OperationRecord)>> {
+        self.items.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn read(&self, key: &str) -> Option<(u64, OperationRecord)> {
+        self.items().get(key).cloned()
+    }
+
+    /// Writes `row` if the key is still at version `read`; whether it was.
+    fn put_if(&self, read: Option<u64>, row: OperationRecord) -> bool {
+        let mut items = self.items();
+        let now = items.get(&row.key).map(|(version, _)| *version);
+        if now != read {
+            return false;
+        }
+        let next = now.map_or(1, |v| v + 1);
+        items.insert(row.key.clone(), (next, row));
+        true
+    }
+}
+
+/// Operations in the [`Store`], one item per idempotency key. Clones share the store.
 #[derive(Debug, Clone, Default)]
 struct MapLedger {
-    rows: Arc<Mutex<HashMap<String, OperationRecord>>>,
+    store: Arc<Store>,
 }
 
 impl MapLedger {
-    fn rows(&self) -> MutexGuard<'_, HashMap<String, OperationRecord>> {
-        // Every change below is made on a clone and stored in one assignment, so a panic while
-        // the lock is held leaves no half-written row: a poisoned map is still consistent.
-        self.rows.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The claim: check and write under one lock, so concurrent claims of a key cannot both
-    /// acquire it.
-    fn claim_now(&self, claim: &Claim) -> Result<Claimed, LedgerError> {
-        let mut rows = self.rows();
-        let Some(row) = rows.get(&claim.key) else {
-            let mut builder = OperationRecord::builder(
-                &claim.key,
-                &claim.fingerprint,
-                claim.now,
-                claim.expires_at,
-            )
-            .scope(&claim.scope)
-            .lease(&claim.owner, claim.lease_until);
-            if let (Some(method), Some(url)) = (&claim.method, &claim.url) {
-                builder = builder.request(method, url);
+    /// Reads the row, lets `decide` change a copy of it (or leave it), and writes it back
+    /// if nobody wrote in between; reads and decides again otherwise.
+    fn update<T>(
+        &self,
+        key: &str,
+        mut decide: impl FnMut(Option<&mut OperationRecord>) -> Result<(T, bool), LedgerError>,
+    ) -> Result<T, LedgerError> {
+        loop {
+            let read = self.store.read(key);
+            let version = read.as_ref().map(|(v, _)| *v);
+            let mut row = read.map(|(_, row)| row);
+            let (answer, write) = decide(row.as_mut())?;
+            match row {
+                Some(row) if write => {
+                    if self.store.put_if(version, row) {
+                        return Ok(answer);
+                    }
+                }
+                _ => return Ok(answer),
             }
-            let record = builder.build()?;
-            rows.insert(claim.key.clone(), record.clone());
-            return Ok(Claimed::New(record));
-        };
-        if !claim.may_take_over(row) {
-            return Ok(Claimed::Existing(row.clone()));
         }
-        // The window start, the attempts and the retention stay; the response goes. A row no
-        // receiver saw becomes the claim's request, in a new window.
-        let previous = row.status;
-        let mut record = row.clone();
-        if previous == OperationStatus::NotSent {
-            record.scope.clone_from(&claim.scope);
-            record.fingerprint.clone_from(&claim.fingerprint);
-            record.method.clone_from(&claim.method);
-            record.url.clone_from(&claim.url);
-            record.first_attempt_at = claim.now;
-            record.expires_at = record.expires_at.max(claim.expires_at);
-        }
-        record.status = OperationStatus::InFlight;
-        record.lease_owner = Some(claim.owner.clone());
-        record.lease_expires_at = Some(claim.lease_until);
-        record.response = None;
-        rows.insert(claim.key.clone(), record.clone());
-        Ok(Claimed::TakenOver { record, previous })
     }
 
-    /// Changes the row `key` if `owner` holds its lease; refuses with `LeaseLost` otherwise.
+    /// A holder's write: the rule's `apply` on the row, refused when there is none.
     fn as_holder(
         &self,
         key: &str,
-        owner: &str,
-        change: impl FnOnce(&mut OperationRecord),
+        apply: impl Fn(&mut OperationRecord) -> Result<(), LedgerError>,
     ) -> Result<(), LedgerError> {
-        let mut rows = self.rows();
-        match rows.get(key) {
-            Some(row)
-                if row.status == OperationStatus::InFlight
-                    && row.lease_owner.as_deref() == Some(owner) =>
-            {
-                let mut row = row.clone();
-                change(&mut row);
-                rows.insert(key.to_owned(), row);
-                Ok(())
-            }
-            _ => Err(LedgerError::new(
-                LedgerErrorKind::LeaseLost,
-                format!("operation {key} is not held by {owner}"),
-            )),
-        }
+        self.update(key, |row| match row {
+            Some(row) => apply(row).map(|()| ((), true)),
+            None => Err(LedgerError::lease_lost(key)),
+        })
     }
 }
 
 impl Ledger for MapLedger {
     fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
-        Box::pin(std::future::ready(self.claim_now(claim)))
+        let claimed = loop {
+            let Some((version, mut row)) = self.store.read(&claim.key) else {
+                if self.store.put_if(None, claim.new_row()) {
+                    break Claimed::New(claim.new_row());
+                }
+                continue;
+            };
+            if !claim.may_take_over(&row) {
+                break Claimed::Existing(row);
+            }
+            let previous = claim.take_over(&mut row);
+            if self.store.put_if(Some(version), row.clone()) {
+                break Claimed::TakenOver {
+                    record: row,
+                    previous,
+                };
+            }
+        };
+        Box::pin(std::future::ready(Ok(claimed)))
     }
 
     fn record_attempt<'a>(&'a self, update: &'a AttemptUpdate) -> LedgerFuture<'a, ()> {
-        let result = self.as_holder(&update.key, &update.owner, |row| {
-            row.attempts = row.attempts.saturating_add(1);
-            row.last_attempt_at = Some(update.at);
-            row.lease_expires_at = Some(update.lease_until);
-        });
-        Box::pin(std::future::ready(result))
+        let written = self.as_holder(&update.key, |row| update.apply(row));
+        Box::pin(std::future::ready(written))
     }
 
     fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
-        let result = self.as_holder(&finish.key, &finish.owner, |row| {
-            row.status = finish.status;
-            row.response = finish.response.clone();
-            row.lease_owner = None;
-            row.lease_expires_at = None;
-            if let Some(at) = finish.last_attempt_at {
-                row.attempts = row.attempts.saturating_add(1);
-                row.last_attempt_at = Some(at);
-            }
-        });
-        Box::pin(std::future::ready(result))
+        let written = self.as_holder(&finish.key, |row| finish.apply(row));
+        Box::pin(std::future::ready(written))
     }
 
     fn get<'a>(&'a self, key: &'a str) -> LedgerFuture<'a, Option<OperationRecord>> {
-        Box::pin(std::future::ready(Ok(self.rows().get(key).cloned())))
+        let row = self.store.read(key).map(|(_, row)| row);
+        Box::pin(std::future::ready(Ok(row)))
     }
 
     fn purge_batch(&self, now: SystemTime, limit: u32) -> LedgerFuture<'_, u64> {
-        let mut rows = self.rows();
-        let expired: Vec<String> = rows
+        let mut items = self.store.items();
+        let doomed: Vec<String> = items
             .values()
-            .filter(|row| row.expires_at <= now)
-            .map(|row| row.key.clone())
+            .filter(|(_, row)| row.expires_at <= now)
             .take(usize::try_from(limit).unwrap_or(usize::MAX))
+            .map(|(_, row)| row.key.clone())
             .collect();
-        for key in &expired {
-            rows.remove(key);
+        for key in &doomed {
+            items.remove(key);
         }
-        let deleted = u64::try_from(expired.len()).unwrap_or(u64::MAX);
-        Box::pin(std::future::ready(Ok(deleted)))
+        Box::pin(std::future::ready(Ok(doomed.len() as u64)))
     }
 
     fn claim_unresolved<'a>(
         &'a self,
         claim: &'a ReconcileClaim,
     ) -> LedgerFuture<'a, Option<Claimed>> {
-        let mut rows = self.rows();
-        let claimed = rows.get_mut(&claim.key).map(|row| {
-            if !claim.may_take(row) {
-                return Claimed::Existing(row.clone());
-            }
-            let previous = row.status;
-            row.status = OperationStatus::InFlight;
-            row.lease_owner = Some(claim.owner.clone());
-            row.lease_expires_at = Some(claim.lease_until);
-            Claimed::TakenOver {
-                record: row.clone(),
-                previous,
-            }
+        let held = self.update(&claim.key, |row| {
+            Ok(match row {
+                None => (None, false),
+                Some(row) if !claim.may_take(row) => (Some(Claimed::Existing(row.clone())), false),
+                Some(row) => {
+                    let previous = claim.hold(row);
+                    let record = row.clone();
+                    (Some(Claimed::TakenOver { record, previous }), true)
+                }
+            })
         });
-        Box::pin(std::future::ready(Ok(claimed)))
+        Box::pin(std::future::ready(held))
     }
 
     fn resolve<'a>(&'a self, resolve: &'a Resolve) -> LedgerFuture<'a, ()> {
-        let result = self.as_holder(&resolve.key, &resolve.owner, |row| {
-            row.status = resolve.status;
-            row.response = resolve.response.clone();
-            row.lease_owner = None;
-            row.lease_expires_at = None;
-            if let Some(from) = resolve.window_from {
-                row.first_attempt_at = from;
-            }
-            if let Some(keep) = resolve.keep_until {
-                row.expires_at = row.expires_at.max(keep);
-            }
-            if let Some(note) = &resolve.note {
-                row.resolution = Some(note.clone());
-            }
-        });
-        Box::pin(std::future::ready(result))
+        let written = self.as_holder(&resolve.key, |row| resolve.apply(row));
+        Box::pin(std::future::ready(written))
     }
 
     fn list<'a>(&'a self, filter: &'a ListFilter) -> LedgerFuture<'a, Vec<OperationRecord>> {
-        if filter.limit == 0 {
-            let refused = LedgerError::new(
-                LedgerErrorKind::InvalidInput,
-                "list limit must be at least 1",
-            );
-            return Box::pin(std::future::ready(Err(refused)));
-        }
-        let mut rows: Vec<OperationRecord> = self
-            .rows()
-            .values()
-            .filter(|row| filter.selects(row))
-            .cloned()
-            .collect();
-        rows.sort_by(|a, b| (a.first_attempt_at, &a.key).cmp(&(b.first_attempt_at, &b.key)));
-        rows.truncate(usize::try_from(filter.limit).unwrap_or(usize::MAX));
-        Box::pin(std::future::ready(Ok(rows)))
+        let items = self.store.items();
+        let listed = filter.apply(items.values().map(|(_, row)| row));
+        Box::pin(std::future::ready(listed))
     }
 }
 

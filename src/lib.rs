@@ -73,8 +73,9 @@
 //! | a redirect chain longer than the [`RedirectPolicy`] allows | no: [`ErrorKind::TooManyRedirects`] | **unknown** |
 //! | `Stripe-Should-Retry` / `x-should-retry` `true` or `false` | the hint wins over the status | |
 //!
-//! A 422 on a keyed request (the key was reused with a different payload) is final and is also
-//! logged at error level. The rules:
+//! A 422 on a keyed request is final. Under a key the caller gave or derived it is logged at
+//! error level (the key was reused with a different payload); under a key the crate minted for
+//! the operation, at warn, as a rejected request. The rules:
 //!
 //! - **Keys.** `GET`, `HEAD`, `OPTIONS`, `PUT`, `DELETE` and `TRACE` are idempotent by
 //!   definition (RFC 9110 §9.2.2): they are retried without a key and get one only if given.
@@ -220,7 +221,7 @@
 //! ([`ClientBuilder::reconciler`], [`ClientBuilder::reconciler_for_scope`]), on demand
 //! ([`Client::reconcile`]), and in sweeps of unresolved rows
 //! ([`Client::reconcile_unresolved`]). Operators settle rows by hand with
-//! [`resolve_by_hand`](crate::reconcile::resolve_by_hand), or with the `idempotent-retry-ledger` command (feature `cli`); the
+//! [`resolve_by_hand`](crate::reconcile::resolve_by_hand), or with the `idempotent-retry-ledger` command (crate `idempotent-retry-cli`); the
 //! README's "After outcome unknown" says what to do when.
 //!
 //! # Testing
@@ -259,7 +260,7 @@
 //!
 //! Between two attempts, the operation span gets an `info` event "attempt failed, retrying with
 //! the same key" (`attempt`, `outcome`, `status`, `delay_ms`, `why`): the wait and its reason.
-//! A failed operation ends with a `warn` event and a 422 on a keyed request with an `error`
+//! A failed operation ends with a `warn` event and a 422 under a caller's key with an `error`
 //! event, both naming the key. Bodies and headers other than the key are never logged. For
 //! code that reacts to events, an [`Observer`] ([`ClientBuilder::observer`], or a closure:
 //! [`ClientBuilder::on_attempt`], [`ClientBuilder::on_operation`]) hears every attempt, every
@@ -299,8 +300,6 @@
 //! | `postgres-rustls` | `postgres` with TLS through rustls and the aws-lc-rs provider, trusting the CAs in a PEM file (`PostgresLedgerBuilder::tls_ca_file`) |
 //! | `opentelemetry` | trace context on the wire: each request carries its own CLIENT span's `traceparent` ([traces](#traces)); needs a `tracing-opentelemetry` layer (0.34, OpenTelemetry 0.33) in the subscriber |
 //! | `metrics` | [metrics](#metrics) through the `metrics` facade (0.24) |
-//! | `cli` | the `idempotent-retry-ledger` command: `list`, `show`, `resolve`, `purge` and `duplicates` over an SQLite ledger file, or a PostgreSQL one with `postgres` too (`--help` has the options and exit statuses) |
-//! | `testkit` | `idempotent-retry-testkit`: the loopback receiver with fault scripting and a side-effect recorder, deterministic helpers and the ledger conformance suite, for tests |
 //!
 //! (`internals` is for the crate's own benches and fuzz targets, outside semver: leave it off.)
 //!
@@ -316,8 +315,7 @@
 )]
 // docs.rs builds with `--cfg docsrs` on nightly, where `doc(cfg(..))` below needs the feature.
 #![cfg_attr(docsrs, feature(doc_cfg))]
-// The docs name the optional front ends and the testkit; built without their features, those
-// links dangle.
+// The docs name the optional front ends; built without their features, those links dangle.
 #![cfg_attr(
     not(all(feature = "tower", feature = "middleware")),
     allow(rustdoc::broken_intra_doc_links)
@@ -333,6 +331,7 @@ mod decide;
 mod engine;
 mod error;
 mod exchange;
+mod exposure;
 mod extension;
 mod fingerprint;
 mod held;
@@ -346,7 +345,6 @@ pub mod ledger;
 mod middleware;
 pub mod observe;
 mod operation_outcome;
-mod outcome;
 mod policy;
 mod readable;
 pub mod reconcile;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use idempotent_retry::retry_after;
 use idempotent_retry::time::{Clock, Sleeper};
 use idempotent_retry_testkit::{
-    self as testkit, Compensation, Delivery, Fault, ForgetError, KeyStatus, Outcome,
+    self as testkit, Compensation, Delivery, Fault, ForgetError, Handling, KeyStatus,
     REPLAYED_HEADER, Receiver, RecordingSleeper, Reply, Violation, When,
 };
 use serde_json::{Value, json};
@@ -78,17 +78,17 @@ async fn a_completed_key_replays_its_saved_response_without_a_new_effect() {
         record.response.map(|r| r.body),
         Some(saved.clone().into_bytes())
     );
-    let outcomes: Vec<Outcome> = receiver.log().into_iter().map(|a| a.outcome).collect();
+    let outcomes: Vec<Handling> = receiver.log().into_iter().map(|a| a.outcome).collect();
     assert_eq!(
         outcomes,
         [
-            Outcome::Ran {
+            Handling::Ran {
                 status: 200,
                 effects: 1
             },
-            Outcome::Replayed { status: 200 },
-            Outcome::Replayed { status: 200 },
-            Outcome::Replayed { status: 200 },
+            Handling::Replayed { status: 200 },
+            Handling::Replayed { status: 200 },
+            Handling::Replayed { status: 200 },
         ]
     );
 }
@@ -130,7 +130,7 @@ async fn the_same_key_with_another_body_is_422_and_json_spelling_does_not_matter
     .expect("other path");
     assert_eq!(other_path.status(), 422);
     assert_eq!(receiver.effects(), 1);
-    assert_eq!(receiver.log()[2].outcome, Outcome::Mismatch);
+    assert_eq!(receiver.log()[2].outcome, Handling::Mismatch);
 }
 
 /// The future a [`gated`] handler returns.
@@ -190,7 +190,7 @@ async fn a_duplicate_during_the_first_run_gets_409_then_the_saved_response() {
     let after = post(&http(), &url, Some("k"), &body).await.expect("after");
     assert_eq!(status_and_body(after).await, (200, first_body));
     assert_eq!(receiver.effects_for("k"), 1);
-    assert_eq!(receiver.log()[1].outcome, Outcome::InProgress);
+    assert_eq!(receiver.log()[1].outcome, Handling::InProgress);
 }
 
 #[tokio::test]
@@ -344,7 +344,7 @@ async fn faults_scripted_by_request_number_and_by_key_attempt() {
         [1, 1, 2, 1, 3]
     );
     assert_eq!(log[0].fault, Some(Fault::status(503)));
-    assert_eq!(log[0].outcome, Outcome::Faulted);
+    assert_eq!(log[0].outcome, Handling::Faulted);
     assert_eq!(receiver.effects(), 2);
 }
 
@@ -489,7 +489,7 @@ async fn batches_are_deduplicated_per_event() {
     }
     assert_eq!(
         receiver.log()[1].outcome,
-        Outcome::Batch {
+        Handling::Batch {
             processed: 2,
             duplicates: 3
         }

@@ -26,10 +26,10 @@ use crate::classify::FailureKind;
 use crate::decide::{Decision, Observed, OperationState, Stop, decide, is_idempotent_method};
 use crate::error::{Error, ErrorKind};
 use crate::exchange::{RetryRequest, RetryResponse};
+use crate::exposure::Exposure;
 use crate::key::IdempotencyKey;
 use crate::ledger::{LedgerError, LedgerRun};
 use crate::observe::{AttemptEvent, RetryRefusedEvent};
-use crate::outcome::Exposure;
 use crate::policy::RetryPolicy;
 use crate::report::{AttemptRecord, RetryReport, Wait};
 use crate::settings::{Jitter, Settings};
@@ -59,7 +59,7 @@ pub(super) struct Attempts<'s> {
 }
 
 /// What the engine keeps of one attempt's result until it has decided.
-struct Outcome<R> {
+struct Attempted<R> {
     result: Result<R, (FailureKind, BoxError)>,
     status: Option<StatusCode>,
 }
@@ -207,7 +207,7 @@ impl<'s> Attempts<'s> {
                             return Err(err);
                         }
                     };
-                    Outcome {
+                    Attempted {
                         status: result.as_ref().ok().map(RetryResponse::status),
                         result,
                     }
@@ -273,7 +273,7 @@ impl<'s> Attempts<'s> {
     }
 
     /// Feeds the attempt's outcome to the pure decision.
-    fn decide<R: RetryResponse>(&self, outcome: &Outcome<R>, decided_at: Instant) -> Decision {
+    fn decide<R: RetryResponse>(&self, outcome: &Attempted<R>, decided_at: Instant) -> Decision {
         let observed = match &outcome.result {
             Ok(response) => Observed::Response {
                 status: response.status(),
@@ -361,7 +361,7 @@ impl<'s> Attempts<'s> {
         mut self,
         number: u32,
         started: Duration,
-        outcome: Outcome<R>,
+        outcome: Attempted<R>,
         source: LedgerError,
     ) -> Error {
         let failure = outcome.result.as_ref().err().map(|(kind, _)| *kind);
@@ -440,7 +440,7 @@ impl<'s> Attempts<'s> {
         self,
         stop: Stop,
         kind: Option<FailureKind>,
-        outcome: Outcome<R>,
+        outcome: Attempted<R>,
         number: u32,
     ) -> Error {
         let err = stop_error(

@@ -20,10 +20,10 @@ use super::{
 use crate::classify::FailureKind;
 use crate::error::{Error, ErrorKind};
 use crate::exchange::RetryResponse;
+use crate::exposure::Exposure;
 use crate::fingerprint::RequestFingerprint;
 use crate::held::HeldOperation;
 use crate::key::IdempotencyKey;
-use crate::outcome::Exposure;
 use crate::readable::{duration as human, rfc3339};
 use crate::reconcile::{self, Context, Reconciled, Reconcilers};
 use crate::report::RetryReport;

@@ -57,7 +57,7 @@ pub(super) struct NewRow {
 
 /// An operation's outcome, as the lease holder writes it.
 #[derive(Debug)]
-pub(super) struct Outcome {
+pub(super) struct BatchAnswer {
     pub(super) key: String,
     pub(super) owner: String,
     pub(super) status: &'static str,
@@ -75,7 +75,7 @@ enum Job {
     /// Whether the row was inserted (`false`: the key had one).
     Insert(NewRow, Reply<bool>),
     /// Whether the row changed (`false`: the lease was lost).
-    Finish(Outcome, Reply<bool>),
+    Finish(BatchAnswer, Reply<bool>),
 }
 
 impl Job {
@@ -120,7 +120,7 @@ impl Group {
     }
 
     /// Writes an outcome in the next batch: whether the lease holder's row changed.
-    pub(super) async fn finish(&self, outcome: Outcome) -> Result<bool, LedgerError> {
+    pub(super) async fn finish(&self, outcome: BatchAnswer) -> Result<bool, LedgerError> {
         let (reply, answer) = oneshot::channel();
         if let Err(job) = self.queue(Job::Finish(outcome, reply))
             && let Job::Finish(outcome, _) = *job
@@ -310,7 +310,7 @@ enum Together {
 async fn together(
     pool: &Pool,
     inserts: &[(NewRow, Reply<bool>)],
-    finishes: &[(Outcome, Reply<bool>)],
+    finishes: &[(BatchAnswer, Reply<bool>)],
 ) -> Result<(Vec<String>, Vec<String>), Together> {
     let client = pool.get().await.map_err(|err| {
         let err = Arc::new(err);
@@ -470,7 +470,7 @@ async fn insert_alone(pool: &Pool, row: &NewRow) -> Result<bool, LedgerError> {
 }
 
 /// One outcome, as its own statement: whether the lease holder's row changed.
-async fn finish_alone(pool: &Pool, outcome: &Outcome) -> Result<bool, LedgerError> {
+async fn finish_alone(pool: &Pool, outcome: &BatchAnswer) -> Result<bool, LedgerError> {
     let what = "cannot record the outcome";
     let client = pool.get().await.map_err(pool_failure)?;
     let statement = client
@@ -515,8 +515,8 @@ mod tests {
         }
     }
 
-    fn outcome(key: &str, owner: &str) -> Outcome {
-        Outcome {
+    fn outcome(key: &str, owner: &str) -> BatchAnswer {
+        BatchAnswer {
             key: key.to_owned(),
             owner: owner.to_owned(),
             status: "succeeded",

@@ -38,7 +38,7 @@ use tokio_postgres::types::ToSql;
 
 pub use builder::PostgresLedgerBuilder;
 use failure::database;
-use group::{Group, NewRow, Outcome};
+use group::{BatchAnswer, Group, NewRow};
 use row::read_row;
 
 use idempotent_retry_ledger::sql::{as_stored, response_columns};
@@ -320,7 +320,7 @@ impl Ledger for PostgresLedger {
             let (status, headers, body) = response_columns(finish.response.as_ref());
             let changed = self
                 .group
-                .finish(Outcome {
+                .finish(BatchAnswer {
                     key: finish.key.clone(),
                     owner: finish.owner.clone(),
                     status: finish.status.as_str(),

@@ -20,9 +20,9 @@ use idempotent_retry_ledger::{
 };
 
 /// What one case found: `Err` says what differed.
-type Outcome = Result<(), String>;
+type Verdict = Result<(), String>;
 
-type Case = fn(Arc<dyn Ledger>) -> Pin<Box<dyn Future<Output = Outcome> + Send>>;
+type Case = fn(Arc<dyn Ledger>) -> Pin<Box<dyn Future<Output = Verdict> + Send>>;
 
 /// Every case, by name, in the order they run.
 const CASES: &[(&str, Case)] = &[
@@ -286,7 +286,7 @@ fn refused<T: fmt::Debug>(
     result: Result<T, LedgerError>,
     kind: LedgerErrorKind,
     step: &str,
-) -> Outcome {
+) -> Verdict {
     match result {
         Err(err) if err.kind() == kind => Ok(()),
         Err(err) => Err(format!(
@@ -412,7 +412,7 @@ fn fresh(key: &str, fingerprint: &str, owner: &str, now: u64) -> OperationRecord
         .expect("an in-flight record with its lease is valid")
 }
 
-async fn new_key(ledger: Arc<dyn Ledger>) -> Outcome {
+async fn new_key(ledger: Arc<dyn Ledger>) -> Verdict {
     let ledger = &*ledger;
     let expected = fresh("new", "f1", "w1", 0);
     let record = claim_new(
@@ -467,7 +467,7 @@ async fn in_lockstep<'a, T>(racers: Vec<LedgerFuture<'a, T>>) -> Vec<Result<T, L
         .collect()
 }
 
-async fn concurrent_claims(ledger: Arc<dyn Ledger>) -> Outcome {
+async fn concurrent_claims(ledger: Arc<dyn Ledger>) -> Verdict {
     const RACERS: usize = 16;
     async fn race(
         ledger: &Arc<dyn Ledger>,
@@ -550,7 +550,7 @@ async fn concurrent_claims(ledger: Arc<dyn Ledger>) -> Outcome {
     Ok(())
 }
 
-async fn live_lease(ledger: Arc<dyn Ledger>) -> Outcome {
+async fn live_lease(ledger: Arc<dyn Ledger>) -> Verdict {
     let ledger = &*ledger;
     let held = claim_new(ledger, &claim("held", "f1", "w1", 0), "the first claim").await?;
     for now in [10, LEASE - 1] {
@@ -566,7 +566,7 @@ async fn live_lease(ledger: Arc<dyn Ledger>) -> Outcome {
     Ok(())
 }
 
-async fn only_the_holder(ledger: Arc<dyn Ledger>) -> Outcome {
+async fn only_the_holder(ledger: Arc<dyn Ledger>) -> Verdict {
     let ledger = &*ledger;
     let held = claim_new(ledger, &claim("held", "f1", "w1", 0), "the first claim").await?;
     refused(
@@ -606,7 +606,7 @@ async fn only_the_holder(ledger: Arc<dyn Ledger>) -> Outcome {
     Ok(())
 }
 
-async fn record_attempt(ledger: Arc<dyn Ledger>) -> Outcome {
+async fn record_attempt(ledger: Arc<dyn Ledger>) -> Verdict {
     let ledger = &*ledger;
     claim_new(ledger, &claim("op", "f1", "w1", 0), "the first claim").await?;
     let renewed =
@@ -646,7 +646,7 @@ async fn record_attempt(ledger: Arc<dyn Ledger>) -> Outcome {
     Ok(())
 }
 
-async fn finish_counts_last_attempt(ledger: Arc<dyn Ledger>) -> Outcome {
+async fn finish_counts_last_attempt(ledger: Arc<dyn Ledger>) -> Verdict {
     let ledger = &*ledger;
     // One attempt, counted by the finish alone: the claim and the finish are the only writes.
     claim_new(ledger, &claim("one", "f1", "w1", 0), "the first claim").await?;
@@ -701,7 +701,7 @@ async fn finish_counts_last_attempt(ledger: Arc<dyn Ledger>) -> Outcome {
     Ok(())
 }
 
-async fn finish_releases(ledger: Arc<dyn Ledger>) -> Outcome {
+async fn finish_releases(ledger: Arc<dyn Ledger>) -> Verdict {
     let ledger = &*ledger;
     claim_new(ledger, &claim("op", "f1", "w1", 0), "the first claim").await?;
     ok(
@@ -750,7 +750,7 @@ async fn finish_releases(ledger: Arc<dyn Ledger>) -> Outcome {
     Ok(())
 }
 
-async fn lapsed_lease(ledger: Arc<dyn Ledger>) -> Outcome {
+async fn lapsed_lease(ledger: Arc<dyn Ledger>) -> Verdict {
     let ledger = &*ledger;
     claim_new(ledger, &claim("op", "f1", "w1", 0), "the first claim").await?;
     ok(
@@ -804,7 +804,7 @@ async fn lapsed_lease(ledger: Arc<dyn Ledger>) -> Outcome {
     Ok(())
 }
 
-async fn unresolved_take_over(ledger: Arc<dyn Ledger>) -> Outcome {
+async fn unresolved_take_over(ledger: Arc<dyn Ledger>) -> Verdict {
     let ledger = &*ledger;
     let rejected = SavedResponse::new(
         400,
@@ -846,7 +846,7 @@ async fn unresolved_take_over(ledger: Arc<dyn Ledger>) -> Outcome {
     Ok(())
 }
 
-async fn succeeded(ledger: Arc<dyn Ledger>) -> Outcome {
+async fn succeeded(ledger: Arc<dyn Ledger>) -> Verdict {
     let ledger = &*ledger;
     let answer = SavedResponse::new(
         201,
@@ -889,7 +889,7 @@ async fn succeeded(ledger: Arc<dyn Ledger>) -> Outcome {
     Ok(())
 }
 
-async fn other_fingerprint(ledger: Arc<dyn Ledger>) -> Outcome {
+async fn other_fingerprint(ledger: Arc<dyn Ledger>) -> Verdict {
     let ledger = &*ledger;
     claim_new(ledger, &claim("unknown", "f1", "w1", 0), "the first claim").await?;
     ok(
@@ -936,7 +936,7 @@ async fn other_fingerprint(ledger: Arc<dyn Ledger>) -> Outcome {
     Ok(())
 }
 
-async fn not_sent(ledger: Arc<dyn Ledger>) -> Outcome {
+async fn not_sent(ledger: Arc<dyn Ledger>) -> Verdict {
     let ledger = &*ledger;
     claim_new(ledger, &claim("free", "f1", "w1", 0), "the first claim").await?;
     ok(
@@ -988,7 +988,7 @@ async fn not_sent(ledger: Arc<dyn Ledger>) -> Outcome {
     Ok(())
 }
 
-async fn window(ledger: Arc<dyn Ledger>) -> Outcome {
+async fn window(ledger: Arc<dyn Ledger>) -> Verdict {
     let ledger = &*ledger;
     let second = Duration::from_secs(1);
     claim_new(ledger, &claim("op", "f1", "w1", 0), "the first claim").await?;
@@ -1067,7 +1067,7 @@ async fn window(ledger: Arc<dyn Ledger>) -> Outcome {
     Ok(())
 }
 
-async fn saved_responses(ledger: Arc<dyn Ledger>) -> Outcome {
+async fn saved_responses(ledger: Arc<dyn Ledger>) -> Verdict {
     let ledger = &*ledger;
     let every_byte: Vec<u8> = (0..=255).collect();
     let headers = vec![
@@ -1137,7 +1137,7 @@ async fn saved_responses(ledger: Arc<dyn Ledger>) -> Outcome {
 }
 
 /// Claims `key` (fingerprint `f`, owner `w`) with `expires_at` at `expires`.
-async fn claim_expiring(ledger: &dyn Ledger, key: &str, expires: u64) -> Outcome {
+async fn claim_expiring(ledger: &dyn Ledger, key: &str, expires: u64) -> Verdict {
     let claim = Claim::builder(key, "f", "w", at(0), at(LEASE))
         .scope(SCOPE)
         .expires_at(at(expires))
@@ -1147,7 +1147,7 @@ async fn claim_expiring(ledger: &dyn Ledger, key: &str, expires: u64) -> Outcome
     Ok(())
 }
 
-async fn present(ledger: &dyn Ledger, keys: &[&str], want: bool, step: &str) -> Outcome {
+async fn present(ledger: &dyn Ledger, keys: &[&str], want: bool, step: &str) -> Verdict {
     for key in keys {
         let found = ok(ledger.get(key).await, "get")?.is_some();
         ensure!(
@@ -1159,7 +1159,7 @@ async fn present(ledger: &dyn Ledger, keys: &[&str], want: bool, step: &str) -> 
     Ok(())
 }
 
-async fn purge_only_expired(ledger: Arc<dyn Ledger>) -> Outcome {
+async fn purge_only_expired(ledger: Arc<dyn Ledger>) -> Verdict {
     let ledger = &*ledger;
     for (expires, key) in (100..).zip(["p100", "p101", "p102", "p103"]) {
         claim_expiring(ledger, key, expires).await?;
@@ -1198,7 +1198,7 @@ async fn purge_only_expired(ledger: Arc<dyn Ledger>) -> Outcome {
     Ok(())
 }
 
-async fn purge_limit(ledger: Arc<dyn Ledger>) -> Outcome {
+async fn purge_limit(ledger: Arc<dyn Ledger>) -> Verdict {
     let ledger = &*ledger;
     for i in 0..5 {
         claim_expiring(ledger, &format!("p{i}"), 100 + i).await?;
@@ -1223,7 +1223,7 @@ async fn purge_limit(ledger: Arc<dyn Ledger>) -> Outcome {
     Ok(())
 }
 
-async fn purge_expired(ledger: Arc<dyn Ledger>) -> Outcome {
+async fn purge_expired(ledger: Arc<dyn Ledger>) -> Verdict {
     let ledger = &*ledger;
     for i in 0..5 {
         claim_expiring(ledger, &format!("p{i}"), 100 + i).await?;
@@ -1270,7 +1270,7 @@ async fn finished(
     scope: &str,
     status: OperationStatus,
     now: u64,
-) -> Outcome {
+) -> Verdict {
     let claim = Claim::builder(key, "f1", "w1", at(now), at(now + LEASE))
         .scope(scope)
         .expires_at(at(now + RETENTION))
@@ -1297,7 +1297,7 @@ fn hold(key: &str, owner: &str, now: u64) -> ReconcileClaim {
         .expect("the suite's holds are valid: the lease ends after the claim")
 }
 
-async fn request_recorded(ledger: Arc<dyn Ledger>) -> Outcome {
+async fn request_recorded(ledger: Arc<dyn Ledger>) -> Verdict {
     let ledger = &*ledger;
     let url = "https://api.example.com/v1/charges?order=17";
     let claim = Claim::builder("req", "f1", "w1", at(0), at(LEASE))
@@ -1319,7 +1319,7 @@ async fn request_recorded(ledger: Arc<dyn Ledger>) -> Outcome {
     Ok(())
 }
 
-async fn hold_unresolved(ledger: Arc<dyn Ledger>) -> Outcome {
+async fn hold_unresolved(ledger: Arc<dyn Ledger>) -> Verdict {
     let ledger = &*ledger;
     finished(ledger, "unknown", SCOPE, OperationStatus::Unknown, 0).await?;
     let step = "a hold of an unknown row, long past its window";
@@ -1414,7 +1414,7 @@ async fn hold_unresolved(ledger: Arc<dyn Ledger>) -> Outcome {
     Ok(())
 }
 
-async fn concurrent_holds(ledger: Arc<dyn Ledger>) -> Outcome {
+async fn concurrent_holds(ledger: Arc<dyn Ledger>) -> Verdict {
     const RACERS: usize = 16;
     finished(&*ledger, "race", SCOPE, OperationStatus::Unknown, 0).await?;
     let owners: Vec<String> = (0..RACERS).map(|i| format!("r{i}")).collect();
@@ -1452,7 +1452,7 @@ async fn concurrent_holds(ledger: Arc<dyn Ledger>) -> Outcome {
     Ok(())
 }
 
-async fn resolutions(ledger: Arc<dyn Ledger>) -> Outcome {
+async fn resolutions(ledger: Arc<dyn Ledger>) -> Verdict {
     let ledger = &*ledger;
     let day = Duration::from_secs(86_400);
     let note = |kind| Some(ResolutionNote::new(kind, "probe (worker a)", at(5_010)));
@@ -1559,7 +1559,7 @@ async fn resolutions(ledger: Arc<dyn Ledger>) -> Outcome {
     Ok(())
 }
 
-async fn listing(ledger: Arc<dyn Ledger>) -> Outcome {
+async fn listing(ledger: Arc<dyn Ledger>) -> Verdict {
     let ledger = &*ledger;
     for (key, scope, status, now) in [
         ("d-unknown", "a", OperationStatus::Unknown, 30),

@@ -96,6 +96,6 @@ pub use fault::{Canned, Fault, RetryAfter, When};
 pub use handler::{Delivery, Reply};
 pub use receiver::{REPLAYED_HEADER, Receiver, ReceiverBuilder};
 pub use records::{
-    Arrival, Compensated, Compensation, ForgetError, KeyRecord, KeyStatus, Outcome,
+    Arrival, Compensated, Compensation, ForgetError, Handling, KeyRecord, KeyStatus,
     ReplayableResponse, Violation,
 };

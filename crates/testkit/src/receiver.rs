@@ -33,7 +33,7 @@ use tokio::task::JoinHandle;
 use super::fault::{Fault, When};
 use super::handler::{BoxHandler, Delivery, HandlerFuture, Reply};
 use super::records::{
-    Arrival, Compensated, Compensation, ForgetError, KeyRecord, Outcome, Violation,
+    Arrival, Compensated, Compensation, ForgetError, Handling, KeyRecord, Violation,
 };
 use super::state::{Admission, Shared, fingerprint};
 use super::wire::{self, Incoming, find_header};
@@ -356,7 +356,7 @@ impl Receiver {
     }
 
     /// Waits until every request that has arrived has been dealt with (no handler running, no
-    /// [`Outcome::Pending`]), or `within` has passed; returns whether it is idle. Counts read
+    /// [`Handling::Pending`]), or `within` has passed; returns whether it is idle. Counts read
     /// after an idle receiver are final until the next request.
     pub async fn wait_until_idle(&self, within: Duration) -> bool {
         let idle = || self.shared().idle();
@@ -447,15 +447,15 @@ async fn serve(serving: Arc<Serving>, stream: TcpStream) {
 
     match &fault {
         Some(Fault::ResetBeforeHandler) => {
-            shared.set_outcome(number, Outcome::Faulted);
+            shared.set_outcome(number, Handling::Faulted);
             return wire::reset(stream);
         }
         Some(Fault::CloseWithoutReply) => {
-            shared.set_outcome(number, Outcome::Faulted);
+            shared.set_outcome(number, Handling::Faulted);
             return wire::close(stream).await;
         }
         Some(Fault::Respond(canned)) => {
-            shared.set_outcome(number, Outcome::Faulted);
+            shared.set_outcome(number, Handling::Faulted);
             let headers = canned.headers_at(TokioClock::new().wall());
             return wire::answer(stream, canned.status, &headers, b"", None, head_only).await;
         }
@@ -521,7 +521,7 @@ async fn handle_one(
     key: Option<String>,
     req: &Incoming,
     fault: Option<&Fault>,
-) -> (Outcome, Answer) {
+) -> (Handling, Answer) {
     let slow = match fault {
         Some(Fault::SlowHandler(delay)) => Some(*delay),
         _ => None,
@@ -552,7 +552,7 @@ async fn handle_one(
         Admission::Replay(saved) => {
             let mut headers = saved.headers;
             headers.push((REPLAYED_HEADER.to_owned(), "true".to_owned()));
-            let outcome = Outcome::Replayed {
+            let outcome = Handling::Replayed {
                 status: saved.status,
             };
             let answer = Answer {
@@ -563,14 +563,14 @@ async fn handle_one(
             (outcome, answer)
         }
         Admission::InProgress => (
-            Outcome::InProgress,
+            Handling::InProgress,
             Answer::json(
                 409,
                 &serde_json::json!({"error": "a request with this idempotency key is in progress"}),
             ),
         ),
         Admission::Mismatch => (
-            Outcome::Mismatch,
+            Handling::Mismatch,
             Answer::json(
                 422,
                 &serde_json::json!({"error": "idempotency key reused with a different request"}),
@@ -579,8 +579,8 @@ async fn handle_one(
     }
 }
 
-fn ran(reply: Reply, effects: u64) -> (Outcome, Answer) {
-    let outcome = Outcome::Ran {
+fn ran(reply: Reply, effects: u64) -> (Handling, Answer) {
+    let outcome = Handling::Ran {
         status: reply.status,
         effects,
     };
@@ -597,7 +597,7 @@ async fn handle_batch(
     number: u64,
     req: &Incoming,
     field: &str,
-) -> (Outcome, Answer) {
+) -> (Handling, Answer) {
     let events = serde_json::from_slice::<serde_json::Value>(&req.body)
         .ok()
         .and_then(|json| match json {
@@ -620,7 +620,7 @@ async fn handle_batch(
     let Some(events) = events else {
         let error = format!("expected a JSON array of objects, each with an {field:?} id");
         return (
-            Outcome::BadRequest,
+            Handling::BadRequest,
             Answer::json(400, &serde_json::json!({ "error": error })),
         );
     };
@@ -646,7 +646,7 @@ async fn handle_batch(
     let summary = serde_json::json!({ "processed": processed, "duplicates": duplicates });
     let status = if failed { 500 } else { 200 };
     (
-        Outcome::Batch {
+        Handling::Batch {
             processed,
             duplicates,
         },

@@ -53,7 +53,7 @@ pub struct KeyRecord {
 /// What the receiver did with one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Outcome {
+pub enum Handling {
     /// Still being handled.
     Pending,
     /// A scripted fault ended it before the handler ([`Fault::ResetBeforeHandler`],
@@ -105,7 +105,7 @@ pub struct Arrival {
     /// The scripted fault it met.
     pub fault: Option<Fault>,
     /// What the receiver did.
-    pub outcome: Outcome,
+    pub outcome: Handling,
     /// What the answer did: `None` when it went out normally, else what happened to it.
     pub answer_fault: Option<String>,
 }
@@ -113,9 +113,9 @@ pub struct Arrival {
 impl fmt::Display for Arrival {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match (&self.fault, &self.outcome) {
-            (Some(fault), Outcome::Faulted) => write!(f, "{fault}; handler not run")?,
-            (_, Outcome::Pending) => f.write_str("in progress")?,
-            (_, Outcome::Ran { status, effects }) => {
+            (Some(fault), Handling::Faulted) => write!(f, "{fault}; handler not run")?,
+            (_, Handling::Pending) => f.write_str("in progress")?,
+            (_, Handling::Ran { status, effects }) => {
                 let keyed = if self.key.is_some() {
                     "key claimed"
                 } else {
@@ -130,20 +130,20 @@ impl fmt::Display for Arrival {
                     _ => write!(f, "{keyed}, handler ran: {effects} effect(s), {status}")?,
                 }
             }
-            (_, Outcome::Replayed { status }) => {
+            (_, Handling::Replayed { status }) => {
                 write!(f, "key completed: saved {status} replayed, no new effect")?;
             }
-            (_, Outcome::InProgress) => f.write_str("key in progress: 409")?,
-            (_, Outcome::Mismatch) => f.write_str("key reused with a different body: 422")?,
+            (_, Handling::InProgress) => f.write_str("key in progress: 409")?,
+            (_, Handling::Mismatch) => f.write_str("key reused with a different body: 422")?,
             (
                 _,
-                Outcome::Batch {
+                Handling::Batch {
                     processed,
                     duplicates,
                 },
             ) => write!(f, "batch: {processed} new, {duplicates} duplicate(s)")?,
-            (_, Outcome::BadRequest) => f.write_str("not a batch: 400")?,
-            (None, Outcome::Faulted) => f.write_str("faulted")?,
+            (_, Handling::BadRequest) => f.write_str("not a batch: 400")?,
+            (None, Handling::Faulted) => f.write_str("faulted")?,
         }
         if let Some(what) = &self.answer_fault {
             write!(f, "; {what}")?;
@@ -238,7 +238,7 @@ mod tests {
 
     #[test]
     fn arrivals_read_as_what_happened() {
-        let arrival = |fault: Option<Fault>, outcome: Outcome, key: Option<&str>| Arrival {
+        let arrival = |fault: Option<Fault>, outcome: Handling, key: Option<&str>| Arrival {
             number: 1,
             at: Duration::ZERO,
             method: "POST".to_owned(),
@@ -249,7 +249,7 @@ mod tests {
             outcome,
             answer_fault: None,
         };
-        let ran = Outcome::Ran {
+        let ran = Handling::Ran {
             status: 200,
             effects: 1,
         };
@@ -271,10 +271,10 @@ mod tests {
             "key claimed, slow handler ran 900ms: 1 effect(s), 200"
         );
         assert_eq!(
-            arrival(Some(Fault::status(503)), Outcome::Faulted, Some("k")).to_string(),
+            arrival(Some(Fault::status(503)), Handling::Faulted, Some("k")).to_string(),
             "503; handler not run"
         );
-        let mut lost = arrival(None, Outcome::Replayed { status: 200 }, Some("k"));
+        let mut lost = arrival(None, Handling::Replayed { status: 200 }, Some("k"));
         lost.answer_fault = Some("then connection reset: answer lost".to_owned());
         assert_eq!(
             lost.to_string(),

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::fault::{Fault, When};
 use super::handler::{EffectRecorder, Reply};
 use super::records::{
-    Arrival, Compensated, Compensation, ForgetError, KeyRecord, KeyStatus, Outcome,
+    Arrival, Compensated, Compensation, ForgetError, Handling, KeyRecord, KeyStatus,
     ReplayableResponse, Violation,
 };
 use idempotent_retry::time::{Clock, TokioClock};
@@ -144,7 +144,7 @@ impl Shared {
         self.lock()
             .arrivals
             .iter()
-            .all(|a| a.outcome != Outcome::Pending)
+            .all(|a| a.outcome != Handling::Pending)
     }
 
     pub(super) fn record(&self, key: &str) -> Option<KeyRecord> {
@@ -237,7 +237,7 @@ impl Shared {
             key: key.map(str::to_owned),
             key_attempt,
             fault: fault.clone(),
-            outcome: Outcome::Pending,
+            outcome: Handling::Pending,
             answer_fault: None,
         });
         drop(st);
@@ -253,7 +253,7 @@ impl Shared {
         }
     }
 
-    pub(super) fn set_outcome(&self, number: u64, outcome: Outcome) {
+    pub(super) fn set_outcome(&self, number: u64, outcome: Handling) {
         self.update(number, |arrival| arrival.outcome = outcome);
         self.changed.notify_waiters();
     }
