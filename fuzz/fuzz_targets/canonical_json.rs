@@ -10,7 +10,7 @@
 
 #![no_main]
 
-use idempotent_retry::{canonical, DerivationSecret, IdempotencyKey};
+use idempotent_retry::{DerivationSecret, IdempotencyKey, canonical};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Number, Value};
 

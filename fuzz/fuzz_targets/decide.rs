@@ -25,8 +25,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use arbitrary::Arbitrary;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use idempotent_retry::internals::{self, DecideInput, DecideStep};
-use idempotent_retry::{backoff, FailureKind, retry_after, RetryPolicy};
 use idempotent_retry::report::WaitReason;
+use idempotent_retry::{FailureKind, RetryPolicy, backoff, retry_after};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
