@@ -28,3 +28,13 @@ pub use server::*;
 pub mod time;
 
 pub use time::*;
+
+/// The name libtest knows `test` by, for a test in `module` (its `module_path!()`): the path
+/// below the test binary's crate, so a test can run itself again in a child process with
+/// `--exact`, whichever binary its file is compiled into.
+pub fn test_name(module: &str, test: &str) -> String {
+    match module.split_once("::") {
+        Some((_, inside)) => format!("{inside}::{test}"),
+        None => test.to_owned(),
+    }
+}

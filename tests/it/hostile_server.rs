@@ -7,17 +7,15 @@
 //! outcome is known. Waits run on virtual time (a recording sleeper), so a server asking for an
 //! hour costs nothing; every test is bounded by [`BOUND`] so a bug fails it instead of hanging.
 
-mod support;
-
 use std::future::Future;
 use std::time::Duration;
 
+use crate::support::*;
 use idempotent_retry::report::WaitReason;
 use idempotent_retry::{
     Client, Error, ErrorKind, FailureKind, IdempotencyKey, RetryPolicy, RetryReport,
 };
 use idempotent_retry_testkit as testkit;
-use support::*;
 
 /// Fails a test that has not finished by then, instead of letting it hang.
 const BOUND: Duration = Duration::from_secs(30);

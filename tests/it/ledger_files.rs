@@ -51,10 +51,12 @@ fn the_files_are_owner_only_whatever_the_umask() {
         let dir = tempfile::tempdir().expect("temp dir");
         let status = std::process::Command::new("sh")
             .arg("-c")
-            .arg(format!(
-                "umask {umask} && exec \"$0\" --exact the_files_are_owner_only_whatever_the_umask"
-            ))
+            .arg(format!("umask {umask} && exec \"$0\" --exact \"$1\""))
             .arg(&me)
+            .arg(crate::support::test_name(
+                module_path!(),
+                "the_files_are_owner_only_whatever_the_umask",
+            ))
             .env(CHILD, dir.path())
             .status()
             .expect("run the child");

@@ -2,8 +2,6 @@
 //! key, what the ledger holds, what the caller was told. These run on the in-memory ledger;
 //! `ledger_sqlite.rs` and `ledger_postgres.rs` cover durability and fleets.
 
-mod support;
-
 use std::error::Error as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -11,6 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use std::sync::Mutex;
 
+use crate::support::*;
 use idempotent_retry::ledger::{
     AttemptUpdate, Claim, Claimed, Finish, LeaseHeldPolicy, Ledger, LedgerError, LedgerErrorKind,
     LedgerFuture, LedgerOptions, ListFilter, MemoryLedger, OperationRecord, OperationStatus,
@@ -21,7 +20,6 @@ use idempotent_retry::redirect::RedirectChain;
 use idempotent_retry::{
     Client, ErrorKind, FailureKind, IdempotencyKey, RedirectPolicy, RetryPolicy, RetryReport,
 };
-use support::*;
 use tokio::sync::Semaphore;
 
 fn ms(n: u64) -> Duration {

@@ -6,13 +6,12 @@
 //! wire that differs from the one the caller asked for. Keys and settings are sent through the
 //! real front ends to a loopback server, which records what arrives.
 
-mod support;
-
 use std::collections::HashSet;
 use std::error::Error as _;
 use std::future::Future;
 use std::time::Duration;
 
+use crate::support::*;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use idempotent_retry::ledger::{LeaseHeldPolicy, LedgerOptions, MemoryLedger};
 use idempotent_retry::time::{Sleeper, TokioSleeper};
@@ -23,7 +22,6 @@ use idempotent_retry::{
 use idempotent_retry_testkit::RecordingSleeper;
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
-use support::*;
 
 /// Every test runs under this bound, so a bug that hangs fails instead.
 const BOUND: Duration = Duration::from_secs(60);

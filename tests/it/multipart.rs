@@ -2,12 +2,10 @@
 //! for byte, with one boundary and one key; a form with a streamed part is sent once and the
 //! caller is told why it was not resent.
 
-mod support;
-
+use crate::support::*;
 use idempotent_retry::ledger::{Ledger, MemoryLedger, SqliteLedger};
 use idempotent_retry::multipart::{Form, Part};
 use idempotent_retry::{Client, ErrorKind, IdempotencyKey, RetryReport};
-use support::*;
 
 fn client() -> Client {
     Client::builder()

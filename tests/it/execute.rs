@@ -3,17 +3,15 @@
 //! A request built by `build` and run by `execute` must behave exactly as the same builder's
 //! `send`: each parity case runs both ways, on two servers with the same script.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use http::Version;
 use idempotent_retry::ledger::{Ledger, MemoryLedger};
 use idempotent_retry::{
     Client, ErrorKind, IdempotencyKey, LedgerScope, RequestBuilder, RetryPolicy, RetryReport,
     WithoutIdempotencyKey,
 };
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 

@@ -12,16 +12,14 @@
 //! them). Without them the tests are skipped, except under `CI`, where they fail.
 #![cfg(feature = "postgres")]
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use idempotent_retry::ledger::{
     LeaseHeldPolicy, Ledger, LedgerErrorKind, LedgerOptions, MemoryLedger, OperationStatus,
     PostgresLedger,
 };
 use idempotent_retry::{Client, ErrorKind, IdempotencyKey, RetryPolicy, RetryReport};
-use support::*;
 use tokio_postgres::NoTls;
 
 fn base_url() -> Option<String> {

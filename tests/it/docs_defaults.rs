@@ -10,7 +10,7 @@ use idempotent_retry::ledger::{LeaseHeldPolicy, LedgerOptions};
 use idempotent_retry::{Client, RetryBudgetConfig, RetryPolicy};
 
 /// The crate docs as rustdoc reads them.
-const CRATE_SOURCE: &str = include_str!("../src/lib.rs");
+const CRATE_SOURCE: &str = include_str!("../../src/lib.rs");
 
 /// Every setting the table must have a row for.
 const SETTINGS: &[&str] = &[
@@ -337,10 +337,10 @@ fn is_uuid_v4(text: &str) -> bool {
 
 /// The source files of the types whose setters the table names.
 const SETTER_SOURCES: &[(&str, &str)] = &[
-    ("RetryPolicy", include_str!("../src/policy.rs")),
-    ("RetryBudgetConfig", include_str!("../src/budget.rs")),
-    ("ClientBuilder", include_str!("../src/client/mod.rs")),
-    ("LedgerOptions", include_str!("../src/ledger/options.rs")),
+    ("RetryPolicy", include_str!("../../src/policy.rs")),
+    ("RetryBudgetConfig", include_str!("../../src/budget.rs")),
+    ("ClientBuilder", include_str!("../../src/client/mod.rs")),
+    ("LedgerOptions", include_str!("../../src/ledger/options.rs")),
 ];
 
 /// The "Default: ..." sentence that ends the docs of `setting` (`Type::method`), as one line.

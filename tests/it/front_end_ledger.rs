@@ -6,11 +6,11 @@
 //! PostgreSQL) with one send, a key reused for another request, and cancellation (a dropped
 //! send, mid-attempt, mid-wait and after the response head, then an immediate retry).
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::front::{Call, Kind};
+use crate::support::*;
 use idempotent_retry::ledger::{
     LeaseHeldPolicy, Ledger, LedgerOptions, MemoryLedger, OperationRecord, OperationStatus,
     SqliteLedger,
@@ -21,8 +21,6 @@ use idempotent_retry::{
     Client, ClientBuilder, ErrorKind, IdempotencyKey, Observer, RetryBudget, RetryPolicy,
 };
 use idempotent_retry_testkit::{Fault, Receiver, When};
-use support::front::{Call, Kind};
-use support::*;
 use tokio::sync::Notify;
 
 /// Millisecond backoff, many attempts: enough to outlast a receiver still running the first

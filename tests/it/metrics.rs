@@ -3,17 +3,15 @@
 //! current-thread runtime, so the client, the loopback server and every task they spawn record
 //! into it).
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
+use crate::support::*;
 use idempotent_retry::ledger::MemoryLedger;
 use idempotent_retry::{Client, IdempotencyKey, RetryBudget, RetryBudgetConfig, RetryPolicy};
 use metrics::Unit;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use support::*;
 
 /// One metric as recorded: its name, labels, unit and value.
 #[derive(Debug)]

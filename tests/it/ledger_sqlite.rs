@@ -4,18 +4,16 @@
 //! version and refuses one from a newer release.
 #![cfg(feature = "sqlite")]
 
-mod support;
-
 use std::path::Path;
 use std::time::Duration;
 
+use crate::support::*;
 use idempotent_retry::ledger::{
     LeaseHeldPolicy, Ledger, LedgerErrorKind, LedgerOptions, MemoryLedger, OperationRecord,
     OperationStatus, SqliteLedger,
 };
 use idempotent_retry::{Client, ErrorKind, IdempotencyKey, RetryPolicy, RetryReport};
 use idempotent_retry_testkit::{Fault, Receiver, When};
-use support::*;
 
 fn policy() -> RetryPolicy {
     RetryPolicy::default()
@@ -626,7 +624,11 @@ async fn a_killed_process_leaves_its_lease_and_the_next_one_takes_over() {
     let url = receiver.url("/charges");
     let mut worker = std::process::Command::new(std::env::current_exe().expect("test binary"))
         .args([
-            "a_killed_process_leaves_its_lease_and_the_next_one_takes_over",
+            crate::support::test_name(
+                module_path!(),
+                "a_killed_process_leaves_its_lease_and_the_next_one_takes_over",
+            )
+            .as_str(),
             "--exact",
             "--nocapture",
         ])
@@ -897,7 +899,11 @@ async fn a_write_is_acknowledged_only_once_its_batch_committed() {
     SqliteLedger::open(&path).await.expect("create the file");
     let mut worker = std::process::Command::new(std::env::current_exe().expect("test binary"))
         .args([
-            "a_write_is_acknowledged_only_once_its_batch_committed",
+            crate::support::test_name(
+                module_path!(),
+                "a_write_is_acknowledged_only_once_its_batch_committed",
+            )
+            .as_str(),
             "--exact",
             "--nocapture",
         ])

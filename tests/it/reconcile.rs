@@ -11,13 +11,12 @@
 //! list`).
 #![cfg(feature = "sqlite")]
 
-mod support;
-
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use crate::support::*;
 use bytes::Bytes;
 use idempotent_retry::ledger::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerFuture, LedgerOptions, ListFilter,
@@ -27,7 +26,6 @@ use idempotent_retry::ledger::{
 use idempotent_retry::reconcile::{HttpProbe, Reconciled, Resolution};
 use idempotent_retry::{Client, ErrorKind, IdempotencyKey, RetryPolicy, RetryReport};
 use idempotent_retry_testkit::{self as testkit, Fault, Receiver, Reply, When};
-use support::*;
 
 /// The window every case runs with: an hour, passed in one step of the virtual clock.
 const WINDOW: Duration = Duration::from_secs(3600);
@@ -130,7 +128,7 @@ mod postgres {
 
     /// A new database on the test server, or `None` without one.
     pub(super) async fn fresh() -> Option<String> {
-        super::support::fresh_postgres_database().await
+        crate::support::fresh_postgres_database().await
     }
 
     pub(super) async fn open(url: &str) -> Arc<dyn Ledger> {

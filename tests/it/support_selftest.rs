@@ -29,14 +29,12 @@
 // The server's self-test measures real elapsed time; the crate itself reads time only through `Clock`.
 #![allow(clippy::disallowed_methods)]
 
-mod support;
-
 use std::error::Error as _;
 use std::fmt::Write as _;
 use std::io;
 use std::time::Duration;
 
-use support::*;
+use crate::support::*;
 
 /// The predicates reqwest offers, then every source in the chain with `{:?}`.
 fn anatomy(err: &reqwest::Error) -> String {

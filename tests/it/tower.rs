@@ -4,14 +4,13 @@
 //! (replay, and the ledger scope of requests without extensions). The fault cases shared with
 //! the other front ends are in `front_ends.rs`.
 
-mod support;
-
 use std::error::Error as _;
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use crate::support::*;
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 use http_body_util::BodyExt as _;
@@ -25,7 +24,6 @@ use idempotent_retry::{
     Client, ErrorKind, FailureKind, IDEMPOTENCY_KEY, IdempotencyKey, IdempotentRetryLayer,
     LedgerScope, RetryPolicy, RetryReport,
 };
-use support::*;
 use tower::util::BoxCloneService;
 use tower::{BoxError, Layer, Service, ServiceBuilder, ServiceExt};
 use tower_test::mock;

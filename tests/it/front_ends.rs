@@ -1,22 +1,20 @@
 //! The behavioural suite every front end must pass: the `Client`, the tower service over
 //! `reqwest::Client`, the tower service over a hyper client, and the `reqwest-middleware`
-//! middleware. Each case is written once (against `support::front::FrontEnd`) and run against
+//! middleware. Each case is written once (against `crate::support::front::FrontEnd`) and run against
 //! each front end, on real loopback sockets; waits that a case asserts run on virtual time.
-
-mod support;
 
 use std::error::Error as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::front::{Call, FrontEnd, front_ends};
+use crate::support::*;
 use http::HeaderName;
 use idempotent_retry::observe::{AttemptEvent, OperationEvent, RetryRefusedEvent};
 use idempotent_retry::{
     Client, ClientBuilder, ErrorKind, FailureKind, IdempotencyKey, Observer, RetryBudget,
     RetryBudgetConfig, RetryPolicy,
 };
-use support::front::{Call, FrontEnd, front_ends};
-use support::*;
 
 fn with_policy(policy: RetryPolicy) -> impl Fn() -> ClientBuilder {
     move || Client::builder().policy(policy)

@@ -5,14 +5,12 @@
 //! long the client chose to wait (Retry-After, windows), the waits run on [`VirtualTime`]
 //! instead, so nothing here depends on the machine's speed.
 
-mod support;
-
 use std::error::Error as _;
 use std::time::Duration;
 
+use crate::support::*;
 use idempotent_retry::report::WaitReason;
 use idempotent_retry::{Client, ErrorKind, FailureKind, IdempotencyKey, RetryPolicy, RetryReport};
-use support::*;
 
 fn client(policy: RetryPolicy) -> Client {
     Client::builder()

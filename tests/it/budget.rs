@@ -6,11 +6,10 @@
 //! RNG into the server's script, so every run serves the same sequence of answers. Nothing here
 //! asserts a duration.
 
-mod support;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::*;
 use futures_util::StreamExt;
 use idempotent_retry::observe::RetryRefusedEvent;
 use idempotent_retry::{
@@ -19,7 +18,6 @@ use idempotent_retry::{
 };
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use support::*;
 
 /// How many operations are in flight at once.
 const CONCURRENCY: usize = 32;
