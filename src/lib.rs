@@ -207,7 +207,7 @@
 //! [`ErrorKind::Ledger`]: before the first attempt nothing is sent; after one, the error
 //! carries the key and the outcome flag. A dropped `send` gives its lease back at once, a dead
 //! process's lease lapses. [`ClientBuilder::ledger`] has an example, [`Ledger`](crate::ledger::Ledger) the stages of
-//! one run, the schema and the incident query.
+//! one run and the schema, `docs/ledger.md` the incident queries.
 //!
 //! # Reconciling unknown outcomes
 //!

@@ -777,19 +777,9 @@ impl Finish {
 /// runs none of this: its lease lapses after the attempt timeout plus
 /// `LedgerOptions::lease_slack`, which also says what clock skew between workers can do.
 ///
-/// ## Which write keeps which guarantee
-///
-/// | write | when | what it guarantees |
-/// |---|---|---|
-/// | the claim | before the first attempt, durable before anything is sent | two runs never send one key at once; the window starts once, at the first attempt, and survives restarts |
-/// | `record_attempt` | after an attempt that is followed by a wait and a retry | the lease covers the wait and the next attempt, so no other worker takes the row over while this run still means to send |
-/// | the finish | once, with the outcome | a later run replays the saved response or resends with the same key; the last attempt is counted in the same write |
-///
-/// An operation that ends after one attempt (nearly all of them) costs two writes: the claim
-/// and the finish. The last attempt needs no write of its own because no wait follows it: the
-/// claim's (or the last record's) lease already covers it, and a crash before the finish
-/// leaves the row in flight until that lease lapses, exactly as a crash during the attempt
-/// would. What a crash there can lose is only the count of that attempt, never a guarantee.
+/// `docs/ledger.md` says which write keeps which guarantee, and has the incident queries
+/// ("did we charge twice?", "what is still unresolved?") in SQL and with the operators'
+/// command.
 ///
 /// # Schema
 ///
@@ -854,33 +844,6 @@ impl Finish {
 /// wait for each other and run each step once, and a failed step leaves the store at the
 /// version before it.
 ///
-/// # Incident queries
-///
-/// "Did we charge twice?" A logical charge has one key, so one row: look for the *same
-/// request* under *several keys* that the receiver accepted, which is what a fresh key per
-/// retry (the bug this crate exists to prevent) leaves behind. "What is still unresolved?"
-/// Every row that is not finished, or whose lease lapsed mid-flight. One query answers both
-/// (PostgreSQL; in SQLite replace `to_timestamp(x / 1000.0)` with
-/// `datetime(x / 1000, 'unixepoch')`):
-///
-/// ```sql
-/// SELECT scope, fingerprint, status,
-///        count(*)               AS keys,
-///        array_agg(key)         AS which_keys,   -- group_concat(key) in SQLite
-///        sum(attempts)          AS attempts,
-///        to_timestamp(min(first_attempt_at) / 1000.0) AS first_seen
-/// FROM idempotent_operations
-/// GROUP BY scope, fingerprint, status
-/// HAVING (status = 'succeeded' AND count(*) > 1)   -- the same request succeeded twice
-///     OR status IN ('unknown', 'in_flight')        -- still unresolved: reconcile by key
-/// ORDER BY first_seen;
-/// ```
-///
-/// The `idempotent-retry-ledger` command (feature `cli`) asks both without SQL: `list --status
-/// unresolved` and `duplicates`, and settles a row with `resolve` (see `resolve_by_hand`).
-/// A sweep settles unresolved rows through a `Reconciler`: [`unresolved`](Self::unresolved),
-/// then for each row [`claim_unresolved`](Self::claim_unresolved) and
-/// [`resolve`](Self::resolve), under a lease as a run's writes are.
 /// # Every method is required
 ///
 /// A ledger that leaves out the reconciling and listing methods does not compile, so no
