@@ -36,5 +36,6 @@ mod reconcile;
 mod replay_proof;
 mod support_selftest;
 mod testkit;
+mod torture;
 #[cfg(feature = "tower")]
 mod tower;

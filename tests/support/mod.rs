@@ -7,6 +7,7 @@
 #![allow(clippy::disallowed_methods)]
 
 pub mod crash;
+pub mod fault_proxy;
 #[cfg(all(feature = "tower", feature = "middleware"))]
 pub mod front;
 pub mod ledgers;
