@@ -173,9 +173,12 @@ async fn contenders(options: &Options, dir: &Path) -> Vec<(&'static str, Client)
 /// else the server holds; returns its URL.
 #[cfg(feature = "postgres")]
 async fn fresh_database(base: &str) -> String {
-    let (admin, connection) = tokio_postgres::connect(base, tokio_postgres::NoTls)
-        .await
-        .expect("connect to the PostgreSQL server");
+    let (admin, connection) = idempotent_retry_postgres::tokio_postgres::connect(
+        base,
+        idempotent_retry_postgres::tokio_postgres::NoTls,
+    )
+    .await
+    .expect("connect to the PostgreSQL server");
     tokio::spawn(connection);
     let name = format!(
         "ir_bench_{}",
@@ -195,9 +198,12 @@ async fn drop_bench_databases() {
     let Ok(base) = std::env::var("IDEMPOTENT_RETRY_PG_URL") else {
         return;
     };
-    let (admin, connection) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
-        .await
-        .expect("connect to the PostgreSQL server");
+    let (admin, connection) = idempotent_retry_postgres::tokio_postgres::connect(
+        &base,
+        idempotent_retry_postgres::tokio_postgres::NoTls,
+    )
+    .await
+    .expect("connect to the PostgreSQL server");
     tokio::spawn(connection);
     let names = admin
         .query(

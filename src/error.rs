@@ -358,6 +358,9 @@ impl Error {
         let inner = &self.inner;
         let attempts = inner.report.attempts();
         let plural = if attempts == 1 { "" } else { "s" };
+        if let (ErrorKind::KeyReuse, Some(held)) = (inner.kind, &inner.held) {
+            return self.describe_key_reuse(f, held);
+        }
         match inner.kind {
             ErrorKind::Builder => {
                 f.write_str("invalid configuration")?;
@@ -410,9 +413,6 @@ impl Error {
                      size it with RetryBudgetConfig::with_capacity"
                 )?;
             }
-            ErrorKind::KeyReuse if inner.held.is_some() => {
-                return self.describe_key_reuse(f);
-            }
             ErrorKind::KeyReuse | ErrorKind::LeaseHeld | ErrorKind::Ledger => {
                 write!(f, "{}", inner.kind)?;
                 if let Some(message) = &inner.message {
@@ -448,13 +448,9 @@ impl Error {
 impl Error {
     /// `idempotency key reused for a different request: key K is recorded as …; nothing was
     /// sent; the key's operation is done: …`, each fact once.
-    fn describe_key_reuse(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    fn describe_key_reuse(&self, f: &mut fmt::Formatter<'_>, held: &HeldOperation) -> fmt::Result {
         use crate::ledger::OperationStatus;
         let inner = &self.inner;
-        let held = inner
-            .held
-            .as_ref()
-            .expect("called for a KeyReuse with its record");
         f.write_str("idempotency key reused for a different request: ")?;
         if let Some(key) = inner.report.idempotency_key() {
             write!(f, "key {key} is ")?;

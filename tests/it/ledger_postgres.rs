@@ -12,6 +12,9 @@
 //! them). Without them the tests are skipped, except under `CI`, where they fail.
 #![cfg(feature = "postgres")]
 
+use idempotent_retry_postgres::{deadpool_postgres, tokio_postgres};
+#[cfg(feature = "postgres-rustls")]
+use idempotent_retry_postgres::{rustls, tokio_postgres_rustls};
 use std::time::Duration;
 
 use crate::support::*;

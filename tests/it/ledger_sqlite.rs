@@ -4,6 +4,7 @@
 //! version and refuses one from a newer release.
 #![cfg(feature = "sqlite")]
 
+use idempotent_retry_sqlite::rusqlite;
 use std::path::Path;
 use std::time::Duration;
 

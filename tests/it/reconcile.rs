@@ -11,6 +11,7 @@
 //! list`).
 #![cfg(feature = "sqlite")]
 
+use idempotent_retry_sqlite::rusqlite;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

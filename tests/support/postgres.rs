@@ -3,6 +3,7 @@
 //! the crate (at other schema versions) may be using.
 
 use idempotent_retry::IdempotencyKey;
+use idempotent_retry_postgres::tokio_postgres;
 use tokio_postgres::NoTls;
 
 /// The URL of a new, empty database, or `None` (skipped) without a server, except under `CI`,

@@ -18,6 +18,19 @@
     unreachable_pub
 )]
 
+// The drivers this crate links, for the workspace's own tests that reach the database behind
+// the ledger's back: not covered by semver.
+#[doc(hidden)]
+pub use deadpool_postgres;
+#[cfg(feature = "rustls")]
+#[doc(hidden)]
+pub use rustls;
+#[doc(hidden)]
+pub use tokio_postgres;
+#[cfg(feature = "rustls")]
+#[doc(hidden)]
+pub use tokio_postgres_rustls;
+
 mod builder;
 mod failure;
 mod group;

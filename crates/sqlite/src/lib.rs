@@ -10,6 +10,11 @@
     unreachable_pub
 )]
 
+/// The SQLite driver this crate links, for the workspace's own tests that open the file
+/// behind the ledger's back: not covered by semver.
+#[doc(hidden)]
+pub use rusqlite;
+
 mod migrate;
 mod private;
 mod reconcile;
