@@ -109,8 +109,9 @@ impl Ledger for MapLedger {
     fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
         let claimed = loop {
             let Some((version, mut row)) = self.store.read(&claim.key) else {
-                if self.store.put_if(None, claim.new_row()) {
-                    break Claimed::New(claim.new_row());
+                let row = claim.new_row();
+                if self.store.put_if(None, row.clone()) {
+                    break Claimed::New(row);
                 }
                 continue;
             };

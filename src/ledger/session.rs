@@ -118,6 +118,15 @@ pub(crate) async fn claim<R: RetryResponse>(
         .releases
         .settled(key.as_str(), options.call_timeout)
         .await;
+    // A claim that could not be built or written: nothing was sent.
+    let claim_failed = |source| {
+        Error::ledger(
+            RetryReport::new(Some(key.clone())),
+            false,
+            "could not claim the operation; nothing was sent",
+            source,
+        )
+    };
     let mut waited = Duration::ZERO;
     let mut rounds = 0;
     // A row past its window is reconciled at most once per claim.
@@ -135,27 +144,13 @@ pub(crate) async fn claim<R: RetryResponse>(
         .expires_at(later(now, retention))
         .window_cutoff(window::cutoff(now, window))
         .build()
-        .map_err(|source| {
-            Error::ledger(
-                RetryReport::new(Some(key.clone())),
-                false,
-                "could not claim the operation; nothing was sent",
-                source,
-            )
-        })?;
+        .map_err(claim_failed)?;
         claim.method = Some(method.to_owned());
         claim.url.clone_from(&url);
         let cutoff = claim.window_cutoff;
         // Bounded by the ledger's call timeout inside, so that the task that finishes a claim
         // whose caller has gone ends too.
-        let claimed = claim_detached(handle, claim).await.map_err(|source| {
-            Error::ledger(
-                RetryReport::new(Some(key.clone())),
-                false,
-                "could not claim the operation; nothing was sent",
-                source,
-            )
-        })?;
+        let claimed = claim_detached(handle, claim).await.map_err(claim_failed)?;
         let existing = match claimed {
             Claimed::New(record) => {
                 return Ok(Begin::Proceed(LedgerRun::new(

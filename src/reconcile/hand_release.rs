@@ -5,8 +5,8 @@ use std::time::{Duration, SystemTime};
 
 use crate::key::IdempotencyKey;
 use crate::ledger::{
-    Claim, Claimed, Ledger, LedgerError, OperationRecord, OperationStatus, Resolution,
-    ResolutionKind, ResolutionNote, Resolve, later, require,
+    Claim, Claimed, Ledger, LedgerError, OperationRecord, OperationStatus, ResolutionKind,
+    ResolutionNote, Resolve, later, require,
 };
 
 /// How long the operator's hold lasts if the release is interrupted between its two writes.
@@ -110,11 +110,7 @@ pub async fn release_by_hand(
         }
     };
     let note = ResolutionNote::new(ResolutionKind::Released, by, now).with_reason(reason);
-    // The fields of an answer that keeps the window and the retention, with the status and
-    // note of a release.
-    let mut resolve = Resolve::new(key, owner, Resolution::Unknown, None, now, Duration::ZERO)?;
-    resolve.status = OperationStatus::NotSent;
-    resolve.note = Some(note);
+    let resolve = Resolve::released(key, owner, note)?;
     ledger.resolve(&resolve).await?;
     Ok(Released::Released(previous))
 }

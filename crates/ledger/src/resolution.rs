@@ -243,6 +243,34 @@ pub struct Resolve {
 }
 
 impl Resolve {
+    /// The write that frees `key` by hand, by the run holding lease token `owner`: the row
+    /// becomes [`NotSent`](OperationStatus::NotSent) with no response and `note` (of kind
+    /// [`Released`](ResolutionKind::Released)), its window and retention kept, so the next
+    /// request under the key is sent.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerErrorKind::InvalidInput`](super::LedgerErrorKind::InvalidInput) when the key
+    /// or the lease token is empty.
+    pub fn released(
+        key: impl Into<String>,
+        owner: impl Into<String>,
+        note: ResolutionNote,
+    ) -> Result<Self, LedgerError> {
+        let resolve = Resolve {
+            key: key.into(),
+            owner: owner.into(),
+            status: OperationStatus::NotSent,
+            response: None,
+            window_from: None,
+            keep_until: None,
+            note: Some(note),
+        };
+        require("the key", &resolve.key)?;
+        require("the lease token", &resolve.owner)?;
+        Ok(resolve)
+    }
+
     /// Writes this answer to `row` as [`Ledger::resolve`](super::Ledger::resolve) describes,
     /// if this run holds its lease (see [`OperationRecord::check_held_by`]): the status and
     /// response, a new window start and a longer retention when set, the note when set, and
