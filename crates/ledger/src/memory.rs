@@ -50,8 +50,9 @@ impl MemoryLedger {
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, OperationRecord>> {
-        // A panic while holding the lock cannot leave a row half-written (every change is
-        // one assignment), so a poisoned map is still consistent.
+        // A panic while holding the lock cannot leave a row half-written (each rule writes a
+        // row only after its checks, and nothing between its field writes can panic), so a
+        // poisoned map is still consistent.
         self.rows
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
