@@ -95,7 +95,7 @@ Exit status:
 pub(crate) const MIN_PREFIX: usize = 6;
 
 /// The command's definition.
-pub(crate) fn command() -> Command {
+pub(crate) fn command(name: &'static str) -> Command {
     let json = || {
         Arg::new("json")
             .long("json")
@@ -122,7 +122,7 @@ pub(crate) fn command() -> Command {
             .required(true)
             .value_parser(clap::builder::NonEmptyStringValueParser::new())
     };
-    Command::new("idempotent-retry-ledger")
+    Command::new(name)
         .about("Inspect and settle the operations an idempotent-retry ledger records")
         .long_about(
             "Inspect and settle the operations an idempotent-retry ledger records: list them, \
@@ -305,7 +305,10 @@ pub(crate) fn command() -> Command {
 }
 
 /// Reads the parsed arguments; `Err` is a usage error's message.
-pub(crate) fn invocation(matches: &ArgMatches) -> Result<Invocation, String> {
+pub(crate) fn invocation(
+    matches: &ArgMatches,
+    default_sqlite: Option<&std::path::Path>,
+) -> Result<Invocation, String> {
     let (name, sub) = matches.subcommand().ok_or(
         "a command is required (list, show, resolve, release, purge, duplicates, migrate)",
     )?;
@@ -315,9 +318,12 @@ pub(crate) fn invocation(matches: &ArgMatches) -> Result<Invocation, String> {
     ) {
         (Some(path), None) => Location::Sqlite(path.clone()),
         (None, Some(url)) => Location::Postgres(url.clone()),
-        (None, None) => {
-            return Err("say where the ledger is: --sqlite PATH or --postgres URL".into());
-        }
+        (None, None) => match default_sqlite {
+            Some(path) => Location::Sqlite(path.to_owned()),
+            None => {
+                return Err("say where the ledger is: --sqlite PATH or --postgres URL".into());
+            }
+        },
         (Some(_), Some(_)) => return Err("give --sqlite or --postgres, not both".into()),
     };
     let now = sub
