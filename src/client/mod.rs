@@ -153,6 +153,19 @@ impl Client {
             .map(|handle| &*handle.ledger)
     }
 
+    /// Waits until every lease that an abandoned operation (a `send` future dropped before its
+    /// outcome was written) gives back has been written to the ledger, for at most `limit`:
+    /// call it before a process exits after cancelling its operations, so the next run of those
+    /// keys goes ahead at once instead of waiting for the leases to lapse. Returns `true` when
+    /// none is left in flight (at once without a ledger), `false` when `limit` passed first
+    /// (those leases then lapse on their own, as after a crash).
+    pub async fn wait_for_releases(&self, limit: std::time::Duration) -> bool {
+        match &self.inner.settings.ledger {
+            Some(handle) => handle.releases.all_settled(limit).await,
+            None => true,
+        }
+    }
+
     /// Deletes the ledger's expired rows (`expires_at` before the client's wall clock), in
     /// batches of at most `limit` rows, until none remain; returns how many were deleted, 0
     /// without a ledger. Run it from a periodic job, off-peak.

@@ -87,6 +87,27 @@ impl Releases {
     }
 }
 
+impl Releases {
+    /// Waits until no release of any key is in flight, for at most `limit`; `true` when none
+    /// is left.
+    pub(crate) async fn all_settled(&self, limit: Duration) -> bool {
+        let waited = tokio::time::timeout(limit, async {
+            loop {
+                let gates: Vec<_> = self.in_flight().values().cloned().collect();
+                if gates.is_empty() {
+                    return;
+                }
+                for gate in gates {
+                    drop(gate.lock().await);
+                }
+                // The gate is dropped before its key leaves the map: let the task finish.
+                tokio::task::yield_now().await;
+            }
+        });
+        waited.await.is_ok()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::AtomicBool;
@@ -135,5 +156,39 @@ mod tests {
         let started = tokio::time::Instant::now();
         releases.settled("stuck", Duration::from_secs(10)).await;
         assert_eq!(started.elapsed(), Duration::from_secs(10));
+    }
+
+    #[tokio::test]
+    async fn all_settled_waits_for_every_key_and_says_when_one_never_lands() {
+        let releases = Arc::new(Releases::default());
+        assert!(releases.all_settled(LIMIT).await, "nothing in flight");
+        let (go_a, wait_a) = tokio::sync::oneshot::channel::<()>();
+        let (go_b, wait_b) = tokio::sync::oneshot::channel::<()>();
+        let written = Arc::new(AtomicUsize::new(0));
+        for (key, wait) in [("a", wait_a), ("b", wait_b)] {
+            let written = Arc::clone(&written);
+            releases.spawn(key.to_owned(), async move {
+                let _ = wait.await;
+                written.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+        let waiting = tokio::spawn({
+            let releases = Arc::clone(&releases);
+            async move { releases.all_settled(LIMIT).await }
+        });
+        go_b.send(()).expect("b waits");
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "a is not written yet");
+        go_a.send(()).expect("a waits");
+        assert!(waiting.await.expect("no panic"), "both written");
+        assert_eq!(written.load(Ordering::SeqCst), 2);
+        assert_eq!(releases.count.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn all_settled_gives_up_after_its_limit() {
+        let releases = Arc::new(Releases::default());
+        releases.spawn("stuck".to_owned(), std::future::pending());
+        assert!(!releases.all_settled(Duration::from_secs(3)).await);
     }
 }
