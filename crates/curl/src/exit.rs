@@ -1,0 +1,104 @@
+//! The exit statuses: what each says about the operation, and what to do next.
+
+use std::process::ExitCode;
+
+/// How the command ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Exit {
+    /// A final answer, sent now or replayed from the ledger.
+    Done,
+    /// Usage error: nothing was sent.
+    Usage,
+    /// A final answer of 400 or more, with `--fail` or `--fail-with-body` (curl's 22).
+    HttpError,
+    /// A final answer arrived but writing it out failed (curl's 23); the ledger keeps it.
+    Write,
+    /// The operation cannot have happened: safe to run again.
+    NotDone,
+    /// The operation may have happened: run again only with the same key, or reconcile.
+    Unknown,
+    /// The key belongs to a different request: nothing sent.
+    KeyReused,
+    /// The ledger could not be opened, read or written.
+    Ledger,
+}
+
+impl Exit {
+    /// The status the process exits with.
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            Exit::Done => 0,
+            Exit::Usage => 2,
+            Exit::HttpError => 22,
+            Exit::Write => 23,
+            Exit::NotDone => 75,
+            Exit::Unknown => 76,
+            Exit::KeyReused => 77,
+            Exit::Ledger => 78,
+        }
+    }
+
+    /// The word the JSON report and `%{outcome}` give.
+    pub(crate) fn outcome(self) -> &'static str {
+        match self {
+            Exit::Done | Exit::HttpError | Exit::Write => "done",
+            Exit::Usage => "usage_error",
+            Exit::NotDone => "not_done",
+            Exit::Unknown => "unknown",
+            Exit::KeyReused => "key_reused",
+            Exit::Ledger => "ledger_error",
+        }
+    }
+}
+
+impl From<Exit> for ExitCode {
+    fn from(exit: Exit) -> ExitCode {
+        ExitCode::from(exit.code())
+    }
+}
+
+/// The table `--help` ends with (the README has the same).
+pub(crate) const EXIT_STATUSES: &str = "\
+Exit status:
+   0  done: a final answer (any status without -f), sent now or replayed from the ledger
+  22  done, with -f or --fail-with-body: the answer's status is 400 or more
+  23  done, but writing the answer out failed: run again to have it replayed
+   2  usage error: nothing was sent
+  75  not done: it cannot have happened; safe to run again
+  76  outcome unknown: it may have happened; run again only with the same key (the report
+      names it), or settle it with `idemcurl ledger resolve`
+  77  refused: the key belongs to a different request; nothing was sent
+  78  ledger error: the ledger could not be opened, read or written (the report says whether
+      anything was sent)
+
+The key: --key, --key-from, an Idempotency-Key header, else derived from
+IDEMPOTENT_RETRY_RUN (and IDEMPOTENT_RETRY_STEP) with the request, else fresh for this
+invocation (its retries are safe; a re-run is a new operation).
+`idemcurl ledger --help`: the operators' commands, on the same ledger by default.";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_status_is_in_the_help_table_once() {
+        for exit in [
+            Exit::Done,
+            Exit::Usage,
+            Exit::HttpError,
+            Exit::Write,
+            Exit::NotDone,
+            Exit::Unknown,
+            Exit::KeyReused,
+            Exit::Ledger,
+        ] {
+            let row = format!("{:>4}  ", exit.code());
+            assert_eq!(
+                EXIT_STATUSES.matches(&row).count(),
+                1,
+                "{exit:?} ({}) in the table",
+                exit.code()
+            );
+        }
+    }
+}

@@ -1,0 +1,607 @@
+//! One invocation: read everything it needs, choose the key, send through the library's
+//! `Client` (its ledger, retries and redirect policy), write the answer out, and report.
+
+use std::time::{Duration, SystemTime};
+
+use http::{HeaderName, HeaderValue, Method};
+use idempotent_retry::ledger::{LeaseHeldPolicy, LedgerOptions, OperationStatus};
+use idempotent_retry::multipart::{Form, Part};
+use idempotent_retry::redirect::RedirectChain;
+use idempotent_retry::time::{Clock, TokioClock};
+use idempotent_retry::{
+    Client, ErrorKind, IDEMPOTENCY_KEY, RedirectPolicy, RetryPolicy, RetryReport,
+};
+
+use crate::args::{Fail, Invocation};
+use crate::exit::Exit;
+use crate::key::{self, KeyChoice, KeyInputs, KeySource};
+use crate::ledger;
+use crate::output::{self, Destination};
+use crate::payload::{self, HeaderLine, Payload, Stdin};
+use crate::report::Report;
+use crate::write_out::{Facts, WriteOut};
+
+/// The longest wait for the leases of a cancelled operation to be given back.
+const RELEASE_WAIT: Duration = Duration::from_secs(5);
+/// The longest answer body saved for replay.
+const MAX_SAVED_BODY: usize = 1024 * 1024;
+/// How often a run waiting for another run's lease looks again.
+const LEASE_POLL: Duration = Duration::from_millis(50);
+/// The lease slack on a ledger file: its runs share one machine's clock.
+const LOCAL_LEASE_SLACK: Duration = Duration::from_secs(2);
+
+/// What the invocation sends, read and checked before anything goes out.
+struct Prepared {
+    method: Method,
+    url: reqwest::Url,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    removed: Vec<HeaderName>,
+    /// The request's own key header: `Some(None)` when `-H "Name:"` removed it.
+    key_header_value: Option<Option<String>>,
+    key_header: HeaderName,
+    payload: Payload,
+    user: Option<(String, String)>,
+    write_out: Option<WriteOut>,
+    out: Destination,
+    dump: Option<Destination>,
+    http: reqwest::Client,
+    policy: RetryPolicy,
+    redirects: RedirectPolicy,
+}
+
+/// The methods that get a key only when given one (RFC 9110's idempotent methods).
+fn is_idempotent(method: &Method) -> bool {
+    [
+        Method::GET,
+        Method::HEAD,
+        Method::OPTIONS,
+        Method::PUT,
+        Method::DELETE,
+        Method::TRACE,
+    ]
+    .contains(method)
+}
+
+/// The URL without user name and password, for reports.
+fn shown(url: &reqwest::Url) -> String {
+    let mut url = url.clone();
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    url.to_string()
+}
+
+fn prepare(invocation: &Invocation) -> Result<Prepared, String> {
+    let text = if invocation.url.contains("://") {
+        invocation.url.clone()
+    } else {
+        format!("http://{}", invocation.url)
+    };
+    let url = reqwest::Url::parse(&text)
+        .map_err(|err| format!("{:?} is not a URL: {err}", invocation.url))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!(
+            "{}: idemcurl speaks http and https only",
+            shown(&url)
+        ));
+    }
+    let mut stdin = Stdin::default();
+    let payload = if invocation.form.is_empty() {
+        payload::data(&invocation.data, &mut stdin)?
+    } else {
+        payload::form(&invocation.form, &mut stdin)?
+    };
+    let method = match &invocation.method {
+        Some(method) => Method::from_bytes(method.as_bytes())
+            .map_err(|_| format!("-X {method:?} is not a method"))?,
+        None if matches!(payload, Payload::None) => Method::GET,
+        None => Method::POST,
+    };
+    let key_header = match &invocation.key_header {
+        Some(name) => HeaderName::try_from(name.as_str())
+            .map_err(|_| format!("--key-header {name:?} is not a header name"))?,
+        None => IDEMPOTENCY_KEY,
+    };
+    let mut headers = Vec::new();
+    let mut removed = Vec::new();
+    let mut key_header_value = None;
+    for line in &invocation.headers {
+        match payload::header_line(line)? {
+            HeaderLine::Set(name, value) if name == key_header => {
+                let value = value
+                    .to_str()
+                    .map_err(|_| format!("-H {line:?}: a key must be visible ASCII"))?;
+                key_header_value = Some(Some(value.to_owned()));
+            }
+            HeaderLine::Remove(name) if name == key_header => key_header_value = Some(None),
+            HeaderLine::Remove(name)
+                if name == http::header::HOST
+                    || name == http::header::CONTENT_LENGTH
+                    || name == http::header::ACCEPT =>
+            {
+                return Err(format!(
+                    "-H {line:?}: idemcurl cannot send a request without {name}"
+                ));
+            }
+            HeaderLine::Set(name, value) => headers.push((name, value)),
+            HeaderLine::Remove(name) => removed.push(name),
+        }
+    }
+    let user = invocation
+        .user
+        .as_ref()
+        .map(|user| {
+            user.split_once(':')
+                .map(|(name, password)| (name.to_owned(), password.to_owned()))
+                .ok_or_else(|| {
+                    "-u: give user:password (idemcurl never prompts for a password)".to_owned()
+                })
+        })
+        .transpose()?;
+    let write_out = match &invocation.write_out {
+        Some(format) => {
+            let format = match format.strip_prefix('@') {
+                Some(path) => std::fs::read_to_string(path)
+                    .map_err(|err| format!("-w @{path}: cannot read the file: {err}"))?,
+                None => format.clone(),
+            };
+            Some(WriteOut::parse(&format)?)
+        }
+        None => None,
+    };
+    let out = Destination::open(invocation.output.as_deref(), "-o")?;
+    let dump = invocation
+        .dump_header
+        .as_deref()
+        .map(|path| Destination::open(Some(path), "-D"))
+        .transpose()?;
+    let mut http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none());
+    if let Some(limit) = invocation.connect_timeout {
+        http = http.connect_timeout(limit);
+    }
+    if let Some(path) = &invocation.cacert {
+        let pem = std::fs::read(path)
+            .map_err(|err| format!("--cacert {}: cannot read the file: {err}", path.display()))?;
+        let certificates = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|err| format!("--cacert {}: not PEM certificates: {err}", path.display()))?;
+        if certificates.is_empty() {
+            return Err(format!(
+                "--cacert {}: the file holds no PEM certificate",
+                path.display()
+            ));
+        }
+        for certificate in certificates {
+            http = http.add_root_certificate(certificate);
+        }
+    }
+    let http = http
+        .build()
+        .map_err(|err| format!("cannot set up the HTTP client: {err}"))?;
+    let mut policy = RetryPolicy::default();
+    if let Some(retries) = invocation.retry {
+        policy = policy.with_max_attempts(retries.saturating_add(1));
+    }
+    if let Some(limit) = invocation.max_time {
+        policy = policy.with_attempt_timeout(limit);
+    }
+    if let Some(window) = invocation.reconcile_window {
+        policy = policy.with_reconcile_window(window);
+    }
+    policy.validate().map_err(|err| err.to_string())?;
+    let redirects = if invocation.location {
+        match invocation.max_redirs {
+            Some(hops) => RedirectPolicy::limited(hops),
+            None => RedirectPolicy::new(),
+        }
+    } else {
+        RedirectPolicy::none()
+    };
+    Ok(Prepared {
+        method,
+        url,
+        headers,
+        removed,
+        key_header_value,
+        key_header,
+        payload,
+        user,
+        write_out,
+        out,
+        dump,
+        http,
+        policy,
+        redirects,
+    })
+}
+
+/// Waits for SIGINT, SIGTERM or SIGHUP (Ctrl-C elsewhere); never, if they cannot be watched.
+async fn cancelled() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let watch = |kind| signal(kind).ok();
+        let (mut int, mut term, mut hup) = (
+            watch(SignalKind::interrupt()),
+            watch(SignalKind::terminate()),
+            watch(SignalKind::hangup()),
+        );
+        let next = |signal: &mut Option<tokio::signal::unix::Signal>| {
+            let signal = signal.take();
+            async move {
+                match signal {
+                    Some(mut signal) => {
+                        signal.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            }
+        };
+        tokio::select! {
+            () = next(&mut int) => {}
+            () = next(&mut term) => {}
+            () = next(&mut hup) => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Runs the invocation; the report says how it ended.
+pub(crate) async fn run(invocation: Invocation) -> Report {
+    let report = operate(&invocation).await;
+    let silent_ok = invocation.silent && matches!(report.exit, Exit::Done | Exit::HttpError);
+    match invocation.report {
+        crate::args::ReportFormat::Json => eprintln!("{}", report.json()),
+        crate::args::ReportFormat::Text if !silent_ok => eprintln!("{}", report.text()),
+        crate::args::ReportFormat::Text => {}
+    }
+    report
+}
+
+async fn operate(invocation: &Invocation) -> Report {
+    let mut prepared = match prepare(invocation) {
+        Ok(prepared) => prepared,
+        Err(message) => return Report::usage(message),
+    };
+    let mut report = Report::usage(String::new());
+    report.error = None;
+    report.method = prepared.method.to_string();
+    report.url = shown(&prepared.url);
+    report.ledger = "none".to_owned();
+
+    let keyed_method = !is_idempotent(&prepared.method);
+    let identity =
+        || key::request_identity(&prepared.method, prepared.url.as_str(), &prepared.payload);
+    let choice = key::choose(&KeyInputs {
+        arg: &invocation.key,
+        scope: &invocation.scope,
+        header: prepared
+            .key_header_value
+            .as_ref()
+            .map(|value| value.as_deref()),
+        keyed_method,
+        run: key::run_identity(|name| std::env::var(name).ok()),
+        request: &identity,
+    });
+    let choice = match choice {
+        Ok(choice) => choice,
+        Err(message) => {
+            report.exit = Exit::Usage;
+            report.error = Some(message);
+            return report;
+        }
+    };
+    report.key = choice.key.as_ref().map(|key| key.as_str().to_owned());
+    report.key_source = choice.source;
+
+    let opened = match ledger::open(&invocation.ledger).await {
+        Ok(opened) => opened,
+        Err(message) => {
+            report.exit = Exit::Ledger;
+            report.error = Some(message);
+            return report;
+        }
+    };
+    let mut options = LedgerOptions::new()
+        .max_body(MAX_SAVED_BODY)
+        .on_lease_held(LeaseHeldPolicy::Wait {
+            poll: LEASE_POLL,
+            max_wait: invocation.lease_wait,
+        })
+        .worker(format!("idemcurl-{}", std::process::id()));
+    let mut builder = Client::builder()
+        .http(prepared.http.clone())
+        .policy(prepared.policy.clone())
+        .key_header(prepared.key_header.clone())
+        .redirects(prepared.redirects.clone());
+    if let Some(opened) = opened {
+        report.ledger = opened.name();
+        if opened.is_local() {
+            options = options.lease_slack(LOCAL_LEASE_SLACK);
+        }
+        builder = opened.attach(builder).ledger_options(options);
+    }
+    let client = match builder.build() {
+        Ok(client) => client,
+        Err(err) => {
+            report.exit = Exit::Usage;
+            report.error = Some(err.to_string());
+            return report;
+        }
+    };
+    let request = match request(&client, &mut prepared, &choice, &invocation.scope) {
+        Ok(request) => request,
+        Err(message) => {
+            report.exit = Exit::Usage;
+            report.error = Some(message);
+            return report;
+        }
+    };
+    let clock = TokioClock::new();
+    let started = clock.now();
+    let mut send = Box::pin(request.send());
+    let sent = tokio::select! {
+        sent = &mut send => Some(sent),
+        () = cancelled() => None,
+    };
+    let Some(sent) = sent else {
+        drop(send);
+        return cancel(&client, &choice, report, started.elapsed()).await;
+    };
+    match sent {
+        Ok(response) => answered(invocation, &mut prepared, response, report).await,
+        Err(mut err) => {
+            report.exit = match err.kind() {
+                ErrorKind::Builder | ErrorKind::InvalidKey => Exit::Usage,
+                ErrorKind::KeyReuse => Exit::KeyReused,
+                ErrorKind::Ledger => Exit::Ledger,
+                _ if err.is_outcome_unknown() => Exit::Unknown,
+                _ => Exit::NotDone,
+            };
+            report.attempts = err.attempts();
+            report.elapsed = err.elapsed();
+            report.error = Some(err.to_string());
+            if let Some(key) = err.idempotency_key() {
+                report.key = Some(key.as_str().to_owned());
+            }
+            if report.exit == Exit::Unknown {
+                report.window_ends =
+                    window_end(&client, report.key.as_deref(), &prepared.policy).await;
+            }
+            if let Some(response) = err.take_response() {
+                // The last attempt's answer, as curl would show it; the exit status is the
+                // operation's.
+                let exit = report.exit;
+                report = answered(invocation, &mut prepared, response, report).await;
+                if report.exit != Exit::Write {
+                    report.exit = exit;
+                }
+            }
+            report
+        }
+    }
+}
+
+/// The request as the invocation asks it, on `client`.
+fn request(
+    client: &Client,
+    prepared: &mut Prepared,
+    choice: &KeyChoice,
+    scope: &str,
+) -> Result<idempotent_retry::RequestBuilder, String> {
+    let mut request = client
+        .request(prepared.method.clone(), prepared.url.as_str())
+        .ledger_scope(scope);
+    let set = |name: &HeaderName| prepared.headers.iter().any(|(set, _)| set == name);
+    let removed = |name: &HeaderName| prepared.removed.contains(name);
+    let json = matches!(prepared.payload, Payload::Bytes { json: true, .. });
+    let defaults = [
+        (
+            http::header::USER_AGENT,
+            concat!("idemcurl/", env!("CARGO_PKG_VERSION")),
+        ),
+        (
+            http::header::ACCEPT,
+            if json { "application/json" } else { "*/*" },
+        ),
+    ];
+    for (name, value) in defaults {
+        if !set(&name) && !removed(&name) {
+            request = request.header(name, HeaderValue::from_static(value));
+        }
+    }
+    if let Some((name, password)) = &prepared.user {
+        request = request.basic_auth(name, Some(password));
+    }
+    match std::mem::replace(&mut prepared.payload, Payload::None) {
+        Payload::None => {}
+        Payload::Bytes { bytes, json } => {
+            let content_type = http::header::CONTENT_TYPE;
+            if !set(&content_type) && !removed(&content_type) {
+                let kind = if json {
+                    "application/json"
+                } else {
+                    "application/x-www-form-urlencoded"
+                };
+                request = request.header(content_type, HeaderValue::from_static(kind));
+            }
+            request = request.body(bytes.clone());
+            prepared.payload = Payload::Bytes { bytes, json };
+        }
+        Payload::Form(parts) => {
+            let mut form = Form::new().percent_encode_noop();
+            for part in &parts {
+                let mut made = Part::bytes(part.content.clone());
+                if let Some(name) = &part.file_name {
+                    made = made.file_name(name.clone());
+                }
+                if let Some(kind) = &part.content_type {
+                    made = made
+                        .mime_str(kind)
+                        .map_err(|err| format!("-F {}: type {kind:?}: {err}", part.name))?;
+                }
+                form = form.part(part.name.clone(), made);
+            }
+            request = request.multipart(form);
+            prepared.payload = Payload::Form(parts);
+        }
+    }
+    for (name, value) in &prepared.headers {
+        request = request.header(name.clone(), value.clone());
+    }
+    request = match (&choice.key, choice.source) {
+        (_, KeySource::Refused) => request.without_idempotency_key(),
+        (Some(key), _) => request.idempotency_key(key.clone()),
+        (None, _) => request,
+    };
+    Ok(request)
+}
+
+/// Writes a response out (head with `-i` or `-D`, body unless `--fail` refuses it, `-w`) and
+/// fills in the report.
+async fn answered(
+    invocation: &Invocation,
+    prepared: &mut Prepared,
+    mut response: reqwest::Response,
+    mut report: Report,
+) -> Report {
+    let status = response.status();
+    report.status = Some(status.as_u16());
+    let content_type = response
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned);
+    if let Some(retry) = RetryReport::of(&response) {
+        report.replayed = retry.is_replayed();
+        report.body_missing = retry.is_replay_body_missing();
+        report.attempts = retry.attempts();
+        report.elapsed = retry.elapsed();
+        if let Some(key) = retry.idempotency_key() {
+            report.key = Some(key.as_str().to_owned());
+        }
+    }
+    let redirects = RedirectChain::of(&response).hops().len();
+    let final_url = shown(response.url());
+    let failing = status.as_u16() >= 400 && invocation.fail != Fail::No;
+    report.exit = if failing { Exit::HttpError } else { Exit::Done };
+    let head = output::head(response.version(), status, response.headers());
+    let mut size = 0u64;
+    let written: Result<(), String> =
+        async {
+            if let Some(dump) = &mut prepared.dump {
+                dump.write(&head)
+                    .map_err(|err| format!("-D: cannot write: {err}"))?;
+                dump.finish()
+                    .map_err(|err| format!("-D: cannot write: {err}"))?;
+            }
+            if invocation.include {
+                prepared
+                    .out
+                    .write(&head)
+                    .map_err(|err| format!("cannot write the answer: {err}"))?;
+            }
+            if !(failing && invocation.fail == Fail::Fail) {
+                while let Some(chunk) = response.chunk().await.map_err(|err| {
+                    format!("the answer's body was cut off after {size} bytes: {err}")
+                })? {
+                    size += chunk.len() as u64;
+                    prepared
+                        .out
+                        .write(&chunk)
+                        .map_err(|err| format!("cannot write the answer: {err}"))?;
+                }
+            }
+            prepared
+                .out
+                .finish()
+                .map_err(|err| format!("cannot write the answer: {err}"))
+        }
+        .await;
+    if let Err(message) = written {
+        report.exit = Exit::Write;
+        report.error = Some(message);
+    }
+    if let Some(format) = &prepared.write_out {
+        let facts = Facts {
+            status: Some(status.as_u16()),
+            url: final_url,
+            size,
+            content_type,
+            redirects,
+            elapsed: report.elapsed,
+            exit: report.exit.code(),
+            key: report.key.clone(),
+            attempts: report.attempts,
+            outcome: report.exit.outcome(),
+            replayed: report.replayed,
+        };
+        let text = format.render(&facts);
+        let mut stdout = Destination::Stdout;
+        if stdout
+            .write(text.as_bytes())
+            .and_then(|()| stdout.finish())
+            .is_err()
+            && report.exit != Exit::Write
+        {
+            report.exit = Exit::Write;
+            report.error = Some("cannot write --write-out to stdout".into());
+        }
+    }
+    report
+}
+
+/// When the operation under `key` may no longer be sent again: its first attempt, as the
+/// ledger holds it, plus the window.
+async fn window_end(
+    client: &Client,
+    key: Option<&str>,
+    policy: &RetryPolicy,
+) -> Option<SystemTime> {
+    let record = client.ledger()?.get(key?).await.ok()??;
+    record
+        .first_attempt_at
+        .checked_add(policy.reconcile_window())
+}
+
+/// After a signal: the dropped operation's lease given back, and whether it may have run, as
+/// the ledger now says.
+async fn cancel(
+    client: &Client,
+    choice: &KeyChoice,
+    mut report: Report,
+    elapsed: Duration,
+) -> Report {
+    report.cancelled = true;
+    report.elapsed = elapsed;
+    client.wait_for_releases(RELEASE_WAIT).await;
+    let status = match (client.ledger(), &choice.key) {
+        (Some(ledger), Some(key)) => ledger
+            .get(key.as_str())
+            .await
+            .ok()
+            .flatten()
+            .map(|record| (record.status, record.attempts)),
+        _ => None,
+    };
+    match status {
+        Some((OperationStatus::NotSent, attempts)) => {
+            report.exit = Exit::NotDone;
+            report.attempts = attempts;
+            report.error = Some("stopped before any attempt reached the server".into());
+        }
+        Some((_, attempts)) => {
+            report.exit = Exit::Unknown;
+            report.attempts = attempts;
+            report.error = Some("stopped while the operation was under way".into());
+        }
+        None => {
+            report.exit = Exit::Unknown;
+            report.error = Some("stopped while the operation was under way".into());
+        }
+    }
+    report
+}

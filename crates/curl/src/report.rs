@@ -1,0 +1,258 @@
+//! The report on stderr: one line for people (`idemcurl: done: ...`), or one JSON object for
+//! programs (`--report json`).
+
+use std::time::{Duration, SystemTime};
+
+use crate::exit::Exit;
+use crate::key::{KeySource, RUN_VARIABLE};
+
+/// Everything the report says.
+#[derive(Debug, Clone)]
+pub(crate) struct Report {
+    pub(crate) exit: Exit,
+    pub(crate) method: String,
+    /// Without credentials.
+    pub(crate) url: String,
+    pub(crate) status: Option<u16>,
+    pub(crate) attempts: u32,
+    pub(crate) elapsed: Duration,
+    pub(crate) key: Option<String>,
+    pub(crate) key_source: KeySource,
+    pub(crate) replayed: bool,
+    /// A replayed answer whose body was too long to save.
+    pub(crate) body_missing: bool,
+    /// Why it did not end with a final answer, or what else went wrong.
+    pub(crate) error: Option<String>,
+    /// The ledger, as the report names it (`none` without one).
+    pub(crate) ledger: String,
+    /// When the operation may no longer be sent again with its key.
+    pub(crate) window_ends: Option<SystemTime>,
+    /// The command was cancelled by a signal.
+    pub(crate) cancelled: bool,
+}
+
+impl Report {
+    /// A usage error's report: nothing was sent.
+    pub(crate) fn usage(message: String) -> Report {
+        Report {
+            exit: Exit::Usage,
+            method: String::new(),
+            url: String::new(),
+            status: None,
+            attempts: 0,
+            elapsed: Duration::ZERO,
+            key: None,
+            key_source: KeySource::None,
+            replayed: false,
+            body_missing: false,
+            error: Some(message),
+            ledger: String::new(),
+            window_ends: None,
+            cancelled: false,
+        }
+    }
+
+    /// Whether anything went to the server in this invocation.
+    fn sent(&self) -> bool {
+        self.attempts > 0 && !self.replayed
+    }
+
+    fn key_phrase(&self) -> String {
+        let Some(key) = &self.key else {
+            return match self.key_source {
+                KeySource::Refused => "no key (the key header was removed)".into(),
+                _ => format!("no key ({} is idempotent)", self.method),
+            };
+        };
+        let why = match self.key_source {
+            KeySource::Given => "--key".to_owned(),
+            KeySource::Derived => "--key-from".to_owned(),
+            KeySource::Header => "the request's key header".to_owned(),
+            KeySource::Run => format!(
+                "derived from {RUN_VARIABLE} and the request: the same command in this run is this operation"
+            ),
+            KeySource::Fresh => format!(
+                "fresh for this invocation: a re-run is a new operation; --key {key} makes it this one"
+            ),
+            KeySource::None | KeySource::Refused => String::new(),
+        };
+        format!("key {key} ({why})")
+    }
+
+    fn attempts_phrase(&self) -> String {
+        let plural = if self.attempts == 1 { "" } else { "s" };
+        format!(
+            "{} attempt{plural} in {}",
+            self.attempts,
+            readable(self.elapsed)
+        )
+    }
+
+    /// The line for people, without its newline.
+    pub(crate) fn text(&self) -> String {
+        let error = self.error.as_deref().unwrap_or("no answer");
+        let key = self.key_phrase();
+        match self.exit {
+            Exit::Done | Exit::HttpError | Exit::Write => {
+                let status = self.status.unwrap_or(0);
+                let how = if self.replayed {
+                    let missing = if self.body_missing {
+                        " (its body was too long to save: the body is empty)"
+                    } else {
+                        ""
+                    };
+                    format!("replayed from the ledger{missing}, nothing sent")
+                } else {
+                    format!("sent, {}", self.attempts_phrase())
+                };
+                let tail = match self.exit {
+                    Exit::HttpError => "; exit 22 (--fail: status 400 or more)".to_owned(),
+                    Exit::Write => format!("; but {error}: run it again to have it replayed"),
+                    _ => String::new(),
+                };
+                format!(
+                    "idemcurl: done: {status} from {} {}, {how}; {key}{tail}",
+                    self.method, self.url
+                )
+            }
+            Exit::Usage => format!("idemcurl: {error} (nothing was sent)"),
+            Exit::NotDone => format!(
+                "idemcurl: not done: {}; it cannot have happened, so it is safe to run again; {}; {key}",
+                self.cancel_or(error),
+                self.attempts_phrase()
+            ),
+            Exit::Unknown => {
+                let window = self
+                    .window_ends
+                    .map(|end| {
+                        format!(
+                            " until {} (the reconcile window)",
+                            humantime::format_rfc3339_seconds(end)
+                        )
+                    })
+                    .unwrap_or_default();
+                let next = match &self.key {
+                    Some(key) => format!(
+                        "run it again only with --key {key}{window}, or look it up with `idemcurl ledger show {key}` and settle it with `idemcurl ledger resolve {key}`"
+                    ),
+                    None => "check with the server before sending it again".to_owned(),
+                };
+                format!(
+                    "idemcurl: outcome unknown: {}; it may have happened; {}; {key}; {next}",
+                    self.cancel_or(error),
+                    self.attempts_phrase()
+                )
+            }
+            Exit::KeyReused => format!("idemcurl: refused, nothing sent: {error}"),
+            Exit::Ledger => {
+                let sent = if self.sent() {
+                    "it may have been sent"
+                } else {
+                    "nothing was sent"
+                };
+                format!("idemcurl: ledger error: {error} ({sent}); {key}")
+            }
+        }
+    }
+
+    fn cancel_or<'a>(&self, error: &'a str) -> std::borrow::Cow<'a, str> {
+        if self.cancelled {
+            format!("cancelled ({error})").into()
+        } else {
+            error.into()
+        }
+    }
+
+    /// The JSON object for programs, on one line.
+    pub(crate) fn json(&self) -> String {
+        serde_json::json!({
+            "outcome": self.exit.outcome(),
+            "exit": self.exit.code(),
+            "method": self.method,
+            "url": self.url,
+            "status": self.status,
+            "attempts": self.attempts,
+            "elapsed_ms": u64::try_from(self.elapsed.as_millis()).unwrap_or(u64::MAX),
+            "key": self.key,
+            "key_source": self.key_source.name(),
+            "sent": self.sent(),
+            "replayed": self.replayed,
+            "replayed_body_missing": self.body_missing,
+            "cancelled": self.cancelled,
+            "ledger": self.ledger,
+            "window_ends": self.window_ends.map(|end| humantime::format_rfc3339_seconds(end).to_string()),
+            "error": self.error,
+        })
+        .to_string()
+    }
+}
+
+/// A duration for people: `12ms`, `1.25s`, `3m20s`.
+fn readable(elapsed: Duration) -> String {
+    if elapsed < Duration::from_secs(1) {
+        format!("{}ms", elapsed.as_millis())
+    } else if elapsed < Duration::from_secs(60) {
+        format!("{:.2}s", elapsed.as_secs_f64())
+    } else {
+        humantime::format_duration(Duration::from_secs(elapsed.as_secs())).to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(exit: Exit) -> Report {
+        Report {
+            exit,
+            method: "POST".into(),
+            url: "http://127.0.0.1:1/v1/charges".into(),
+            status: Some(201),
+            attempts: 2,
+            elapsed: Duration::from_millis(1250),
+            key: Some("k-1".into()),
+            key_source: KeySource::Fresh,
+            replayed: false,
+            body_missing: false,
+            error: Some("gave up after 2 attempts".into()),
+            ledger: "none".into(),
+            window_ends: Some(SystemTime::UNIX_EPOCH + Duration::from_secs(86_400)),
+            cancelled: false,
+        }
+    }
+
+    #[test]
+    fn each_outcome_says_what_to_do_next() {
+        let done = report(Exit::Done).text();
+        assert!(done.starts_with("idemcurl: done: 201 from POST http://127.0.0.1:1/v1/charges, sent, 2 attempts in 1.25s"), "{done}");
+        assert!(
+            done.contains("a re-run is a new operation; --key k-1 makes it this one"),
+            "{done}"
+        );
+        let unknown = report(Exit::Unknown).text();
+        assert!(
+            unknown.contains("outcome unknown") && unknown.contains("may have happened"),
+            "{unknown}"
+        );
+        assert!(
+            unknown.contains("--key k-1 until 1970-01-02T00:00:00Z"),
+            "{unknown}"
+        );
+        assert!(unknown.contains("idemcurl ledger resolve k-1"), "{unknown}");
+        let not_done = report(Exit::NotDone).text();
+        assert!(not_done.contains("safe to run again"), "{not_done}");
+        let mut replayed = report(Exit::Done);
+        replayed.replayed = true;
+        assert!(
+            replayed
+                .text()
+                .contains("replayed from the ledger, nothing sent")
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(&replayed.json()).expect("the JSON report parses");
+        assert_eq!(json["outcome"], "done");
+        assert_eq!(json["sent"], false);
+        assert_eq!(json["key_source"], "fresh");
+        assert_eq!(json["window_ends"], "1970-01-02T00:00:00Z");
+    }
+}
