@@ -146,16 +146,16 @@ pub(crate) fn form_part(spec: &str, stdin: &mut Stdin) -> Result<FormPart, Strin
     }
     let content = if let Some(path) = value.strip_prefix('@') {
         let read = read_file(path, stdin, "-F")?;
-        if file_name.is_none() && path != "-" {
-            file_name = Some(
-                Path::new(path)
-                    .file_name()
-                    .map(|name| name.to_string_lossy().into_owned())
-                    .unwrap_or_else(|| path.to_owned()),
-            );
-        }
+        let own_name = Path::new(path)
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_else(|| path.to_owned());
+        // The type is guessed from the file's own name, as curl does, even under ;filename=.
         if content_type.is_none() {
-            content_type = Some(guessed_type(file_name.as_deref().unwrap_or_default()).to_owned());
+            content_type = Some(guessed_type(&own_name).to_owned());
+        }
+        if file_name.is_none() && path != "-" {
+            file_name = Some(own_name);
         }
         read
     } else if let Some(path) = value.strip_prefix('<') {

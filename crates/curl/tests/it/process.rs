@@ -1,0 +1,375 @@
+//! The command against the testkit's idempotent receiver: what the receiver saw, how many side
+//! effects, and what the command said and exited with.
+
+use std::time::Duration;
+
+use idempotent_retry_testkit::{Fault, Receiver, When};
+
+use crate::support::{Scratch, finish, idemcurl, run};
+
+const CHARGE: &str = r#"{"amount":1200,"currency":"eur"}"#;
+
+/// A keyed charge on `receiver`, with the test's ledger and the JSON report.
+fn charge(scratch: &Scratch, receiver: &Receiver, extra: &[&str]) -> tokio::process::Command {
+    let mut command = idemcurl(scratch.dir.path());
+    command
+        .arg("--ledger")
+        .arg(scratch.ledger())
+        .args(["--report", "json", "--json", CHARGE])
+        .args(extra)
+        .arg(receiver.url("/v1/charges"));
+    command
+}
+
+#[tokio::test]
+async fn a_rerun_after_success_is_replayed_from_the_ledger_with_nothing_sent() {
+    let receiver = Receiver::start().await.expect("receiver");
+    let scratch = Scratch::new();
+    let first = run(charge(&scratch, &receiver, &["--key", "charge-1"])).await;
+    let again = run(charge(&scratch, &receiver, &["--key", "charge-1"])).await;
+    assert_eq!((first.code, again.code), (0, 0), "{first:?} {again:?}");
+    assert_eq!(receiver.arrivals(), 1, "the re-run sent nothing");
+    assert_eq!(receiver.effects_for("charge-1"), 1);
+    assert_eq!(
+        again.stdout, first.stdout,
+        "the saved answer, byte for byte"
+    );
+    let report = again.report();
+    assert_eq!(report["replayed"], true);
+    assert_eq!(report["sent"], false);
+    assert_eq!(report["status"], 200);
+    assert_eq!(first.report()["sent"], true);
+}
+
+#[tokio::test]
+async fn the_run_identity_makes_a_rerun_in_the_run_the_same_operation_and_another_run_a_new_one() {
+    let receiver = Receiver::start().await.expect("receiver");
+    let scratch = Scratch::new();
+    let in_run = |run_id: &'static str| {
+        let mut command = charge(&scratch, &receiver, &[]);
+        command.env("IDEMPOTENT_RETRY_RUN", run_id);
+        command
+    };
+    let first = run(in_run("run-7")).await;
+    let again = run(in_run("run-7")).await;
+    let other = run(in_run("run-8")).await;
+    for ran in [&first, &again, &other] {
+        assert_eq!(ran.code, 0, "{ran:?}");
+        assert_eq!(ran.report()["key_source"], "run");
+    }
+    assert_eq!(first.report()["key"], again.report()["key"]);
+    assert_ne!(first.report()["key"], other.report()["key"]);
+    assert_eq!(again.report()["replayed"], true);
+    assert_eq!(receiver.arrivals(), 2, "one per run");
+    assert_eq!(receiver.effects(), 2);
+}
+
+#[tokio::test]
+async fn without_a_key_source_each_invocation_is_a_new_operation_and_says_so() {
+    let receiver = Receiver::start().await.expect("receiver");
+    let scratch = Scratch::new();
+    let mut text = idemcurl(scratch.dir.path());
+    text.arg("--ledger")
+        .arg(scratch.ledger())
+        .args(["--json", CHARGE])
+        .arg(receiver.url("/v1/charges"));
+    let first = run(text).await;
+    let second = run(charge(&scratch, &receiver, &[])).await;
+    assert_eq!((first.code, second.code), (0, 0));
+    assert_eq!(receiver.arrivals(), 2);
+    assert!(
+        first
+            .stderr
+            .contains("fresh for this invocation: a re-run is a new operation"),
+        "{}",
+        first.stderr
+    );
+    assert_eq!(second.report()["key_source"], "fresh");
+}
+
+#[tokio::test]
+async fn a_changed_request_under_a_used_key_is_refused_with_nothing_sent() {
+    let receiver = Receiver::start().await.expect("receiver");
+    let scratch = Scratch::new();
+    let first = run(charge(&scratch, &receiver, &["--key", "charge-2"])).await;
+    assert_eq!(first.code, 0);
+    let mut changed = idemcurl(scratch.dir.path());
+    changed
+        .arg("--ledger")
+        .arg(scratch.ledger())
+        .args([
+            "--key",
+            "charge-2",
+            "--json",
+            r#"{"amount":9900,"currency":"eur"}"#,
+        ])
+        .arg(receiver.url("/v1/charges"));
+    let refused = run(changed).await;
+    assert_eq!(refused.code, 77, "{refused:?}");
+    assert!(
+        refused.stderr.contains("refused, nothing sent"),
+        "{}",
+        refused.stderr
+    );
+    assert!(
+        refused.stderr.contains("body differs"),
+        "{}",
+        refused.stderr
+    );
+    assert!(refused.stdout.is_empty());
+    assert_eq!(receiver.arrivals(), 1);
+}
+
+#[tokio::test]
+async fn two_invocations_racing_on_one_key_send_once_and_the_second_replays() {
+    let receiver = Receiver::start().await.expect("receiver");
+    let scratch = Scratch::new();
+    // The first holds the key while its handler runs: the second starts only once the first's
+    // request has arrived, so it meets the first's lease.
+    receiver.inject(
+        When::key_attempt("race-1", 1),
+        Fault::SlowHandler(Duration::from_millis(1500)),
+    );
+    let first = charge(&scratch, &receiver, &["--key", "race-1"])
+        .spawn()
+        .expect("first starts");
+    assert_eq!(
+        receiver.wait_for_arrivals(1, Duration::from_secs(30)).await,
+        1
+    );
+    let second = run(charge(&scratch, &receiver, &["--key", "race-1"])).await;
+    let first = finish(first).await;
+    assert_eq!((first.code, second.code), (0, 0), "{first:?} {second:?}");
+    assert_eq!(receiver.arrivals(), 1, "sent once");
+    assert_eq!(receiver.effects_for("race-1"), 1);
+    assert_eq!(second.report()["replayed"], true);
+    assert_eq!(second.stdout, first.stdout);
+}
+
+/// Kills `child` with SIGKILL.
+fn kill(child: &tokio::process::Child) {
+    let pid = child.id().expect("running");
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+}
+
+#[tokio::test]
+async fn a_run_killed_mid_request_is_sent_again_with_its_key_and_the_effect_happens_once() {
+    let receiver = Receiver::start().await.expect("receiver");
+    let scratch = Scratch::new();
+    // The charge commits, then its answer is held back: the process dies not knowing.
+    receiver.inject(
+        When::key_attempt("kill-1", 1),
+        Fault::StallAfterCommit(Duration::from_secs(30)),
+    );
+    let doomed = charge(&scratch, &receiver, &["--key", "kill-1", "-m", "2"])
+        .spawn()
+        .expect("starts");
+    assert_eq!(
+        receiver.wait_for_arrivals(1, Duration::from_secs(30)).await,
+        1
+    );
+    kill(&doomed);
+    let killed = finish(doomed).await;
+    assert_eq!(killed.code, -1, "killed by a signal");
+    // The next run waits out the dead run's lease (its attempt timeout and the slack), then
+    // sends with the same key; the receiver answers from its own record.
+    let rerun = run(charge(&scratch, &receiver, &["--key", "kill-1", "-m", "2"])).await;
+    assert_eq!(rerun.code, 0, "{rerun:?}");
+    assert_eq!(receiver.arrivals(), 2);
+    assert_eq!(receiver.effects_for("kill-1"), 1, "one charge");
+    assert!(
+        receiver
+            .keys()
+            .iter()
+            .all(|key| key.as_deref() == Some("kill-1"))
+    );
+    assert_eq!(rerun.report()["sent"], true);
+}
+
+#[tokio::test]
+async fn past_the_window_a_killed_run_is_refused_and_the_report_says_how_to_reconcile() {
+    let receiver = Receiver::start().await.expect("receiver");
+    let scratch = Scratch::new();
+    receiver.inject(
+        When::key_attempt("late-1", 1),
+        Fault::StallAfterCommit(Duration::from_secs(30)),
+    );
+    let args = ["--key", "late-1", "-m", "1", "--reconcile-window", "1s"];
+    let doomed = charge(&scratch, &receiver, &args).spawn().expect("starts");
+    assert_eq!(
+        receiver.wait_for_arrivals(1, Duration::from_secs(30)).await,
+        1
+    );
+    kill(&doomed);
+    let _ = finish(doomed).await;
+    // The lease (1 s + 2 s) outlasts the window (1 s): the re-run waits for it, then finds the
+    // window over.
+    let mut text = idemcurl(scratch.dir.path());
+    text.arg("--ledger")
+        .arg(scratch.ledger())
+        .args(["--json", CHARGE])
+        .args(args)
+        .arg(receiver.url("/v1/charges"));
+    let late = run(text).await;
+    assert_eq!(late.code, 76, "{late:?}");
+    assert!(late.stderr.contains("outcome unknown"), "{}", late.stderr);
+    assert!(
+        late.stderr.contains("idemcurl ledger resolve late-1"),
+        "{}",
+        late.stderr
+    );
+    assert_eq!(receiver.arrivals(), 1, "nothing sent past the window");
+    // The operators' command in the same binary reads the same ledger.
+    let mut show = idemcurl(scratch.dir.path());
+    show.args(["ledger", "--sqlite"])
+        .arg(scratch.ledger())
+        .args(["show", "late-1"]);
+    let shown = run(show).await;
+    assert_eq!(shown.code, 0, "{shown:?}");
+    assert!(
+        shown.stdout_text().contains("late-1"),
+        "{}",
+        shown.stdout_text()
+    );
+}
+
+#[tokio::test]
+async fn a_cancelled_run_gives_its_lease_back_so_the_rerun_goes_at_once() {
+    let receiver = Receiver::start().await.expect("receiver");
+    let scratch = Scratch::new();
+    receiver.inject(
+        When::key_attempt("cancel-1", 1),
+        Fault::StallAfterCommit(Duration::from_secs(30)),
+    );
+    // A long attempt timeout: a lease left behind would hold the re-run up for 10 minutes.
+    let args = ["--key", "cancel-1", "-m", "600", "--lease-wait", "1s"];
+    let cancelled = charge(&scratch, &receiver, &args).spawn().expect("starts");
+    assert_eq!(
+        receiver.wait_for_arrivals(1, Duration::from_secs(30)).await,
+        1
+    );
+    let pid = cancelled.id().expect("running");
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+    let cancelled = finish(cancelled).await;
+    assert_eq!(cancelled.code, 76, "{cancelled:?}");
+    let report = cancelled.report();
+    assert_eq!(report["cancelled"], true);
+    assert_eq!(report["outcome"], "unknown");
+    let rerun = run(charge(&scratch, &receiver, &args)).await;
+    assert_eq!(rerun.code, 0, "the lease was given back: {rerun:?}");
+    assert_eq!(receiver.effects_for("cancel-1"), 1);
+    assert_eq!(receiver.arrivals(), 2);
+}
+
+#[tokio::test]
+async fn each_exit_status_says_what_happened() {
+    let receiver = Receiver::start().await.expect("receiver");
+    let scratch = Scratch::new();
+    let code = |ran: &crate::support::Ran| (ran.code, ran.report()["outcome"].clone());
+
+    // 503 on every attempt: it may have run.
+    receiver.inject(When::key_attempt("s-503", 1), Fault::status(503));
+    receiver.inject(When::key_attempt("s-503", 2), Fault::status(503));
+    let ran = run(charge(
+        &scratch,
+        &receiver,
+        &["--key", "s-503", "--retry", "1"],
+    ))
+    .await;
+    assert_eq!(code(&ran), (76, "unknown".into()), "{ran:?}");
+    assert_eq!(ran.report()["attempts"], 2);
+
+    // Nothing listens: it cannot have run.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("a port")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let mut refused = idemcurl(scratch.dir.path());
+    refused
+        .arg("--ledger")
+        .arg(scratch.ledger())
+        .args(["--report", "json", "--retry", "1", "-d", "a=1"])
+        .arg(format!("http://127.0.0.1:{port}/"));
+    let ran = run(refused).await;
+    assert_eq!(code(&ran), (75, "not_done".into()), "{ran:?}");
+
+    // A final 4xx: done, exit 22 with --fail and no body written.
+    receiver.inject(When::key_attempt("s-404", 1), Fault::status(404));
+    let ran = run(charge(&scratch, &receiver, &["--key", "s-404", "-f"])).await;
+    assert_eq!(code(&ran), (22, "done".into()), "{ran:?}");
+    assert!(ran.stdout.is_empty());
+    // Without --fail the 404 is a final answer like any other; a rejected request is not
+    // replayed (the ledger holds it as failed): a re-run sends it again, with its key.
+    receiver.inject(When::key_attempt("s-404", 2), Fault::status(404));
+    let ran = run(charge(&scratch, &receiver, &["--key", "s-404"])).await;
+    assert_eq!(code(&ran), (0, "done".into()), "{ran:?}");
+    assert_eq!(ran.report()["status"], 404);
+    assert_eq!(ran.report()["sent"], true);
+
+    // Usage errors: nothing sent.
+    let before = receiver.arrivals();
+    for bad in [
+        &["-k"][..],
+        &["--retry-all-errors"],
+        &["-m", "0"],
+        &["-w", "%{nope}"],
+    ] {
+        let mut command = charge(&scratch, &receiver, bad);
+        command.arg("--key").arg("s-usage");
+        let ran = run(command).await;
+        assert_eq!(ran.code, 2, "{bad:?}: {ran:?}");
+    }
+    assert_eq!(receiver.arrivals(), before);
+
+    // The ledger cannot be opened: a directory where the file should be.
+    let mut broken = idemcurl(scratch.dir.path());
+    broken
+        .arg("--ledger")
+        .arg(scratch.dir.path())
+        .args(["--report", "json", "-d", "a=1"])
+        .arg(receiver.url("/"));
+    let ran = run(broken).await;
+    assert_eq!(code(&ran), (78, "ledger_error".into()), "{ran:?}");
+    assert_eq!(ran.report()["sent"], false);
+    assert_eq!(receiver.arrivals(), before);
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn the_default_ledger_is_a_private_file_in_the_state_directory() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let receiver = Receiver::start().await.expect("receiver");
+    let scratch = Scratch::new();
+    let mut command = idemcurl(scratch.dir.path());
+    command.args(["-s", "-d", "a=1"]).arg(receiver.url("/"));
+    let ran = run(command).await;
+    assert_eq!(ran.code, 0, "{ran:?}");
+    assert!(ran.stderr.is_empty(), "-s: {}", ran.stderr);
+    let dir = scratch.path("idemcurl");
+    let file = dir.join("ledger.sqlite3");
+    let mode = |path: &std::path::Path| {
+        std::fs::metadata(path)
+            .expect("exists")
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(mode(&dir), 0o700);
+    assert_eq!(mode(&file), 0o600);
+    // `idemcurl ledger` reads it without being told where it is.
+    let mut list = idemcurl(scratch.dir.path());
+    list.args(["ledger", "list", "--json"]);
+    let listed = run(list).await;
+    assert_eq!(listed.code, 0, "{listed:?}");
+    let rows: serde_json::Value = serde_json::from_slice(&listed.stdout).expect("JSON rows");
+    assert_eq!(rows.as_array().map(Vec::len), Some(1), "{rows}");
+}
