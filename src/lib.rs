@@ -195,19 +195,16 @@
 //! | first attempted longer ago than the reconcile window | [`ErrorKind::ReconcileWindow`], nothing sent; but an unresolved row is first settled by the scope's [`Reconciler`](crate::reconcile::Reconciler), if one is set (below) |
 //! | otherwise (unknown, failed, or a lapsed lease left by a crash) | sends with the same key, inside the original window |
 //!
-//! The fingerprint includes the URL's origin on purpose: a key belongs to the receiver that saw
-//! it, and the same path on another origin (staging, a test server on another port, a regional
-//! endpoint) is a receiver this crate cannot see into. Moving an operation that may have run to
-//! a new base URL is a decision about the receivers, not the client: look up its answer under
-//! the key at the old one; a key no receiver saw moves by itself, and an operator frees one by
-//! hand with [`release_by_hand`](crate::reconcile::release_by_hand) (`idempotent-retry-ledger release`).
+//! The fingerprint includes the URL's origin (why, and how to move operations to a new base
+//! URL: `docs/ledger.md`); an operator frees a key by hand with
+//! [`release_by_hand`](crate::reconcile::release_by_hand) (`idempotent-retry-ledger release`).
 //!
 //! [`MemoryLedger`](crate::ledger::MemoryLedger) serves one process, `SqliteLedger` (feature `sqlite`) one machine,
 //! `PostgresLedger` (feature `postgres`) a fleet sharing one table. A ledger failure is
 //! [`ErrorKind::Ledger`]: before the first attempt nothing is sent; after one, the error
 //! carries the key and the outcome flag. A dropped `send` gives its lease back at once, a dead
-//! process's lease lapses. [`ClientBuilder::ledger`] has an example, [`Ledger`](crate::ledger::Ledger) the stages of
-//! one run and the schema, `docs/ledger.md` the incident queries.
+//! process's lease lapses. [`ClientBuilder::ledger`] has an example; `docs/ledger.md` the
+//! contract, the stages of one run, the schema and the incident queries.
 //!
 //! # Reconciling unknown outcomes
 //!

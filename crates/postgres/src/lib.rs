@@ -171,7 +171,7 @@ impl PostgresLedger {
     /// the version table in a new database, and checks that the table has every column. Safe
     /// to run on every start and from many workers at once: each step runs in a transaction
     /// of its own under an advisory lock, on a pooled connection held for the migration. What
-    /// it does with older and newer databases is in the [schema docs](idempotent_retry_ledger::Ledger#schema).
+    /// it does with older and newer databases: `docs/ledger.md`, "Versions".
     ///
     /// # Errors
     ///

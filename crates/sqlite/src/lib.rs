@@ -132,8 +132,8 @@ struct Inner {
 }
 
 impl SqliteLedger {
-    /// The schema version this release reads and writes (the SQL ledgers share it; see the
-    /// [schema docs](idempotent_retry_ledger::Ledger#schema)). [`open`](Self::open) and
+    /// The schema version this release reads and writes (the SQL ledgers share it; the schema:
+    /// `docs/ledger.md`). [`open`](Self::open) and
     /// [`migrate`](Self::migrate) bring a file to it; [`open_read_only`](Self::open_read_only)
     /// opens only a file at it.
     pub const SCHEMA_VERSION: u32 = SCHEMA_VERSION;
@@ -280,8 +280,8 @@ impl SqliteLedger {
 
     /// Brings the file to the crate's schema version, creating the table and its index in a
     /// new file, and checks that the table has every column. Safe to run on every start, and
-    /// from several processes at once. What it does with older and newer files is in the
-    /// [schema docs](idempotent_retry_ledger::Ledger#schema). It runs on the writer thread between two batches.
+    /// from several processes at once. What it does with older and newer files: `docs/ledger.md`,
+    /// "Versions". It runs on the writer thread between two batches.
     ///
     /// # Errors
     ///
