@@ -162,8 +162,8 @@
 //! # Front ends
 //!
 //! Besides the [`Client`]: [`IdempotentRetryLayer`] (feature `tower`) wraps any tower `Service`
-//! of `http::Request<B>` with a cloneable body or of `reqwest::Request`, and its docs say what
-//! belongs outside and inside it in a `ServiceBuilder`; [`IdempotentRetryMiddleware`] (feature
+//! of `http::Request<B>` with a cloneable body or of `reqwest::Request` (`docs/tower.md` says what
+//! belongs outside and inside it in a `ServiceBuilder`); [`IdempotentRetryMiddleware`] (feature
 //! `middleware`) goes in a `reqwest_middleware::ClientBuilder`. [`ClientBuilder::build_layer`]
 //! and [`ClientBuilder::build_middleware`] give them the client's settings, budget, ledger and
 //! observers; `examples/tower_stack.rs` and `examples/middleware.rs` run them.
