@@ -268,8 +268,7 @@
 //! With the feature `metrics`, every front end records through the
 //! [`metrics`](https://docs.rs/metrics) facade, into whichever recorder the application
 //! installs (a Prometheus or OpenTelemetry exporter, say); without a recorder nothing is kept.
-//! The facade rather than the OpenTelemetry metrics API: the library only records, the
-//! application picks the backend, and no OpenTelemetry version is pinned on users.
+//! Why the facade and not the OpenTelemetry metrics API: `docs/observability.md`.
 //!
 //! | name | kind | unit | labels | recorded |
 //! |---|---|---|---|---|
