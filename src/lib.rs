@@ -91,7 +91,7 @@
 //!   `Retry-After` or `retry-after-ms` is a floor; an unparsable one counts as absent, never as
 //!   zero. A request to wait longer than [`RetryPolicy::max_retry_after`], or than the window
 //!   has left, ends the operation at once with [`ErrorKind::RetryAfterTooLong`]: the client
-//!   never sleeps it. [`RetryPolicy`] has every parsing rule.
+//!   never sleeps it. Every parsing rule: `docs/retry-after.md`.
 //! - **Stopping.** After `max_attempts` attempts the error is [`ErrorKind::AttemptsExhausted`],
 //!   with the last response ([`Error::take_response`]) or transport error (its `source()`). No
 //!   wait ends past the reconcile window and no attempt starts after it: when the next wait
