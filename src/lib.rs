@@ -173,11 +173,10 @@
 //! Every retry also answers to a token bucket ([`RetryBudget`], [`RetryBudgetConfig`]) shared
 //! by a client's clones and the front ends built from its builder: a retry is sent while the
 //! bucket holds its cost and is charged only if it fails, a first-attempt success deposits, a
-//! 409 "still in progress" is free. It bounds the extra load retries add during an outage,
-//! however many operations fail, and lets a blip's retries through, however many are in
-//! flight; a refused retry ends the operation with [`ErrorKind::BudgetExhausted`], key and
-//! outcome flag included, and is counted ([`RetryBudget::refused`],
-//! [`Observer::on_retry_refused`]).
+//! 409 "still in progress" is free. A refused retry ends the operation with
+//! [`ErrorKind::BudgetExhausted`], key and outcome flag included, and is counted
+//! ([`RetryBudget::refused`], [`Observer::on_retry_refused`]). What it guarantees, why this
+//! design, and how to size it: `docs/budget.md`.
 //!
 //! # Durable operations
 //!
