@@ -719,9 +719,10 @@ impl Finish {
 ///   [`LedgerErrorKind::LeaseLost`] and changes nothing. [`finish`](Self::finish) and
 ///   [`resolve`](Self::resolve) release it; [`claim_unresolved`](Self::claim_unresolved)
 ///   takes one as a claim does.
-/// - A row is taken over only by a claim with the same fingerprint, inside its window
-///   ([`Claim::may_take_over`]); `first_attempt_at`, `attempts` and `expires_at` survive
-///   take-overs.
+/// - A row is taken over only by a claim with the same fingerprint, inside its window, or
+///   when it is [`NotSent`](OperationStatus::NotSent) ([`Claim::may_take_over`]);
+///   `first_attempt_at`, `attempts` and `expires_at` survive take-overs (a `NotSent` row's
+///   window starts again: [`claim`](Self::claim)).
 /// - Only [`purge_batch`](Self::purge_batch) deletes rows, once `expires_at` has passed.
 /// - A dropped call leaves the row as before the call or as the call would have, never
 ///   half-written.

@@ -18,7 +18,7 @@ const DEFAULT_MAX_HOPS: u32 = 10;
 ///
 /// Set it with [`ClientBuilder::redirects`](crate::ClientBuilder::redirects). The crate follows
 /// 301, 302, 303, 307 and 308 itself, inside one attempt. A hop that resends the operation
-/// (307, 308; 301 and 302 but on a `POST`) carries the key to the original origin and to the
+/// (307, 308; 301 and 302 on any method but `POST`) carries the key to the original origin and to the
 /// origins allowed here, and is otherwise left unfollowed: the 3xx is the final response
 /// ([`RedirectChain::stopped`](crate::redirect::RedirectChain::stopped) says why). A hop that
 /// turns into a `GET` (303; 301 and 302 on a `POST`) drops the body and the key and may go
