@@ -1,41 +1,15 @@
 //! Exponential backoff with full jitter, applied inside the cap.
 //!
-//! # Why full jitter
-//!
-//! When many clients fail at the same moment (a deploy, a brief outage, a
-//! throttling burst), plain exponential backoff keeps them in lock step: they
-//! all wait 0.5 s, all retry together, all fail together, all wait 1 s, and so
-//! on. The AWS Architecture Blog post "Exponential Backoff And Jitter" (2015)
-//! simulated this contention: with 100 clients, *full jitter* (draw the whole
-//! wait uniformly between zero and the exponential ceiling) cut the total
-//! number of calls by more than half compared with plain exponential backoff,
-//! which was the clear loser; "equal jitter" was the worst of the jittered
-//! variants.
-//!
-//! The jitter is applied **inside** the cap: the cap bounds the ceiling, and the
-//! drawn delay never exceeds it. Some retry crates add jitter *after* capping,
-//! so a "30 s cap" can produce waits of up to 60 s; here the cap is a hard
-//! upper bound on every delay.
-//!
-//! # Formula
-//!
 //! ```text
-//! ceiling(retry) = min(cap, base * 2^retry)
-//! delay(retry)   = U[0, ceiling(retry)]      (inclusive, nanosecond resolution)
+//! ceiling(retry) = min(cap, base * 2^retry)   (saturating: an overflow gives `cap`)
+//! delay(retry)   = U[0, ceiling(retry)]       (both ends included, nanosecond resolution)
 //! ```
 //!
-//! `retry` counts from zero: `retry = 0` is the wait after the first failed
-//! attempt, so its ceiling is `base`. The arithmetic saturates: if
-//! `base * 2^retry` does not fit, the ceiling is `cap`, never a panic and never
-//! a wrapped-around small value. With `base = 500 ms` and `cap = 30 s` the
-//! ceilings are 0.5 s, 1 s, 2 s, 4 s, 8 s, 16 s, 30 s, 30 s, ...
-//!
-//! Both functions are pure: no clock and no generator. [`full_jitter`] takes
-//! the randomness as one uniform 64-bit word, so any source works (the client
-//! draws it from a cryptographically seeded generator, or a seeded one with
-//! [`ClientBuilder::rng_seed`](crate::ClientBuilder::rng_seed)), no random
-//! number crate appears in the signature, and a fixed word makes every delay
-//! reproducible in tests.
+//! `retry` 0 is the wait after the first failed attempt. The jitter is drawn inside the cap,
+//! so no delay exceeds it. Both functions are pure: [`full_jitter`] takes its randomness as
+//! one uniform `u64` (the client's comes from its generator, seeded with
+//! [`ClientBuilder::rng_seed`](crate::ClientBuilder::rng_seed) in tests). Why full jitter,
+//! and why inside the cap: `docs/backoff.md`.
 //!
 //! # Examples
 //!
@@ -108,13 +82,9 @@ pub fn ceiling(retry: u32, base: Duration, cap: Duration) -> Duration {
 /// applied inside the cap).
 ///
 /// `random` is one uniformly distributed 64-bit word, the only source of
-/// randomness: the function is pure, so the same word gives the same wait.
-/// The word is scaled onto the range (`0` gives zero, `u64::MAX` the ceiling
-/// itself) by a widening multiplication, so the waits are uniform up to a bias
-/// below `ceiling / 2^64` per nanosecond value, far under a nanosecond for any
-/// ceiling a policy accepts. The draw has nanosecond resolution; ceilings longer
-/// than `u64::MAX` nanoseconds (about 584 years) are clamped to that for
-/// sampling, so the result never exceeds the ceiling.
+/// randomness: the same word gives the same wait. `0` gives zero, `u64::MAX` the
+/// ceiling itself; the result never exceeds the ceiling. The mapping and its bias:
+/// `docs/backoff.md`.
 ///
 /// # Examples
 ///

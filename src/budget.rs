@@ -141,9 +141,7 @@ impl RetryBudgetConfig {
     /// a retry after a failure of this kind.
     ///
     /// A 409 that says the operation's own first attempt is still running
-    /// ([`FailureKind::InProgress`]) costs nothing: the server is answering, quickly and
-    /// correctly, and charging for it would let one slow operation (or many deliveries of one
-    /// key) drain the bucket that protects everyone else from an outage. Those retries are
+    /// ([`FailureKind::InProgress`]) costs nothing (why: `docs/budget.md`); those retries are
     /// still bounded by the policy's attempts and reconcile window.
     #[must_use]
     pub const fn cost_of(&self, failure: FailureKind) -> u32 {

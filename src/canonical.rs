@@ -1,27 +1,8 @@
-//! Canonical JSON (RFC 8785, the JSON Canonicalization Scheme).
-//!
-//! [`IdempotencyKey::for_tool_call`](crate::IdempotencyKey::for_tool_call) hashes a tool name
-//! together with the tool's JSON arguments. Two processes that mean the same call must hash the
-//! same bytes, even when one wrote `{"b":2,"a":1.0}` and the other `{"a":1,"b":2}`, and even when
-//! they run different builds of this crate on different machines. JSON text is not stable enough
-//! for that (member order, whitespace, escapes and number spellings all vary), so the arguments
-//! are first rewritten in the one spelling RFC 8785 allows:
-//!
-//! - object members sorted by their names compared as UTF-16 code unit sequences (not UTF-8
-//!   bytes, and not the order `serde_json`'s map happens to keep);
-//! - no whitespace between tokens;
-//! - strings with the minimal escapes only: `\"`, `\\`, `\b`, `\f`, `\n`, `\r`, `\t`, the other
-//!   C0 controls as lowercase `\u00xx`, everything else (including `/`, U+007F and U+2028) as
-//!   is, with no Unicode normalization;
-//! - numbers as ECMAScript's `Number.prototype.toString` prints the IEEE-754 double, so `1.0` is
-//!   `1`, `-0` is `0`, `1e21` is `1e+21`, and integers beyond 2^53 round to the nearest double.
-//!
-//! The walk over the value is written here by hand rather than taken from a canonicalization
-//! crate: it must be iterative (an explicit stack, no recursion) so that hostile, deeply nested
-//! arguments cannot overflow the thread's stack, it works directly on the `serde_json::Value` we
-//! already hold, and its output is a compatibility promise (changing it changes every derived
-//! key), so we want every byte of it under our own tests. The one hard part, shortest round-trip
-//! number formatting with ECMAScript's layout rules, is delegated to the `ryu-js` crate.
+//! Canonical JSON (RFC 8785, the JSON Canonicalization Scheme): the one spelling of a JSON
+//! value that [`IdempotencyKey::for_tool_call`](crate::IdempotencyKey::for_tool_call) hashes,
+//! so member order, whitespace, escapes and number spelling do not change a key. Members are
+//! sorted by UTF-16 code units, strings minimally escaped, numbers printed as ECMAScript prints
+//! the double. The rules in full, and why the walk is the crate's own: `docs/keys.md`.
 
 use std::io;
 use std::sync::OnceLock;

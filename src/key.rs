@@ -1,29 +1,13 @@
 //! Idempotency keys: the validated key type, deterministic derivation and random keys.
 //!
-//! A server deduplicates retries of one logical operation by its idempotency key, so the key
-//! must be chosen once, before the first attempt, and sent unchanged on every attempt, including
-//! attempts made after a restart. A fresh key per attempt turns every retry into a new side
-//! effect. Three ways to get one:
+//! A key is chosen once, before the first attempt, and sent unchanged on every attempt:
+//! [`IdempotencyKey::derive`] and [`IdempotencyKey::for_tool_call`] compute it from what
+//! identifies the operation (the same on every replica and restart; plain SHA-256, so use a
+//! [`DerivationSecret`](crate::DerivationSecret) when the inputs must not leak),
+//! [`IdempotencyKey::random`] mints a UUID v4, [`IdempotencyKey::new`] accepts one chosen
+//! elsewhere. Every key is 1 to 255 bytes of visible ASCII (0x21..=0x7E).
 //!
-//! - [`IdempotencyKey::derive`] and [`IdempotencyKey::for_tool_call`] compute the key from what
-//!   identifies the operation (an event id, a conversation and turn, a tool call), so a
-//!   restarted process, or another replica, derives the same key without storing it. Their
-//!   output is pinned by golden vectors: changing it is a breaking change, because during a
-//!   rolling deploy old and new versions must agree.
-//! - [`IdempotencyKey::random`] mints a UUID v4 for operations with no natural identity; store it
-//!   with the operation if it must survive a restart.
-//! - [`IdempotencyKey::new`] accepts a key chosen elsewhere.
-//!
-//! The derived keys are plain SHA-256 digests of their inputs, so anyone who sees one can
-//! check guesses of the inputs against it. When the inputs are guessable (a conversation id
-//! and a step, a tool name and small arguments) and must not leak, derive with a
-//! [`DerivationSecret`](crate::DerivationSecret) instead: the same encoding, keyed with
-//! HMAC-SHA-256.
-//!
-//! Every key is 1 to 255 bytes of visible ASCII (0x21..=0x7E). That keeps it a valid HTTP header
-//! value (no CR/LF header injection), below the length limits of the common APIs (Stripe allows
-//! 255 characters; the derived and random keys also fit Adyen's 64), and free of characters a
-//! server might silently trim, fold or truncate.
+//! Why, and the exact bytes each derivation hashes: `docs/keys.md`.
 
 use std::fmt;
 use std::str::FromStr;
@@ -129,20 +113,11 @@ impl IdempotencyKey {
     /// unambiguous: `("ab", "c")` and `("a", "bc")`, scope `"a"` with part `"b"` and scope `"ab"`
     /// with no part, and `["a", ""]` and `["a"]` all give different keys.
     ///
-    /// The key is 64 lowercase hex characters, the SHA-256 digest of these bytes, in order:
-    ///
-    /// 1. the 26 ASCII bytes `idempotent-retry:derive:v1`;
-    /// 2. the length of `scope` in bytes, as a `u64` big-endian (8 bytes), then the UTF-8 bytes of
-    ///    `scope`;
-    /// 3. the number of parts, as a `u64` big-endian;
-    /// 4. for each part, in order: its length in bytes as a `u64` big-endian, then its UTF-8
-    ///    bytes.
-    ///
-    /// Strings are hashed as given, without Unicode normalization.
-    ///
-    /// This encoding is a compatibility promise: the same inputs give the same key in every
-    /// process, on every platform and in every version of this crate with the same major
-    /// version. Changing it is a breaking change.
+    /// The key is 64 lowercase hex characters: the SHA-256 of the tag
+    /// `idempotent-retry:derive:v1`, then `scope` and `parts`, each length-prefixed (the bytes:
+    /// `docs/keys.md`). Strings are hashed as given, without Unicode normalization. The encoding
+    /// is a compatibility promise: the same key in every process, platform and version of the
+    /// same major version.
     ///
     /// # Examples
     ///
@@ -174,24 +149,11 @@ impl IdempotencyKey {
     /// order, whitespace, escapes and number spelling do not matter: `{"a":1,"b":2}` and
     /// `{"b":2,"a":1.0}` give the same key.
     ///
-    /// The key is 64 lowercase hex characters, the SHA-256 digest of these bytes, in order:
-    ///
-    /// 1. the 29 ASCII bytes `idempotent-retry:tool-call:v1`;
-    /// 2. the length of `tool` in bytes, as a `u64` big-endian (8 bytes), then the UTF-8 bytes of
-    ///    `tool`;
-    /// 3. the length of `canonical::to_string(args)` in bytes, as a `u64` big-endian, then its UTF-8
-    ///    bytes.
-    ///
-    /// The tag differs from [`derive`](Self::derive)'s, so a tool call and a derived key never
-    /// hash the same bytes. Like `derive`, this encoding is a compatibility promise: changing it
-    /// is a breaking change.
-    ///
-    /// Numbers enter the key as the IEEE-754 double the `Value` holds, so the key is only as
-    /// stable as the parse that produced `args`. This crate turns on `serde_json`'s
-    /// `float_roundtrip` feature, so `serde_json` rounds decimal text to the nearest double in
-    /// every build that uses this crate; a parser that does not (a number with 17 or more
-    /// significant digits can land one unit in the last place away) would give another key for
-    /// the same JSON text.
+    /// The key is 64 lowercase hex characters: the SHA-256 of the tag
+    /// `idempotent-retry:tool-call:v1` (not [`derive`](Self::derive)'s), then `tool` and the
+    /// canonical arguments, each length-prefixed; a compatibility promise like `derive`'s.
+    /// Numbers enter as the double the `Value` holds (`serde_json`'s `float_roundtrip` is on):
+    /// `docs/keys.md` has the bytes and what another parser can change.
     ///
     /// # Examples
     ///

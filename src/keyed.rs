@@ -1,11 +1,5 @@
-//! Secret-keyed key derivation: HMAC-SHA-256 instead of plain SHA-256.
-//!
-//! [`IdempotencyKey::derive`] and [`IdempotencyKey::for_tool_call`] hash inputs that are often
-//! guessable (a conversation id and a step number, a tool name and small arguments), and the
-//! hash is public: anyone who sees a key (the receiving server, its logs, a proxy) can hash
-//! candidate inputs until one matches, and so learn what the operation was. A
-//! [`DerivationSecret`] mixes a secret into the hash, so a key reveals nothing to someone who
-//! does not hold the secret, while every process that holds it still derives the same key.
+//! Secret-keyed key derivation: HMAC-SHA-256 instead of plain SHA-256, so a key reveals
+//! nothing about guessable inputs to someone without the secret (why: `docs/keys.md`).
 
 use std::fmt;
 
@@ -24,27 +18,12 @@ const KEYED_TOOL_CALL_TAG: &[u8] = b"idempotent-retry:hmac-tool-call:v1";
 ///
 /// Use it where [`IdempotencyKey::derive`] or [`IdempotencyKey::for_tool_call`] would do,
 /// when the inputs are guessable and the key is seen by someone who must not learn them. The
-/// key is HMAC-SHA-256 (RFC 2104), keyed with the secret, over the same length-prefixed
-/// encoding as the unkeyed derivations with its own domain tags (see
-/// [`derive`](Self::derive) and [`for_tool_call`](Self::for_tool_call)); it is 64 lowercase hex
-/// characters, like theirs.
+/// key is HMAC-SHA-256 keyed with the secret, over the unkeyed encoding with tags of its own:
+/// 64 lowercase hex characters. The secret must be at least [`MIN_LEN`](Self::MIN_LEN) (32)
+/// random bytes, shared by every process that derives the same keys; `Debug` never prints it.
 ///
-/// The secret must be at least [`MIN_LEN`](Self::MIN_LEN) (32) bytes: HMAC-SHA-256 is only as
-/// strong as its key, and a short one (a passphrase, a word) could be guessed from a single
-/// key and a guessed input. Draw it from a cryptographically secure generator and keep it
-/// where your other secrets are; every process that must derive the same keys needs the same
-/// secret. Nothing checks how random it is.
-///
-/// The secret is not kept as given: only the HMAC state derived from it, which is as
-/// sensitive. `Debug` never prints either.
-///
-/// # Rotation
-///
-/// A new secret gives new keys for the same inputs, and the receiver deduplicates by key: an
-/// operation retried under a new secret is a new operation to the server, and may run twice.
-/// Rotate only between operations, never while one is in flight; or keep deriving with the old
-/// secret until every operation started under it has ended and its reconcile window has
-/// closed, and derive with the new one for operations started after the switch.
+/// A new secret gives new keys for the same inputs: rotate only between operations. Why
+/// 32 bytes, and rotating while operations are in flight: `docs/keys.md`.
 ///
 /// # Examples
 ///
@@ -127,18 +106,10 @@ impl DerivationSecret {
     /// The secret-keyed counterpart of [`IdempotencyKey::derive`].
     ///
     /// The same unambiguous encoding of `scope` and `parts` (so `["a", ""]`, `["a"]` and
-    /// `["", "a"]` give different keys), authenticated instead of hashed. The key is 64
-    /// lowercase hex characters, HMAC-SHA-256 keyed with the secret over these bytes, in order:
-    ///
-    /// 1. the 31 ASCII bytes `idempotent-retry:hmac-derive:v1`;
-    /// 2. the length of `scope` in bytes, as a `u64` big-endian (8 bytes), then its UTF-8
-    ///    bytes;
-    /// 3. the number of parts, as a `u64` big-endian;
-    /// 4. for each part, in order: its length in bytes as a `u64` big-endian, then its UTF-8
-    ///    bytes.
-    ///
-    /// The same secret and inputs give the same key in every process, on every platform and
-    /// in every version of this crate with the same major version.
+    /// `["", "a"]` give different keys) behind the tag `idempotent-retry:hmac-derive:v1`,
+    /// authenticated instead of hashed: 64 lowercase hex characters (the bytes:
+    /// `docs/keys.md`). The same secret and inputs give the same key in every process, on every
+    /// platform and in every version of this crate with the same major version.
     ///
     /// # Examples
     ///
@@ -163,14 +134,9 @@ impl DerivationSecret {
     ///
     /// The arguments are normalized with RFC 8785 ([`canonical::to_string`](crate::canonical::to_string))
     /// first, so member order, whitespace and number spelling do not matter. The key is 64
-    /// lowercase hex characters, HMAC-SHA-256 keyed with the secret over these bytes, in order:
-    ///
-    /// 1. the 34 ASCII bytes `idempotent-retry:hmac-tool-call:v1`;
-    /// 2. the length of `tool` in bytes, as a `u64` big-endian (8 bytes), then its UTF-8 bytes;
-    /// 3. the length of `canonical::to_string(args)` in bytes, as a `u64` big-endian, then its UTF-8
-    ///    bytes.
-    ///
-    /// Like [`derive`](Self::derive), this encoding is a compatibility promise.
+    /// lowercase hex characters, HMAC-SHA-256 behind the tag
+    /// `idempotent-retry:hmac-tool-call:v1` (the bytes: `docs/keys.md`). Like
+    /// [`derive`](Self::derive), this encoding is a compatibility promise.
     ///
     /// # Examples
     ///

@@ -91,7 +91,7 @@
 //!   `Retry-After` or `retry-after-ms` is a floor; an unparsable one counts as absent, never as
 //!   zero. A request to wait longer than [`RetryPolicy::max_retry_after`], or than the window
 //!   has left, ends the operation at once with [`ErrorKind::RetryAfterTooLong`]: the client
-//!   never sleeps it. [`RetryPolicy`] has every parsing rule.
+//!   never sleeps it. Every parsing rule: `docs/retry-after.md`.
 //! - **Stopping.** After `max_attempts` attempts the error is [`ErrorKind::AttemptsExhausted`],
 //!   with the last response ([`Error::take_response`]) or transport error (its `source()`). No
 //!   wait ends past the reconcile window and no attempt starts after it: when the next wait
@@ -162,8 +162,8 @@
 //! # Front ends
 //!
 //! Besides the [`Client`]: [`IdempotentRetryLayer`] (feature `tower`) wraps any tower `Service`
-//! of `http::Request<B>` with a cloneable body or of `reqwest::Request`, and its docs say what
-//! belongs outside and inside it in a `ServiceBuilder`; [`IdempotentRetryMiddleware`] (feature
+//! of `http::Request<B>` with a cloneable body or of `reqwest::Request` (`docs/tower.md` says what
+//! belongs outside and inside it in a `ServiceBuilder`); [`IdempotentRetryMiddleware`] (feature
 //! `middleware`) goes in a `reqwest_middleware::ClientBuilder`. [`ClientBuilder::build_layer`]
 //! and [`ClientBuilder::build_middleware`] give them the client's settings, budget, ledger and
 //! observers; `examples/tower_stack.rs` and `examples/middleware.rs` run them.
@@ -173,11 +173,10 @@
 //! Every retry also answers to a token bucket ([`RetryBudget`], [`RetryBudgetConfig`]) shared
 //! by a client's clones and the front ends built from its builder: a retry is sent while the
 //! bucket holds its cost and is charged only if it fails, a first-attempt success deposits, a
-//! 409 "still in progress" is free. It bounds the extra load retries add during an outage,
-//! however many operations fail, and lets a blip's retries through, however many are in
-//! flight; a refused retry ends the operation with [`ErrorKind::BudgetExhausted`], key and
-//! outcome flag included, and is counted ([`RetryBudget::refused`],
-//! [`Observer::on_retry_refused`]).
+//! 409 "still in progress" is free. A refused retry ends the operation with
+//! [`ErrorKind::BudgetExhausted`], key and outcome flag included, and is counted
+//! ([`RetryBudget::refused`], [`Observer::on_retry_refused`]). What it guarantees, why this
+//! design, and how to size it: `docs/budget.md`.
 //!
 //! # Durable operations
 //!
@@ -195,19 +194,16 @@
 //! | first attempted longer ago than the reconcile window | [`ErrorKind::ReconcileWindow`], nothing sent; but an unresolved row is first settled by the scope's [`Reconciler`](crate::reconcile::Reconciler), if one is set (below) |
 //! | otherwise (unknown, failed, or a lapsed lease left by a crash) | sends with the same key, inside the original window |
 //!
-//! The fingerprint includes the URL's origin on purpose: a key belongs to the receiver that saw
-//! it, and the same path on another origin (staging, a test server on another port, a regional
-//! endpoint) is a receiver this crate cannot see into. Moving an operation that may have run to
-//! a new base URL is a decision about the receivers, not the client: look up its answer under
-//! the key at the old one; a key no receiver saw moves by itself, and an operator frees one by
-//! hand with [`release_by_hand`](crate::reconcile::release_by_hand) (`idempotent-retry-ledger release`).
+//! The fingerprint includes the URL's origin (why, and how to move operations to a new base
+//! URL: `docs/ledger.md`); an operator frees a key by hand with
+//! [`release_by_hand`](crate::reconcile::release_by_hand) (`idempotent-retry-ledger release`).
 //!
 //! [`MemoryLedger`](crate::ledger::MemoryLedger) serves one process, `SqliteLedger` (feature `sqlite`) one machine,
 //! `PostgresLedger` (feature `postgres`) a fleet sharing one table. A ledger failure is
 //! [`ErrorKind::Ledger`]: before the first attempt nothing is sent; after one, the error
 //! carries the key and the outcome flag. A dropped `send` gives its lease back at once, a dead
-//! process's lease lapses. [`ClientBuilder::ledger`] has an example, [`Ledger`](crate::ledger::Ledger) the stages of
-//! one run and the schema, `docs/ledger.md` the incident queries.
+//! process's lease lapses. [`ClientBuilder::ledger`] has an example; `docs/ledger.md` the
+//! contract, the stages of one run, the schema and the incident queries.
 //!
 //! # Reconciling unknown outcomes
 //!
@@ -271,8 +267,7 @@
 //! With the feature `metrics`, every front end records through the
 //! [`metrics`](https://docs.rs/metrics) facade, into whichever recorder the application
 //! installs (a Prometheus or OpenTelemetry exporter, say); without a recorder nothing is kept.
-//! The facade rather than the OpenTelemetry metrics API: the library only records, the
-//! application picks the backend, and no OpenTelemetry version is pinned on users.
+//! Why the facade and not the OpenTelemetry metrics API: `docs/observability.md`.
 //!
 //! | name | kind | unit | labels | recorded |
 //! |---|---|---|---|---|

@@ -17,13 +17,9 @@ use crate::transport::{SendError, Transport, reqwest_send_error, send_error};
 /// as one logical operation: one key, settled before the first attempt; the middleware below
 /// it and the client run once per attempt.
 ///
-/// **Position.** Add it before (outside) `reqwest-tracing`'s `TracingMiddleware`, so each
-/// attempt gets its own client span (and trace context on the wire) from there, as
-/// OpenTelemetry's HTTP conventions ask for resends, all inside this crate's
-/// `idempotent_request` span: the middleware opens no client span of its own
-/// ([traces](crate#traces)); add it after middleware that should run once
-/// per logical request (authentication that mints a token, request signing that must not be
-/// redone, ...). Do not combine it with `reqwest-retry`: retries would multiply.
+/// Add it outside `reqwest-tracing`'s `TracingMiddleware` and inside middleware that must run
+/// once per logical request; never with `reqwest-retry`. It follows no redirect: build the
+/// `reqwest::Client` under it with `redirect::Policy::none()`. Why: `docs/middleware.md`.
 ///
 /// **Per request**: `.with_extension(key)` (an [`IdempotencyKey`](crate::IdempotencyKey)),
 /// `.with_extension(policy)` (a [`RetryPolicy`](crate::RetryPolicy)) or
@@ -34,15 +30,9 @@ use crate::transport::{SendError, Transport, reqwest_send_error, send_error};
 ///
 /// **Ledger**: built from a [`ClientBuilder`] with a [`Ledger`](crate::ledger::Ledger) (or taken from
 /// such a [`Client`] with [`Client::middleware`]), it claims, records and finishes each keyed
-/// request as the client does, and answers a completed one with its saved response without
-/// running the rest of the chain. `.with_extension(LedgerScope::new(..))`
-/// ([`LedgerScope`](crate::LedgerScope)) names the operation's scope. A dropped request gives
-/// its claim back at once, as [`RequestBuilder::send`](crate::RequestBuilder::send) describes.
-///
-/// **Redirects**: the middleware follows none itself. Build the `reqwest::Client` under it
-/// with `redirect::Policy::none()`, since reqwest's default follows redirects with the key on
-/// every hop, to any origin; when the response's URL is not the URL sent, the middleware logs a
-/// `warn` event with the key and both origins.
+/// request as the client does, and answers a completed one from the ledger without running
+/// the chain; `.with_extension(LedgerScope::new(..))` ([`LedgerScope`](crate::LedgerScope))
+/// names the scope.
 ///
 /// **Errors** come back as `reqwest_middleware::Error::Middleware` wrapping this crate's
 /// [`Error`]; get it back with [`Error::from_middleware`] or [`Error::from_middleware_mut`].

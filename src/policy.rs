@@ -13,19 +13,12 @@ use crate::error::Error;
 ///
 /// # Server-requested waits
 ///
-/// A server asks for a wait with `Retry-After` (delay-seconds or any of the three HTTP-date
-/// forms) or `retry-after-ms`; the wait before the retry is the longer of that request and the
-/// jittered backoff. An unparsable value counts as absent, never as zero (`-1`, `1e10`, `1.5`, a
-/// date before 1970 or with the wrong weekday: the backoff applies); `0` and a date already past
-/// ask for no wait (the backoff applies). A request longer than
+/// The wait before a retry is the longer of the jittered backoff and the server's
+/// `Retry-After` or `retry-after-ms` (unparsable counts as absent). A request longer than
 /// [`max_retry_after`](Self::max_retry_after), or than the window has left, ends the operation
-/// at once with [`ErrorKind::RetryAfterTooLong`](crate::ErrorKind::RetryAfterTooLong), the
-/// request in [`Error::retry_after`](crate::Error::retry_after). A number too large for a
-/// `Duration` (`99999999999999999999`, 20 KB of digits) is such a request (`Duration::MAX`), not
-/// garbage, and so is a date in the year 9999. When the header occurs several times the longest
-/// parsable request wins, unparsable copies ignored; a `retry-after-ms` that parses (its
-/// longest, if several) wins over `Retry-After`, and one that does not (`-5`, `NaN`) is ignored
-/// in favour of `Retry-After`.
+/// with [`ErrorKind::RetryAfterTooLong`](crate::ErrorKind::RetryAfterTooLong), the request in
+/// [`Error::retry_after`](crate::Error::retry_after). Every parsing rule:
+/// `docs/retry-after.md`.
 ///
 /// The setters do not validate; [`ClientBuilder::build`](crate::ClientBuilder::build) and
 /// [`RequestBuilder::send`](crate::RequestBuilder::send) call [`validate`](Self::validate).

@@ -1,51 +1,14 @@
 //! How long the server asked us to wait: `Retry-After` and `retry-after-ms`.
 //!
-//! # Semantics
+//! `Retry-After` (RFC 9110, section 10.2.3) is seconds or an HTTP-date in any of its three
+//! formats; `retry-after-ms` (the Stainless SDKs') is milliseconds, with an optional fraction.
 //!
-//! `Retry-After` (RFC 9110, section 10.2.3) is either a number of seconds
-//! (`delay-seconds = 1*DIGIT`) or an HTTP-date. A recipient must accept all
-//! three date formats: IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`), the
-//! obsolete RFC 850 form (`Sunday, 06-Nov-94 08:49:37 GMT`) and C's asctime
-//! form (`Sun Nov  6 08:49:37 1994`). `retry-after-ms` is the non-standard
-//! header that the Stainless-generated SDKs (OpenAI, Anthropic) read first: a
-//! number of milliseconds, possibly with a fraction.
+//! - A value that does not parse is absent, never zero; an explicit `0` means "retry now".
+//! - A date at or before `now` is zero; `now` is the caller's, the wall clock is never read.
+//! - Values too large for a [`Duration`] saturate to [`Duration::MAX`].
+//! - `retry-after-ms` wins when it parses; of repeated headers, the longest parsable wins.
 //!
-//! The choices this module makes, and why:
-//!
-//! - **Garbage means absent, never zero.** A value that does not parse
-//!   (`-1`, `1.5` in `Retry-After`, `abc`, an empty value, bytes outside
-//!   visible ASCII) gives `None`, as if the header were not there; the caller
-//!   then falls back to its own backoff. Turning garbage into zero would make a
-//!   misbehaving server trigger an immediate retry storm. An explicit `0` is
-//!   different: it parses, and means "retry now".
-//! - **A date in the past means zero.** The server asked us to wait until a
-//!   moment that has already passed (or is exactly now), so there is nothing
-//!   left to wait. The date is compared with a `now` the caller passes in; the
-//!   wall clock is used only for this conversion and is never read here.
-//! - **Huge values saturate instead of failing.** `99999999999999999999`
-//!   seconds is a request to wait longer than any [`Duration`]; it becomes
-//!   [`Duration::MAX`] (without allocating or parsing a big integer) rather
-//!   than `None`. That keeps the server's intent ("not any time soon") visible:
-//!   the caller's `max_retry_after` limit then turns the absurd request into an
-//!   error ("the server asked for more than we allow") instead of either a
-//!   near-infinite sleep or a silently ignored header. Dates far in the future
-//!   (up to year 9999) give the real difference, for the same reason.
-//! - **`retry-after-ms` wins when it parses.** It is more precise, and servers
-//!   that send it mean it to override `Retry-After`. If it is present but
-//!   garbage, `Retry-After` is used instead.
-//! - **Repeated headers: the longest parsable request wins.** A header that
-//!   occurs several times is ambiguous; honouring the longest request is the
-//!   conservative reading (we never retry earlier than any of the values
-//!   allows). Unparsable occurrences are ignored.
-//!
-//! Leading and trailing optional whitespace (spaces and tabs) is accepted
-//! around every form. A sign (`+5`, `-1`), exponent (`1e3`) or fraction
-//! (`1.5`) makes `Retry-After` unparsable: none of them is `delay-seconds`.
-//!
-//! HTTP-dates are parsed with the `httpdate` crate, which is strict: the
-//! weekday must match the date, years before 1970 are rejected (so a
-//! 1960s date is absent rather than "in the past"), and a two-digit RFC 850
-//! year `00`..`69` is read as 2000..2069 and `70`..`99` as 1970..1999.
+//! The syntax accepted in detail, and why each rule: `docs/retry-after.md`.
 //!
 //! # Examples
 //!

@@ -266,28 +266,10 @@ impl RequestBuilder {
     ///
     /// Each error says whether the outcome is unknown and carries the key.
     ///
-    /// # Cancellation
-    ///
-    /// Dropping the future (a timeout around `send`, a `select!`) stops the operation where it
-    /// is. A retry admitted and not yet sent costs the [`RetryBudget`](crate::RetryBudget)
-    /// nothing, one in flight is charged as a failed retry; with a [`Ledger`](crate::ledger::Ledger), the
-    /// claim is given
-    /// back on a spawned task, recorded as outcome unknown if an attempt may have reached the
-    /// server, so the next `send` with the key goes ahead at once with the same key and window.
-    ///
-    /// # The response body
-    ///
-    /// Every decision is taken on the response head, so `send` returns a final response as soon
-    /// as its head arrives, and a retried response is dropped unread. Reading a final
-    /// response's body is the caller's: if it stalls or breaks (a server that trickles it
-    /// forever, a cut connection), that read fails with a `reqwest::Error` (`is_timeout()` once
-    /// the attempt timeout has run out), nothing is retried, and the operation counts as done:
-    /// the server answered, the [`RetryReport`](crate::RetryReport) says so. To get the body
-    /// after all, send again with the same key: an idempotent receiver replays it. With a
-    /// [`Ledger`](crate::ledger::Ledger), `send` reads the body up to
-    /// [`LedgerOptions::max_body`](crate::ledger::LedgerOptions::max_body) to save it, so there a stall
-    /// or break within that much is an [`ErrorKind::Transport`](crate::ErrorKind::Transport)
-    /// error, outcome unknown; the rest of a longer body is the caller's, as above.
+    /// Dropping the future stops the operation; with a [`Ledger`](crate::ledger::Ledger) the
+    /// claim is given back, so the next `send` under the key goes ahead at once. Decisions are
+    /// taken on the response head: reading a final response's body is the caller's, and a
+    /// failed read is not retried. Both in detail: `docs/sending.md`.
     pub async fn send(self) -> Result<reqwest::Response, Error> {
         let (client, mut request, overrides) = self.into_parts()?;
         let copies = Copies::of_built(&mut request, &client.http);

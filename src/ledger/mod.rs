@@ -1,10 +1,8 @@
 //! The durable operation ledger: what must outlive the process that sends a request.
 //!
-//! A derived key survives a crash, a redelivered job and a rolling deploy; three facts about
-//! the operation do not, unless they are written down outside process memory: when the
-//! operation first started (so the reconcile window spans restarts), whether it already
-//! completed (so it is answered from the record instead of being sent again), and whether
-//! another worker is sending it right now (so two workers do not race).
+//! It keeps when an operation started, whether it completed, and whether a worker is sending
+//! it now, so that the window spans restarts, a finished operation is replayed instead of
+//! sent, and two workers never race (why: `docs/ledger.md`).
 //!
 //! A [`Ledger`] keeps one row per idempotency key; the client claims the row before the
 //! first attempt, records every attempt that a retry follows, and writes the outcome at the

@@ -122,21 +122,10 @@ impl LedgerOptions {
     /// How far a lease reaches past what the run needs (the next attempt's timeout and the
     /// wait before it). A run that dies is taken over by the next one this long after its
     /// attempt would have timed out. A run whose caller drops it gives its lease back at once
-    /// instead (see [`Ledger`](crate::ledger::Ledger)); the slack matters for runs that die or freeze.
+    /// instead (`docs/ledger.md`); the slack matters for runs that die or freeze.
     ///
-    /// **Clock skew.** Leases and windows are wall-clock times: written with the holder's
-    /// clock, compared with the claimer's. A worker whose clock runs `d` ahead of the holder's
-    /// sees the lease lapse `d` early. With `d` below the slack it still takes over only after
-    /// the holder's attempt has timed out, so two workers never send one key at once. With `d`
-    /// at or above the slack it can take over while the holder's attempt is still in flight:
-    /// the holder's next record is then refused (`LeaseLost`) and it stops with
-    /// [`ErrorKind::Ledger`](crate::ErrorKind::Ledger), outcome unknown, and the receiver's own
-    /// idempotency is all that stands between the two sends. Whatever the skew, a worker never
-    /// takes a row that succeeded, one first attempted outside its window, or one under a lease
-    /// that is live by its own clock. The same `d` shortens the reconcile window as a worker
-    /// ahead sees it, and lengthens it for one behind: keep the window short of the receiver's
-    /// key retention by more than the skew. Synchronized clocks (NTP: milliseconds) are far
-    /// inside the default.
+    /// Clock skew between workers below the slack is harmless; what skew at or above it can
+    /// do: `docs/ledger.md`, "Clock skew".
     ///
     /// Any value is accepted. Zero makes the lease end when the attempt would time out; a lease
     /// too long to represent as a date (`Duration::MAX`) is clamped to the latest time a ledger

@@ -27,30 +27,9 @@ use crate::settings::Settings;
 /// type, and the [`RetryReport`](crate::RetryReport) in the response's extensions
 /// ([`RetryReport::from_extensions`](crate::RetryReport::from_extensions)).
 ///
-/// # Where it goes in a `ServiceBuilder`
-///
-/// The layer settles the key **before** the first attempt and clones the keyed request for
-/// each attempt, so nothing below it can mint a key per attempt. In a `ServiceBuilder` (first
-/// listed = outermost):
-///
-/// | layer | outside ours (listed before it) | inside ours (listed after it) |
-/// |---|---|---|
-/// | `tower::timeout` | a deadline for the whole operation, waits included; when it fires the caller gets no report and must treat the outcome as unknown: prefer the policy's [`reconcile_window`](crate::RetryPolicy::reconcile_window) | a per-attempt limit: `Elapsed` is classified as a timeout and retried (the policy's [`attempt_timeout`](crate::RetryPolicy::attempt_timeout) applies anyway) |
-/// | `ConcurrencyLimit` | limits logical operations; a permit is held through retries and waits | limits attempts in flight; readiness is awaited before every attempt and no permit is held while waiting (recommended) |
-/// | `tower_http` header layers | once per operation: put a layer that sets the key header here | on every attempt (`User-Agent`, auth headers) |
-/// | `tower_http` `TraceLayer` | one span per operation | one span per attempt |
-/// | tower's own `Retry` | never: retries would multiply | never |
-/// | `tower_http` `FollowRedirect` | every hop is a new operation: an automatic key is minted per hop, and a key set in the header is copied to every origin | one operation: each hop carries the key, to any origin (`FilterCredentials` drops only credentials) |
-///
-/// # Redirects
-///
-/// The layer itself follows no redirect: a 3xx is a final answer. Neither place for
-/// `FollowRedirect` keeps the key on its origin; for keyed requests that may be redirected,
-/// leave it out and handle the 3xx, or use the [`Client`](crate::Client), which applies its
-/// [`RedirectPolicy`](crate::RedirectPolicy). Over `reqwest::Client`, build that client with
-/// `redirect::Policy::none()`: by default it follows redirects below the layer, with the key
-/// (the layer logs a warning with the key and both origins when the response comes from another
-/// URL than the one sent).
+/// It follows no redirect: a 3xx is a final answer. Over `reqwest::Client`, build that client
+/// with `redirect::Policy::none()`. Where it goes among other layers, and why:
+/// `docs/tower.md`.
 ///
 /// # Ledger
 ///
@@ -62,12 +41,8 @@ use crate::settings::Settings;
 /// [`SCOPE_HEADER`](Self::SCOPE_HEADER), the layer's
 /// [`scope_for_path_prefix`](Self::scope_for_path_prefix), its host.
 ///
-/// # Default
-///
-/// | setting | default |
-/// |---|---|
-/// | everything from the builder | [`ClientBuilder`]'s `# Default` table |
-/// | [`scope_for_path_prefix`](Self::scope_for_path_prefix) | none: a row's scope is its request's host |
+/// Default: every setting as the [`ClientBuilder`] has it; no
+/// [`scope_for_path_prefix`](Self::scope_for_path_prefix), so a row's scope is its host.
 ///
 /// # Examples
 ///

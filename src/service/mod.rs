@@ -50,39 +50,15 @@ pub use layer::IdempotentRetryLayer;
 /// its source; [`Error::take_response_as`] returns the last response in the inner service's
 /// response type.
 ///
-/// **Readiness**: before each retry the future waits for the inner service's `poll_ready`.
-/// The wait is not part of the attempt (it never times an attempt out) and is not bounded by
-/// this crate: put a timeout outside the layer for that. A `poll_ready` error ends the
-/// operation with [`ErrorKind::Transport`](crate::ErrorKind::Transport) and no further
-/// attempt; its outcome is unknown only if an earlier attempt may have run.
+/// **Ledger**: with a [`Ledger`](crate::ledger::Ledger), the request's body must be one the
+/// ledger can fingerprint and the response's one it can rebuild
+/// ([`RetryRequest::fingerprint`], [`RetryResponse::from_saved`]; over hyper, use
+/// [`IdempotentRetryLayer::box_response_body`]); otherwise the request is refused with
+/// [`ErrorKind::Builder`](crate::ErrorKind::Builder), nothing claimed or sent. A row's scope
+/// is found as on [`IdempotentRetryLayer`].
 ///
-/// **Timeouts**: each attempt is bounded by the policy's attempt timeout, clipped to the
-/// reconcile window. A `reqwest::Request` carries it, and reqwest applies it until the body
-/// has been read (a service of your own over `reqwest::Request` must honour
-/// `Request::timeout()`). For an `http::Request` the service bounds the attempt **up to the
-/// response head** only: the body is read after the operation has returned, under no limit
-/// of this crate, so bound that read yourself.
-///
-/// **Ledger**: with a [`Ledger`](crate::ledger::Ledger) in the settings, each keyed request is claimed,
-/// recorded and finished as the [`Client`](crate::Client) does it. The request's body must be
-/// one the ledger can fingerprint and the response's one it can rebuild to replay
-/// ([`RetryRequest::fingerprint`], [`RetryResponse::from_saved`]): over a hyper client, box
-/// hyper's `Incoming` inside the layer with
-/// [`IdempotentRetryLayer::box_response_body`]. Otherwise the request is refused with
-/// [`ErrorKind::Builder`](crate::ErrorKind::Builder), naming the response type and the body
-/// types a ledger rebuilds, and nothing is claimed or sent. A row's scope is the request's
-/// [`LedgerScope`](crate::LedgerScope), else its
-/// [scope header](IdempotentRetryLayer::SCOPE_HEADER), else the layer's
-/// [scope for its path](IdempotentRetryLayer::scope_for_path_prefix), else its host.
-///
-/// **Cancellation**: dropping the [`ResponseFuture`] (a timeout outside the layer, a
-/// `select!`) drops the attempt in flight or the wait, and the future's copy of the inner
-/// service with any readiness it reserved (a `ConcurrencyLimit` permit). A retry admitted and
-/// not yet sent costs the budget nothing; one in flight is charged as a failed retry; with a
-/// ledger, the claim is given
-/// back on a spawned task, recorded as outcome unknown when an attempt may have reached the
-/// server, so the next request with the key goes ahead at once. The caller has no report:
-/// treat the outcome as unknown and retry with the same key, or reconcile by key.
+/// Readiness, per-attempt timeouts and what dropping the [`ResponseFuture`] does:
+/// `docs/tower.md`.
 #[derive(Clone)]
 pub struct IdempotentRetry<S> {
     inner: S,

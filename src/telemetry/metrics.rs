@@ -2,12 +2,7 @@
 //! function here does nothing without the feature. Names, units and labels: the crate docs'
 //! [metrics table](crate#metrics).
 //!
-//! Why the `metrics` crate rather than the OpenTelemetry metrics API: it is a facade in the
-//! manner of `log`, so the library only records and the application installs one recorder of
-//! its choice (Prometheus, StatsD, or OpenTelemetry through an exporter); with none installed
-//! a record is one atomic load. Its API has been stable across exporters' releases, while
-//! every OpenTelemetry release so far has changed its Rust API, and the crate would pin its
-//! users to one. Its debugging recorder tests what is recorded without a backend.
+//! Why the `metrics` facade and not the OpenTelemetry metrics API: `docs/observability.md`.
 
 #[cfg(feature = "metrics")]
 use std::time::Duration;

@@ -14,7 +14,7 @@ pub enum LedgerErrorKind {
     Unavailable,
     /// The storage holds something this crate cannot read: a file that is not a database, a
     /// table with another shape, a row with an impossible value, a schema version newer than
-    /// this release knows (see the [schema docs](crate::Ledger#schema)).
+    /// this release knows (schema versions: `docs/ledger.md`).
     Corrupt,
     /// The run's lease lapsed and another run took the operation over.
     LeaseLost,

@@ -18,7 +18,7 @@
 //! `SqliteLedger` (feature `sqlite`; one machine) and `PostgresLedger` (feature `postgres`; a
 //! fleet of workers sharing one table).
 //!
-//! The [`Ledger`] docs give the SQL ledgers' schema and queries for incidents.
+//! The SQL ledgers' schema and the queries for incidents: `docs/ledger.md`.
 #![warn(
     missing_docs,
     missing_debug_implementations,
@@ -706,143 +706,36 @@ impl Finish {
 /// Durable storage for operations, one row per idempotency key.
 ///
 /// [`MemoryLedger`] is the reference implementation; `SqliteLedger` and `PostgresLedger`
-/// keep the same contract in SQL. To keep operations somewhere else (DynamoDB, Redis, your
-/// own database), implement this trait and prove it with the conformance suite,
-/// `testkit::ledger_conformance` (feature `testkit`), which runs every rule below as a named
-/// case; `examples/map_ledger.rs` is a complete implementation over a `HashMap`.
+/// keep the same contract in SQL. Another store implements this trait and is proved with
+/// `testkit::ledger_conformance` (feature `testkit`); `examples/map_ledger.rs` is a complete
+/// implementation over a `HashMap`.
 ///
 /// # The contract
 ///
-/// - **One row per key, one short transaction per method** (most are one statement). A
-///   method never waits on another run (no lock held across calls); the client does the
-///   waiting (`LeaseHeldPolicy`).
-/// - **The claim is atomic.** [`claim`](Self::claim) checks and writes in one step: two
-///   concurrent claims of one key, from any number of tasks or processes sharing the
-///   storage, get at most one [`Claimed::New`] or [`Claimed::TakenOver`] between them; every
-///   other one gets [`Claimed::Existing`] with the winner's lease. A check followed by a
-///   separate write is not atomic.
-/// - **The lease.** A claimed row is [`OperationStatus::InFlight`] with a holder
-///   (`lease_owner`, the claim's [`owner`](Claim::owner)) and an expiry
-///   (`lease_expires_at`). While it lasts, only the holder writes:
-///   [`record_attempt`](Self::record_attempt) and [`finish`](Self::finish) by any other
-///   `owner`, on a row that is not in flight, or on a missing row fail with
-///   [`LedgerErrorKind::LeaseLost`] and change nothing. Once it lapses (its expiry at or
-///   before a claim's [`now`](Claim::now)) another claim may take the row over, and the old
-///   holder's writes are refused from then on. [`finish`](Self::finish) releases the lease
-///   (both fields `None`).
-/// - **Reconciling holds the same lease.** [`claim_unresolved`](Self::claim_unresolved) takes
-///   an unknown row, or one whose run died in flight, under a lease as a claim does (whatever
-///   its window or fingerprint), so neither a run nor another reconciler acts on the key
-///   meanwhile; [`resolve`](Self::resolve) is then the holder's write that releases it,
-///   refused as [`finish`](Self::finish) is for anyone else.
-/// - **The fingerprint.** A row is only ever taken over by a claim with the same
-///   `fingerprint`: the same key sent with another request is a caller's bug, answered with
-///   [`Claimed::Existing`] (the client then refuses it), never a take-over.
-/// - **The window start.** `first_attempt_at` is set once, by the claim that inserts the
-///   row, and kept through every take-over and write, so the reconcile window spans runs;
-///   so are `attempts` (only [`record_attempt`](Self::record_attempt), and a
-///   [`finish`](Self::finish) with [`last_attempt_at`](Finish::last_attempt_at), add to them)
-///   and `expires_at`. A row first attempted at or before a claim's
-///   [`window_cutoff`](Claim::window_cutoff) is outside its window and is not taken over.
-///   [`Claim::may_take_over`] is the whole take-over rule.
-/// - **Retention.** `expires_at` says when [`purge_batch`](Self::purge_batch) may delete the
-///   row, whatever its status; nothing else deletes rows.
-/// - **Errors.** [`LedgerErrorKind::LeaseLost`]: the caller's run does not hold the lease.
-///   [`LedgerErrorKind::Unavailable`]: the storage could not be reached or written (usually
-///   transient). [`LedgerErrorKind::Corrupt`]: the
-///   storage holds something the implementation cannot read. [`LedgerErrorKind::InvalidInput`]:
-///   an argument was refused. Build them with [`LedgerError::new`], the driver's error as
-///   [`with_source`](LedgerError::with_source).
-/// - **Cancellation.** The returned futures may be dropped at any await point (a caller's
-///   timeout, a `select!`): a dropped call must leave the row as it was before the call or as
-///   the call would have left it, never half-written. The client copes with either: a claim
-///   it stops waiting for is given back once it lands, and a lease it never releases lapses.
+/// - One row per key, one short transaction per method; no method waits on another run.
+/// - [`claim`](Self::claim) is atomic: of concurrent claims of one key, at most one gets
+///   [`Claimed::New`] or [`Claimed::TakenOver`], the others [`Claimed::Existing`].
+/// - While a lease lasts only its holder writes; any other write fails with
+///   [`LedgerErrorKind::LeaseLost`] and changes nothing. [`finish`](Self::finish) and
+///   [`resolve`](Self::resolve) release it; [`claim_unresolved`](Self::claim_unresolved)
+///   takes one as a claim does.
+/// - A row is taken over only by a claim with the same fingerprint, inside its window, or
+///   when it is [`NotSent`](OperationStatus::NotSent) ([`Claim::may_take_over`]);
+///   `first_attempt_at`, `attempts` and `expires_at` survive take-overs (a `NotSent` row's
+///   window starts again: [`claim`](Self::claim)).
+/// - Only [`purge_batch`](Self::purge_batch) deletes rows, once `expires_at` has passed.
+/// - A dropped call leaves the row as before the call or as the call would have, never
+///   half-written.
 ///
-/// # One run of an operation
+/// # Errors
 ///
-/// Every front end drives the same stages against it (`docs/ARCHITECTURE.md` names them):
-/// [`claim`](Self::claim) before the first attempt, under a lease;
-/// [`record_attempt`](Self::record_attempt) after each attempt that is followed by a retry,
-/// renewing the lease past the wait and the next attempt; [`finish`](Self::finish) with the
-/// outcome, counting the last attempt and clearing the lease. A run its caller abandons (the future dropped: a timeout around the send, a `select!`) calls
-/// [`finish`](Self::finish) on a spawned task with [`OperationStatus::Unknown`] when an attempt
-/// may have reached the server, [`OperationStatus::FailedFinal`] when none can have run but one
-/// reached it, [`OperationStatus::NotSent`] when none reached it, so the
-/// next run takes the row over at once (with the original `first_attempt_at`, but for a
-/// `NotSent` row, whose window starts again); in the same
-/// process the next claim of the key first waits for that write. A worker in another process
-/// sees the row free once the write lands (milliseconds); until then it finds the lease held,
-/// and `LeaseHeldPolicy` decides whether it waits. A run dropped while its claim
-/// is in flight gives the lease back the same way once the claim lands. A process that dies
-/// runs none of this: its lease lapses after the attempt timeout plus
-/// `LedgerOptions::lease_slack`, which also says what clock skew between workers can do.
+/// [`LedgerErrorKind::LeaseLost`] (the run does not hold the lease),
+/// [`LedgerErrorKind::Unavailable`] (storage unreachable or unwritable, usually transient),
+/// [`LedgerErrorKind::Corrupt`] (unreadable contents), [`LedgerErrorKind::InvalidInput`];
+/// build them with [`LedgerError::new`] and [`with_source`](LedgerError::with_source).
 ///
-/// `docs/ledger.md` says which write keeps which guarantee, and has the incident queries
-/// ("did we charge twice?", "what is still unresolved?") in SQL and with the operators'
-/// command.
-///
-/// # Schema
-///
-/// One table (and in PostgreSQL a one-row version table), created by the SQL ledgers'
-/// `migrate` function. Times are milliseconds since the Unix epoch, read from the client's
-/// `Clock` (so workers sharing a table should have synchronized clocks; leases
-/// tolerate skew well below the lease slack).
-///
-/// ```sql
-/// CREATE TABLE IF NOT EXISTS idempotent_operations (
-///     key               TEXT PRIMARY KEY,   -- the idempotency key
-///     scope             TEXT NOT NULL,      -- e.g. 'stripe.charge'; by default the host
-///     fingerprint       TEXT NOT NULL,      -- SHA-256 (hex) of the canonical request
-///     status            TEXT NOT NULL,      -- in_flight | succeeded | failed_final | unknown | not_sent
-///     attempts          INTEGER NOT NULL,   -- attempts recorded, over every run
-///     first_attempt_at  BIGINT NOT NULL,    -- start of the reconcile window
-///     last_attempt_at   BIGINT,
-///     lease_owner       TEXT,               -- set while in flight
-///     lease_expires_at  BIGINT,
-///     response_status   INTEGER,            -- the final response, when there was one
-///     response_headers  TEXT,               -- JSON array of [name, value] pairs
-///     response_body     BLOB,               -- BYTEA in PostgreSQL; NULL if over the limit
-///     expires_at        BIGINT NOT NULL,    -- when purge_expired may delete the row
-///     method            TEXT,               -- the request, as the claim recorded it
-///     url               TEXT,               -- (without credentials)
-///     resolution        TEXT,               -- done | not_done | send_again, when resolved
-///     resolved_by       TEXT,               -- the reconciler and worker, or the operator
-///     resolved_at       BIGINT,
-///     resolution_reason TEXT                -- an operator's reason
-/// );
-/// CREATE INDEX IF NOT EXISTS idempotent_operations_expires_at
-///     ON idempotent_operations (expires_at);
-/// CREATE INDEX IF NOT EXISTS idempotent_operations_status
-///     ON idempotent_operations (status, first_attempt_at);
-/// -- PostgreSQL only: the schema version, in one row (SQLite uses PRAGMA user_version)
-/// CREATE TABLE IF NOT EXISTS idempotent_operations_schema (version INTEGER NOT NULL);
-/// ```
-///
-/// ## Versions
-///
-/// This is **schema version 3** (version 1 had neither the request nor the resolution
-/// columns, nor the status index; version 3 adds no column, and says that rows may hold the
-/// `not_sent` status and the `released` resolution), and the store records its version: an
-/// SQLite file in its `PRAGMA user_version` (so the file is the ledger's own: nothing else
-/// should set that pragma), a PostgreSQL database in the one row of
-/// `idempotent_operations_schema`. `SqliteLedger::schema_version` and
-/// `PostgresLedger::schema_version` read it. `migrate` (which `SqliteLedger::open` runs on every
-/// start; `SqliteLedger::open_read_only` never does) compares it with the version this release
-/// knows:
-///
-/// - **none recorded** (0): a new store gets the table and the indexes; a store made by the 0.1
-///   `migrate`, which recorded no version, gets the columns it lacks and is checked to have
-///   every column, its rows untouched; either is then stamped with each version it reaches;
-/// - **older**: the steps from there to the current version run, one version at a time;
-/// - **the same**: nothing changes, so `migrate` may run on every start;
-/// - **newer** (a later release wrote the store): [`LedgerErrorKind::Corrupt`], with both
-///   versions in the message, and nothing changes; upgrade idempotent-retry to use the store.
-///
-/// Each step runs in a transaction of its own that reads the version again first and records
-/// the version it reaches (`BEGIN IMMEDIATE` in SQLite; in PostgreSQL under a
-/// transaction-scoped advisory lock, `pg_advisory_xact_lock`), so processes migrating at once
-/// wait for each other and run each step once, and a failed step leaves the store at the
-/// version before it.
+/// The contract in full, the stages of one run, the SQL schema (version 3) and its
+/// migrations: `docs/ledger.md`.
 ///
 /// # Every method is required
 ///

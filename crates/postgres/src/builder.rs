@@ -138,15 +138,13 @@ impl PostgresLedgerBuilder {
     }
 
     /// The most connections the ledger opens. Two of them at a time carry the batches of
-    /// claims and finishes ([group commit](PostgresLedger#group-commit)); the others serve
+    /// claims and finishes (group commit: `docs/postgres.md`); the others serve
     /// take-overs, attempts, reads and the calls of a batch that waited on a lock. Calls
     /// beyond the pool's size queue for the next free connection rather than fail; a pool of
     /// 1 serializes everything.
     ///
-    /// 16 by default: enough that a worker with 64 operations in flight on a loopback or
-    /// same-zone database rarely queues, and few enough that six workers stay under
-    /// PostgreSQL's default `max_connections` of 100. Connections are opened as they are
-    /// needed, not up front.
+    /// Connections are opened as they are needed, not up front. Why 16:
+    /// `docs/postgres.md`.
     ///
     /// Default: 16.
     pub const fn pool_size(mut self, size: usize) -> Self {

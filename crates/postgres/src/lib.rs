@@ -62,28 +62,15 @@ use idempotent_retry_ledger::{
 
 /// A [`Ledger`] in a PostgreSQL table, for fleets of workers sharing one record.
 ///
-/// Calls run on connections from the ledger's pool, each statement prepared once per
-/// connection. The claim of a new key is `INSERT ... ON CONFLICT (key) DO NOTHING RETURNING`:
-/// the insert is the lock, and of any number of workers racing for one key exactly one gets
-/// the row. A take-over is one `UPDATE ... WHERE` stating the rule (same fingerprint, not
-/// succeeded, inside the window, lease lapsed), which PostgreSQL re-checks against the latest
-/// row under concurrent updates.
+/// Every claim, take-over and write is one atomic statement (of workers racing for one key,
+/// exactly one gets the row); under load, claims of new keys and finishes share one
+/// transaction and commit ("group commit"). How, in detail: `docs/postgres.md`.
 ///
-/// # Group commit
+/// # Errors
 ///
-/// Claims of new keys and finishes go out in batches: what queues while two batches are on
-/// the wire goes out together in the next, as one transaction (one insert and one update over
-/// arrays, pipelined in one round trip), so that under load many operations share one commit
-/// and the server's one WAL flush; one operation at a time, each call is its own statement.
-/// Every row of a batch is as atomic as its single statement, and each caller is answered
-/// after the commit with its own row. A batch waits at most 250 ms for a row lock another session holds
-/// on one of its keys; then its calls run one by one, so claims of different keys never wait
-/// on each other beyond that. Take-overs, attempts, reads and purges are single statements.
-///
-/// When a connection is lost, the calls it was carrying (one, or one batch) fail with
-/// [`LedgerErrorKind::Unavailable`](idempotent_retry_ledger::LedgerErrorKind::Unavailable) and the pool
-/// replaces the connection for the next call. A batch's connection that failed or was
-/// abandoned mid-transaction is closed, never handed back to the pool.
+/// A lost connection fails the calls it carried (one, or one batch) with
+/// [`LedgerErrorKind::Unavailable`](idempotent_retry_ledger::LedgerErrorKind::Unavailable);
+/// the pool replaces it for the next call.
 ///
 /// Three ways to make one: [`connect`](Self::connect) with a connection string (plain TCP, a
 /// pool of 16), [`builder`](Self::builder) to set the pool size, the connect timeout and TLS
@@ -171,7 +158,7 @@ impl PostgresLedger {
     /// the version table in a new database, and checks that the table has every column. Safe
     /// to run on every start and from many workers at once: each step runs in a transaction
     /// of its own under an advisory lock, on a pooled connection held for the migration. What
-    /// it does with older and newer databases is in the [schema docs](idempotent_retry_ledger::Ledger#schema).
+    /// it does with older and newer databases: `docs/ledger.md`, "Versions".
     ///
     /// # Errors
     ///

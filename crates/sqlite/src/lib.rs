@@ -40,66 +40,22 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A [`Ledger`] in an SQLite file: the default for one machine.
 ///
-/// Every process that opens the same file shares the rows. The file is in WAL mode with
-/// `synchronous = FULL`: a row written is a row kept, even across a power loss. The `sqlite`
+/// Every process that opens the same file shares the rows. The file is in WAL mode and a write
+/// is answered only once it is on the disk (the guarantee of `synchronous = FULL`): a row
+/// written is a row kept, even across a power loss. One writer thread per ledger commits the
+/// queued writes in batches; reads go through a read-only connection beside it. The `sqlite`
 /// feature links the system's SQLite (3.35 or later, checked by [`open`](Self::open));
-/// `sqlite-bundled` compiles SQLite into the crate, so nothing needs installing.
+/// `sqlite-bundled` compiles SQLite in. [`open_read_only`](Self::open_read_only) opens a file
+/// with no writer.
 ///
-/// # Writes: one writer, group commit
+/// # Errors
 ///
-/// A ledger and all its clones share one write connection, owned by a thread of its own (not
-/// tokio's blocking pool). Claims, attempts, finishes and purges are queued to it; it takes
-/// every write waiting (at most 256), runs them in order in one `BEGIN IMMEDIATE`
-/// transaction, each under a savepoint of its own, and commits. A write that arrives while a
-/// batch runs goes into the next one. Under load, many operations thus share one commit; one
-/// operation at a time, each write is still one transaction.
+/// A batch whose transaction fails (lock not obtained within the
+/// [busy timeout](Self::set_busy_timeout), full disk, I/O error) fails every write in it; after
+/// a failed sync, or once the writer thread has died, every write fails with
+/// [`LedgerErrorKind::Unavailable`](idempotent_retry_ledger::LedgerErrorKind::Unavailable).
 ///
-/// Callers are answered only once their batch is on the disk. The file commits with
-/// `synchronous = NORMAL` (WAL mode appends the batch to the `-wal` file without syncing it)
-/// and a second thread syncs the `-wal` file, then answers every batch the sync covered;
-/// meanwhile the writer already runs the next batch, and one sync often covers several. This
-/// is `synchronous = FULL`'s guarantee (FULL is NORMAL plus a sync of the log at each commit),
-/// with the sync taken off the writer's path. A file that cannot be in WAL mode keeps FULL.
-///
-/// What is durable when:
-///
-/// - a call that returned `Ok` is on the disk: it survives a crash of the process or of the
-///   machine, and every process reading the file sees it;
-/// - a write that fails on its own (its lease lost, say) is rolled back to its savepoint
-///   alone: the other writes of its batch still commit and get their own answers;
-/// - when the batch's transaction fails as a whole (the write lock not obtained within the
-///   [busy timeout](Self::set_busy_timeout), a full disk, an I/O error, a failed `COMMIT`),
-///   every write in it gets the error and none of them is recorded;
-/// - when the sync fails, the batches it covered are told they may not be recorded, and every
-///   later write is refused with the reason: after a failed sync the kernel may have dropped
-///   the pages it could not write, so nothing written since can be promised (open the ledger
-///   again once the disk is sound);
-/// - between its commit and its sync, a batch is visible to readers (this ledger's `get`,
-///   other processes) before its callers are answered; a power loss in that instant undoes it,
-///   and its callers, never answered, sent nothing on the strength of it;
-/// - a call whose future is dropped after its write was queued still runs, in its batch; only
-///   its answer is lost. The [`Ledger`] cancellation rule holds: the row is as before the call
-///   or as the call would have left it.
-///
-/// Two claims of one key in one batch run one after the other, so exactly one of them wins;
-/// another process's claims wait for the write lock, which `BEGIN IMMEDIATE` takes up front, so
-/// claims stay atomic across processes.
-///
-/// Reads ([`get`](Ledger::get), [`schema_version`](Self::schema_version)) go through a
-/// second, read-only connection on tokio's blocking pool: WAL lets them run beside a batch,
-/// so a read never waits for one, and they see every committed write.
-///
-/// # Read-only
-///
-/// [`open_read_only`](Self::open_read_only) opens an existing file for reading alone, with no
-/// writer thread: it never creates the file, never migrates it and never writes it, and every
-/// write through the ledger is refused. Operators' tools (`idempotent-retry-ledger list`,
-/// `show`) open files so, beside the processes that write them.
-///
-/// The writer thread ends once the last clone is dropped and the writes queued by then are
-/// done and answered; the file is then closed. If the thread dies (a panic), every write queued or sent
-/// later fails with [`LedgerErrorKind::Unavailable`](idempotent_retry_ledger::LedgerErrorKind::Unavailable):
-/// nothing it had not acknowledged was committed.
+/// Group commit, what is durable when, and the read-only mode: `docs/sqlite.md`.
 ///
 /// # Examples
 ///
@@ -132,8 +88,8 @@ struct Inner {
 }
 
 impl SqliteLedger {
-    /// The schema version this release reads and writes (the SQL ledgers share it; see the
-    /// [schema docs](idempotent_retry_ledger::Ledger#schema)). [`open`](Self::open) and
+    /// The schema version this release reads and writes (the SQL ledgers share it; the schema:
+    /// `docs/ledger.md`). [`open`](Self::open) and
     /// [`migrate`](Self::migrate) bring a file to it; [`open_read_only`](Self::open_read_only)
     /// opens only a file at it.
     pub const SCHEMA_VERSION: u32 = SCHEMA_VERSION;
@@ -181,12 +137,8 @@ impl SqliteLedger {
     /// [`list`](Ledger::list) and [`schema_version`](Self::schema_version) answer from it, and
     /// every write ([`claim`](Ledger::claim), [`finish`](Ledger::finish),
     /// [`migrate`](Self::migrate), ...) is refused. The file is never created, migrated or
-    /// written, so it may be one the process may not write, or one that other processes are
-    /// writing.
-    ///
-    /// SQLite reads a file in WAL mode (as [`open`](Self::open) leaves it) through its `-wal`
-    /// and `-shm` files: when they are missing, it creates them beside the file, as any reader
-    /// does; in a directory it may not write, it then cannot read the file.
+    /// written; SQLite may create its missing `-wal` and `-shm` files beside it
+    /// (`docs/sqlite.md`).
     ///
     /// # Errors
     ///
@@ -280,8 +232,8 @@ impl SqliteLedger {
 
     /// Brings the file to the crate's schema version, creating the table and its index in a
     /// new file, and checks that the table has every column. Safe to run on every start, and
-    /// from several processes at once. What it does with older and newer files is in the
-    /// [schema docs](idempotent_retry_ledger::Ledger#schema). It runs on the writer thread between two batches.
+    /// from several processes at once. What it does with older and newer files: `docs/ledger.md`,
+    /// "Versions". It runs on the writer thread between two batches.
     ///
     /// # Errors
     ///

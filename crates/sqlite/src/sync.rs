@@ -7,15 +7,9 @@
 //! returns. The writer commits with `NORMAL`, holds the answers of what it committed here, and
 //! at the end of each turn of its loop syncs the `-wal` file once and only then answers their
 //! callers. A write is thus acknowledged exactly when it would have been under `FULL`: once it
-//! is on the disk. While the writer waits for the disk, new writes queue up for its next turn,
-//! so the busier the ledger, the more writes one transaction and one sync carry. Checkpoints
-//! (which copy the log into the database file) sync both files themselves under `NORMAL`, so a
-//! log restarted after one never drops an unsynced commit.
-//!
-//! The sync runs on the writer's own thread, not beside it: a second thread would let the
-//! writer commit smaller transactions while the disk flushes, each paying its own pages, file
-//! locks and thread wake-ups, to answer sooner only by a transaction's own time (every answer
-//! waits for a sync either way).
+//! is on the disk, one sync covering every write queued meanwhile. Checkpoints sync both files
+//! themselves, so a restarted log never drops an unsynced commit. Why the sync runs on the
+//! writer's own thread: `docs/sqlite.md`.
 //!
 //! A failed sync leaves the log's state on the disk unknown (the kernel may have dropped the
 //! pages it could not write), so it is final: the writes it covered are told they may not have

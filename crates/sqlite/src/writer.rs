@@ -9,17 +9,14 @@
 //! arrives while a batch runs or its log syncs goes into the next batch.
 //!
 //! **The rule for writes:** a write changes the file with at most one statement, and nothing
-//! in it can fail once that statement succeeded. SQLite undoes a failed statement by itself,
-//! so a write that fails has changed nothing, and the others in the batch keep their effects
-//! and their answers, with no savepoint around each write (a savepoint would copy every page
-//! a write touches into a sub-journal, for nothing). A write that breaks the rule (it failed
-//! after a change: the connection's change count moved) cannot be undone alone, so its whole
-//! batch is rolled back and told so. A failure that ends the whole transaction (SQLite rolls
-//! it back by itself on a full disk or an I/O error, or the `COMMIT` fails) is told to every
-//! caller whose write was in it, so no caller hears of a write the file does not hold. Work
-//! that cannot run inside a batch (the migration, which runs transactions of its own; a
-//! connection setting) runs alone, between batches, and is answered the same way once
-//! durable.
+//! in it can fail once that statement succeeded, so a failed write has changed nothing and
+//! needs no savepoint (why: `docs/sqlite.md`). A write that breaks the rule (the connection's
+//! change count moved) has its whole batch rolled back and told so. A failure that ends the
+//! whole transaction (SQLite rolls it back by itself on a full disk or an I/O error, or the
+//! `COMMIT` fails) is told to every caller whose write was in it, so no caller hears of a
+//! write the file does not hold. Work that cannot run inside a batch (the migration, which
+//! runs transactions of its own; a connection setting) runs alone, between batches, and is
+//! answered the same way once durable.
 //!
 //! The thread ends when every sender is gone (the last [`SqliteLedger`](super::SqliteLedger)
 //! clone dropped) and the writes still queued are done and answered. If it dies (a panic), the

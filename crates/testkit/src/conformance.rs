@@ -97,18 +97,8 @@ const CASES: &[(&str, Case)] = &[
 /// Runs the [`Ledger`] conformance suite: every case of the contract the trait documents, each
 /// on a fresh ledger from `factory`, and reports which cases failed and what differed.
 ///
-/// The cases cover the atomic claim (concurrent claims of one key: exactly one acquires it),
-/// the lease (holder, expiry, take-over once it lapses, a stale holder's writes refused), the
-/// fingerprint (the same key with another request is never taken over, unless no receiver
-/// saw it: a [`NotSent`](OperationStatus::NotSent) row becomes the new request), the window (its
-/// start kept across runs and take-overs, rows at or before the cutoff left alone), saved
-/// responses (status, headers, body, an absent body), [`get`](Ledger::get), and purge (only
-/// expired rows, the batch limit, [`purge_expired`](Ledger::purge_expired) looping), and
-/// reconciling: the request's method and URL kept, [`claim_unresolved`](Ledger::claim_unresolved)
-/// holding only unknown rows and dead runs (and one of concurrent holds winning),
-/// [`resolve`](Ledger::resolve) by the holder only with each resolution's status, window and
-/// note, and [`unresolved`](Ledger::unresolved) and [`list`](Ledger::list) selecting (by
-/// status, scope, age and key prefix), ordering and limiting rows.
+/// The cases cover the claim, the lease, the fingerprint, the window, saved responses,
+/// purging, reconciling and listing; the full list: `docs/ledger.md`.
 ///
 /// `factory` must return an **empty** ledger each time (for shared storage: a new database,
 /// schema or table), since the purge cases count rows. The cases use fixed times in 2024 and

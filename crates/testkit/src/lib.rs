@@ -1,28 +1,21 @@
 //! Test your sender, or your handler, by replaying deliveries through real faults and counting
 //! side effects. The crate `idempotent-retry-testkit`, a dev-dependency.
 //!
-//! "Exactly once" cannot be checked by reading code; it is checked by replaying. This module
-//! gives the pieces:
-//!
 //! - [`Receiver`]: an HTTP/1.1 server on `127.0.0.1` that behaves like a Stripe-style
 //!   idempotent receiver (per key: scope, SHA-256 fingerprint, `in_progress` / `completed` /
 //!   `failed`, the saved response; an atomic claim), counts side effects per key and in total,
-//!   and fails on script.
-//! - [`Fault`] and [`When`]: reset before the handler, reset after the effect committed, a
-//!   stall after commit, a close without reply, any status with `Retry-After` (seconds or
-//!   HTTP-date) or `retry-after-ms`, `Stripe-Should-Retry` hints, a slow handler; per request
-//!   number or per key attempt.
+//!   and fails on script: [`Fault`] (resets before the handler or after the commit, stalls,
+//!   closes, any status with retry hints, a slow handler) at a [`When`] (request number or key
+//!   attempt).
 //! - Your handler as the code under test ([`ReceiverBuilder::handler`]): it gets a
-//!   [`Delivery`], performs its effect, calls [`Delivery::record_effect`], returns a [`Reply`].
-//! - Batched events ([`ReceiverBuilder::batch`]): a JSON array per POST, deduplicated per
-//!   event id.
-//! - [`Receiver::forget`] refuses to drop a key whose effect committed unless given a
-//!   [`Compensation`]; [`Reply::release_key`] on a committed key is refused and kept as a
-//!   [`Violation`].
+//!   [`Delivery`], performs its effect, calls [`Delivery::record_effect`], returns a [`Reply`];
+//!   batched events, deduplicated per event id: [`ReceiverBuilder::batch`].
+//! - [`Receiver::forget`] keeps a committed key unless given a [`Compensation`];
+//!   [`Reply::release_key`] on one is refused and kept as a [`Violation`].
 //! - Deterministic helpers: [`RecordingSleeper`], [`fixed_key`], [`loopback_http`].
 //!
-//! The receiver speaks HTTP/1.1 only, one request per connection, and keeps everything in
-//! memory. It is a test double, not a server to deploy.
+//! A test double, not a server to deploy: HTTP/1.1 only, one request per connection,
+//! everything in memory.
 //!
 //! # Testing your own handler
 //!

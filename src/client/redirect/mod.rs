@@ -1,10 +1,8 @@
 //! Redirects, followed by the crate itself so the key goes only where the caller sends it.
 //!
-//! `reqwest`'s own redirect support cannot do this: its policy sees neither the method nor the
-//! headers, and across origins it strips only credentials, so an idempotency key would travel
-//! to any origin a server names, and along on the `GET` that follows a 303. The
-//! [`Client`](crate::Client) therefore builds its inner `reqwest::Client` with
-//! `redirect::Policy::none()` and follows hops here, inside one attempt, by these rules:
+//! The [`Client`](crate::Client) builds its inner `reqwest::Client` with
+//! `redirect::Policy::none()` and follows hops here, inside one attempt (why reqwest's own
+//! support cannot keep the key on its origin: `docs/redirects.md`), by these rules:
 //!
 //! | status | next request | body and payload headers | key |
 //! |---|---|---|---|

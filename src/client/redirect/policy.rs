@@ -17,48 +17,24 @@ const DEFAULT_MAX_HOPS: u32 = 10;
 /// Which redirects the [`Client`](crate::Client) follows, and where the idempotency key may go.
 ///
 /// Set it with [`ClientBuilder::redirects`](crate::ClientBuilder::redirects). The crate follows
-/// 301, 302, 303, 307 and 308 itself, inside one attempt (all hops run under the attempt's
-/// timeout, and a retry starts again from the original URL with the same key):
+/// 301, 302, 303, 307 and 308 itself, inside one attempt. A hop that resends the operation
+/// (307, 308; 301 and 302 on any method but `POST`) carries the key to the original origin and to the
+/// origins allowed here, and is otherwise left unfollowed: the 3xx is the final response
+/// ([`RedirectChain::stopped`](crate::redirect::RedirectChain::stopped) says why). A hop that
+/// turns into a `GET` (303; 301 and 302 on a `POST`) drops the body and the key and may go
+/// anywhere. Credentials never cross origins. Only the final hop is classified.
 ///
-/// - 301 and 302 turn a `POST` into a `GET`; 303 turns everything but `HEAD` into a `GET`. That
-///   request fetches a result, it is not the operation: it goes without the body, without the
-///   payload headers (`Content-Type`, `Content-Length`, `Content-Encoding`,
-///   `Transfer-Encoding`) and **without the idempotency key**, to any origin.
-/// - 307 and 308 (and 301/302 on methods other than `POST`) resend the operation: same method,
-///   same body, same key. They are followed to the origin of the original request and to the
-///   origins this policy allows; a redirect that would carry the key to any other origin is
-///   not followed, and the caller gets the 3xx itself as the final response
-///   ([`RedirectChain::stopped`](crate::redirect::RedirectChain::stopped) says why). A streamed body that cannot be sent twice stops
-///   there too.
-/// - Across origins, credentials (`Authorization`, `Cookie`, `Proxy-Authorization`,
-///   `WWW-Authenticate`) are removed whatever this policy allows, as reqwest does. No `Referer`
-///   is added.
-/// - A redirect without a `Location`, or with one that is not a valid URL reference, carries
-///   user info or names a scheme other than `http`/`https`, is not followed: the 3xx is the
-///   final response.
-/// - One redirect more than the limit ends the operation with
-///   [`ErrorKind::TooManyRedirects`](crate::ErrorKind::TooManyRedirects), not retried (the
-///   chain would loop again) and reported as outcome unknown: the request reached at least one
-///   server, and a 303 answers a request that has run.
+/// # Errors
 ///
-/// Only the final hop's status is classified: a 503 after a 307 is retried from the original
-/// URL with the same key, and a redirect target that cannot be reached counts as
-/// [`FailureKind::RedirectTargetUnreachable`](crate::FailureKind::RedirectTargetUnreachable)
-/// (the request did leave, so the outcome is unknown); `response.url()` is the final URL and
-/// [`RedirectChain::of`](crate::redirect::RedirectChain::of) lists the hops. With a
-/// [`Ledger`](crate::ledger::Ledger) the final hop's answer is what is saved; a 301, 302, 307 or 308
-/// left unfollowed is recorded as not done (that server ran nothing), so a later run sends the
-/// operation again with the same key.
+/// One hop beyond the limit ends the operation with
+/// [`ErrorKind::TooManyRedirects`](crate::ErrorKind::TooManyRedirects), outcome unknown, not
+/// retried; an unreachable target is
+/// [`FailureKind::RedirectTargetUnreachable`](crate::FailureKind::RedirectTargetUnreachable).
 ///
-/// An origin is a scheme, host and port: `https://api.example.com` and
-/// `https://api.example.com:8443` differ, and so do `http://localhost` and `http://127.0.0.1`.
-///
-/// These rules apply to the client's own `reqwest::Client`. One passed with
-/// [`ClientBuilder::http`](crate::ClientBuilder::http) keeps its own redirect setting, and
-/// reqwest's default follows up to 10 redirects with the key on every hop, to any origin:
-/// build it with `.redirect(reqwest::redirect::Policy::none())`. When the inner client follows
-/// a redirect anyway, the crate logs a warning (key, both origins) and sets
-/// [`RedirectChain::inner_client_redirected`](crate::redirect::RedirectChain::inner_client_redirected).
+/// A `reqwest::Client` passed with [`ClientBuilder::http`](crate::ClientBuilder::http) keeps
+/// its own redirect setting: build it with `.redirect(reqwest::redirect::Policy::none())`
+/// (else [`RedirectChain::inner_client_redirected`](crate::redirect::RedirectChain::inner_client_redirected)).
+/// Every rule, origins, and what the ledger saves: `docs/redirects.md`.
 ///
 /// # Default
 ///
