@@ -130,7 +130,7 @@ pub fn run(embedding: &Embedding, args: impl IntoIterator<Item = std::ffi::OsStr
     }
 }
 
-/// The schema version that added the columns this command reads (see the `Ledger` docs'
+/// The schema version that added the columns this command reads (docs/ledger.md,
 /// "Versions").
 #[cfg(feature = "postgres")]
 const RECONCILING_SCHEMA: u32 = 2;
