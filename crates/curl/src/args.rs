@@ -31,13 +31,13 @@ pub(crate) struct Data {
 
 /// What `--fail` and `--fail-with-body` ask.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Fail {
+pub(crate) enum HttpErrors {
     /// A status of 400 or more is a final answer like any other (exit 0).
-    No,
+    Answer,
     /// Exit 22 for a status of 400 or more, without writing the body.
     Fail,
     /// Exit 22 for a status of 400 or more, after writing the body.
-    WithBody,
+    FailWithBody,
 }
 
 /// Where the key comes from, as the command line asks.
@@ -87,7 +87,7 @@ pub(crate) struct Invocation {
     pub(crate) write_out: Option<String>,
     pub(crate) max_time: Option<Duration>,
     pub(crate) connect_timeout: Option<Duration>,
-    pub(crate) fail: Fail,
+    pub(crate) fail: HttpErrors,
     pub(crate) location: bool,
     pub(crate) max_redirs: Option<u32>,
     pub(crate) cacert: Option<PathBuf>,
@@ -225,11 +225,11 @@ pub(crate) fn invocation(matches: &ArgMatches) -> Result<Invocation, String> {
         LedgerArg::Default
     };
     let fail = if matches.get_flag("fail") {
-        Fail::Fail
+        HttpErrors::Fail
     } else if matches.get_flag("fail-with-body") {
-        Fail::WithBody
+        HttpErrors::FailWithBody
     } else {
-        Fail::No
+        HttpErrors::Answer
     };
     let scope = text("scope").unwrap_or_else(|| DEFAULT_SCOPE.to_owned());
     if scope.is_empty() {
@@ -325,7 +325,7 @@ mod tests {
         ])
         .expect("parses");
         assert!(run.silent && run.location);
-        assert_eq!(run.fail, Fail::Fail);
+        assert_eq!(run.fail, HttpErrors::Fail);
         assert_eq!(run.method.as_deref(), Some("POST"));
         assert_eq!(run.headers, ["X-A: 1"]);
         let kinds: Vec<_> = run.data.iter().map(|d| d.kind).collect();

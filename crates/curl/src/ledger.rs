@@ -75,12 +75,24 @@ impl Opened {
         matches!(self, Opened::Sqlite(..))
     }
 
-    /// The client builder with this ledger.
-    pub(crate) fn attach(self, builder: ClientBuilder) -> ClientBuilder {
+    /// The client builder with this ledger (a handle of it: this one closes it).
+    pub(crate) fn attach(&self, builder: ClientBuilder) -> ClientBuilder {
         match self {
-            Opened::Sqlite(ledger, _) => builder.ledger(ledger),
+            Opened::Sqlite(ledger, _) => builder.ledger(ledger.clone()),
             #[cfg(feature = "postgres")]
-            Opened::Postgres(ledger) => builder.ledger(ledger),
+            Opened::Postgres(ledger) => builder.ledger(ledger.clone()),
+        }
+    }
+
+    /// Closes the ledger once the client's handle is gone, for at most `limit`: an SQLite
+    /// file checkpoints its WAL, so the next run opens a short one.
+    pub(crate) async fn close(self, limit: std::time::Duration) {
+        match self {
+            Opened::Sqlite(ledger, _) => {
+                ledger.close(limit).await;
+            }
+            #[cfg(feature = "postgres")]
+            Opened::Postgres(_) => {}
         }
     }
 }

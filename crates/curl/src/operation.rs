@@ -12,7 +12,7 @@ use idempotent_retry::{
     Client, ErrorKind, IDEMPOTENCY_KEY, RedirectPolicy, RetryPolicy, RetryReport,
 };
 
-use crate::args::{Fail, Invocation};
+use crate::args::{HttpErrors, Invocation};
 use crate::exit::Exit;
 use crate::key::{self, KeyChoice, KeyInputs, KeySource};
 use crate::ledger;
@@ -23,6 +23,8 @@ use crate::write_out::{Facts, WriteOut};
 
 /// The longest wait for the leases of a cancelled operation to be given back.
 const RELEASE_WAIT: Duration = Duration::from_secs(5);
+/// The longest wait for the ledger to close before the process exits.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
 /// The longest answer body saved for replay.
 const MAX_SAVED_BODY: usize = 1024 * 1024;
 /// How often a run waiting for another run's lease looks again.
@@ -251,7 +253,12 @@ async fn cancelled() {
 
 /// Runs the invocation; the report says how it ended.
 pub(crate) async fn run(invocation: Invocation) -> Report {
-    let report = operate(&invocation).await;
+    let mut opened = None;
+    let report = operate(&invocation, &mut opened).await;
+    // The client is gone: close the ledger before the process exits.
+    if let Some(opened) = opened {
+        opened.close(CLOSE_WAIT).await;
+    }
     let silent_ok = invocation.silent && matches!(report.exit, Exit::Done | Exit::HttpError);
     match invocation.report {
         crate::args::ReportFormat::Json => eprintln!("{}", report.json()),
@@ -261,7 +268,7 @@ pub(crate) async fn run(invocation: Invocation) -> Report {
     report
 }
 
-async fn operate(invocation: &Invocation) -> Report {
+async fn operate(invocation: &Invocation, slot: &mut Option<ledger::Opened>) -> Report {
     let mut prepared = match prepare(invocation) {
         Ok(prepared) => prepared,
         Err(message) => return Report::usage(message),
@@ -314,7 +321,7 @@ async fn operate(invocation: &Invocation) -> Report {
         .worker(format!("idemcurl-{}", std::process::id()));
     let mut builder = Client::builder()
         .http(prepared.http.clone())
-        .policy(prepared.policy.clone())
+        .policy(prepared.policy)
         .key_header(prepared.key_header.clone())
         .redirects(prepared.redirects.clone());
     if let Some(opened) = opened {
@@ -323,6 +330,7 @@ async fn operate(invocation: &Invocation) -> Report {
             options = options.lease_slack(LOCAL_LEASE_SLACK);
         }
         builder = opened.attach(builder).ledger_options(options);
+        *slot = Some(opened);
     }
     let client = match builder.build() {
         Ok(client) => client,
@@ -486,7 +494,7 @@ async fn answered(
     }
     let redirects = RedirectChain::of(&response).hops().len();
     let final_url = shown(response.url());
-    let failing = status.as_u16() >= 400 && invocation.fail != Fail::No;
+    let failing = status.as_u16() >= 400 && invocation.fail != HttpErrors::Answer;
     report.exit = if failing { Exit::HttpError } else { Exit::Done };
     let head = output::head(response.version(), status, response.headers());
     let mut size = 0u64;
@@ -504,7 +512,7 @@ async fn answered(
                     .write(&head)
                     .map_err(|err| format!("cannot write the answer: {err}"))?;
             }
-            if !(failing && invocation.fail == Fail::Fail) {
+            if !(failing && invocation.fail == HttpErrors::Fail) {
                 while let Some(chunk) = response.chunk().await.map_err(|err| {
                     format!("the answer's body was cut off after {size} bytes: {err}")
                 })? {

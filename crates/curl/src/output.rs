@@ -30,8 +30,9 @@ impl Destination {
                 .open(path)
                 .map(|file| Destination::File {
                     path: path.to_owned(),
+                    // Only a regular file is emptied: `/dev/null` or a pipe has nothing to empty.
+                    emptied: !file.metadata().is_ok_and(|meta| meta.is_file()),
                     file,
-                    emptied: false,
                 })
                 .map_err(|err| format!("{flag} {}: cannot write the file: {err}", path.display())),
         }

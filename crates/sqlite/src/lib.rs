@@ -84,6 +84,8 @@ struct Inner {
     reader: Arc<Mutex<Connection>>,
     /// `None` when the ledger was opened read-only.
     writer: Option<Writer>,
+    /// The writer thread, for [`SqliteLedger::close`] to wait for.
+    thread: Option<std::thread::JoinHandle<()>>,
     path: PathBuf,
 }
 
@@ -117,8 +119,8 @@ impl SqliteLedger {
         let path = path.to_path_buf();
         let opened = path.clone();
         let conn = blocking(move || open_writer(&opened)).await?;
-        // The thread is not joined: it ends by itself once the last sender is dropped.
-        let (writer, _thread) = spawn(conn)?;
+        // The thread ends by itself once the last sender is dropped; only `close` waits for it.
+        let (writer, thread) = spawn(conn)?;
         writer.alone(migrate::migrate).await?;
         // After the migration, so the file is in WAL mode with its `-shm` and `-wal` in place,
         // which a read-only connection needs.
@@ -128,6 +130,7 @@ impl SqliteLedger {
             inner: Arc::new(Inner {
                 reader: Arc::new(Mutex::new(reader)),
                 writer: Some(writer),
+                thread: Some(thread),
                 path,
             }),
         })
@@ -187,9 +190,32 @@ impl SqliteLedger {
             inner: Arc::new(Inner {
                 reader: Arc::new(Mutex::new(reader)),
                 writer: None,
+                thread: None,
                 path,
             }),
         })
+    }
+
+    /// Closes the ledger when this is its last handle: the read connection, then the writer
+    /// thread's, which checkpoints the WAL into the file and removes it. Waits for that for at
+    /// most `limit`; returns `true` once the file is closed, `false` when another clone still
+    /// holds the ledger (it closes when the last one is dropped) or `limit` passed first.
+    ///
+    /// Dropping the last handle closes the file too, on the writer thread, without waiting: a
+    /// process that exits right after (a command) should call this first, or the next process
+    /// to open the file replays its WAL, and the WAL grows with every run.
+    pub async fn close(self, limit: std::time::Duration) -> bool {
+        let Ok(mut inner) = Arc::try_unwrap(self.inner) else {
+            return false;
+        };
+        let thread = inner.thread.take();
+        // The reader first: the writer's connection, closing last, is the one that checkpoints.
+        drop(inner);
+        let Some(thread) = thread else {
+            return true;
+        };
+        let joined = tokio::task::spawn_blocking(move || thread.join().is_ok());
+        matches!(tokio::time::timeout(limit, joined).await, Ok(Ok(true)))
     }
 
     /// The schema version of the existing ledger file at `path`, read without opening it as a
@@ -528,6 +554,28 @@ mod tests {
         check_library(3_035_000, "3.35.0").expect("the floor itself");
         check_library(rusqlite::version_number(), rusqlite::version())
             .expect("the library these tests link");
+    }
+
+    #[tokio::test]
+    async fn close_checkpoints_the_wal_into_the_file_once_the_last_handle_goes() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("closed.db");
+        let ledger = SqliteLedger::open(&path).await.expect("opens");
+        let wal = dir.path().join("closed.db-wal");
+        assert!(wal.exists(), "open in WAL mode");
+        let clone = ledger.clone();
+        assert!(
+            !clone.close(Duration::from_secs(10)).await,
+            "another handle holds it"
+        );
+        assert!(ledger.close(Duration::from_secs(10)).await, "closed");
+        assert!(!wal.exists(), "the WAL was checkpointed and removed");
+        // And it opens again, at its version.
+        let again = SqliteLedger::open(&path).await.expect("opens again");
+        assert_eq!(
+            again.schema_version().await.expect("version"),
+            SqliteLedger::SCHEMA_VERSION
+        );
     }
 
     #[tokio::test]

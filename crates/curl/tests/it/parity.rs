@@ -251,6 +251,9 @@ async fn both(dir: &Path, args: &[String], stdin: Option<&[u8]>) -> (Ran, Ran) {
     (theirs, ours)
 }
 
+/// A case's name, its arguments (before `-s URL`) and what stdin holds.
+type Case<'a> = (&'a str, Vec<&'a str>, Option<&'a [u8]>);
+
 #[tokio::test]
 async fn the_server_sees_the_same_request_from_curl_and_from_idemcurl() {
     if !curl_present() {
@@ -262,7 +265,7 @@ async fn the_server_sees_the_same_request_from_curl_and_from_idemcurl() {
     std::fs::write(scratch.path("charge.json"), r#"{"amount": 1200}"#).expect("write");
     std::fs::write(scratch.path("evidence.pdf"), b"%PDF-1.4 \x00\x01\xff").expect("write");
     let url = server.url("/v1/items?a=1&b=two");
-    let cases: Vec<(&str, Vec<&str>, Option<&[u8]>)> = vec![
+    let cases: Vec<Case<'_>> = vec![
         ("get", vec![], None),
         ("data joined with &", vec!["-d", "a=1", "-d", "b=2"], None),
         ("--data-ascii", vec!["--data-ascii", "x=1"], None),
