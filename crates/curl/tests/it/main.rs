@@ -4,3 +4,4 @@
 mod parity;
 mod process;
 mod support;
+mod tls;

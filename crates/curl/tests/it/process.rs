@@ -365,6 +365,8 @@ async fn the_default_ledger_is_a_private_file_in_the_state_directory() {
     };
     assert_eq!(mode(&dir), 0o700);
     assert_eq!(mode(&file), 0o600);
+    // Closed before the process ended: its WAL checkpointed into the file, not left to grow.
+    assert!(!dir.join("ledger.sqlite3-wal").exists());
     // `idemcurl ledger` reads it without being told where it is.
     let mut list = idemcurl(scratch.dir.path());
     list.args(["ledger", "list", "--json"]);
@@ -372,4 +374,96 @@ async fn the_default_ledger_is_a_private_file_in_the_state_directory() {
     assert_eq!(listed.code, 0, "{listed:?}");
     let rows: serde_json::Value = serde_json::from_slice(&listed.stdout).expect("JSON rows");
     assert_eq!(rows.as_array().map(Vec::len), Some(1), "{rows}");
+}
+
+#[tokio::test]
+async fn an_attempt_past_max_time_is_cut_and_reported_as_maybe_done() {
+    let receiver = Receiver::start().await.expect("receiver");
+    let scratch = Scratch::new();
+    receiver.inject(
+        When::key_attempt("slow-1", 1),
+        Fault::StallAfterCommit(Duration::from_secs(30)),
+    );
+    let ran = run(charge(
+        &scratch,
+        &receiver,
+        &["--key", "slow-1", "-m", "0.5", "--retry", "0"],
+    ))
+    .await;
+    assert_eq!(ran.code, 76, "{ran:?}");
+    let report = ran.report();
+    assert_eq!(report["attempts"], 1);
+    assert!(
+        report["error"]
+            .as_str()
+            .is_some_and(|error| error.contains("timed out")),
+        "{report}"
+    );
+    assert_eq!(
+        receiver.effects_for("slow-1"),
+        1,
+        "it did happen: the report said maybe"
+    );
+}
+
+/// The PostgreSQL server `.ci/run` starts, or `None` (skipped) without one, except under `CI`.
+fn postgres_url() -> Option<String> {
+    match std::env::var("IDEMPOTENT_RETRY_PG_URL") {
+        Ok(url) => Some(url),
+        Err(_) => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "IDEMPOTENT_RETRY_PG_URL must be set in CI (.ci/run starts PostgreSQL)"
+            );
+            eprintln!("skipped: IDEMPOTENT_RETRY_PG_URL is not set");
+            None
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_fleet_on_postgres_sends_once_across_processes_and_replays() {
+    let Some(url) = postgres_url() else {
+        return;
+    };
+    let receiver = Receiver::start().await.expect("receiver");
+    let scratch = Scratch::new();
+    // Keys of this test's own: the table is shared with the other tests of the database.
+    let key = format!("pg-{}", std::process::id());
+    receiver.inject(
+        When::key_attempt(&key, 1),
+        Fault::SlowHandler(Duration::from_millis(1500)),
+    );
+    let on_postgres = || {
+        let mut command = idemcurl(scratch.dir.path());
+        command
+            .args([
+                "--postgres",
+                &url,
+                "--report",
+                "json",
+                "--key",
+                &key,
+                "--json",
+                CHARGE,
+            ])
+            .arg(receiver.url("/v1/charges"));
+        command
+    };
+    let first = on_postgres().spawn().expect("first starts");
+    assert_eq!(
+        receiver.wait_for_arrivals(1, Duration::from_secs(30)).await,
+        1
+    );
+    let second = run(on_postgres()).await;
+    let first = finish(first).await;
+    let third = run(on_postgres()).await;
+    for ran in [&first, &second, &third] {
+        assert_eq!(ran.code, 0, "{ran:?}");
+    }
+    assert_eq!(receiver.arrivals(), 1, "sent once by three processes");
+    assert_eq!(receiver.effects_for(&key), 1);
+    assert_eq!(second.report()["replayed"], true);
+    assert_eq!(third.report()["replayed"], true);
+    assert_eq!(third.report()["ledger"], "postgres");
 }
