@@ -614,16 +614,16 @@ async fn cancel(
         Some((OperationStatus::NotSent, attempts)) => {
             report.exit = Exit::NotDone;
             report.attempts = attempts;
-            report.error = Some("stopped before any attempt reached the server".into());
+            report.error = Some("a signal stopped it before any attempt reached the server".into());
         }
         Some((_, attempts)) => {
             report.exit = Exit::Unknown;
             report.attempts = attempts;
-            report.error = Some("stopped while the operation was under way".into());
+            report.error = Some("a signal stopped it while the operation was under way".into());
         }
         None => {
             report.exit = Exit::Unknown;
-            report.error = Some("stopped while the operation was under way".into());
+            report.error = Some("a signal stopped it while the operation was under way".into());
         }
     }
     report

@@ -80,6 +80,9 @@ impl Report {
     }
 
     fn attempts_phrase(&self) -> String {
+        if self.cancelled {
+            return format!("cancelled after {}", readable(self.elapsed));
+        }
         let plural = if self.attempts == 1 { "" } else { "s" };
         format!(
             "{} attempt{plural} in {}",
@@ -117,8 +120,7 @@ impl Report {
             }
             Exit::Usage => format!("idemcurl: {error} (nothing was sent)"),
             Exit::NotDone => format!(
-                "idemcurl: not done: {}; it cannot have happened, so it is safe to run again; {}; {key}",
-                self.cancel_or(error),
+                "idemcurl: not done: {error}; it cannot have happened, so it is safe to run again; {}; {key}",
                 self.attempts_phrase()
             ),
             Exit::Unknown => {
@@ -132,14 +134,21 @@ impl Report {
                     })
                     .unwrap_or_default();
                 let next = match &self.key {
-                    Some(key) => format!(
-                        "run it again only with --key {key}{window}, or look it up with `idemcurl ledger show {key}` and settle it with `idemcurl ledger resolve {key}`"
-                    ),
+                    Some(key) => {
+                        let again = match self.key_source {
+                            KeySource::Run => format!(
+                                "run the same command again in this run (or with --key {key}){window}"
+                            ),
+                            _ => format!("run it again only with --key {key}{window}"),
+                        };
+                        format!(
+                            "{again}, or look it up with `idemcurl ledger show {key}` and settle it with `idemcurl ledger resolve {key}`"
+                        )
+                    }
                     None => "check with the server before sending it again".to_owned(),
                 };
                 format!(
-                    "idemcurl: outcome unknown: {}; it may have happened; {}; {key}; {next}",
-                    self.cancel_or(error),
+                    "idemcurl: outcome unknown: {error}; it may have happened; {}; {key}; {next}",
                     self.attempts_phrase()
                 )
             }
@@ -152,14 +161,6 @@ impl Report {
                 };
                 format!("idemcurl: ledger error: {error} ({sent}); {key}")
             }
-        }
-    }
-
-    fn cancel_or<'a>(&self, error: &'a str) -> std::borrow::Cow<'a, str> {
-        if self.cancelled {
-            format!("cancelled ({error})").into()
-        } else {
-            error.into()
         }
     }
 
