@@ -8,11 +8,11 @@
 use std::any::Any;
 use std::error::Error as StdError;
 use std::fmt;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use http::{Method, StatusCode};
 use reqwest::Url;
+use sync_wrapper::SyncWrapper;
 
 use crate::classify::FailureKind;
 use crate::exchange::RetryRequest;
@@ -146,10 +146,10 @@ struct Inner {
     /// The request the operation was for, once the front end has one.
     target: Option<Target>,
     // The last response, of whatever type the front end's transport returns (a
-    // `reqwest::Response`, an `http::Response<B>`): one error type for every front end. A
-    // Mutex so that `Error` is `Sync` whatever the response is; it is only ever locked through
-    // `&mut self`, so it never blocks.
-    response: Mutex<Option<Box<dyn Any + Send>>>,
+    // `reqwest::Response`, an `http::Response<B>`): one error type for every front end. In a
+    // `SyncWrapper` so that `Error` is `Sync` whatever the response is: the wrapper gives its
+    // value out only through `&mut self`, which no other reference can share.
+    response: SyncWrapper<Option<Box<dyn Any + Send>>>,
     source: Option<BoxError>,
 }
 
@@ -167,7 +167,7 @@ impl Error {
                 message: None,
                 held: None,
                 target: None,
-                response: Mutex::new(None),
+                response: SyncWrapper::new(None),
                 source: None,
             }),
         }
@@ -268,7 +268,7 @@ impl Error {
         response: R,
     ) -> Self {
         self.inner.status = Some(status);
-        self.inner.response = Mutex::new(Some(Box::new(response)));
+        self.inner.response = SyncWrapper::new(Some(Box::new(response)));
         self
     }
 
@@ -390,10 +390,7 @@ impl Error {
     /// Returns `None` when there is no response, when it was taken already, or when `R` is not
     /// its type (the response then stays in the error).
     pub fn take_response_as<R: Send + 'static>(&mut self) -> Option<R> {
-        let slot = match self.inner.response.get_mut() {
-            Ok(slot) => slot,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let slot = self.inner.response.get_mut();
         match slot.take()?.downcast::<R>() {
             Ok(response) => Some(*response),
             Err(other) => {
@@ -791,5 +788,22 @@ mod tests {
             format!("{err:?}").contains("method: None, url: None"),
             "{err:?}"
         );
+    }
+
+    #[test]
+    fn the_last_response_is_taken_once_and_only_as_its_own_type() {
+        let response = http::Response::builder()
+            .status(StatusCode::SERVICE_UNAVAILABLE)
+            .body("busy")
+            .expect("a response");
+        let mut err = exhausted("k_10", 1).with_response(StatusCode::SERVICE_UNAVAILABLE, response);
+        assert!(err.take_response().is_none(), "not a reqwest::Response");
+        assert!(err.take_response_as::<http::Response<String>>().is_none());
+        let taken = err
+            .take_response_as::<http::Response<&str>>()
+            .expect("still there after the wrong types");
+        assert_eq!(*taken.body(), "busy");
+        assert!(err.take_response_as::<http::Response<&str>>().is_none());
+        assert_eq!(err.status(), Some(StatusCode::SERVICE_UNAVAILABLE));
     }
 }
