@@ -134,7 +134,7 @@ pub(crate) async fn claim<R: RetryResponse>(
     let mut reconciled: Option<String> = None;
     loop {
         let now = clock.wall();
-        let mut claim = Claim::builder(
+        let mut builder = Claim::builder(
             key.as_str(),
             fingerprint.as_str(),
             owner.clone(),
@@ -144,10 +144,12 @@ pub(crate) async fn claim<R: RetryResponse>(
         .scope(scope.clone())
         .expires_at(later(now, retention))
         .window_cutoff(window::cutoff(now, window))
-        .build()
-        .map_err(claim_failed)?;
-        claim.method = Some(method.to_owned());
-        claim.url.clone_from(&url);
+        .method(method);
+        // A request whose URI is not absolute has no URL to record.
+        if let Some(url) = &url {
+            builder = builder.url(url.as_str());
+        }
+        let claim = builder.build().map_err(claim_failed)?;
         let cutoff = claim.window_cutoff;
         // Bounded by the ledger's call timeout inside, so that the task that finishes a claim
         // whose caller has gone ends too.
