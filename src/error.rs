@@ -126,8 +126,8 @@ impl fmt::Display for ErrorKind {
 /// `POST https://api.example.com/…: gave up after 3 attempts (last status 503 Service
 /// Unavailable); outcome unknown: it may have run; idempotency key 5f0c…`. The path and query
 /// are left out of it (`/…`), since they may carry secrets and a message is what gets logged;
-/// [`url`](Self::url) has them. Its `Debug` has every field, the method and URL included.
-/// Neither ever shows a user name or password from the URL.
+/// [`url`](Self::url) has them. Its `Debug` shows the method and the whole URL beside the
+/// other facts. Neither ever shows a user name or password from the URL.
 pub struct Error {
     inner: Box<Inner>,
 }
@@ -296,8 +296,8 @@ impl Error {
 
     /// The request's method (`"POST"`). `None` for an error that came before there was a
     /// request to send: a [`ClientBuilder`](crate::ClientBuilder) that could not build, a
-    /// request that could not be built (an invalid URL or header), a tower service that was
-    /// not ready.
+    /// request that could not be built (an invalid URL or header), a tower service whose
+    /// `poll_ready` failed before the call.
     #[must_use]
     pub fn method(&self) -> Option<&str> {
         self.inner
