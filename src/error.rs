@@ -2,20 +2,24 @@
 //!
 //! An [`Error`] tells the caller the truth about the operation: its [`ErrorKind`], whether the
 //! server may have executed it ([`Error::is_outcome_unknown`]), the idempotency key to
-//! reconcile with, how many attempts were made, and the last response when there was one.
+//! reconcile with, the request's method and URL (without credentials), how many attempts were
+//! made, and the last response when there was one. Its `Display` says all of it in one line.
 
 use std::any::Any;
 use std::error::Error as StdError;
 use std::fmt;
-use std::sync::Mutex;
 use std::time::Duration;
 
-use http::StatusCode;
+use http::{Method, StatusCode};
+use reqwest::Url;
+use sync_wrapper::SyncWrapper;
 
 use crate::classify::FailureKind;
+use crate::exchange::RetryRequest;
 use crate::held::HeldOperation;
 use crate::key::{IdempotencyKey, InvalidKey};
 use crate::report::RetryReport;
+use crate::telemetry::strip_credentials;
 
 type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
@@ -116,6 +120,14 @@ impl fmt::Display for ErrorKind {
 ///
 /// `Error` is `Send + Sync + 'static` and keeps its source chain: the last transport error
 /// (a `reqwest::Error`), or the [`InvalidKey`] reason.
+///
+/// Its `Display` is one line for a person: the request's method and origin, what happened,
+/// after how many attempts, whether the operation may have run, and the key, as in
+/// `POST https://api.example.com/…: gave up after 3 attempts (last status 503 Service
+/// Unavailable); outcome unknown: it may have run; idempotency key 5f0c…`. The path and query
+/// are left out of it (`/…`), since they may carry secrets and a message is what gets logged;
+/// [`url`](Self::url) has them. Its `Debug` shows the method and the whole URL beside the
+/// other facts. Neither ever shows a user name or password from the URL.
 pub struct Error {
     inner: Box<Inner>,
 }
@@ -131,11 +143,13 @@ struct Inner {
     message: Option<String>,
     /// For `KeyReuse`: the ledger's record of the key's operation.
     held: Option<HeldOperation>,
+    /// The request the operation was for, once the front end has one.
+    target: Option<Target>,
     // The last response, of whatever type the front end's transport returns (a
-    // `reqwest::Response`, an `http::Response<B>`): one error type for every front end. A
-    // Mutex so that `Error` is `Sync` whatever the response is; it is only ever locked through
-    // `&mut self`, so it never blocks.
-    response: Mutex<Option<Box<dyn Any + Send>>>,
+    // `reqwest::Response`, an `http::Response<B>`): one error type for every front end. In a
+    // `SyncWrapper` so that `Error` is `Sync` whatever the response is: the wrapper gives its
+    // value out only through `&mut self`, which no other reference can share.
+    response: SyncWrapper<Option<Box<dyn Any + Send>>>,
     source: Option<BoxError>,
 }
 
@@ -152,7 +166,8 @@ impl Error {
                 window: None,
                 message: None,
                 held: None,
-                response: Mutex::new(None),
+                target: None,
+                response: SyncWrapper::new(None),
                 source: None,
             }),
         }
@@ -164,7 +179,11 @@ impl Error {
         err
     }
 
-    pub(crate) fn builder_from(source: reqwest::Error) -> Self {
+    /// A builder error from reqwest, whose URL (shown by its `Debug`) loses its credentials.
+    pub(crate) fn builder_from(mut source: reqwest::Error) -> Self {
+        if let Some(url) = source.url_mut() {
+            strip_credentials(url);
+        }
         Error::new(ErrorKind::Builder).with_source(source)
     }
 
@@ -212,6 +231,14 @@ impl Error {
         self.inner.held.as_ref()
     }
 
+    /// Names the request the operation was for, unless a request is named already.
+    pub(crate) fn for_request(mut self, target: Target) -> Self {
+        if self.inner.target.is_none() {
+            self.inner.target = Some(target);
+        }
+        self
+    }
+
     pub(crate) fn with_message(mut self, message: impl Into<String>) -> Self {
         self.inner.message = Some(message.into());
         self
@@ -241,7 +268,7 @@ impl Error {
         response: R,
     ) -> Self {
         self.inner.status = Some(status);
-        self.inner.response = Mutex::new(Some(Box::new(response)));
+        self.inner.response = SyncWrapper::new(Some(Box::new(response)));
         self
     }
 
@@ -265,6 +292,28 @@ impl Error {
     #[must_use]
     pub fn attempts(&self) -> u32 {
         self.inner.report.attempts()
+    }
+
+    /// The request's method (`"POST"`). `None` for an error that came before there was a
+    /// request to send: a [`ClientBuilder`](crate::ClientBuilder) that could not build, a
+    /// request that could not be built (an invalid URL or header), a tower service whose
+    /// `poll_ready` failed before the call.
+    #[must_use]
+    pub fn method(&self) -> Option<&str> {
+        self.inner
+            .target
+            .as_ref()
+            .map(|target| target.method.as_str())
+    }
+
+    /// The URL the operation was sent to (before any redirect), without the user name and
+    /// password it may carry and without a fragment; its path and query are kept, as a ledger
+    /// row records them ([`HeldOperation::url`] is the same text for the same request).
+    /// `None` when [`method`](Self::method) is, and for a tower request whose URI is not
+    /// absolute (a path alone names no server).
+    #[must_use]
+    pub fn url(&self) -> Option<&str> {
+        self.inner.target.as_ref()?.url.as_ref().map(Url::as_str)
     }
 
     /// The key every attempt carried: reconcile with it, or retry later with it.
@@ -341,10 +390,7 @@ impl Error {
     /// Returns `None` when there is no response, when it was taken already, or when `R` is not
     /// its type (the response then stays in the error).
     pub fn take_response_as<R: Send + 'static>(&mut self) -> Option<R> {
-        let slot = match self.inner.response.get_mut() {
-            Ok(slot) => slot,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let slot = self.inner.response.get_mut();
         match slot.take()?.downcast::<R>() {
             Ok(response) => Some(*response),
             Err(other) => {
@@ -356,6 +402,9 @@ impl Error {
 
     fn describe(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let inner = &self.inner;
+        if let Some(target) = &inner.target {
+            write!(f, "{target}: ")?;
+        }
         let attempts = inner.report.attempts();
         let plural = if attempts == 1 { "" } else { "s" };
         if let (ErrorKind::KeyReuse, Some(held)) = (inner.kind, &inner.held) {
@@ -434,7 +483,7 @@ impl Error {
             write!(f, " (last failure: {failure})")?;
         }
         if inner.outcome_unknown {
-            f.write_str("; outcome unknown")?;
+            f.write_str("; outcome unknown: it may have run")?;
         } else {
             f.write_str("; not executed")?;
         }
@@ -488,6 +537,8 @@ impl fmt::Debug for Error {
         let inner = &self.inner;
         f.debug_struct("Error")
             .field("kind", &inner.kind)
+            .field("method", &self.method())
+            .field("url", &self.url())
             .field("attempts", &inner.report.attempts())
             .field("key", &inner.report.idempotency_key())
             .field("outcome_unknown", &inner.outcome_unknown)
@@ -525,6 +576,50 @@ impl Error {
         Error::operation(ErrorKind::Ledger, report, outcome_unknown)
             .with_message(message)
             .with_source(source)
+    }
+}
+
+/// The request an operation was for, as its error names it: the method, and the URL without
+/// credentials or fragment (`None` for a request whose URI is not absolute).
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    method: Method,
+    url: Option<Url>,
+}
+
+impl Target {
+    /// `request`'s method and URL. One copy of the URL, whose credentials are removed before
+    /// anything can show it.
+    pub(crate) fn of<Q: RetryRequest>(request: &Q) -> Self {
+        let url = request.url().map(|mut url| {
+            strip_credentials(&mut url);
+            url.set_fragment(None);
+            url
+        });
+        Target {
+            method: request.method().clone(),
+            url,
+        }
+    }
+}
+
+/// `POST https://api.example.com/…`: the method and the URL's origin, with `/…` where a path
+/// other than `/` or a query was left out.
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Some(url) = &self.url else {
+            return write!(f, "{} request", self.method);
+        };
+        let origin = url.origin();
+        if origin.is_tuple() {
+            write!(f, "{} {}", self.method, origin.ascii_serialization())?;
+            if url.path() != "/" || url.query().is_some() {
+                f.write_str("/…")?;
+            }
+            Ok(())
+        } else {
+            write!(f, "{} {}:…", self.method, url.scheme())
+        }
     }
 }
 
@@ -584,7 +679,8 @@ mod tests {
         let text = err.to_string();
         assert_eq!(
             text,
-            "gave up after 5 attempts (last failure: connection reset); outcome unknown; idempotency key k_123"
+            "gave up after 5 attempts (last failure: connection reset); outcome unknown: it may \
+             have run; idempotency key k_123"
         );
         assert!(!text.ends_with('.'));
         let text = Error::builder("max_attempts must be at least 1").to_string();
@@ -608,5 +704,106 @@ mod tests {
              RetryBudgetConfig::with_capacity (last failure: throttled); not executed; \
              idempotency key k_9"
         );
+    }
+
+    fn exhausted(key: &str, attempts: u32) -> Error {
+        let key = IdempotencyKey::new(key).expect("valid key");
+        let mut report = RetryReport::new(Some(key));
+        report.attempts = attempts;
+        Error::operation(ErrorKind::AttemptsExhausted, report, true)
+            .with_failure(Some(FailureKind::Timeout))
+    }
+
+    #[test]
+    fn an_error_names_its_request_without_credentials() {
+        let request = reqwest::Request::new(
+            Method::POST,
+            Url::parse("https://alice:pa55word@api.example.com:8443/v1/charges?order=17#receipt")
+                .expect("a URL"),
+        );
+        let err = exhausted("k_7", 3).for_request(Target::of(&request));
+        assert_eq!(err.method(), Some("POST"));
+        assert_eq!(
+            err.url(),
+            Some("https://api.example.com:8443/v1/charges?order=17")
+        );
+        assert_eq!(
+            err.to_string(),
+            "POST https://api.example.com:8443/…: gave up after 3 attempts (last failure: \
+             attempt timed out); outcome unknown: it may have run; idempotency key k_7"
+        );
+        let debug = format!("{err:?}");
+        assert!(
+            debug.contains(r#"method: Some("POST"), url: Some("https://api.example.com:8443/v1/charges?order=17")"#),
+            "{debug}"
+        );
+        for shown in [err.to_string(), debug] {
+            assert!(
+                !shown.contains("pa55word") && !shown.contains("alice"),
+                "{shown}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_origin_alone_has_no_ellipsis_and_a_relative_uri_no_url() {
+        let root = reqwest::Request::new(
+            Method::GET,
+            Url::parse("https://api.example.com/").expect("a URL"),
+        );
+        let err = exhausted("k_8", 1).for_request(Target::of(&root));
+        assert!(
+            err.to_string()
+                .starts_with("GET https://api.example.com: gave up after 1 attempt "),
+            "{err}"
+        );
+        // The first request named stays.
+        let other = http::Request::builder()
+            .method(Method::PUT)
+            .uri("/v1/charges")
+            .body(())
+            .expect("a request");
+        let err = err.for_request(Target::of(&other));
+        assert_eq!(err.method(), Some("GET"));
+        let relative = exhausted("k_9", 2).for_request(Target::of(&other));
+        assert_eq!(relative.method(), Some("PUT"));
+        assert_eq!(relative.url(), None);
+        assert!(
+            relative
+                .to_string()
+                .starts_with("PUT request: gave up after 2 attempts "),
+            "{relative}"
+        );
+    }
+
+    #[test]
+    fn an_error_before_any_request_names_none() {
+        let err = Error::builder("max_attempts must be at least 1");
+        assert_eq!((err.method(), err.url()), (None, None));
+        assert_eq!(
+            err.to_string(),
+            "invalid configuration: max_attempts must be at least 1"
+        );
+        assert!(
+            format!("{err:?}").contains("method: None, url: None"),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn the_last_response_is_taken_once_and_only_as_its_own_type() {
+        let response = http::Response::builder()
+            .status(StatusCode::SERVICE_UNAVAILABLE)
+            .body("busy")
+            .expect("a response");
+        let mut err = exhausted("k_10", 1).with_response(StatusCode::SERVICE_UNAVAILABLE, response);
+        assert!(err.take_response().is_none(), "not a reqwest::Response");
+        assert!(err.take_response_as::<http::Response<String>>().is_none());
+        let taken = err
+            .take_response_as::<http::Response<&str>>()
+            .expect("still there after the wrong types");
+        assert_eq!(*taken.body(), "busy");
+        assert!(err.take_response_as::<http::Response<&str>>().is_none());
+        assert_eq!(err.status(), Some(StatusCode::SERVICE_UNAVAILABLE));
     }
 }

@@ -12,7 +12,7 @@ use crate::classify::classify_source_chain;
 use crate::classify::{FailureKind, classify_reqwest_error};
 use crate::error::Error;
 use crate::exchange::{RetryRequest, RetryResponse};
-use crate::telemetry::WireTrace;
+use crate::telemetry::{WireTrace, strip_credentials};
 
 pub(crate) type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
@@ -81,8 +81,13 @@ pub(crate) trait Transport<Q: RetryRequest> {
     }
 }
 
-/// Turns a reqwest error into the engine's view of a failed attempt.
-pub(crate) fn reqwest_send_error(err: reqwest::Error) -> SendError {
+/// Turns a reqwest error into the engine's view of a failed attempt. The URL the error carries
+/// loses its user name and password first: the error becomes the source of this crate's
+/// [`Error`], whose `Debug` shows it.
+pub(crate) fn reqwest_send_error(mut err: reqwest::Error) -> SendError {
+    if let Some(url) = err.url_mut() {
+        strip_credentials(url);
+    }
     if err.is_builder() {
         // reqwest refused the request before sending anything (an unsupported scheme, say): a
         // configuration error, not an attempt.
@@ -97,7 +102,14 @@ pub(crate) fn reqwest_send_error(err: reqwest::Error) -> SendError {
 
 /// Classifies an error from another layer (a tower service, a middleware below ours).
 #[cfg(any(feature = "tower", feature = "middleware"))]
-pub(crate) fn send_error(err: BoxError) -> SendError {
+pub(crate) fn send_error(mut err: BoxError) -> SendError {
+    // A reqwest error's URL loses its credentials, as in `reqwest_send_error`.
+    if let Some(url) = err
+        .downcast_mut::<reqwest::Error>()
+        .and_then(reqwest::Error::url_mut)
+    {
+        strip_credentials(url);
+    }
     if let Some(reqwest) = err.downcast_ref::<reqwest::Error>()
         && reqwest.is_builder()
     {

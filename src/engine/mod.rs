@@ -30,7 +30,7 @@ use std::time::Duration;
 use http::Method;
 use tracing::Instrument;
 
-use crate::error::Error;
+use crate::error::{Error, Target};
 use crate::exchange::{self, RetryRequest, RetryResponse};
 use crate::key::IdempotencyKey;
 use crate::ledger::{self, Begin, LedgerHandle};
@@ -53,7 +53,8 @@ use settle::Settled;
 ///
 /// # Errors
 ///
-/// Whatever stopped the operation, as an [`Error`] with its kind, key and outcome.
+/// Whatever stopped the operation, as an [`Error`] with its kind, key, outcome, and the
+/// request's method and URL.
 #[allow(
     clippy::manual_async_fn,
     reason = "an async fn would keep its arguments twice in the future's state"
@@ -69,14 +70,25 @@ where
     T: Transport<Q>,
 {
     async move {
+        // What every error of the operation names: its method and URL, taken before the
+        // request moves into the stages.
+        let target = Target::of(&request);
         // In a block: `settled` is borrowed, so it would keep a place in this state beside
         // the stages' future it moves into.
         let stages = {
-            let settled = settle::settle(settings, &mut request, overrides)?;
-            let span = settled.span.clone();
-            run(settings, request, settled, transport).instrument(span)
+            match settle::settle(settings, &mut request, overrides) {
+                Ok(settled) => {
+                    let span = settled.span.clone();
+                    Ok(run(settings, request, settled, transport).instrument(span))
+                }
+                Err(err) => Err(err),
+            }
         };
-        stages.await
+        let result = match stages {
+            Ok(stages) => stages.await,
+            Err(err) => Err(err),
+        };
+        result.map_err(|err| err.for_request(target))
     }
 }
 

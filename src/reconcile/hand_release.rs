@@ -89,7 +89,7 @@ pub async fn release_by_hand(
     let owner = [by.as_str(), IdempotencyKey::random().as_str()].join("/");
     // The row's own request, so the claim takes it over as it is: inside any window (the
     // epoch as the cutoff), keeping its scope, request and expiry.
-    let mut claim = Claim::builder(
+    let mut builder = Claim::builder(
         key,
         row.fingerprint.as_str(),
         owner.as_str(),
@@ -97,10 +97,15 @@ pub async fn release_by_hand(
         later(now, HOLD),
     )
     .scope(row.scope.as_str())
-    .expires_at(row.expires_at)
-    .build()?;
-    claim.method.clone_from(&row.method);
-    claim.url.clone_from(&row.url);
+    .expires_at(row.expires_at);
+    // A row written before 0.2 records neither; one of a relative URI, no URL.
+    if let Some(method) = &row.method {
+        builder = builder.method(method.as_str());
+    }
+    if let Some(url) = &row.url {
+        builder = builder.url(url.as_str());
+    }
+    let claim = builder.build()?;
     let previous = match ledger.claim(&claim).await? {
         Claimed::TakenOver { previous, .. } => previous,
         // Purged in between: the claim made a row of its own, which is released too.

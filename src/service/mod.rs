@@ -18,7 +18,7 @@ use std::task::{Context, Poll};
 
 use crate::client::warn_if_inner_redirected;
 use crate::engine;
-use crate::error::Error;
+use crate::error::{Error, Target};
 use crate::exchange::{RetryRequest, RetryResponse};
 use crate::settings::{Overrides, Settings};
 use crate::transport::{BoxError, SendError, Transport, send_error};
@@ -133,7 +133,8 @@ where
         // The scope header comes off here, before the engine clones the request for any
         // attempt; the scope goes in as this front end's override, as the `Client`'s
         // `ledger_scope` does.
-        let scope = scope::settle_scope(&mut request, &self.scopes);
+        let scope = scope::settle_scope(&mut request, &self.scopes)
+            .map_err(|err| err.for_request(Target::of(&request)));
         ResponseFuture::new(async move {
             let overrides = Overrides {
                 scope: scope?,

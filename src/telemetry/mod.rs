@@ -15,4 +15,5 @@ mod propagate;
 mod url;
 mod wire;
 
+pub(crate) use url::{strip_credentials, without_credentials};
 pub(crate) use wire::WireTrace;

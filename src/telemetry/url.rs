@@ -1,5 +1,6 @@
-//! `url.full` as the OpenTelemetry HTTP conventions want it: the URL without the credentials
-//! it may carry.
+//! A request's URL as the crate shows it, never with the credentials it may carry: `url.full`
+//! as the OpenTelemetry HTTP conventions want it ([`redacted`]), and the URL a ledger row and
+//! an [`Error`](crate::Error) record ([`without_credentials`], [`strip_credentials`]).
 
 use reqwest::Url;
 
@@ -34,6 +35,27 @@ pub(crate) fn redacted(url: &Url) -> String {
     url.into()
 }
 
+/// Removes the user name and password from `url`, in place; the rest (path, query, fragment)
+/// stays as it is.
+pub(crate) fn strip_credentials(url: &mut Url) {
+    if url.username().is_empty() && url.password().is_none() {
+        return;
+    }
+    // Only URLs that cannot have credentials refuse these, and they have none to remove.
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+}
+
+/// The URL as a ledger row records it: `url` without a user name or password.
+pub(crate) fn without_credentials(url: &Url) -> String {
+    if url.username().is_empty() && url.password().is_none() {
+        return url.as_str().to_owned();
+    }
+    let mut url = url.clone();
+    strip_credentials(&mut url);
+    url.into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,5 +86,33 @@ mod tests {
             redact("http://127.0.0.1:8080/a?"),
             "http://127.0.0.1:8080/a"
         );
+    }
+
+    #[test]
+    fn a_recorded_url_keeps_everything_but_the_credentials() {
+        for (sent, recorded) in [
+            (
+                "https://alice:s3cret@api.example.com:8443/v1/charges?order=17",
+                "https://api.example.com:8443/v1/charges?order=17",
+            ),
+            (
+                "https://:s3cret@api.example.com/v1/charges",
+                "https://api.example.com/v1/charges",
+            ),
+            (
+                "https://alice@api.example.com/v1/charges",
+                "https://api.example.com/v1/charges",
+            ),
+            (
+                "https://api.example.com/v1/charges#receipt",
+                "https://api.example.com/v1/charges#receipt",
+            ),
+        ] {
+            let url = Url::parse(sent).expect("a URL");
+            assert_eq!(without_credentials(&url), recorded, "{sent}");
+            let mut stripped = url.clone();
+            strip_credentials(&mut stripped);
+            assert_eq!(stripped.as_str(), recorded, "{sent}");
+        }
     }
 }

@@ -180,6 +180,74 @@ async fn connect_failures_are_retried_and_mean_not_executed() {
     }
 }
 
+/// One look at an error tells what happened to which request: `Display` names the method, the
+/// origin, what happened, the attempts, whether the operation may have run and the key; the
+/// accessors give the method and the whole URL; none of them, nor `Debug`, shows the user name
+/// or password the URL carried.
+#[tokio::test]
+async fn an_error_names_its_request_and_never_its_credentials() {
+    let policy = fast().with_max_attempts(2).with_attempt_timeout(ms(300));
+    for front in front_ends(with_policy(policy)) {
+        let name = front.name();
+        for (case, action, happened) in [
+            (
+                "503",
+                Action::status(503),
+                "(last status 503 Service Unavailable)",
+            ),
+            (
+                "timeout",
+                Action::hang(),
+                "(last failure: attempt timed out)",
+            ),
+        ] {
+            let server = TestServer::start(vec![], action).await;
+            let plain = server.url("/v1/charges?order=17");
+            let with_credentials = plain.replacen("http://", "http://alice:pa55word@", 1);
+            let err = front
+                .send(Call::post(with_credentials))
+                .await
+                .expect_err("never answered");
+            assert_eq!(
+                err.kind(),
+                ErrorKind::AttemptsExhausted,
+                "{name}, {case}: {err}"
+            );
+            assert!(err.is_outcome_unknown(), "{name}, {case}");
+            assert_eq!(err.method(), Some("POST"), "{name}, {case}");
+            assert_eq!(err.url(), Some(plain.as_str()), "{name}, {case}");
+            let key = err
+                .idempotency_key()
+                .unwrap_or_else(|| panic!("{name}, {case}: a minted key"))
+                .to_string();
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "POST http://{}/…: gave up after 2 attempts {happened}; outcome unknown: it \
+                     may have run; idempotency key {key}",
+                    server.addr()
+                ),
+                "{name}, {case}"
+            );
+            let debug = format!("{err:?}");
+            assert!(
+                debug.contains(&format!("url: Some({plain:?})")),
+                "{name}, {case}: {debug}"
+            );
+            assert!(
+                debug.contains(r#"method: Some("POST")"#),
+                "{name}, {case}: {debug}"
+            );
+            for shown in [err.to_string(), debug, err.url().unwrap_or("").to_owned()] {
+                assert!(
+                    !shown.contains("pa55word") && !shown.contains("alice"),
+                    "{name}, {case}: {shown}"
+                );
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn final_statuses_are_returned_after_one_attempt() {
     for front in front_ends(with_policy(fast())) {

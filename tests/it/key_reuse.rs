@@ -94,10 +94,13 @@ async fn a_charged_order_sent_to_another_origin_is_reported_done_never_not_done(
     assert_eq!(held.answered, Some(StatusCode::OK));
     assert_eq!(held.method.as_deref(), Some("POST"));
     assert_eq!(held.url.as_deref(), Some(first.url("/charges").as_str()));
+    assert_eq!(err.method(), Some("POST"));
+    assert_eq!(err.url(), Some(second.url("/charges").as_str()));
     let text = err.to_string();
     let expected_start = format!(
-        "idempotency key reused for a different request: key {key} is recorded as succeeded \
-         (answered 200 OK) for POST {}, first attempted at ",
+        "POST http://{}/…: idempotency key reused for a different request: key {key} is \
+         recorded as succeeded (answered 200 OK) for POST {}, first attempted at ",
+        second.addr(),
         first.url("/charges")
     );
     assert!(text.starts_with(&expected_start), "{text}");

@@ -25,34 +25,6 @@ use idempotent_retry::ledger::{
 use idempotent_retry::{Client, ErrorKind, IdempotencyKey, RetryPolicy, RetryReport};
 use tokio_postgres::NoTls;
 
-fn base_url() -> Option<String> {
-    match std::env::var("IDEMPOTENT_RETRY_PG_URL") {
-        Ok(url) => Some(url),
-        Err(_) if std::env::var_os("CI").is_some() => {
-            panic!("IDEMPOTENT_RETRY_PG_URL must be set in CI (.ci/run starts PostgreSQL)")
-        }
-        Err(_) => {
-            eprintln!("skipped: IDEMPOTENT_RETRY_PG_URL is not set");
-            None
-        }
-    }
-}
-
-/// A fresh database for one test, so tests never see each other's rows.
-async fn fresh_database(base: &str) -> String {
-    let (admin, connection) = tokio_postgres::connect(base, NoTls)
-        .await
-        .expect("connect to the test server");
-    tokio::spawn(connection);
-    let name = format!("ir_{}", IdempotencyKey::random().as_str().replace('-', ""));
-    admin
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .await
-        .expect("create a database");
-    let (prefix, _) = base.rsplit_once('/').expect("URL ends with /database");
-    format!("{prefix}/{name}")
-}
-
 async fn worker(url: &str, name: &str, on_lease_held: LeaseHeldPolicy) -> Client {
     let ledger = PostgresLedger::connect(url).await.expect("connect");
     ledger.migrate().await.expect("migrate");
@@ -75,8 +47,10 @@ async fn worker(url: &str, name: &str, on_lease_held: LeaseHeldPolicy) -> Client
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn of_eight_workers_racing_for_one_key_exactly_one_sends() {
-    let Some(base) = base_url() else { return };
-    let url = fresh_database(&base).await;
+    let Some(base) = postgres_server_url() else {
+        return;
+    };
+    let url = postgres_database_on(&base).await;
     let server = TestServer::start_idempotent(
         vec![Action::stall_then(
             Duration::from_millis(300),
@@ -128,8 +102,10 @@ async fn of_eight_workers_racing_for_one_key_exactly_one_sends() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_workers_get_the_winner_s_response_without_sending() {
-    let Some(base) = base_url() else { return };
-    let url = fresh_database(&base).await;
+    let Some(base) = postgres_server_url() else {
+        return;
+    };
+    let url = postgres_database_on(&base).await;
     let server = TestServer::start_idempotent(
         vec![Action::stall_then(
             Duration::from_millis(300),
@@ -183,8 +159,10 @@ async fn terminate(admin: &tokio_postgres::Client, app: &str) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_lost_mid_operation_is_reopened_or_reported_never_lost() {
-    let Some(base) = base_url() else { return };
-    let url = fresh_database(&base).await;
+    let Some(base) = postgres_server_url() else {
+        return;
+    };
+    let url = postgres_database_on(&base).await;
     let database = url.rsplit_once('/').expect("database").1.to_owned();
     let app = format!(
         "ledger_{}",
@@ -311,8 +289,10 @@ ORDER BY first_seen";
 
 #[tokio::test]
 async fn the_incident_query_finds_double_charges_and_unresolved_operations() {
-    let Some(base) = base_url() else { return };
-    let url = fresh_database(&base).await;
+    let Some(base) = postgres_server_url() else {
+        return;
+    };
+    let url = postgres_database_on(&base).await;
     let server = TestServer::start(vec![Action::status(503)], Action::ok("charged")).await;
     let client = worker(&url, "w", LeaseHeldPolicy::Fail).await;
     let send = |key: &str, body: &'static str, attempts: u32| {
@@ -398,8 +378,10 @@ async fn version_rows(client: &tokio_postgres::Client) -> Vec<(i32, String)> {
 
 #[tokio::test]
 async fn a_new_database_is_at_schema_version_3_and_migrating_again_changes_nothing() {
-    let Some(base) = base_url() else { return };
-    let url = fresh_database(&base).await;
+    let Some(base) = postgres_server_url() else {
+        return;
+    };
+    let url = postgres_database_on(&base).await;
     let ledger = PostgresLedger::connect(&url).await.expect("connect");
     assert_eq!(
         ledger.schema_version().await.expect("version"),
@@ -425,8 +407,10 @@ async fn a_new_database_is_at_schema_version_3_and_migrating_again_changes_nothi
 
 #[tokio::test]
 async fn a_database_never_migrated_is_named_with_the_fix_and_nothing_is_sent() {
-    let Some(base) = base_url() else { return };
-    let url = fresh_database(&base).await;
+    let Some(base) = postgres_server_url() else {
+        return;
+    };
+    let url = postgres_database_on(&base).await;
     let ledger = PostgresLedger::connect(&url).await.expect("connect");
     let server = TestServer::start(vec![], Action::ok("charged")).await;
     let client = Client::builder().ledger(ledger).build().expect("client");
@@ -452,8 +436,10 @@ async fn a_database_never_migrated_is_named_with_the_fix_and_nothing_is_sent() {
 /// what a later read gives, new row or take-over, times and all.
 #[tokio::test]
 async fn a_claim_returns_its_row_as_stored_to_the_millisecond() {
-    let Some(base) = base_url() else { return };
-    let url = fresh_database(&base).await;
+    let Some(base) = postgres_server_url() else {
+        return;
+    };
+    let url = postgres_database_on(&base).await;
     let ledger = PostgresLedger::connect(&url).await.expect("connect");
     ledger.migrate().await.expect("migrate");
     let now = std::time::SystemTime::UNIX_EPOCH + Duration::new(1_704_067_200, 123_456_789);
@@ -508,8 +494,10 @@ fn one_attempt_client(ledger: impl Ledger, time: &VirtualTime) -> Client {
 /// the upgrade: the next run claims it under the same key and window and finishes it.
 #[tokio::test]
 async fn a_database_made_by_the_0_1_migrate_is_upgraded_and_its_row_claimed_and_finished() {
-    let Some(base) = base_url() else { return };
-    let url = fresh_database(&base).await;
+    let Some(base) = postgres_server_url() else {
+        return;
+    };
+    let url = postgres_database_on(&base).await;
     let server =
         TestServer::start_idempotent(vec![Action::status(503)], Action::ok("charged")).await;
     let time = VirtualTime::new();
@@ -585,8 +573,10 @@ async fn a_database_made_by_the_0_1_migrate_is_upgraded_and_its_row_claimed_and_
 
 #[tokio::test]
 async fn a_database_from_a_newer_release_is_refused_with_both_versions_and_left_as_it_was() {
-    let Some(base) = base_url() else { return };
-    let url = fresh_database(&base).await;
+    let Some(base) = postgres_server_url() else {
+        return;
+    };
+    let url = postgres_database_on(&base).await;
     let server = TestServer::start(vec![], Action::ok("ok")).await;
     let client = worker(&url, "w", LeaseHeldPolicy::Fail).await;
     client
@@ -632,11 +622,13 @@ async fn a_database_from_a_newer_release_is_refused_with_both_versions_and_left_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_migrating_a_new_database_at_once_all_succeed_and_leave_one_version_row() {
-    let Some(base) = base_url() else { return };
+    let Some(base) = postgres_server_url() else {
+        return;
+    };
     // A round per isolation level a database may default to, each on a new database: the
     // migration must not depend on the default.
     for isolation in ["read committed", "repeatable read", "serializable"] {
-        let url = fresh_database(&base).await;
+        let url = postgres_database_on(&base).await;
         let database = url.rsplit_once('/').expect("database").1;
         inspector(&base)
             .await
@@ -713,9 +705,11 @@ fn claim_of(key: &str, owner: &str) -> idempotent_retry::ledger::Claim {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_conformance_suite_passes_over_a_small_pool_the_caller_s_pool_and_tls() {
     use idempotent_retry_testkit::ledger_conformance;
-    let Some(base) = base_url() else { return };
+    let Some(base) = postgres_server_url() else {
+        return;
+    };
     ledger_conformance(|| async {
-        let url = fresh_database(&base).await;
+        let url = postgres_database_on(&base).await;
         let ledger = PostgresLedger::builder()
             .url(&url)
             .pool_size(3)
@@ -729,7 +723,7 @@ async fn the_conformance_suite_passes_over_a_small_pool_the_caller_s_pool_and_tl
     .assert_passed();
 
     ledger_conformance(|| async {
-        let url = fresh_database(&base).await;
+        let url = postgres_database_on(&base).await;
         let config: tokio_postgres::Config = url.parse().expect("url");
         let manager = deadpool_postgres::Manager::new(config, NoTls);
         let pool = deadpool_postgres::Pool::builder(manager)
@@ -749,7 +743,7 @@ async fn the_conformance_suite_passes_over_a_small_pool_the_caller_s_pool_and_tl
             return;
         };
         ledger_conformance(|| async {
-            let url = on_database(&tls_url, &fresh_database(&base).await);
+            let url = on_database(&tls_url, &postgres_database_on(&base).await);
             let ledger = PostgresLedger::builder()
                 .url(&url)
                 .tls_ca_file(&ca)
@@ -786,11 +780,13 @@ fn rustls_connector(ca: &str) -> tokio_postgres_rustls::MakeRustlsConnect {
 #[cfg(feature = "postgres-rustls")]
 #[tokio::test]
 async fn over_tls_the_connection_is_encrypted_from_a_config_and_the_caller_s_connector() {
-    let Some(base) = base_url() else { return };
+    let Some(base) = postgres_server_url() else {
+        return;
+    };
     let Some((tls_url, ca)) = tls_settings() else {
         return;
     };
-    let url = on_database(&tls_url, &fresh_database(&base).await);
+    let url = on_database(&tls_url, &postgres_database_on(&base).await);
     let app = format!("tls_{}", IdempotencyKey::random().as_str().replace('-', ""));
     let mut config: tokio_postgres::Config = url.parse().expect("url");
     config.application_name(&app);
@@ -877,8 +873,10 @@ async fn a_certificate_from_an_untrusted_ca_fails_the_build_with_a_typed_error()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_of_64_keys_at_once_all_land_and_32_claims_of_one_key_have_one_winner() {
-    let Some(base) = base_url() else { return };
-    let url = fresh_database(&base).await;
+    let Some(base) = postgres_server_url() else {
+        return;
+    };
+    let url = postgres_database_on(&base).await;
     let ledger = PostgresLedger::builder()
         .url(&url)
         .pool_size(8)
@@ -938,8 +936,10 @@ async fn claims_of_64_keys_at_once_all_land_and_32_claims_of_one_key_have_one_wi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_waiting_on_one_key_s_lock_holds_up_no_other_key() {
-    let Some(base) = base_url() else { return };
-    let url = fresh_database(&base).await;
+    let Some(base) = postgres_server_url() else {
+        return;
+    };
+    let url = postgres_database_on(&base).await;
     let ledger = PostgresLedger::builder()
         .url(&url)
         .pool_size(4)
@@ -1008,8 +1008,10 @@ async fn session_pids(admin: &tokio_postgres::Client, app: &str) -> Vec<i32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_connection_fails_at_most_the_call_that_notices_and_is_replaced() {
-    let Some(base) = base_url() else { return };
-    let url = fresh_database(&base).await;
+    let Some(base) = postgres_server_url() else {
+        return;
+    };
+    let url = postgres_database_on(&base).await;
     let app = format!(
         "kill_{}",
         IdempotencyKey::random().as_str().replace('-', "")
@@ -1057,8 +1059,10 @@ async fn a_killed_connection_fails_at_most_the_call_that_notices_and_is_replaced
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_of_one_serves_16_operations_at_once_in_turn() {
-    let Some(base) = base_url() else { return };
-    let url = fresh_database(&base).await;
+    let Some(base) = postgres_server_url() else {
+        return;
+    };
+    let url = postgres_database_on(&base).await;
     let ledger = PostgresLedger::builder()
         .url(&url)
         .pool_size(1)
@@ -1195,8 +1199,10 @@ async fn send_until_taken_over(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_database_bounds_every_stage_and_the_thaw_needs_no_restart() {
     use idempotent_retry_testkit::{Receiver, Reply};
-    let Some(base) = base_url() else { return };
-    let url = fresh_database(&base).await;
+    let Some(base) = postgres_server_url() else {
+        return;
+    };
+    let url = postgres_database_on(&base).await;
     let (admin, connection) = tokio_postgres::connect(&base, NoTls)
         .await
         .expect("connect");

@@ -477,7 +477,7 @@ impl Claim {
 /// | [`scope`](Self::scope) | empty |
 /// | [`expires_at`](Self::expires_at) | the lease's end |
 /// | [`window_cutoff`](Self::window_cutoff) | the Unix epoch (no row is outside the window) |
-/// | [`request`](Self::request) | none |
+/// | [`request`](Self::request) ([`method`](Self::method), [`url`](Self::url)) | none |
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct ClaimBuilder {
@@ -504,9 +504,21 @@ impl ClaimBuilder {
         self
     }
 
-    /// The request's method and URL (without credentials), for a new row. Default: none.
-    pub fn request(mut self, method: impl Into<String>, url: impl Into<String>) -> Self {
+    /// The request's method and URL (without credentials), for a new row: [`method`](Self::method)
+    /// and [`url`](Self::url) at once. Default: none.
+    pub fn request(self, method: impl Into<String>, url: impl Into<String>) -> Self {
+        self.method(method).url(url)
+    }
+
+    /// The request's method, for a new row; alone, for a request whose URL a row cannot record
+    /// (a relative URI names no server). Default: none.
+    pub fn method(mut self, method: impl Into<String>) -> Self {
         self.claim.method = Some(method.into());
+        self
+    }
+
+    /// The request's URL (without credentials), for a new row. Default: none.
+    pub fn url(mut self, url: impl Into<String>) -> Self {
         self.claim.url = Some(url.into());
         self
     }
@@ -1177,6 +1189,30 @@ mod tests {
         assert_eq!(
             (claim.scope.as_str(), claim.expires_at, claim.window_cutoff),
             ("s", t(3600), t(0))
+        );
+    }
+
+    #[test]
+    fn a_claim_records_no_request_by_default_and_the_method_without_a_url() {
+        let request = |claim: Claim| (claim.method, claim.url);
+        let build = |builder: ClaimBuilder| request(builder.build().expect("valid"));
+        let builder = || Claim::builder("k", "f", "w", t(0), t(60));
+        assert_eq!(build(builder()), (None, None));
+        assert_eq!(
+            build(builder().method("PUT")),
+            (Some("PUT".to_owned()), None)
+        );
+        assert_eq!(
+            build(builder().url("https://api.example.com/v1/charges")),
+            (None, Some("https://api.example.com/v1/charges".to_owned()))
+        );
+        assert_eq!(
+            build(builder().request("POST", "https://api.example.com/v1/charges")),
+            build(
+                builder()
+                    .method("POST")
+                    .url("https://api.example.com/v1/charges")
+            )
         );
     }
 

@@ -499,7 +499,8 @@ mod tests {
 
     use super::*;
     use crate::PostgresLedger;
-    use crate::tests::{fresh_database, url};
+    use crate::testing::server_url;
+    use crate::tests::fresh_database;
 
     fn new_row(key: &str, owner: &str) -> NewRow {
         NewRow {
@@ -550,7 +551,7 @@ mod tests {
     /// someone else's: every call gets its own answer, as its single statement would give.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_batch_answers_each_call_with_its_own_row() {
-        let Some(base) = url() else { return };
+        let Some(base) = server_url() else { return };
         let (pool, _) = ledger(&base, 4).await;
         let (held, answer) = oneshot::channel();
         run(
@@ -611,7 +612,7 @@ mod tests {
     /// the lock is gone.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_key_whose_lock_is_held_holds_up_no_other_key_of_its_batch() {
-        let Some(base) = url() else { return };
+        let Some(base) = server_url() else { return };
         let (pool, mut outside) = ledger(&base, 4).await;
         let tx = outside.transaction().await.expect("begin");
         tx.execute(
@@ -655,7 +656,7 @@ mod tests {
     /// batch gets a new connection and runs.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failed_batch_fails_every_call_and_leaves_no_transaction_in_the_pool() {
-        let Some(base) = url() else { return };
+        let Some(base) = server_url() else { return };
         let (pool, _) = ledger(&base, 1).await;
         let mut bad = new_row("bad", "run");
         // A NUL cannot be stored in a TEXT column: the server refuses the statement.

@@ -31,6 +31,10 @@ pub use tokio_postgres;
 #[doc(hidden)]
 pub use tokio_postgres_rustls;
 
+// The workspace's own tests' throwaway databases: not covered by semver.
+#[doc(hidden)]
+pub mod testing;
+
 mod builder;
 mod failure;
 mod group;
@@ -375,48 +379,16 @@ mod tests {
     use tokio_postgres::{Client, NoTls};
 
     use super::*;
+    use crate::testing::{create_database, server_url};
     use idempotent_retry_ledger::LedgerErrorKind;
     use idempotent_retry_ledger::sql::{SCHEMA_VERSION, TABLE, VERSION_TABLE};
-
-    /// The test server's URL, or `None` (the test is skipped) outside CI.
-    pub(crate) fn url() -> Option<String> {
-        match std::env::var("IDEMPOTENT_RETRY_PG_URL") {
-            Ok(url) => Some(url),
-            Err(_) if std::env::var_os("CI").is_some() => {
-                panic!("IDEMPOTENT_RETRY_PG_URL must be set in CI (.ci/run starts PostgreSQL)")
-            }
-            Err(_) => {
-                eprintln!("skipped: IDEMPOTENT_RETRY_PG_URL is not set");
-                None
-            }
-        }
-    }
-
-    /// A name no other test's database has: this process, a counter, and the time.
-    #[allow(clippy::disallowed_methods)]
-    fn unique_suffix() -> String {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        format!("{}_{n}_{nanos}", std::process::id())
-    }
 
     /// A new database on the test server, so a test sees no other test's tables; its URL and
     /// a plain client on it.
     pub(super) async fn fresh_database(base: &str) -> (String, Client) {
-        let (admin, connection) = tokio_postgres::connect(base, NoTls)
+        let url = create_database(base)
             .await
-            .expect("connect to the test server");
-        tokio::spawn(connection);
-        let name = format!("ir_unit_{}", unique_suffix());
-        admin
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .expect("create a database");
-        let (prefix, _) = base.rsplit_once('/').expect("URL ends with /database");
-        let url = format!("{prefix}/{name}");
+            .unwrap_or_else(|err| panic!("a database on the test server: {err}"));
         let (client, connection) = tokio_postgres::connect(&url, NoTls)
             .await
             .expect("connect to the new database");
@@ -426,7 +398,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_new_database_gets_one_version_row_and_a_second_migrate_keeps_it() {
-        let Some(base) = url() else { return };
+        let Some(base) = server_url() else { return };
         let (url, plain) = fresh_database(&base).await;
         let ledger = PostgresLedger::connect(&url).await.expect("connect");
         assert_eq!(ledger.schema_version().await.expect("version"), 0);
@@ -449,7 +421,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_version_table_without_exactly_one_valid_row_is_corrupt() {
-        let Some(base) = url() else { return };
+        let Some(base) = server_url() else { return };
         let (url, plain) = fresh_database(&base).await;
         let ledger = PostgresLedger::connect(&url).await.expect("connect");
         ledger.migrate().await.expect("migrate");
@@ -474,7 +446,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_newer_version_is_refused_and_the_database_left_as_it_was() {
-        let Some(base) = url() else { return };
+        let Some(base) = server_url() else { return };
         let (url, plain) = fresh_database(&base).await;
         let newer = i32::try_from(SCHEMA_VERSION + 1).expect("small");
         plain
