@@ -406,30 +406,19 @@ async fn an_attempt_past_max_time_is_cut_and_reported_as_maybe_done() {
     );
 }
 
-/// The PostgreSQL server `.ci/run` starts, or `None` (skipped) without one, except under `CI`.
-fn postgres_url() -> Option<String> {
-    match std::env::var("IDEMPOTENT_RETRY_PG_URL") {
-        Ok(url) => Some(url),
-        Err(_) => {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "IDEMPOTENT_RETRY_PG_URL must be set in CI (.ci/run starts PostgreSQL)"
-            );
-            eprintln!("skipped: IDEMPOTENT_RETRY_PG_URL is not set");
-            None
-        }
-    }
-}
-
 #[tokio::test]
 async fn a_fleet_on_postgres_sends_once_across_processes_and_replays() {
-    let Some(url) = postgres_url() else {
+    // A database of the test's own on the server `.ci/run` starts (skipped without one,
+    // except under CI).
+    let Some(url) = idempotent_retry_postgres::testing::fresh_database()
+        .await
+        .expect("a fresh database")
+    else {
         return;
     };
     let receiver = Receiver::start().await.expect("receiver");
     let scratch = Scratch::new();
-    // Keys of this test's own: the table is shared with the other tests of the database.
-    let key = format!("pg-{}", std::process::id());
+    let key = "pg-1".to_owned();
     receiver.inject(
         When::key_attempt(&key, 1),
         Fault::SlowHandler(Duration::from_millis(1500)),
