@@ -304,7 +304,13 @@ async fn operate(invocation: &Invocation, slot: &mut Option<ledger::Opened>) -> 
     report.key = choice.key.as_ref().map(|key| key.as_str().to_owned());
     report.key_source = choice.source;
 
-    let opened = match ledger::open(&invocation.ledger).await {
+    // A request without a key has nothing for a ledger to hold: none is opened.
+    let wanted = if choice.key.is_some() {
+        &invocation.ledger
+    } else {
+        &crate::args::LedgerArg::None
+    };
+    let opened = match ledger::open(wanted).await {
         Ok(opened) => opened,
         Err(message) => {
             report.exit = Exit::Ledger;
@@ -360,7 +366,25 @@ async fn operate(invocation: &Invocation, slot: &mut Option<ledger::Opened>) -> 
         return cancel(&client, &choice, report, started.elapsed()).await;
     };
     match sent {
-        Ok(response) => answered(invocation, &mut prepared, response, report).await,
+        Ok(response) => {
+            report.status = Some(response.status().as_u16());
+            if let Some(retry) = RetryReport::of(&response) {
+                report.attempts = retry.attempts();
+                report.elapsed = retry.elapsed();
+                report.replayed = retry.is_replayed();
+            }
+            let written = tokio::select! {
+                report = answered(invocation, &mut prepared, response, report.clone()) => report,
+                () = cancelled() => {
+                    report.exit = Exit::Write;
+                    report.error = Some(
+                        "a signal stopped it while the answer was being written out".into(),
+                    );
+                    report
+                }
+            };
+            written
+        }
         Err(mut err) => {
             report.exit = match err.kind() {
                 ErrorKind::Builder | ErrorKind::InvalidKey => Exit::Usage,

@@ -456,3 +456,21 @@ async fn a_fleet_on_postgres_sends_once_across_processes_and_replays() {
     assert_eq!(third.report()["replayed"], true);
     assert_eq!(third.report()["ledger"], "postgres");
 }
+
+#[tokio::test]
+async fn a_request_without_a_key_opens_no_ledger() {
+    let receiver = Receiver::start().await.expect("receiver");
+    let scratch = Scratch::new();
+    let mut get = idemcurl(scratch.dir.path());
+    get.args(["--report", "json"])
+        .arg(receiver.url("/v1/charges/ch_1"));
+    let ran = run(get).await;
+    assert_eq!(ran.code, 0, "{ran:?}");
+    assert_eq!(ran.report()["key_source"], "none");
+    assert_eq!(ran.report()["ledger"], "none");
+    assert!(
+        !scratch.path("idemcurl").exists(),
+        "no state directory made"
+    );
+    assert_eq!(receiver.keys(), [None]);
+}
