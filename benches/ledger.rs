@@ -1,25 +1,41 @@
 //! What a ledger costs at a worker's throughput: keyed `POST`s sent with `send()` to one
-//! keep-alive loopback hyper server, 1, 16 and 64 in flight at a time, with no ledger and with
-//! each ledger. Every operation uses a new key, so each one pays a full claim and finish, never
-//! a replay.
+//! keep-alive loopback hyper server, 1, 16 and 64 in flight at a time, with no ledger, with
+//! each of the crate's ledgers, and with a ledger written by hand around bare reqwest. Every
+//! operation uses a new key, so each one pays a full claim and finish, never a replay.
+//!
+//! The hand-written ledgers are what a careful user would write without the crate: a table of
+//! their own with one index (the primary key), a claim (`INSERT ... ON CONFLICT (key) DO
+//! NOTHING RETURNING key`; no row back is a key already claimed, and fails the bench) before
+//! the same keyed POST through bare reqwest (with our client's 30 s timeout), and a finish
+//! (`UPDATE ops SET status, response_status, response_body WHERE key`) after it.
+//! `hand-sqlite`: rusqlite, one connection behind a `std::sync::Mutex`, WAL with `synchronous
+//! = FULL`, every call in `spawn_blocking`. `hand-postgres`: a deadpool-postgres pool of 16
+//! (`--pool` when given), the two statements `prepare_cached`, each in its own autocommit.
+//! Before the rounds the bench prints the durability settings in effect for each durable
+//! ledger (SQLite's `journal_mode` and `synchronous`, PostgreSQL's `synchronous_commit` and
+//! `fsync`): a baseline that is not durable would not be a baseline.
 //!
 //! The contenders take turns inside every round (the order rotating from round to round), so
 //! a change in the machine's load falls on all of them alike; each figure is the median over
-//! the rounds, and its ratio to no ledger is taken within each round before the median. Beside
+//! the rounds, and its ratio to no ledger is taken within each round before the median, as is
+//! the ratio of each crate ledger to its hand-written baseline (a table of its own). Beside
 //! the rates, the CPU time each operation took (this process's threads, and the local
 //! PostgreSQL server's processes, read from `/proc`) is the figure that the machine's load
 //! moves least; a second table splits this process's share by thread: the main thread (which
 //! polls every operation's future), the runtime's workers (the client's connections and the
-//! server) and the rest (the SQLite ledger's writer).
+//! server) and the rest (the SQLite ledger's writer). Tokio names its blocking threads as it
+//! names its workers, so `hand-sqlite`'s `spawn_blocking` calls count among the workers.
 //!
-//! Run: `cargo bench --all-features --bench ledger` (about a minute). The PostgreSQL contender
-//! runs when `IDEMPOTENT_RETRY_PG_URL` is set (`source .ci/postgres.sh && start_postgres`
-//! starts one). Options after `--`:
+//! Run: `cargo bench --all-features --bench ledger` (a minute or two). The PostgreSQL
+//! contenders run when `IDEMPOTENT_RETRY_PG_URL` is set (`source .ci/postgres.sh &&
+//! start_postgres` starts one). Options after `--`:
 //!
 //! - `--rounds N` (default 5), `--operations N` per contender and round (default 2000; a
 //!   quarter of it at concurrency 1);
-//! - `--concurrency 1,16,64` (the default) and `--only none,sqlite` to pick contenders;
-//! - `--pool N`: the PostgreSQL ledger's pool size (default: the ledger's default, 16);
+//! - `--concurrency 1,16,64` (the default) and `--only none,sqlite,hand-sqlite` to pick
+//!   contenders (`none`, `memory`, `sqlite`, `hand-sqlite`, `postgres`, `hand-postgres`);
+//! - `--pool N`: the pool size of both PostgreSQL contenders (default 16, the ledger's
+//!   default);
 //! - `--svg PATH`: also draw throughput against concurrency per ledger (`docs/ledger.svg`);
 //! - `--ledger-only`: each operation is the ledger's claim and finish alone, with no HTTP
 //!   request between them (for profiling a ledger's own cost; `none` then measures the loop).
@@ -130,43 +146,128 @@ fn client(ledger: Option<impl Ledger>) -> Client {
     .expect("client")
 }
 
-/// One client per contender: no ledger, then each ledger, its SQLite file in `dir`.
+/// One contender: a name for its rows, and what sends its operations.
+struct Contender {
+    name: &'static str,
+    runner: Runner,
+}
+
+/// What sends a contender's operations: our client (with or without a ledger), or bare
+/// reqwest beside a ledger written by hand.
+enum Runner {
+    Ours(Client),
+    #[cfg(feature = "sqlite")]
+    HandSqlite(hand::Sqlite),
+    #[cfg(feature = "postgres")]
+    HandPostgres(hand::Postgres),
+}
+
+impl Contender {
+    fn ours(name: &'static str, client: Client) -> Contender {
+        Contender {
+            name,
+            runner: Runner::Ours(client),
+        }
+    }
+
+    /// One whole operation under the `n`th key of `run`: the keyed POST to `url`, with its
+    /// claim and finish around it when there is a ledger.
+    async fn send(&self, url: &str, run: &IdempotencyKey, n: u64) {
+        match &self.runner {
+            Runner::Ours(client) => send(client, url, run, n).await,
+            #[cfg(feature = "sqlite")]
+            Runner::HandSqlite(ledger) => ledger.send(url, &key_of(run, n)).await,
+            #[cfg(feature = "postgres")]
+            Runner::HandPostgres(ledger) => ledger.send(url, &key_of(run, n)).await,
+        }
+    }
+
+    /// The ledger's part of one operation alone (`--ledger-only`).
+    async fn claim_and_finish(&self, run: &IdempotencyKey, n: u64) {
+        match &self.runner {
+            Runner::Ours(client) => claim_and_finish(client, run, n).await,
+            #[cfg(feature = "sqlite")]
+            Runner::HandSqlite(ledger) => ledger.claim_and_finish(&key_of(run, n)).await,
+            #[cfg(feature = "postgres")]
+            Runner::HandPostgres(ledger) => ledger.claim_and_finish(&key_of(run, n)).await,
+        }
+    }
+}
+
+/// The `n`th key of `run`, the same for every contender.
+fn key_of(run: &IdempotencyKey, n: u64) -> IdempotencyKey {
+    IdempotencyKey::derive("bench.ledger", &[run.as_str(), &n.to_string()])
+}
+
+/// One contender per ledger, no ledger first, their SQLite files in `dir`; and, per durable
+/// ledger, a line saying what durability settings are in effect for it.
+#[cfg_attr(
+    not(feature = "sqlite"),
+    allow(
+        unused_variables,
+        reason = "the SQLite ledgers alone need the directory"
+    )
+)]
 #[cfg_attr(
     not(any(feature = "sqlite", feature = "postgres")),
-    allow(unused_variables, reason = "the SQL ledgers alone need them")
+    allow(unused_mut, reason = "the SQL ledgers alone print their durability")
 )]
-async fn contenders(options: &Options, dir: &Path) -> Vec<(&'static str, Client)> {
-    let mut clients: Vec<(&str, Client)> = vec![("none", client(None::<MemoryLedger>))];
+async fn contenders(options: &Options, dir: &Path) -> (Vec<Contender>, Vec<String>) {
+    let mut contenders = vec![Contender::ours("none", client(None::<MemoryLedger>))];
+    let mut durability = Vec::new();
     if options.wants("memory") {
-        clients.push(("memory", client(Some(MemoryLedger::new()))));
+        contenders.push(Contender::ours("memory", client(Some(MemoryLedger::new()))));
     }
     #[cfg(feature = "sqlite")]
     if options.wants("sqlite") {
-        let ledger = idempotent_retry::ledger::SqliteLedger::open(dir.join("bench.db"))
+        let path = dir.join("bench.db");
+        let ledger = idempotent_retry::ledger::SqliteLedger::open(&path)
             .await
             .expect("sqlite");
-        clients.push(("sqlite", client(Some(ledger))));
+        durability.push(hand::sqlite_ours(&path));
+        contenders.push(Contender::ours("sqlite", client(Some(ledger))));
+    }
+    #[cfg(feature = "sqlite")]
+    if options.wants("hand-sqlite") {
+        let ledger = hand::Sqlite::open(&dir.join("hand.db"));
+        durability.push(ledger.durability());
+        contenders.push(Contender {
+            name: "hand-sqlite",
+            runner: Runner::HandSqlite(ledger),
+        });
     }
     #[cfg(feature = "postgres")]
-    if options.wants("postgres")
-        && let Ok(base) = std::env::var("IDEMPOTENT_RETRY_PG_URL")
-    {
-        let url = fresh_database(&base).await;
-        let ledger = match options.pool {
-            Some(pool) => idempotent_retry::ledger::PostgresLedger::builder()
-                .url(&url)
-                .pool_size(pool)
-                .build()
-                .await
-                .expect("postgres"),
-            None => idempotent_retry::ledger::PostgresLedger::connect(&url)
-                .await
-                .expect("postgres"),
-        };
-        ledger.migrate().await.expect("migrate");
-        clients.push(("postgres", client(Some(ledger))));
+    if let Ok(base) = std::env::var("IDEMPOTENT_RETRY_PG_URL") {
+        if options.wants("postgres") {
+            let url = fresh_database(&base).await;
+            let ledger = match options.pool {
+                Some(pool) => idempotent_retry::ledger::PostgresLedger::builder()
+                    .url(&url)
+                    .pool_size(pool)
+                    .build()
+                    .await
+                    .expect("postgres"),
+                None => idempotent_retry::ledger::PostgresLedger::connect(&url)
+                    .await
+                    .expect("postgres"),
+            };
+            ledger.migrate().await.expect("migrate");
+            let connection = ledger.pool().get().await.expect("a pooled connection");
+            durability.push(hand::postgres_settings("postgres", &connection).await);
+            drop(connection);
+            contenders.push(Contender::ours("postgres", client(Some(ledger))));
+        }
+        if options.wants("hand-postgres") {
+            let url = fresh_database(&base).await;
+            let ledger = hand::Postgres::connect(&url, options.pool.unwrap_or(16)).await;
+            durability.push(ledger.durability().await);
+            contenders.push(Contender {
+                name: "hand-postgres",
+                runner: Runner::HandPostgres(ledger),
+            });
+        }
     }
-    clients
+    (contenders, durability)
 }
 
 /// A new database on the server at `base`, so each run starts from an empty table whatever
@@ -221,9 +322,392 @@ async fn drop_bench_databases() {
     }
 }
 
+/// The hand-written ledgers: what a careful user would write without the crate, one table of
+/// their own, a claim before bare reqwest's keyed POST and a finish after it. The statements
+/// are the constants below; `docs/performance.md` quotes them.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod hand {
+    use std::fmt::Write as _;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use idempotent_retry::IdempotencyKey;
+    use idempotent_retry::time::{Clock, TokioClock};
+    use sha2::{Digest, Sha256};
+
+    /// The body every contender sends.
+    const BODY: &str = "charge";
+    /// Bare reqwest's request timeout: our client's default per-attempt timeout, so both arm
+    /// the same timer.
+    const TIMEOUT: Duration = Duration::from_secs(30);
+    /// The lease's owner every claim writes.
+    const OWNER: &str = "bench-worker";
+
+    /// What a claim writes: the key, a fingerprint of the request (SHA-256 of its method, URL
+    /// and body, in hex), the lease's end and the record's, in milliseconds since the epoch.
+    struct Row {
+        key: String,
+        fingerprint: String,
+        lease_until: i64,
+        expires_at: i64,
+    }
+
+    impl Row {
+        fn new(key: &IdempotencyKey, url: &str) -> Row {
+            let now = TokioClock::new()
+                .wall()
+                .duration_since(UNIX_EPOCH)
+                .expect("after 1970");
+            let millis = |d: Duration| i64::try_from(d.as_millis()).expect("milliseconds fit");
+            let digest = Sha256::new()
+                .chain_update("POST ")
+                .chain_update(url)
+                .chain_update("\n")
+                .chain_update(BODY)
+                .finalize();
+            let mut fingerprint = String::with_capacity(64);
+            for byte in digest.iter() {
+                let _ = write!(fingerprint, "{byte:02x}");
+            }
+            Row {
+                key: key.as_str().to_owned(),
+                fingerprint,
+                lease_until: millis(now + Duration::from_secs(60)),
+                expires_at: millis(now + Duration::from_secs(86_400)),
+            }
+        }
+    }
+
+    /// A reqwest client of the contender's own (its own connection pool, as ours has).
+    fn http() -> reqwest::Client {
+        reqwest::Client::builder()
+            .build()
+            .expect("a reqwest client")
+    }
+
+    /// The keyed POST every contender sends, through bare reqwest; its status and body.
+    async fn post(http: &reqwest::Client, url: &str, key: &IdempotencyKey) -> (u16, Vec<u8>) {
+        let response = http
+            .post(url)
+            .timeout(TIMEOUT)
+            .header("idempotency-key", key.as_str())
+            .body(BODY)
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(response.status(), 200);
+        let status = response.status().as_u16();
+        (status, response.bytes().await.expect("body").to_vec())
+    }
+
+    #[cfg(feature = "sqlite")]
+    pub(super) use self::sqlite::{Sqlite, ours as sqlite_ours};
+
+    #[cfg(feature = "sqlite")]
+    mod sqlite {
+        use std::path::Path;
+        use std::sync::{Arc, Mutex, PoisonError};
+        use std::time::Duration;
+
+        use idempotent_retry::IdempotencyKey;
+        use idempotent_retry_sqlite::rusqlite::{Connection, OpenFlags, OptionalExtension, params};
+
+        use super::{OWNER, Row, http, post};
+
+        /// The table, in a file of its own: one index, the primary key's.
+        const TABLE: &str = "CREATE TABLE IF NOT EXISTS ops (
+            key             TEXT PRIMARY KEY,
+            fingerprint     TEXT NOT NULL,
+            status          TEXT NOT NULL,
+            lease_owner     TEXT NOT NULL,
+            lease_until     INTEGER NOT NULL,
+            expires_at      INTEGER NOT NULL,
+            response_status INTEGER,
+            response_body   BLOB
+        )";
+        /// The claim: no row back means the key was already claimed.
+        const CLAIM: &str = "INSERT INTO ops (key, fingerprint, status, \
+            lease_owner, lease_until, expires_at) VALUES (?1, ?2, 'in_flight', ?3, ?4, ?5) \
+            ON CONFLICT(key) DO NOTHING RETURNING key";
+        /// The finish.
+        const FINISH: &str =
+            "UPDATE ops SET status = ?1, response_status = ?2, response_body = ?3 WHERE key = ?4";
+
+        /// One connection behind a mutex, in WAL mode with `synchronous = FULL` (every commit
+        /// syncs the log before it returns); every call on a blocking thread.
+        pub(in super::super) struct Sqlite {
+            conn: Arc<Mutex<Connection>>,
+            http: reqwest::Client,
+        }
+
+        impl Sqlite {
+            pub(in super::super) fn open(path: &Path) -> Sqlite {
+                let conn = Connection::open(path).expect("open the hand-written ledger's file");
+                conn.pragma_update(None, "journal_mode", "WAL")
+                    .expect("WAL");
+                conn.pragma_update(None, "synchronous", "FULL")
+                    .expect("synchronous = FULL");
+                conn.busy_timeout(Duration::from_secs(5))
+                    .expect("busy timeout");
+                conn.execute_batch(TABLE).expect("the table");
+                Sqlite {
+                    conn: Arc::new(Mutex::new(conn)),
+                    http: http(),
+                }
+            }
+
+            /// The journal mode and `synchronous` of its connection.
+            pub(in super::super) fn durability(&self) -> String {
+                let conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+                let (mode, synchronous) = pragmas(&conn);
+                format!(
+                    "hand-sqlite: journal_mode={mode}, synchronous={synchronous} ({}), read on \
+                     its own connection",
+                    synchronous_name(synchronous)
+                )
+            }
+
+            async fn call<T: Send + 'static>(
+                &self,
+                f: impl FnOnce(&Connection) -> T + Send + 'static,
+            ) -> T {
+                let conn = Arc::clone(&self.conn);
+                tokio::task::spawn_blocking(move || {
+                    f(&conn.lock().unwrap_or_else(PoisonError::into_inner))
+                })
+                .await
+                .expect("the blocking call")
+            }
+
+            async fn claim(&self, row: Row) -> bool {
+                self.call(move |conn| {
+                    conn.prepare_cached(CLAIM)
+                        .expect("prepare the claim")
+                        .query_row(
+                            params![
+                                row.key,
+                                row.fingerprint,
+                                OWNER,
+                                row.lease_until,
+                                row.expires_at
+                            ],
+                            |r| r.get::<_, String>(0),
+                        )
+                        .optional()
+                        .expect("claim")
+                })
+                .await
+                .is_some()
+            }
+
+            async fn finish(&self, key: &IdempotencyKey, status: u16, body: Vec<u8>) {
+                let key = key.as_str().to_owned();
+                let changed = self
+                    .call(move |conn| {
+                        conn.prepare_cached(FINISH)
+                            .expect("prepare the finish")
+                            .execute(params!["succeeded", status, body, key])
+                            .expect("finish")
+                    })
+                    .await;
+                assert_eq!(changed, 1, "the finish found its row");
+            }
+
+            pub(in super::super) async fn send(&self, url: &str, key: &IdempotencyKey) {
+                let claimed = self.claim(Row::new(key, url)).await;
+                assert!(claimed, "{}: already claimed", key.as_str());
+                let (status, body) = post(&self.http, url, key).await;
+                self.finish(key, status, body).await;
+            }
+
+            pub(in super::super) async fn claim_and_finish(&self, key: &IdempotencyKey) {
+                let claimed = self.claim(Row::new(key, "")).await;
+                assert!(claimed, "{}: already claimed", key.as_str());
+                self.finish(key, 200, b"ok".to_vec()).await;
+            }
+        }
+
+        /// The crate's `SqliteLedger` at `path`, as a plain read-only connection on its file
+        /// sees it. `synchronous` is a connection's own setting, so that connection's value is
+        /// not the ledger's: the line says what the ledger's writer does instead.
+        pub(in super::super) fn ours(path: &Path) -> String {
+            let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
+                .expect("open the ledger's file");
+            let (mode, synchronous) = pragmas(&conn);
+            format!(
+                "sqlite: journal_mode={mode} (the file's, read by a plain connection, which \
+                 reads synchronous={synchronous} ({}) on itself); synchronous is per connection: \
+                 in WAL mode the ledger's writer commits with NORMAL and fdatasyncs the -wal file \
+                 before it answers the writes it committed (crates/sqlite/src/sync.rs), so a write \
+                 is answered once on disk, as under FULL",
+                synchronous_name(synchronous)
+            )
+        }
+
+        fn pragmas(conn: &Connection) -> (String, i64) {
+            let mode = conn
+                .pragma_query_value(None, "journal_mode", |row| row.get(0))
+                .expect("journal_mode");
+            let synchronous = conn
+                .pragma_query_value(None, "synchronous", |row| row.get(0))
+                .expect("synchronous");
+            (mode, synchronous)
+        }
+
+        fn synchronous_name(level: i64) -> &'static str {
+            match level {
+                0 => "OFF",
+                1 => "NORMAL",
+                2 => "FULL",
+                3 => "EXTRA",
+                _ => "unknown",
+            }
+        }
+    }
+
+    #[cfg(feature = "postgres")]
+    pub(super) use self::postgres::{Postgres, settings as postgres_settings};
+
+    #[cfg(feature = "postgres")]
+    mod postgres {
+        use idempotent_retry::IdempotencyKey;
+        use idempotent_retry_postgres::deadpool_postgres::{
+            Manager, ManagerConfig, Pool, RecyclingMethod, Runtime,
+        };
+        use idempotent_retry_postgres::tokio_postgres::{self, NoTls};
+
+        use super::{OWNER, Row, http, post};
+
+        /// The table, in a database of its own: one index, the primary key's.
+        const TABLE: &str = "CREATE TABLE ops (
+            key             TEXT PRIMARY KEY,
+            fingerprint     TEXT NOT NULL,
+            status          TEXT NOT NULL,
+            lease_owner     TEXT NOT NULL,
+            lease_until     BIGINT NOT NULL,
+            expires_at      BIGINT NOT NULL,
+            response_status INTEGER,
+            response_body   BYTEA
+        )";
+        /// The claim: no row back means the key was already claimed.
+        const CLAIM: &str = "INSERT INTO ops (key, fingerprint, status, \
+            lease_owner, lease_until, expires_at) VALUES ($1, $2, 'in_flight', $3, $4, $5) \
+            ON CONFLICT (key) DO NOTHING RETURNING key";
+        /// The finish.
+        const FINISH: &str =
+            "UPDATE ops SET status = $1, response_status = $2, response_body = $3 WHERE key = $4";
+
+        /// A deadpool-postgres pool; each statement takes a connection for itself and
+        /// `prepare_cached`s the statement on it, and commits on its own (autocommit).
+        pub(in super::super) struct Postgres {
+            pool: Pool,
+            http: reqwest::Client,
+        }
+
+        impl Postgres {
+            pub(in super::super) async fn connect(url: &str, size: usize) -> Postgres {
+                let config: tokio_postgres::Config = url.parse().expect("a PostgreSQL URL");
+                let manager = Manager::from_config(
+                    config,
+                    NoTls,
+                    ManagerConfig {
+                        recycling_method: RecyclingMethod::Fast,
+                    },
+                );
+                let pool = Pool::builder(manager)
+                    .max_size(size)
+                    .runtime(Runtime::Tokio1)
+                    .build()
+                    .expect("the pool");
+                pool.get()
+                    .await
+                    .expect("a pooled connection")
+                    .batch_execute(TABLE)
+                    .await
+                    .expect("the table");
+                Postgres { pool, http: http() }
+            }
+
+            pub(in super::super) async fn durability(&self) -> String {
+                let connection = self.pool.get().await.expect("a pooled connection");
+                settings("hand-postgres", &connection).await
+            }
+
+            async fn claim(&self, row: Row) -> bool {
+                let connection = self.pool.get().await.expect("a pooled connection");
+                let statement = connection
+                    .prepare_cached(CLAIM)
+                    .await
+                    .expect("prepare the claim");
+                connection
+                    .query_opt(
+                        &statement,
+                        &[
+                            &row.key,
+                            &row.fingerprint,
+                            &OWNER,
+                            &row.lease_until,
+                            &row.expires_at,
+                        ],
+                    )
+                    .await
+                    .expect("claim")
+                    .is_some()
+            }
+
+            async fn finish(&self, key: &IdempotencyKey, status: u16, body: &[u8]) {
+                let connection = self.pool.get().await.expect("a pooled connection");
+                let statement = connection
+                    .prepare_cached(FINISH)
+                    .await
+                    .expect("prepare the finish");
+                let changed = connection
+                    .execute(
+                        &statement,
+                        &[&"succeeded", &i32::from(status), &body, &key.as_str()],
+                    )
+                    .await
+                    .expect("finish");
+                assert_eq!(changed, 1, "the finish found its row");
+            }
+
+            pub(in super::super) async fn send(&self, url: &str, key: &IdempotencyKey) {
+                let claimed = self.claim(Row::new(key, url)).await;
+                assert!(claimed, "{}: already claimed", key.as_str());
+                let (status, body) = post(&self.http, url, key).await;
+                self.finish(key, status, &body).await;
+            }
+
+            pub(in super::super) async fn claim_and_finish(&self, key: &IdempotencyKey) {
+                let claimed = self.claim(Row::new(key, "")).await;
+                assert!(claimed, "{}: already claimed", key.as_str());
+                self.finish(key, 200, b"ok").await;
+            }
+        }
+
+        /// `synchronous_commit` and `fsync` as the server reports them to `connection`.
+        pub(in super::super) async fn settings(
+            name: &str,
+            connection: &tokio_postgres::Client,
+        ) -> String {
+            let show = async |setting: &str| -> String {
+                connection
+                    .query_one(&format!("SHOW {setting}"), &[])
+                    .await
+                    .expect("SHOW")
+                    .get(0)
+            };
+            format!(
+                "{name}: synchronous_commit={}, fsync={}, read on one of its pooled connections",
+                show("synchronous_commit").await,
+                show("fsync").await
+            )
+        }
+    }
+}
+
 /// Sends one keyed POST under the `n`th key of `run` and checks the answer.
 async fn send(client: &Client, url: &str, run: &IdempotencyKey, n: u64) {
-    let key = IdempotencyKey::derive("bench.ledger", &[run.as_str(), &n.to_string()]);
+    let key = key_of(run, n);
     let response = client
         .post(url)
         .idempotency_key(key)
@@ -241,7 +725,7 @@ async fn claim_and_finish(client: &Client, run: &IdempotencyKey, n: u64) {
     let Some(ledger) = client.ledger() else {
         return;
     };
-    let key = IdempotencyKey::derive("bench.ledger", &[run.as_str(), &n.to_string()]);
+    let key = key_of(run, n);
     let now = TokioClock::new().wall();
     let owner = format!("bench-{n}");
     let claim = Claim::builder(
@@ -270,7 +754,7 @@ async fn claim_and_finish(client: &Client, run: &IdempotencyKey, n: u64) {
 
 /// Operations per second for `operations` operations, `concurrency` at a time.
 async fn throughput(
-    client: &Client,
+    contender: &Contender,
     url: &str,
     run: &IdempotencyKey,
     counter: &AtomicU64,
@@ -284,9 +768,9 @@ async fn throughput(
     let operations_done =
         futures_util::stream::iter(first..first + operations).map(|n| async move {
             if ledger_only {
-                claim_and_finish(client, run, n).await;
+                contender.claim_and_finish(run, n).await;
             } else {
-                send(client, url, run, n).await;
+                contender.send(url, run, n).await;
             }
         });
     operations_done
@@ -416,12 +900,27 @@ fn main() {
     let cells = runtime.block_on(async {
         let url = common::start_server().await;
         let dir = tempfile::tempdir().expect("temp dir");
-        let clients = contenders(&options, dir.path()).await;
+        let (clients, durability) = contenders(&options, dir.path()).await;
+        if !durability.is_empty() {
+            println!("Durability in effect:\n");
+            for line in &durability {
+                println!("- {line}");
+            }
+        }
         let run = IdempotencyKey::random();
         let counter = AtomicU64::new(0);
-        // Warm up every client's connections, statement caches and files.
-        for (_, client) in &clients {
-            throughput(client, &url, &run, &counter, 200, 16, options.ledger_only).await;
+        // Warm up every contender's connections, statement caches and files.
+        for contender in &clients {
+            throughput(
+                contender,
+                &url,
+                &run,
+                &counter,
+                200,
+                16,
+                options.ledger_only,
+            )
+            .await;
         }
         let mut cells = Vec::new();
         for &concurrency in &options.concurrency {
@@ -433,7 +932,7 @@ fn main() {
                     let which = (round + turn) % clients.len();
                     let before = CpuTime::now();
                     let rate = throughput(
-                        &clients[which].1,
+                        &clients[which],
                         &url,
                         &run,
                         &counter,
@@ -446,14 +945,14 @@ fn main() {
                     cpu[which].push(CpuTime::now().per_operation_since(&before, operations));
                 }
             }
-            for (i, (name, _)) in clients.iter().enumerate() {
+            for (i, contender) in clients.iter().enumerate() {
                 let ratios = rates[i]
                     .iter()
                     .zip(&rates[0])
                     .map(|(rate, none)| rate / none)
                     .collect();
                 cells.push(Cell {
-                    name,
+                    name: contender.name,
                     concurrency,
                     cpu: cpu[i].clone(),
                     rates: rates[i].clone(),
@@ -516,9 +1015,66 @@ fn main() {
             parts.join(" | ")
         );
     }
+    vs_hand(&cells, &options);
     if let Some(path) = &options.svg {
         std::fs::write(path, svg(&cells, &options)).expect("write the chart");
         println!("\nchart written to {path}");
+    }
+}
+
+/// Prints each crate ledger against its hand-written baseline, where both ran: the ratio of
+/// their rates within each round (median and range over the rounds), and each one's CPU time
+/// per operation (the bench process and the PostgreSQL server together, median over the
+/// rounds).
+fn vs_hand(cells: &[Cell], options: &Options) {
+    let measured = |name: &str| cells.iter().any(|c| c.name == name);
+    let pairs: Vec<(&str, &str)> = [("sqlite", "hand-sqlite"), ("postgres", "hand-postgres")]
+        .into_iter()
+        .filter(|(ours, hand)| measured(ours) && measured(hand))
+        .collect();
+    if pairs.is_empty() {
+        return;
+    }
+    println!(
+        "\nOurs against the hand-written ledger (ratio within each round, median of {} rounds):\n",
+        options.rounds
+    );
+    println!(
+        "| in flight | ledgers | ops/s, ours / hand (median) | min..max | CPU µs/op with server: ours | hand |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|");
+    let cpu = |cell: &Cell| {
+        let mut total: Vec<f64> = cell
+            .cpu
+            .iter()
+            .map(|(process, server)| process.iter().sum::<f64>() + server)
+            .collect();
+        median(&mut total)
+    };
+    for &concurrency in &options.concurrency {
+        for &(ours, hand) in &pairs {
+            let cell = |name: &str| {
+                cells
+                    .iter()
+                    .find(|c| c.concurrency == concurrency && c.name == name)
+                    .expect("every contender runs at every concurrency")
+            };
+            let (ours_cell, hand_cell) = (cell(ours), cell(hand));
+            let mut ratios: Vec<f64> = ours_cell
+                .rates
+                .iter()
+                .zip(&hand_cell.rates)
+                .map(|(ours, hand)| ours / hand)
+                .collect();
+            let ratio = median(&mut ratios);
+            println!(
+                "| {concurrency} | {ours} / {hand} | {ratio:.3} | {:.3}..{:.3} | {:.1} | {:.1} |",
+                ratios[0],
+                ratios[ratios.len() - 1],
+                cpu(ours_cell),
+                cpu(hand_cell),
+            );
+        }
     }
 }
 
@@ -529,11 +1085,13 @@ fn svg(cells: &[Cell], options: &Options) -> String {
     const PLOT_H: f64 = 300.0;
     const TOP: f64 = 70.0;
     const LEFT: f64 = 70.0;
-    const COLOURS: [(&str, &str); 4] = [
+    const COLOURS: [(&str, &str); 6] = [
         ("none", "#9aa5b1"),
         ("memory", "#7fb77e"),
         ("sqlite", "#2f6f9f"),
+        ("hand-sqlite", "#8db9dc"),
         ("postgres", "#c2773a"),
+        ("hand-postgres", "#e6b98c"),
     ];
     let names: Vec<&str> = COLOURS
         .iter()

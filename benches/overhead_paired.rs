@@ -2,6 +2,13 @@
 //! take turns request by request (the order rotating every round), so they all run under the
 //! same background load, and the median of each client's own latencies is compared.
 //!
+//! The clients: bare reqwest, bare reqwest with a 30 s request timeout, ours, and
+//! `reqwest-middleware` + `reqwest-retry` (`RetryTransientMiddleware`, an `ExponentialBackoff`
+//! policy of 4 retries) twice, without a timeout (as `overhead.rs` runs it) and with the same
+//! 30 s timeout, which our client sets on every attempt: ours and the peer with a timeout are
+//! then like for like. After the table, two lines put ours and the peer side by side, over
+//! bare reqwest and over bare reqwest + timeout.
+//!
 //! Criterion times one function after another; on a shared machine the load can change
 //! between them by more than the few percent being measured. Interleaving removes that
 //! (it cannot remove the noise, only make it the same for everyone).
@@ -15,14 +22,16 @@
 //! says how well one run pins its own median; it cannot say how the machine's load moves the
 //! figure from one run to the next, which is more: compare several runs.
 //!
-//! Run: `cargo bench --bench overhead_paired` (about 10 s). Prints a markdown table.
+//! Run: `cargo bench --bench overhead_paired` (10 to 15 s). Prints a markdown table and the
+//! two side-by-side lines.
 //!
 //! Options, after `--`:
 //!
 //! - `--rounds N`: timed rounds (default 20 000, after 2 000 warm-up rounds).
 //! - `--only CLIENT`: one client alone, no interleaving, for profiling with `strace -c -f` or
 //!   `perf stat`: 2 000 warm-up requests, then `--requests N` (default 20 000) timed ones, and
-//!   their median. `CLIENT` is `bare`, `bare-timeout`, `ours`, `peer` or `ours-random-key`.
+//!   their median. `CLIENT` is `bare`, `bare-timeout`, `ours`, `peer`, `peer-timeout` or
+//!   `ours-random-key`.
 //!   The process's fixed costs (runtime, server, clients) cancel out of the difference
 //!   between two runs with different `--requests`.
 //! - `--current-thread`: everything (server and client) on one thread, for counting
@@ -45,14 +54,19 @@ const RESAMPLES: usize = 1_000;
 
 /// The contenders that take turns (the random-key line of `overhead.rs` is left out: it
 /// measures key minting, not the wrapper against its peers).
-const CONTENDERS: [Contender; 4] = [
+const CONTENDERS: [Contender; 5] = [
     Contender::Bare,
     Contender::BareWithTimeout,
     Contender::Ours,
     Contender::Peer,
+    Contender::PeerWithTimeout,
 ];
 /// The floor the differences are taken against: bare reqwest with a timeout.
 const FLOOR: usize = 1;
+/// Our client and the peer with the same timeout, side by side in the summary lines.
+const OURS: usize = 2;
+const PEER: usize = 3;
+const PEER_WITH_TIMEOUT: usize = 4;
 
 /// What the command line asks for.
 struct Args {
@@ -82,11 +96,11 @@ impl Args {
             match word.as_str() {
                 "--only" => {
                     let name = value();
-                    let contender = Contender::ALL
+                    let contender = Contender::EVERY
                         .into_iter()
                         .find(|c| c.flag() == name)
                         .unwrap_or_else(|| {
-                            let known: Vec<_> = Contender::ALL.iter().map(|c| c.flag()).collect();
+                            let known: Vec<_> = Contender::EVERY.iter().map(|c| c.flag()).collect();
                             panic!("--only {name}: not one of {}", known.join(", "))
                         });
                     args.only = Some(contender);
@@ -193,6 +207,23 @@ async fn interleaved(clients: &Clients, url: &str, clock: &TokioClock, rounds: u
             medians[i].as_secs_f64() / medians[FLOOR].as_secs_f64(),
         );
     }
+    let over = |i: usize, floor: usize| medians[i].as_secs_f64() / medians[floor].as_secs_f64();
+    println!(
+        "\nmedian / bare reqwest: {} {:.3}, {} {:.3}, {} {:.3}",
+        CONTENDERS[OURS].name(),
+        over(OURS, 0),
+        CONTENDERS[PEER].name(),
+        over(PEER, 0),
+        CONTENDERS[PEER_WITH_TIMEOUT].name(),
+        over(PEER_WITH_TIMEOUT, 0),
+    );
+    println!(
+        "median / bare reqwest + timeout, the same 30 s timeout on all three: {} {:.3}, {} {:.3}",
+        CONTENDERS[OURS].name(),
+        over(OURS, FLOOR),
+        CONTENDERS[PEER_WITH_TIMEOUT].name(),
+        over(PEER_WITH_TIMEOUT, FLOOR),
+    );
 }
 
 async fn alone(

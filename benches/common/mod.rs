@@ -1,6 +1,7 @@
 //! What the two overhead benches share: the in-process loopback server, the request every
 //! contender sends, and the contenders themselves, so `overhead.rs` (criterion, one contender
-//! after another) and `overhead_paired.rs` (interleaved) always time exactly the same work.
+//! after another) and `overhead_paired.rs` (interleaved) always time exactly the same work
+//! (the peer with a timeout runs in the paired bench alone).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -63,17 +64,33 @@ pub enum Contender {
     Ours,
     /// `reqwest-middleware` with `reqwest-retry`.
     Peer,
+    /// `reqwest-middleware` with `reqwest-retry` and the same 30 s request timeout as bare
+    /// reqwest + timeout (measured by `overhead_paired.rs` alone).
+    PeerWithTimeout,
     /// Our `Client` minting a random key per request, as it does for a POST without one.
     OursRandomKey,
 }
 
 impl Contender {
     /// Every contender, in the order the criterion bench runs them.
+    #[allow(dead_code, reason = "only overhead.rs runs criterion's list")]
     pub const ALL: [Contender; 5] = [
         Contender::Bare,
         Contender::BareWithTimeout,
         Contender::Ours,
         Contender::Peer,
+        Contender::OursRandomKey,
+    ];
+
+    /// Every contender `overhead_paired.rs --only` takes: [`ALL`](Self::ALL), and the peer
+    /// with a timeout.
+    #[allow(dead_code, reason = "only overhead_paired.rs has a command line")]
+    pub const EVERY: [Contender; 6] = [
+        Contender::Bare,
+        Contender::BareWithTimeout,
+        Contender::Ours,
+        Contender::Peer,
+        Contender::PeerWithTimeout,
         Contender::OursRandomKey,
     ];
 
@@ -84,6 +101,7 @@ impl Contender {
             Contender::BareWithTimeout => "bare reqwest + timeout",
             Contender::Ours => "idempotent-retry",
             Contender::Peer => "reqwest-middleware + reqwest-retry",
+            Contender::PeerWithTimeout => "reqwest-middleware + reqwest-retry + timeout",
             Contender::OursRandomKey => "idempotent-retry, random key",
         }
     }
@@ -96,6 +114,7 @@ impl Contender {
             Contender::BareWithTimeout => "bare-timeout",
             Contender::Ours => "ours",
             Contender::Peer => "peer",
+            Contender::PeerWithTimeout => "peer-timeout",
             Contender::OursRandomKey => "ours-random-key",
         }
     }
@@ -114,7 +133,22 @@ pub struct Clients {
     ours: Client,
     key: IdempotencyKey,
     peer: reqwest_middleware::ClientWithMiddleware,
+    peer_timed: reqwest_middleware::ClientWithMiddleware,
 }
+
+/// The peer: `reqwest-middleware` with `reqwest-retry`'s `RetryTransientMiddleware` and an
+/// `ExponentialBackoff` policy of 4 retries.
+fn peer() -> reqwest_middleware::ClientWithMiddleware {
+    reqwest_middleware::ClientBuilder::new(http())
+        .with(RetryTransientMiddleware::new_with_policy(
+            ExponentialBackoff::builder().build_with_max_retries(4),
+        ))
+        .build()
+}
+
+/// The request timeout of the contenders that set one (our client's default per-attempt
+/// timeout).
+const TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Clients {
     /// Builds the clients (call inside a Tokio runtime).
@@ -126,11 +160,8 @@ impl Clients {
             // inner client that follows no redirect): the measured difference is the crate's.
             ours: Client::builder().http(http()).build().expect("our client"),
             key: IdempotencyKey::new(KEY).expect("a valid key"),
-            peer: reqwest_middleware::ClientBuilder::new(http())
-                .with(RetryTransientMiddleware::new_with_policy(
-                    ExponentialBackoff::builder().build_with_max_retries(4),
-                ))
-                .build(),
+            peer: peer(),
+            peer_timed: peer(),
         }
     }
 
@@ -140,7 +171,7 @@ impl Clients {
             Contender::Bare | Contender::BareWithTimeout => {
                 let (client, timeout) = match contender {
                     Contender::Bare => (&self.bare, None),
-                    _ => (&self.timed, Some(Duration::from_secs(30))),
+                    _ => (&self.timed, Some(TIMEOUT)),
                 };
                 let mut request = client.post(url);
                 if let Some(timeout) = timeout {
@@ -166,15 +197,19 @@ impl Clients {
                     .await
                     .expect("200")
             }
-            Contender::Peer => self
-                .peer
-                .post(url)
-                .header("idempotency-key", KEY)
-                .header("content-type", "application/json")
-                .body(BODY)
-                .send()
-                .await
-                .expect("200"),
+            Contender::Peer | Contender::PeerWithTimeout => {
+                let request = match contender {
+                    Contender::Peer => self.peer.post(url),
+                    _ => self.peer_timed.post(url).timeout(TIMEOUT),
+                };
+                request
+                    .header("idempotency-key", KEY)
+                    .header("content-type", "application/json")
+                    .body(BODY)
+                    .send()
+                    .await
+                    .expect("200")
+            }
         };
         response.bytes().await.expect("body")
     }
