@@ -7,9 +7,10 @@
 //! most [`MAX_BATCH`]) and runs them on a task of their own: the new keys in one
 //! `INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING` (in key order, so two batches
 //! racing for the same keys take their locks in the same order), the outcomes in one
-//! `UPDATE ... FROM unnest(...)`, both in one transaction. Under no load a call is a batch of
-//! one and goes out at once as its own single statement; under load the calls that queued
-//! while the slots were busy share the next commit. Each caller is answered after the commit:
+//! `UPDATE ... FROM unnest(...)`, both in one transaction. A call that finds no other in the
+//! group's hands goes out at once as its own single statement, from the caller's own task (no
+//! hop to the dispatcher and back: one at a time costs what it would without batching); under
+//! load the calls that queued while the slots were busy share the next commit. Each caller is answered after the commit:
 //! whether its row was inserted, whether its outcome was written.
 //!
 //! Each row of a batch is as atomic as the single statement it replaces: of any number of
@@ -27,6 +28,7 @@
 //! call in it that error; none of its rows was written, unless the connection was lost after
 //! the server committed, which a single statement risks the same way.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use deadpool_postgres::Pool;
@@ -96,6 +98,25 @@ pub(super) struct Group {
     /// The dispatcher's queue, started on first use (in the caller's tokio runtime) and
     /// started again if that runtime has gone.
     jobs: Mutex<Option<mpsc::UnboundedSender<Job>>>,
+    /// The calls in the group's hands, whether sent alone or waiting for a batch.
+    busy: Arc<AtomicUsize>,
+}
+
+/// One call counted in [`Group::busy`] until it is answered or its caller has gone.
+struct Busy(Arc<AtomicUsize>);
+
+impl Busy {
+    /// Counts a call in; `true` when no other call was in the group's hands.
+    fn enter(count: &Arc<AtomicUsize>) -> (Busy, bool) {
+        let alone = count.fetch_add(1, Ordering::AcqRel) == 0;
+        (Busy(Arc::clone(count)), alone)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Group {
@@ -103,12 +124,19 @@ impl Group {
         Group {
             pool,
             jobs: Mutex::new(None),
+            busy: Arc::new(AtomicUsize::new(0)),
         }
     }
 
     /// Claims a new key in the next batch: whether its row was inserted (`false` when the key
-    /// already had one).
+    /// already had one). A call that finds no other call in the group's hands shares nothing
+    /// by waiting: it goes out at once as its own statement, from the caller's task, without
+    /// the hop to the dispatcher and back.
     pub(super) async fn insert(&self, row: NewRow) -> Result<bool, LedgerError> {
+        let (_busy, alone) = Busy::enter(&self.busy);
+        if alone {
+            return insert_alone(&self.pool, &row).await;
+        }
         let (reply, answer) = oneshot::channel();
         if let Err(job) = self.queue(Job::Insert(row, reply))
             && let Job::Insert(row, _) = *job
@@ -119,8 +147,13 @@ impl Group {
         answer.await.unwrap_or_else(|_| Err(stopped()))
     }
 
-    /// Writes an outcome in the next batch: whether the lease holder's row changed.
+    /// Writes an outcome in the next batch: whether the lease holder's row changed. Alone, as
+    /// for [`insert`](Self::insert), it goes out at once as its own statement.
     pub(super) async fn finish(&self, outcome: BatchAnswer) -> Result<bool, LedgerError> {
+        let (_busy, alone) = Busy::enter(&self.busy);
+        if alone {
+            return finish_alone(&self.pool, &outcome).await;
+        }
         let (reply, answer) = oneshot::channel();
         if let Err(job) = self.queue(Job::Finish(outcome, reply))
             && let Job::Finish(outcome, _) = *job
@@ -545,6 +578,48 @@ mod tests {
         Arc::new(Semaphore::new(1))
             .try_acquire_owned()
             .expect("a new semaphore has a permit")
+    }
+
+    /// A call that finds the group idle goes out from the caller's task: no dispatcher is
+    /// started for it. One that finds another in flight waits for a batch, and the count of
+    /// calls in hand falls back to zero once both are answered, or when a caller gives up.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_group_sends_a_call_alone_and_counts_every_call_out() {
+        let Some(base) = server_url() else { return };
+        let (pool, _) = ledger(&base, 4).await;
+        let group = Group::new(pool);
+        assert!(
+            group
+                .insert(new_row("alone", "run-a"))
+                .await
+                .expect("inserted")
+        );
+        assert!(
+            group.jobs.lock().expect("lock").is_none(),
+            "no dispatcher for a call alone"
+        );
+        assert!(
+            group
+                .finish(outcome("alone", "run-a"))
+                .await
+                .expect("written")
+        );
+        let (first, second) = tokio::join!(
+            group.insert(new_row("x", "run-x")),
+            group.insert(new_row("y", "run-y"))
+        );
+        assert!(first.expect("x") && second.expect("y"));
+        assert!(
+            group.jobs.lock().expect("lock").is_some(),
+            "the call that found another in flight went to the dispatcher"
+        );
+        assert_eq!(group.busy.load(Ordering::SeqCst), 0);
+        // A caller that stops waiting is counted out too.
+        let dropped =
+            tokio::time::timeout(Duration::from_nanos(1), group.insert(new_row("z", "run-z")))
+                .await;
+        drop(dropped);
+        assert_eq!(group.busy.load(Ordering::SeqCst), 0);
     }
 
     /// One batch of inserts and finishes, a key twice among them and a finish whose lease is
