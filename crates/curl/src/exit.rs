@@ -62,7 +62,8 @@ pub(crate) const EXIT_STATUSES: &str = "\
 Exit status:
    0  done: a final answer (any status without -f), sent now or replayed from the ledger
   22  done, with -f or --fail-with-body: the answer's status is 400 or more
-  23  done, but writing the answer out failed: run again to have it replayed
+  23  done, but the answer could not be read or written out whole: run again to have it
+      replayed
    2  usage error: nothing was sent
   75  not done: it cannot have happened; safe to run again
   76  outcome unknown: it may have happened; run again only with the same key (the report
