@@ -34,6 +34,9 @@
 //!   `ours-random-key`.
 //!   The process's fixed costs (runtime, server, clients) cancel out of the difference
 //!   between two runs with different `--requests`.
+//! - `--subscriber`: install a `tracing` subscriber that records nothing (the bare
+//!   `tracing_subscriber::registry()`, no layer: every span and event is enabled, built and
+//!   dropped, nothing is written), as in an application whose exporter is off.
 //! - `--current-thread`: everything (server and client) on one thread, for counting
 //!   instructions with `valgrind --tool=callgrind`: with one thread the same requests take the
 //!   same path through the code every run, where the two workers' timing varies how often a
@@ -74,6 +77,7 @@ struct Args {
     rounds: usize,
     requests: usize,
     current_thread: bool,
+    subscriber: bool,
 }
 
 impl Args {
@@ -85,6 +89,7 @@ impl Args {
             rounds: ROUNDS,
             requests: ROUNDS,
             current_thread: false,
+            subscriber: false,
         };
         let mut words = std::env::args().skip(1);
         while let Some(word) = words.next() {
@@ -108,6 +113,7 @@ impl Args {
                 "--rounds" => args.rounds = count(&value()),
                 "--requests" => args.requests = count(&value()),
                 "--current-thread" => args.current_thread = true,
+                "--subscriber" => args.subscriber = true,
                 _ => {}
             }
         }
@@ -257,6 +263,11 @@ async fn alone(
 
 fn main() {
     let args = Args::parse();
+    if args.subscriber {
+        tracing::subscriber::set_global_default(tracing_subscriber::registry())
+            .expect("the first subscriber");
+        println!("with a subscriber that records nothing (tracing_subscriber::registry())");
+    }
     let mut builder = if args.current_thread {
         tokio::runtime::Builder::new_current_thread()
     } else {

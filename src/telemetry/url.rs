@@ -35,6 +35,16 @@ pub(crate) fn redacted(url: &Url) -> String {
     url.into()
 }
 
+/// [`redacted`], formatted only when something reads it: a span field recorded with it costs
+/// nothing under a subscriber that records no field values.
+pub(crate) struct Redacted<'a>(pub(crate) &'a Url);
+
+impl std::fmt::Display for Redacted<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&redacted(self.0))
+    }
+}
+
 /// Removes the user name and password from `url`, in place; the rest (path, query, fragment)
 /// stays as it is.
 pub(crate) fn strip_credentials(url: &mut Url) {

@@ -14,7 +14,7 @@ use tracing::field::Empty;
 
 #[cfg(feature = "metrics")]
 use super::metrics::RequestTimer;
-use super::url::redacted;
+use super::url::Redacted;
 use crate::exchange::RetryRequest;
 use crate::time::Clock;
 
@@ -75,7 +75,7 @@ impl WireTrace {
                 if let Some(port) = url.port_or_known_default() {
                     span.record("server.port", port);
                 }
-                span.record("url.full", redacted(url).as_str());
+                span.record("url.full", tracing::field::display(Redacted(url)));
             }
             // Recommended if and only if the request was resent, whatever the cause.
             if resends > 0 {
