@@ -173,6 +173,22 @@ impl IdempotencyKey {
         Self::from_digest(&hasher.finalize())
     }
 
+    /// Whether a front end gives a request with this method a key of its own when none is
+    /// given (with [`ClientBuilder::auto_keys`](crate::ClientBuilder::auto_keys) on): every
+    /// method but RFC 9110's idempotent ones (`GET`, `HEAD`, `OPTIONS`, `PUT`, `DELETE`,
+    /// `TRACE`), which are retried without a key.
+    ///
+    /// ```
+    /// use idempotent_retry::IdempotencyKey;
+    ///
+    /// assert!(IdempotencyKey::is_minted_for(&http::Method::POST));
+    /// assert!(!IdempotencyKey::is_minted_for(&http::Method::PUT));
+    /// ```
+    #[must_use]
+    pub fn is_minted_for(method: &http::Method) -> bool {
+        !crate::decide::is_idempotent_method(method)
+    }
+
     /// Mints a random key: a UUID version 4 in its 36-character lowercase text form.
     ///
     /// The 122 random bits come from a cryptographically secure generator seeded from the

@@ -263,14 +263,7 @@ mod tests {
 
     #[test]
     fn the_environment_names_a_run_only_when_set_and_not_empty() {
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |name: &str| {
-                pairs
-                    .iter()
-                    .find(|(n, _)| *n == name)
-                    .map(|(_, v)| (*v).to_owned())
-            }
-        };
+        let env = crate::test_env::env;
         assert_eq!(run_identity(env(&[])), None);
         assert_eq!(run_identity(env(&[(RUN_VARIABLE, "")])), None);
         assert_eq!(

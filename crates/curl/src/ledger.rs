@@ -153,14 +153,7 @@ mod tests {
 
     #[test]
     fn the_state_directory_follows_the_platform_rules() {
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |name: &str| {
-                pairs
-                    .iter()
-                    .find(|(n, _)| *n == name)
-                    .map(|(_, v)| (*v).to_owned())
-            }
-        };
+        let env = crate::test_env::env;
         if cfg!(all(unix, not(target_os = "macos"))) {
             assert_eq!(
                 state_home(env(&[("HOME", "/home/ada")])),

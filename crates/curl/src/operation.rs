@@ -9,7 +9,7 @@ use idempotent_retry::multipart::{Form, Part};
 use idempotent_retry::redirect::RedirectChain;
 use idempotent_retry::time::{Clock, TokioClock};
 use idempotent_retry::{
-    Client, ErrorKind, IDEMPOTENCY_KEY, RedirectPolicy, RetryPolicy, RetryReport,
+    Client, ErrorKind, IDEMPOTENCY_KEY, IdempotencyKey, RedirectPolicy, RetryPolicy, RetryReport,
 };
 
 use crate::args::{HttpErrors, Invocation};
@@ -49,19 +49,6 @@ struct Prepared {
     http: reqwest::Client,
     policy: RetryPolicy,
     redirects: RedirectPolicy,
-}
-
-/// The methods that get a key only when given one (RFC 9110's idempotent methods).
-fn is_idempotent(method: &Method) -> bool {
-    [
-        Method::GET,
-        Method::HEAD,
-        Method::OPTIONS,
-        Method::PUT,
-        Method::DELETE,
-        Method::TRACE,
-    ]
-    .contains(method)
 }
 
 /// The URL without user name and password, for reports.
@@ -279,7 +266,7 @@ async fn operate(invocation: &Invocation, slot: &mut Option<ledger::Opened>) -> 
     report.url = shown(&prepared.url);
     report.ledger = "none".to_owned();
 
-    let keyed_method = !is_idempotent(&prepared.method);
+    let keyed_method = IdempotencyKey::is_minted_for(&prepared.method);
     let identity =
         || key::request_identity(&prepared.method, prepared.url.as_str(), &prepared.payload);
     let choice = key::choose(&KeyInputs {
