@@ -22,21 +22,6 @@ mod payload;
 mod report;
 mod write_out;
 
-#[cfg(test)]
-mod test_env {
-    /// An environment of these variables only, as `std::env::var(name).ok()` reads one.
-    pub(crate) fn env(
-        pairs: &'static [(&'static str, &'static str)],
-    ) -> impl Fn(&str) -> Option<String> {
-        move |name| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == name)
-                .map(|(_, v)| (*v).to_owned())
-        }
-    }
-}
-
 use std::ffi::OsString;
 use std::process::ExitCode;
 
@@ -84,4 +69,19 @@ fn usage(message: String, format: args::ReportFormat) -> ExitCode {
         }
     );
     Exit::Usage.into()
+}
+
+#[cfg(test)]
+mod test_env {
+    /// An environment of these variables only, as `std::env::var(name).ok()` reads one.
+    pub(crate) fn env(
+        pairs: &'static [(&'static str, &'static str)],
+    ) -> impl Fn(&str) -> Option<String> {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| (*v).to_owned())
+        }
+    }
 }
