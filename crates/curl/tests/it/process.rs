@@ -474,3 +474,31 @@ async fn a_request_without_a_key_opens_no_ledger() {
     );
     assert_eq!(receiver.keys(), [None]);
 }
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn an_answer_that_cannot_be_written_is_kept_and_replayed_by_the_rerun() {
+    let receiver = Receiver::start().await.expect("receiver");
+    let scratch = Scratch::new();
+    // /dev/full refuses every write (ENOSPC): the charge happens, its answer cannot be written.
+    let full = run(charge(
+        &scratch,
+        &receiver,
+        &["--key", "full-1", "-o", "/dev/full"],
+    ))
+    .await;
+    assert_eq!(full.code, 23, "{full:?}");
+    let report = full.report();
+    assert_eq!(report["outcome"], "done");
+    assert_eq!(report["sent"], true);
+    let again = run(charge(&scratch, &receiver, &["--key", "full-1"])).await;
+    assert_eq!(again.code, 0, "{again:?}");
+    assert_eq!(again.report()["replayed"], true);
+    assert!(
+        again.stdout_text().contains("effect"),
+        "{}",
+        again.stdout_text()
+    );
+    assert_eq!(receiver.effects_for("full-1"), 1);
+    assert_eq!(receiver.arrivals(), 1);
+}
