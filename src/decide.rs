@@ -166,21 +166,6 @@ pub(crate) fn decide<R: rand::Rng + ?Sized>(
     }
 }
 
-/// Whether `method` is idempotent by definition (RFC 9110 §9.2.2: `GET`, `HEAD`, `OPTIONS`,
-/// `PUT`, `DELETE`, `TRACE`), so that a request with it is retried even without a key.
-pub(crate) fn is_idempotent_method(method: &http::Method) -> bool {
-    use http::Method;
-    [
-        Method::GET,
-        Method::HEAD,
-        Method::OPTIONS,
-        Method::PUT,
-        Method::DELETE,
-        Method::TRACE,
-    ]
-    .contains(method)
-}
-
 #[cfg(test)]
 mod tests {
     use http::HeaderValue;

@@ -186,7 +186,7 @@ impl IdempotencyKey {
     /// ```
     #[must_use]
     pub fn is_minted_for(method: &http::Method) -> bool {
-        !crate::decide::is_idempotent_method(method)
+        !is_idempotent_method(method)
     }
 
     /// Mints a random key: a UUID version 4 in its 36-character lowercase text form.
@@ -487,6 +487,21 @@ fn update_length_prefixed<U: Update>(out: &mut U, bytes: &[u8]) {
 pub(crate) fn push_hex(text: &mut String, byte: u8) {
     text.push(char::from(HEX_DIGITS[usize::from(byte >> 4)]));
     text.push(char::from(HEX_DIGITS[usize::from(byte & 0x0f)]));
+}
+
+/// Whether `method` is idempotent by definition (RFC 9110 §9.2.2: `GET`, `HEAD`, `OPTIONS`,
+/// `PUT`, `DELETE`, `TRACE`), so that a request with it is retried even without a key.
+pub(crate) fn is_idempotent_method(method: &http::Method) -> bool {
+    use http::Method;
+    [
+        Method::GET,
+        Method::HEAD,
+        Method::OPTIONS,
+        Method::PUT,
+        Method::DELETE,
+        Method::TRACE,
+    ]
+    .contains(method)
 }
 
 #[cfg(test)]

@@ -23,11 +23,12 @@ use tokio::time::Instant;
 
 use crate::budget::BudgetTab;
 use crate::classify::FailureKind;
-use crate::decide::{Decision, Observed, OperationState, Stop, decide, is_idempotent_method};
+use crate::decide::{Decision, Observed, OperationState, Stop, decide};
 use crate::error::{Error, ErrorKind};
 use crate::exchange::{RetryRequest, RetryResponse};
 use crate::exposure::Exposure;
 use crate::key::IdempotencyKey;
+use crate::key::is_idempotent_method;
 use crate::ledger::{LedgerError, LedgerRun};
 use crate::observe::{AttemptEvent, RetryRefusedEvent};
 use crate::policy::RetryPolicy;

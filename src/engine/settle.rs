@@ -7,10 +7,10 @@ use std::time::Duration;
 use http::Method;
 use http::header::{Entry, HeaderMap, HeaderName};
 
-use crate::decide::is_idempotent_method;
 use crate::error::Error;
 use crate::exchange::RetryRequest;
 use crate::key::IdempotencyKey;
+use crate::key::is_idempotent_method;
 use crate::policy::RetryPolicy;
 use crate::settings::{Overrides, Settings};
 use crate::telemetry::operation;
