@@ -1,0 +1,150 @@
+"""The exceptions the transports raise: httpx's own types, with the operation's outcome."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import httpx
+
+__all__ = [
+    "OperationError",
+    "ConnectError",
+    "ConnectTimeout",
+    "ReadTimeout",
+    "ReadError",
+    "RemoteProtocolError",
+    "TransportError",
+    "BodyNotReplayable",
+    "KeyReuseError",
+    "LeaseHeldError",
+    "LedgerError",
+    "InvalidRequest",
+]
+
+
+class OperationError(Exception):
+    """What every exception of the transports also is: an operation that ended without a final
+    answer, with what is known of it.
+
+    Attributes:
+        outcome: ``"unknown"`` when the receiver may have run the operation and no answer says
+            whether (look it up by ``key``, or send it again later with the same key);
+            ``"not_done"`` when it certainly did not run; ``"done"`` when it has an answer
+            (a key reused for another request that succeeded, or a body cut off after the
+            head arrived).
+        key: the operation's idempotency key, or ``None`` if it had none.
+        attempts: how many attempts this run sent.
+        kind: why it stopped, as the engine names it (``attempts_exhausted``, ``transport``,
+            ``reconcile_window``, ``key_reuse``, ``lease_held``, ``ledger``, ...).
+        failure: how the last attempt failed (``connect``, ``timeout``, ``connection_reset``,
+            ``connection_closed``, ...), or ``None``.
+    """
+
+    outcome: str
+    key: Optional[str]
+    attempts: int
+    kind: Optional[str]
+    failure: Optional[str]
+
+    def _annotate(
+        self,
+        outcome: str,
+        key: Optional[str],
+        attempts: int,
+        kind: Optional[str],
+        failure: Optional[str],
+    ) -> None:
+        self.outcome = outcome
+        self.key = key
+        self.attempts = attempts
+        self.kind = kind
+        self.failure = failure
+
+    @property
+    def is_outcome_unknown(self) -> bool:
+        """Whether the operation may have run."""
+        return self.outcome == "unknown"
+
+
+class ConnectError(OperationError, httpx.ConnectError):
+    """No connection could be made (or the name did not resolve): ``outcome`` is
+    ``"not_done"`` unless an earlier attempt may have run."""
+
+
+class ConnectTimeout(OperationError, httpx.ConnectTimeout):
+    """Connecting timed out."""
+
+
+class ReadTimeout(OperationError, httpx.ReadTimeout):
+    """The last attempt timed out after connecting: the receiver may be running it
+    (``outcome`` ``"unknown"``)."""
+
+
+class ReadError(OperationError, httpx.ReadError):
+    """The connection was reset after the request went out (``outcome`` ``"unknown"``)."""
+
+
+class RemoteProtocolError(OperationError, httpx.RemoteProtocolError):
+    """The connection closed before a complete response (``outcome`` ``"unknown"``)."""
+
+
+class TransportError(OperationError, httpx.TransportError):
+    """Any other stop without an answer (the retry budget, the reconcile window, a server's
+    ``Retry-After`` too long, a failing body stream)."""
+
+
+class BodyNotReplayable(OperationError, httpx.TransportError):
+    """A retry was due, but the request body was a stream already sent once."""
+
+
+class KeyReuseError(OperationError, httpx.TransportError):
+    """The ledger holds this key for a different request (method, URL or body): nothing was
+    sent. ``outcome`` is the held operation's."""
+
+
+class LeaseHeldError(OperationError, httpx.TransportError):
+    """Another run holds this key's lease in the ledger and is sending it: nothing was sent;
+    try again later with the same key."""
+
+
+class LedgerError(OperationError, httpx.TransportError):
+    """The ledger could not be read or written (``outcome`` says whether it may have run)."""
+
+
+class InvalidRequest(OperationError, httpx.RequestError):
+    """The request or its key was refused before anything was sent (a bad URL, header or
+    key): ``outcome`` is ``"not_done"``."""
+
+
+_BY_FAILURE = {
+    "dns": ConnectError,
+    "connect": ConnectError,
+    "redirect_target_unreachable": ConnectError,
+    "timeout": ReadTimeout,
+    "connection_reset": ReadError,
+    "connection_closed": RemoteProtocolError,
+}
+
+_BY_KIND = {
+    "body_not_replayable": BodyNotReplayable,
+    "key_reuse": KeyReuseError,
+    "lease_held": LeaseHeldError,
+    "ledger": LedgerError,
+    "builder": InvalidRequest,
+    "invalid_key": InvalidRequest,
+}
+
+
+def error_for(answer, request: httpx.Request) -> OperationError:
+    """The exception for an answer without a response."""
+    kind = answer.error_kind
+    cls = _BY_KIND.get(kind) or _BY_FAILURE.get(answer.failure) or TransportError
+    message = answer.message or "the operation stopped without an answer"
+    key = answer.key
+    if key is not None:
+        message = f"{message} [outcome {answer.outcome}, key {key}]"
+    else:
+        message = f"{message} [outcome {answer.outcome}]"
+    error = cls(message, request=request)
+    error._annotate(answer.outcome, key, answer.attempts, kind, answer.failure)
+    return error

@@ -1,0 +1,313 @@
+"""httpx transports over the engine: ``Transport`` (sync) and ``AsyncTransport`` (asyncio)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import dataclasses
+import json
+import threading
+from typing import Any, Iterator, Optional, Sequence, Tuple
+
+import httpx
+
+from . import _native
+from ._errors import error_for
+
+__all__ = [
+    "Transport",
+    "AsyncTransport",
+    "Report",
+    "derive",
+    "for_tool_call",
+    "idempotency_key",
+    "current_idempotency_key",
+    "REPORT_EXTENSION",
+]
+
+#: The key of the ``Report`` in ``response.extensions``.
+REPORT_EXTENSION = "idempotent_retry"
+
+_KEY: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar(
+    "idempotent_retry_key", default=None
+)
+
+
+def derive(scope: str, parts: Sequence[str] = ()) -> str:
+    """A key derived from a scope and parts that survive a restart: the same 64 hex digits as
+    the Rust crate's ``IdempotencyKey::derive(scope, parts)``."""
+    return _native.derive(scope, list(parts))
+
+
+def for_tool_call(tool: str, args: Any) -> str:
+    """A key for one tool call: the same as the Rust crate's
+    ``IdempotencyKey::for_tool_call(tool, args)``, over the RFC 8785 canonical JSON of
+    ``args`` (anything ``json.dumps`` accepts; NaN and infinities are refused with
+    ``ValueError``)."""
+    return _native.for_tool_call(tool, json.dumps(args, allow_nan=False))
+
+
+@contextlib.contextmanager
+def idempotency_key(key: str) -> Iterator[str]:
+    """Within the block, every request sent through a ``Transport`` or ``AsyncTransport`` in
+    this context (thread or asyncio task) is sent under ``key``, even one that carries its own
+    key header: for calls made through a library whose requests you cannot touch (an SDK that
+    mints a random key per call). Use one key per logical operation: two different requests
+    under one key are refused by a ledger (``KeyReuseError``) and by a Stripe-style receiver."""
+    token = _KEY.set(key)
+    try:
+        yield key
+    finally:
+        _KEY.reset(token)
+
+
+def current_idempotency_key() -> Optional[str]:
+    """The key set by the innermost ``idempotency_key`` block, or ``None``."""
+    return _KEY.get()
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """What the engine did for one response, at ``response.extensions["idempotent_retry"]``.
+
+    Attributes:
+        attempts: attempts sent by this run (0 for a response replayed from the ledger).
+        key: the operation's idempotency key, or ``None``.
+        replayed: whether the response is the ledger's saved answer, nothing sent.
+        elapsed: seconds from the first attempt to the end of the last.
+        outcome: ``"done"`` for a final answer; ``"unknown"`` or ``"not_done"`` when the
+            retries stopped on this response (a 503 after the last attempt, a 429 asking for
+            too long a wait): it is the last attempt's answer, not the operation's.
+        stopped: why the retries stopped on this response (``attempts_exhausted``,
+            ``retry_after_too_long``, ``reconcile_window``, ``budget_exhausted``), or ``None``
+            for a final answer.
+        message: the engine's explanation when ``stopped`` is set.
+    """
+
+    attempts: int
+    key: Optional[str]
+    replayed: bool
+    elapsed: float
+    outcome: str
+    stopped: Optional[str]
+    message: Optional[str]
+
+
+def _timeout(request: httpx.Request) -> Optional[float]:
+    """httpx's timeout on the request as one attempt timeout: the longest of its connect,
+    read, write and pool limits, or ``None`` (the policy's) when none is set."""
+    timeouts = request.extensions.get("timeout") or {}
+    values = [value for value in timeouts.values() if value is not None]
+    return max(values) if values else None
+
+
+def _buffered(request: httpx.Request) -> Tuple[bool, Optional[bytes]]:
+    """``(True, bytes)`` for a body held in memory (sent again on every attempt), ``(False,
+    None)`` for a stream that can be read once only."""
+    try:
+        content = request.content
+    except httpx.RequestNotRead:
+        multipart = getattr(getattr(httpx, "_multipart", None), "MultipartStream", None)
+        if multipart is not None and isinstance(request.stream, multipart):
+            # A form of in-memory fields and files: httpx can render it again.
+            content = b"".join(request.stream)  # type: ignore[arg-type]
+        else:
+            return False, None
+    return True, (content or None)
+
+
+def _headers(request: httpx.Request) -> list:
+    return list(request.headers.raw)
+
+
+def _key() -> Optional[str]:
+    return _KEY.get()
+
+
+def _response(answer: Any, request: httpx.Request) -> httpx.Response:
+    report = Report(
+        attempts=answer.attempts,
+        key=answer.key,
+        replayed=answer.replayed,
+        elapsed=answer.elapsed,
+        outcome=answer.outcome,
+        stopped=answer.error_kind,
+        message=answer.message,
+    )
+    extensions = {REPORT_EXTENSION: report}
+    if answer.http_version:
+        extensions["http_version"] = answer.http_version.encode("ascii")
+    return httpx.Response(
+        answer.status,
+        headers=answer.headers,
+        stream=httpx.ByteStream(answer.body or b""),
+        request=request,
+        extensions=extensions,
+    )
+
+
+def _finish(answer: Any, request: httpx.Request) -> httpx.Response:
+    if answer.status is None:
+        raise error_for(answer, request)
+    return _response(answer, request)
+
+
+class _Options:
+    """The constructor's options, shared by both transports."""
+
+    @staticmethod
+    def engine(**options: Any) -> Any:
+        return _native.Engine(**options)
+
+
+_OPTIONS_DOC = """
+    Args:
+        max_attempts: attempts per operation, the first included. Default: 5.
+        base_delay: the first backoff ceiling, in seconds (full jitter below it, doubling per
+            retry). Default: 0.5.
+        max_delay: the backoff cap, in seconds. Default: 30.
+        attempt_timeout: each attempt's limit in seconds, used only for a request without an
+            httpx timeout (``httpx.Timeout(None)``): otherwise the longest of the request's
+            connect, read, write and pool timeouts is the attempt timeout. Default: 30.
+        reconcile_window: seconds from the first attempt after which the operation is never
+            sent again (the receiver may have forgotten the key). Default: 86400.
+        max_retry_after: the longest ``Retry-After`` honoured, in seconds; a longer one ends the
+            operation. Default: 60.
+        key_header: the idempotency key's header. Default: ``Idempotency-Key``.
+        ledger: an SQLite file's path (created if missing) or a ``postgres://`` URL: every keyed
+            operation is claimed there before its first attempt, and a succeeded one is
+            answered from it (``Report.replayed``) by any process, Python or Rust, on the same
+            ledger. Default: none.
+        lease_slack: seconds added to a run's lease in the ledger, for clock skew. Default: 30.
+        lease_wait: seconds to wait for another run holding the key's lease before raising
+            ``LeaseHeldError``. Default: raise at once.
+        worker: this process's name in the ledger's rows. Default: a random UUID.
+        ledger_scope: the scope every operation is filed under. Default: the URL's host.
+        retry_budget: whether a token bucket limits retries across the transport. Default: on.
+"""
+
+
+class Transport(httpx.BaseTransport):
+    """An httpx transport that sends each request as one operation of the idempotent-retry
+    engine: one idempotency key on every attempt (the ``idempotency_key`` block's, the
+    request's key header, or a random one minted once for a non-idempotent method), transient
+    failures retried with capped full-jitter backoff that honours ``Retry-After``, and, with
+    ``ledger=``, a durable record that answers a repeat from the saved response.
+
+    A failure without an answer raises httpx's own exception types, subclassed with the
+    outcome (``OperationError``); a response carries a ``Report`` in
+    ``response.extensions["idempotent_retry"]``. Requests wait with the GIL released, on one
+    runtime shared by every transport of the process. Redirects are left to httpx
+    (``follow_redirects``).
+    """
+
+    __doc__ = (__doc__ or "") + _OPTIONS_DOC
+
+    def __init__(self, **options: Any) -> None:
+        self._engine = _Options.engine(**options)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        buffered, body = _buffered(request)
+        stream = None
+        if not buffered:
+            stream = _native.BodyStream()
+            threading.Thread(
+                target=_feed_sync, args=(request.stream, stream), daemon=True
+            ).start()
+        answer = self._engine.send(
+            request.method,
+            str(request.url),
+            _headers(request),
+            body=stream if stream is not None else body,
+            key=_key(),
+            timeout=_timeout(request),
+        )
+        return _finish(answer, request)
+
+    def close(self) -> None:
+        """Closes the ledger, if any (an SQLite file checkpoints its log)."""
+        self._engine.close()
+
+
+def _feed_sync(source: Any, stream: Any) -> None:
+    try:
+        for chunk in source:
+            stream.push(bytes(chunk))
+    except Exception as error:  # the source's failure fails the request
+        stream.fail(f"the request body's stream raised {error!r}")
+    else:
+        stream.finish()
+
+
+async def _feed_async(source: Any, stream: Any) -> None:
+    try:
+        async for chunk in source:
+            stream.push(bytes(chunk))
+    except Exception as error:
+        stream.fail(f"the request body's stream raised {error!r}")
+    else:
+        stream.finish()
+
+
+def _settle(future: asyncio.Future, answer: Any) -> None:
+    if not future.done():
+        future.set_result(answer)
+
+
+class AsyncTransport(httpx.AsyncBaseTransport):
+    """The asyncio form of ``Transport``: the same engine and options; each request runs on
+    the shared runtime and completes an asyncio future, so the event loop is never blocked.
+
+    A task cancelled while its request is under way stops waiting at once; the operation
+    itself runs to its end on the runtime (its answer, and the ledger's record of it, are
+    kept under its key).
+    """
+
+    __doc__ = (__doc__ or "") + _OPTIONS_DOC
+
+    def __init__(self, **options: Any) -> None:
+        self._engine = _Options.engine(**options)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+
+        def done(answer: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(_settle, future, answer)
+            except RuntimeError:
+                pass  # the loop is closed: nobody waits for this answer
+
+        buffered, body = _buffered(request)
+        stream = None
+        if not buffered:
+            stream = _native.BodyStream()
+        self._engine.start(
+            request.method,
+            str(request.url),
+            _headers(request),
+            done,
+            body=stream if stream is not None else body,
+            key=_key(),
+            timeout=_timeout(request),
+        )
+        feeder = None
+        if stream is not None:
+            source = request.stream
+            if hasattr(source, "__aiter__"):
+                feeder = asyncio.ensure_future(_feed_async(source, stream))
+            else:
+                threading.Thread(
+                    target=_feed_sync, args=(source, stream), daemon=True
+                ).start()
+        try:
+            answer = await future
+        finally:
+            if feeder is not None and not feeder.done():
+                feeder.cancel()
+        return _finish(answer, request)
+
+    async def aclose(self) -> None:
+        """Closes the ledger, if any, without blocking the event loop."""
+        await asyncio.get_running_loop().run_in_executor(None, self._engine.close)
