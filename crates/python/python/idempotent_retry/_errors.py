@@ -148,3 +148,10 @@ def error_for(answer, request: httpx.Request) -> OperationError:
     error = cls(message, request=request)
     error._annotate(answer.outcome, key, answer.attempts, kind, answer.failure)
     return error
+
+
+def refused(error: ValueError, request: httpx.Request) -> InvalidRequest:
+    """The exception for a request the engine refused to read (a bad method, header or key)."""
+    refusal = InvalidRequest(str(error), request=request)
+    refusal._annotate("not_done", None, 0, "invalid_request", None)
+    return refusal

@@ -13,7 +13,7 @@ from typing import Any, Iterator, Optional, Sequence, Tuple
 import httpx
 
 from . import _native
-from ._errors import error_for
+from ._errors import error_for, refused
 
 __all__ = [
     "Transport",
@@ -215,14 +215,17 @@ class Transport(httpx.BaseTransport):
             threading.Thread(
                 target=_feed_sync, args=(request.stream, stream), daemon=True
             ).start()
-        answer = self._engine.send(
-            request.method,
-            str(request.url),
-            _headers(request),
-            body=stream if stream is not None else body,
-            key=_key(),
-            timeout=_timeout(request),
-        )
+        try:
+            answer = self._engine.send(
+                request.method,
+                str(request.url),
+                _headers(request),
+                body=stream if stream is not None else body,
+                key=_key(),
+                timeout=_timeout(request),
+            )
+        except ValueError as error:
+            raise refused(error, request) from None
         return _finish(answer, request)
 
     def close(self) -> None:
@@ -283,15 +286,18 @@ class AsyncTransport(httpx.AsyncBaseTransport):
         stream = None
         if not buffered:
             stream = _native.BodyStream()
-        self._engine.start(
-            request.method,
-            str(request.url),
-            _headers(request),
-            done,
-            body=stream if stream is not None else body,
-            key=_key(),
-            timeout=_timeout(request),
-        )
+        try:
+            self._engine.start(
+                request.method,
+                str(request.url),
+                _headers(request),
+                done,
+                body=stream if stream is not None else body,
+                key=_key(),
+                timeout=_timeout(request),
+            )
+        except ValueError as error:
+            raise refused(error, request) from None
         feeder = None
         if stream is not None:
             source = request.stream
