@@ -15,8 +15,7 @@ pub(crate) type Chunk = Result<Bytes, std::io::Error>;
 
 /// A body that Python writes and one request reads.
 ///
-/// Push chunks with [`push`](Self::push), then [`finish`](Self::finish) it, or
-/// [`fail`](Self::fail) it when the source raised: the request then fails as a transport
+/// Push chunks with `push`, then `finish` it, or `fail` it when the source raised: the request then fails as a transport
 /// error, and nothing is retried.
 #[pyclass(module = "idempotent_retry._native", frozen)]
 #[derive(Debug)]
@@ -41,7 +40,7 @@ impl BodyStream {
     ///
     /// # Errors
     ///
-    /// `RuntimeError` after [`finish`](Self::finish) or [`fail`](Self::fail).
+    /// `RuntimeError` after `finish` or `fail`.
     fn push(&self, chunk: &Bound<'_, PyBytes>) -> PyResult<()> {
         let guard = self
             .sender

@@ -2,10 +2,10 @@
 //! `idempotent_retry._native`, which the package's `Transport` and `AsyncTransport` (Python
 //! classes over httpx) call into.
 //!
-//! It holds one shared tokio runtime ([`runtime`]), the engine ([`Engine`]: an
+//! It holds one shared tokio runtime (`runtime.rs`), the engine ([`Engine`]: an
 //! `idempotent_retry::Client` with its policy and ledger, one request in, one [`Answer`] out),
-//! request bodies streamed from Python ([`BodyStream`]), and the key derivations ([`derive`],
-//! [`for_tool_call`]), byte for byte those of `IdempotencyKey`. With the `testing` feature, the
+//! request bodies streamed from Python ([`BodyStream`]), and the key derivations ([`derive()`],
+//! [`for_tool_call()`]), byte for byte those of `IdempotencyKey`. With the `testing` feature, the
 //! submodule `_testing` starts the workspace's test receiver for the package's pytest suite.
 //!
 //! The module is built by maturin (`crates/python/pyproject.toml`) as an abi3 extension for

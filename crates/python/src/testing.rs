@@ -151,10 +151,93 @@ impl Receiver {
     }
 }
 
+/// A loopback HTTP/1.1 server that keeps connections alive and answers every request `200`
+/// with the body `ok`, for measuring a client's own cost. Stopped when dropped.
+#[pyclass(module = "idempotent_retry._testing", frozen)]
+#[derive(Debug)]
+pub struct KeepAliveServer {
+    addr: std::net::SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for KeepAliveServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The position just past the head of the request at the start of `buffer`, and the body's
+/// length, once the head is complete.
+fn head_end(buffer: &[u8]) -> Option<(usize, usize)> {
+    let end = buffer.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let head = String::from_utf8_lossy(&buffer[..end]).to_ascii_lowercase();
+    let length = head
+        .lines()
+        .find_map(|line| line.strip_prefix("content-length:"))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0);
+    Some((end, length))
+}
+
+/// Answers the requests of one connection until it closes.
+async fn keep_alive(mut stream: tokio::net::TcpStream) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    const ANSWER: &[u8] =
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 2\r\n\r\nok";
+    let mut buffer = Vec::with_capacity(8192);
+    let mut chunk = [0u8; 8192];
+    loop {
+        while let Some((end, length)) = head_end(&buffer) {
+            if buffer.len() < end + length {
+                break;
+            }
+            buffer.drain(..end + length);
+            if stream.write_all(ANSWER).await.is_err() {
+                return;
+            }
+        }
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+#[pymethods]
+impl KeepAliveServer {
+    /// Starts the server on a free loopback port.
+    ///
+    /// # Errors
+    ///
+    /// `RuntimeError` if no port can be bound.
+    #[new]
+    fn new(py: Python<'_>) -> PyResult<KeepAliveServer> {
+        let listener = py
+            .detach(|| runtime().block_on(tokio::net::TcpListener::bind("127.0.0.1:0")))
+            .map_err(|err| PyRuntimeError::new_err(format!("cannot bind a port: {err}")))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|err| PyRuntimeError::new_err(format!("cannot read the port: {err}")))?;
+        let task = runtime().spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let _ = stream.set_nodelay(true);
+                tokio::spawn(keep_alive(stream));
+            }
+        });
+        Ok(KeepAliveServer { addr, task })
+    }
+
+    /// The URL of `path` on this server.
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
 /// Adds the `_testing` submodule to `parent`.
 pub(crate) fn add_to(parent: &Bound<'_, PyModule>) -> PyResult<()> {
     let module = PyModule::new(parent.py(), "_testing")?;
     module.add_class::<Receiver>()?;
+    module.add_class::<KeepAliveServer>()?;
     parent.add_submodule(&module)?;
     Ok(())
 }
