@@ -255,8 +255,8 @@ impl Engine {
     }
 
     /// Starts one operation on the runtime and returns at once; `done(answer)` is called with
-    /// its `Answer` from one of the runtime's threads (with the GIL held) when it ends. The
-    /// arguments are `send`'s.
+    /// its `Answer` from one of the runtime's threads (with the GIL held) when it ends, unless
+    /// the returned `Pending` is cancelled first. The arguments are `send`'s.
     ///
     /// # Errors
     ///
@@ -272,10 +272,10 @@ impl Engine {
         body: Option<&Bound<'_, PyAny>>,
         key: Option<String>,
         timeout: Option<f64>,
-    ) -> PyResult<()> {
+    ) -> PyResult<Pending> {
         let outgoing = self.outgoing(method, url, headers, body, key, timeout)?;
         let client = self.client.clone();
-        runtime().spawn(async move {
+        let task = runtime().spawn(async move {
             let finished = operate(client, outgoing).await;
             Python::attach(|py| {
                 let answer = finished.into_answer(py);
@@ -285,7 +285,9 @@ impl Engine {
                 }
             });
         });
-        Ok(())
+        Ok(Pending {
+            task: task.abort_handle(),
+        })
     }
 
     /// Closes the ledger (an SQLite file checkpoints its log, for up to 5 s). Requests after
@@ -299,6 +301,23 @@ impl Engine {
         if let Some(Opened::Sqlite(ledger)) = opened {
             py.detach(|| runtime().block_on(ledger.close(CLOSE_WAIT)));
         }
+    }
+}
+
+/// An operation started by `Engine.start`.
+#[pyclass(module = "idempotent_retry._native", frozen)]
+#[derive(Debug)]
+pub struct Pending {
+    task: tokio::task::AbortHandle,
+}
+
+#[pymethods]
+impl Pending {
+    /// Drops the operation where it stands, as a Rust caller's dropped `send` does: an attempt
+    /// in flight is abandoned (the receiver may still run it), the ledger's lease is given
+    /// back, and `done` is never called. Nothing happens once it has ended.
+    fn cancel(&self) {
+        self.task.abort();
     }
 }
 

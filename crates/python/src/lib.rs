@@ -30,7 +30,7 @@ use pyo3::prelude::*;
 
 pub use answer::Answer;
 pub use body::BodyStream;
-pub use engine::Engine;
+pub use engine::{Engine, Pending};
 pub use keys::{derive, for_tool_call};
 
 /// The extension module `idempotent_retry._native`.
@@ -42,6 +42,7 @@ pub use keys::{derive, for_tool_call};
 pub fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Engine>()?;
     module.add_class::<Answer>()?;
+    module.add_class::<Pending>()?;
     module.add_class::<BodyStream>()?;
     module.add_function(wrap_pyfunction!(derive, module)?)?;
     module.add_function(wrap_pyfunction!(for_tool_call, module)?)?;

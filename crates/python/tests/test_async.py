@@ -107,3 +107,28 @@ def test_an_async_streamed_body_goes_out_whole(receiver):
     response = asyncio.run(main())
     assert response.status_code == 200
     assert receiver.effects_for("k-as") == 1
+
+
+def test_a_cancelled_task_drops_the_operation_and_frees_its_lease(receiver, tmp_path):
+    ledger = str(tmp_path / "ledger.sqlite3")
+    receiver.inject("stall_after_commit", key="k-cancel", attempt=1, seconds=5)
+
+    async def main():
+        transport = ir.AsyncTransport(ledger=ledger, **FAST)
+        async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+            request = client.post(
+                receiver.url("/v1/charges"), content=b"x", headers={"Idempotency-Key": "k-cancel"}
+            )
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(request, 0.5)
+            # The lease was given back: the same operation goes out again at once (no
+            # LeaseHeldError) and meets the receiver's saved answer.
+            return await client.post(
+                receiver.url("/v1/charges"), content=b"x", headers={"Idempotency-Key": "k-cancel"}
+            )
+
+    response = asyncio.run(main())
+    assert response.status_code == 200
+    assert response.headers["Idempotent-Replayed"] == "true"
+    assert receiver.keys() == ["k-cancel", "k-cancel"]
+    assert receiver.effects_for("k-cancel") == 1

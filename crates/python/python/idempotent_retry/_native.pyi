@@ -37,6 +37,12 @@ class Answer:
     failure: Optional[str]
     message: Optional[str]
 
+class Pending:
+    """An operation started by ``Engine.start``."""
+
+    def cancel(self) -> None:
+        """Drops the operation where it stands; ``done`` is never called."""
+
 class Engine:
     """An ``idempotent_retry::Client`` on the shared runtime."""
 
@@ -79,7 +85,7 @@ class Engine:
         body: Union[bytes, BodyStream, None] = None,
         key: Optional[str] = None,
         timeout: Optional[float] = None,
-    ) -> None:
+    ) -> Pending:
         """Starts one operation; ``done(answer)`` is called from a runtime thread."""
     def close(self) -> None:
         """Closes the ledger, if any."""

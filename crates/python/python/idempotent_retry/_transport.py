@@ -262,9 +262,9 @@ class AsyncTransport(httpx.AsyncBaseTransport):
     """The asyncio form of ``Transport``: the same engine and options; each request runs on
     the shared runtime and completes an asyncio future, so the event loop is never blocked.
 
-    A task cancelled while its request is under way stops waiting at once; the operation
-    itself runs to its end on the runtime (its answer, and the ledger's record of it, are
-    kept under its key).
+    A task cancelled while its request is under way drops the operation where it stands, as a
+    Rust caller's dropped future does: an attempt in flight is abandoned (the receiver may
+    still run it: send it again later with the same key), and a ledger's lease is given back.
     """
 
     __doc__ = (__doc__ or "") + _OPTIONS_DOC
@@ -287,7 +287,7 @@ class AsyncTransport(httpx.AsyncBaseTransport):
         if not buffered:
             stream = _native.BodyStream()
         try:
-            self._engine.start(
+            pending = self._engine.start(
                 request.method,
                 str(request.url),
                 _headers(request),
@@ -309,6 +309,11 @@ class AsyncTransport(httpx.AsyncBaseTransport):
                 ).start()
         try:
             answer = await future
+        except asyncio.CancelledError:
+            # The caller gave up (a timeout around it, a cancelled task): the operation is
+            # dropped where it stands, its ledger lease given back.
+            pending.cancel()
+            raise
         finally:
             if feeder is not None and not feeder.done():
                 feeder.cancel()
