@@ -141,9 +141,11 @@ def error_for(answer, request: httpx.Request) -> OperationError:
     cls = _BY_KIND.get(kind) or _BY_FAILURE.get(answer.failure) or TransportError
     message = answer.message or "the operation stopped without an answer"
     key = answer.key
-    if key is not None:
+    # The engine's message names the outcome and the key of an operation that may have run;
+    # say them for every other stop too.
+    if key is not None and key not in message:
         message = f"{message} [outcome {answer.outcome}, key {key}]"
-    else:
+    elif "outcome" not in message:
         message = f"{message} [outcome {answer.outcome}]"
     error = cls(message, request=request)
     error._annotate(answer.outcome, key, answer.attempts, kind, answer.failure)

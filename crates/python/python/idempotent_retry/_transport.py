@@ -7,8 +7,9 @@ import contextlib
 import contextvars
 import dataclasses
 import json
+import os
 import threading
-from typing import Any, Iterator, Optional, Sequence, Tuple
+from typing import Any, Iterator, Optional, Sequence, Tuple, Union
 
 import httpx
 
@@ -153,15 +154,45 @@ def _finish(answer: Any, request: httpx.Request) -> httpx.Response:
     return _response(answer, request)
 
 
-class _Options:
-    """The constructor's options, shared by both transports."""
-
-    @staticmethod
-    def engine(**options: Any) -> Any:
-        return _native.Engine(**options)
+def _engine(
+    *,
+    max_attempts: Optional[int] = None,
+    base_delay: Optional[float] = None,
+    max_delay: Optional[float] = None,
+    attempt_timeout: Optional[float] = None,
+    reconcile_window: Optional[float] = None,
+    max_retry_after: Optional[float] = None,
+    key_header: Optional[str] = None,
+    ledger: Union[str, "os.PathLike[str]", None] = None,
+    lease_slack: Optional[float] = None,
+    lease_wait: Optional[float] = None,
+    worker: Optional[str] = None,
+    ledger_scope: Optional[str] = None,
+    retry_budget: bool = True,
+) -> Any:
+    """The native engine for the transports' options (``None``: the engine's default)."""
+    return _native.Engine(
+        max_attempts=max_attempts,
+        base_delay=base_delay,
+        max_delay=max_delay,
+        attempt_timeout=attempt_timeout,
+        reconcile_window=reconcile_window,
+        max_retry_after=max_retry_after,
+        key_header=key_header,
+        ledger=None if ledger is None else os.fspath(ledger),
+        lease_slack=lease_slack,
+        lease_wait=lease_wait,
+        worker=worker,
+        ledger_scope=ledger_scope,
+        retry_budget=retry_budget,
+    )
 
 
 _OPTIONS_DOC = """
+    Every option is keyword-only; ``ValueError`` for an invalid one (a zero ``max_attempts``,
+    a ``base_delay`` above ``max_delay``, a negative duration, a bad header name),
+    ``RuntimeError`` when the ledger cannot be opened.
+
     Args:
         max_attempts: attempts per operation, the first included. Default: 5.
         base_delay: the first backoff ceiling, in seconds (full jitter below it, doubling per
@@ -204,8 +235,38 @@ class Transport(httpx.BaseTransport):
 
     __doc__ = (__doc__ or "") + _OPTIONS_DOC
 
-    def __init__(self, **options: Any) -> None:
-        self._engine = _Options.engine(**options)
+    def __init__(
+        self,
+        *,
+        max_attempts: Optional[int] = None,
+        base_delay: Optional[float] = None,
+        max_delay: Optional[float] = None,
+        attempt_timeout: Optional[float] = None,
+        reconcile_window: Optional[float] = None,
+        max_retry_after: Optional[float] = None,
+        key_header: Optional[str] = None,
+        ledger: Union[str, "os.PathLike[str]", None] = None,
+        lease_slack: Optional[float] = None,
+        lease_wait: Optional[float] = None,
+        worker: Optional[str] = None,
+        ledger_scope: Optional[str] = None,
+        retry_budget: bool = True,
+    ) -> None:
+        self._engine = _engine(
+            max_attempts=max_attempts,
+            base_delay=base_delay,
+            max_delay=max_delay,
+            attempt_timeout=attempt_timeout,
+            reconcile_window=reconcile_window,
+            max_retry_after=max_retry_after,
+            key_header=key_header,
+            ledger=ledger,
+            lease_slack=lease_slack,
+            lease_wait=lease_wait,
+            worker=worker,
+            ledger_scope=ledger_scope,
+            retry_budget=retry_budget,
+        )
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         buffered, body = _buffered(request)
@@ -269,8 +330,38 @@ class AsyncTransport(httpx.AsyncBaseTransport):
 
     __doc__ = (__doc__ or "") + _OPTIONS_DOC
 
-    def __init__(self, **options: Any) -> None:
-        self._engine = _Options.engine(**options)
+    def __init__(
+        self,
+        *,
+        max_attempts: Optional[int] = None,
+        base_delay: Optional[float] = None,
+        max_delay: Optional[float] = None,
+        attempt_timeout: Optional[float] = None,
+        reconcile_window: Optional[float] = None,
+        max_retry_after: Optional[float] = None,
+        key_header: Optional[str] = None,
+        ledger: Union[str, "os.PathLike[str]", None] = None,
+        lease_slack: Optional[float] = None,
+        lease_wait: Optional[float] = None,
+        worker: Optional[str] = None,
+        ledger_scope: Optional[str] = None,
+        retry_budget: bool = True,
+    ) -> None:
+        self._engine = _engine(
+            max_attempts=max_attempts,
+            base_delay=base_delay,
+            max_delay=max_delay,
+            attempt_timeout=attempt_timeout,
+            reconcile_window=reconcile_window,
+            max_retry_after=max_retry_after,
+            key_header=key_header,
+            ledger=ledger,
+            lease_slack=lease_slack,
+            lease_wait=lease_wait,
+            worker=worker,
+            ledger_scope=ledger_scope,
+            retry_budget=retry_budget,
+        )
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         loop = asyncio.get_running_loop()
