@@ -1,6 +1,7 @@
 """The SDKs that are built on httpx, with their own retries off and our transport in their
-HTTP client: openai-python against a local fake chat-completions endpoint, stripe-python's
-HTTPX client against the workspace's test receiver as a charges endpoint."""
+HTTP client: openai-python against a local fake chat-completions endpoint (2.x on httpx; 3.x
+on httpx2, run by .ci/python after upgrading it), stripe-python's HTTPX client against the
+workspace's test receiver as a charges endpoint."""
 
 from __future__ import annotations
 
@@ -22,6 +23,15 @@ if os.environ.get("CI"):
 else:
     openai = pytest.importorskip("openai")
     stripe = pytest.importorskip("stripe")
+
+# openai-python 3 runs on httpx2, 2.x on httpx: the client and transports of its flavour.
+if int(openai.__version__.split(".")[0]) >= 3:
+    import httpx2 as openai_httpx
+
+    from idempotent_retry import httpx2 as openai_ir
+else:
+    openai_httpx = httpx
+    openai_ir = ir
 
 COMPLETION = {
     "id": "chatcmpl-1",
@@ -91,7 +101,7 @@ def test_openai_one_key_across_both_attempts_with_its_own_retries_off(fake_chat)
         api_key="sk-test",
         base_url=fake_chat.url("/v1"),
         max_retries=0,
-        http_client=httpx.Client(transport=ir.Transport(**FAST)),
+        http_client=openai_httpx.Client(transport=openai_ir.Transport(**FAST)),
     )
     completion = client.chat.completions.create(
         model="gpt-test", messages=[{"role": "user", "content": "hi"}]
@@ -112,7 +122,7 @@ def test_openai_async_under_a_key_of_our_own(fake_chat):
             api_key="sk-test",
             base_url=fake_chat.url("/v1"),
             max_retries=0,
-            http_client=httpx.AsyncClient(transport=ir.AsyncTransport(**FAST)),
+            http_client=openai_httpx.AsyncClient(transport=openai_ir.AsyncTransport(**FAST)),
         )
         with ir.idempotency_key(ir.for_tool_call("chat", {"turn": 3})) as key:
             completion = await client.chat.completions.create(

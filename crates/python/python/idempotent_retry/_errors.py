@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import httpx
 
@@ -19,6 +19,8 @@ __all__ = [
     "LeaseHeldError",
     "LedgerError",
     "InvalidRequest",
+    "ErrorTypes",
+    "HTTPX",
 ]
 
 
@@ -116,44 +118,76 @@ class InvalidRequest(OperationError, httpx.RequestError):
     key): ``outcome`` is ``"not_done"``."""
 
 
-_BY_FAILURE = {
-    "dns": ConnectError,
-    "connect": ConnectError,
-    "redirect_target_unreachable": ConnectError,
-    "timeout": ReadTimeout,
-    "connection_reset": ReadError,
-    "connection_closed": RemoteProtocolError,
-}
+class ErrorTypes:
+    """The exception classes of one httpx flavour (httpx, httpx2), by what they report."""
 
-_BY_KIND = {
-    "body_not_replayable": BodyNotReplayable,
-    "key_reuse": KeyReuseError,
-    "lease_held": LeaseHeldError,
-    "ledger": LedgerError,
-    "builder": InvalidRequest,
-    "invalid_key": InvalidRequest,
-}
+    def __init__(
+        self,
+        *,
+        connect: type,
+        timeout: type,
+        reset: type,
+        closed: type,
+        other: type,
+        body_not_replayable: type,
+        key_reuse: type,
+        lease_held: type,
+        ledger: type,
+        invalid: type,
+    ) -> None:
+        self.by_failure = {
+            "dns": connect,
+            "connect": connect,
+            "redirect_target_unreachable": connect,
+            "timeout": timeout,
+            "connection_reset": reset,
+            "connection_closed": closed,
+        }
+        self.by_kind = {
+            "body_not_replayable": body_not_replayable,
+            "key_reuse": key_reuse,
+            "lease_held": lease_held,
+            "ledger": ledger,
+            "builder": invalid,
+            "invalid_key": invalid,
+        }
+        self.other = other
+        self.invalid = invalid
+
+    def error_for(self, answer: Any, request: Any) -> OperationError:
+        """The exception for an answer without a response."""
+        kind = answer.error_kind
+        cls = self.by_kind.get(kind) or self.by_failure.get(answer.failure) or self.other
+        message = answer.message or "the operation stopped without an answer"
+        key = answer.key
+        # The engine's message names the outcome and the key of an operation that may have
+        # run; say them for every other stop too.
+        if key is not None and key not in message:
+            message = f"{message} [outcome {answer.outcome}, key {key}]"
+        elif "outcome" not in message:
+            message = f"{message} [outcome {answer.outcome}]"
+        error = cls(message, request=request)
+        error._annotate(answer.outcome, key, answer.attempts, kind, answer.failure)
+        return error
+
+    def refused(self, error: ValueError, request: Any) -> OperationError:
+        """The exception for a request the engine refused to read (a bad method, header or
+        key)."""
+        refusal = self.invalid(str(error), request=request)
+        refusal._annotate("not_done", None, 0, "invalid_request", None)
+        return refusal
 
 
-def error_for(answer, request: httpx.Request) -> OperationError:
-    """The exception for an answer without a response."""
-    kind = answer.error_kind
-    cls = _BY_KIND.get(kind) or _BY_FAILURE.get(answer.failure) or TransportError
-    message = answer.message or "the operation stopped without an answer"
-    key = answer.key
-    # The engine's message names the outcome and the key of an operation that may have run;
-    # say them for every other stop too.
-    if key is not None and key not in message:
-        message = f"{message} [outcome {answer.outcome}, key {key}]"
-    elif "outcome" not in message:
-        message = f"{message} [outcome {answer.outcome}]"
-    error = cls(message, request=request)
-    error._annotate(answer.outcome, key, answer.attempts, kind, answer.failure)
-    return error
-
-
-def refused(error: ValueError, request: httpx.Request) -> InvalidRequest:
-    """The exception for a request the engine refused to read (a bad method, header or key)."""
-    refusal = InvalidRequest(str(error), request=request)
-    refusal._annotate("not_done", None, 0, "invalid_request", None)
-    return refusal
+#: httpx's flavour.
+HTTPX = ErrorTypes(
+    connect=ConnectError,
+    timeout=ReadTimeout,
+    reset=ReadError,
+    closed=RemoteProtocolError,
+    other=TransportError,
+    body_not_replayable=BodyNotReplayable,
+    key_reuse=KeyReuseError,
+    lease_held=LeaseHeldError,
+    ledger=LedgerError,
+    invalid=InvalidRequest,
+)

@@ -14,7 +14,7 @@ from typing import Any, Iterator, Optional, Sequence, Tuple, Union
 import httpx
 
 from . import _native
-from ._errors import error_for, refused
+from ._errors import HTTPX, ErrorTypes
 
 __all__ = [
     "Transport",
@@ -95,7 +95,7 @@ class Report:
     message: Optional[str]
 
 
-def _timeout(request: httpx.Request) -> Optional[float]:
+def _timeout(request: Any) -> Optional[float]:
     """httpx's timeout on the request as one attempt timeout: the longest of its connect,
     read, write and pool limits, or ``None`` (the policy's) when none is set."""
     timeouts = request.extensions.get("timeout") or {}
@@ -103,13 +103,13 @@ def _timeout(request: httpx.Request) -> Optional[float]:
     return max(values) if values else None
 
 
-def _buffered(request: httpx.Request) -> Tuple[bool, Optional[bytes]]:
+def _buffered(hx: Any, request: Any) -> Tuple[bool, Optional[bytes]]:
     """``(True, bytes)`` for a body held in memory (sent again on every attempt), ``(False,
     None)`` for a stream that can be read once only."""
     try:
         content = request.content
-    except httpx.RequestNotRead:
-        multipart = getattr(getattr(httpx, "_multipart", None), "MultipartStream", None)
+    except hx.RequestNotRead:
+        multipart = getattr(getattr(hx, "_multipart", None), "MultipartStream", None)
         if multipart is not None and isinstance(request.stream, multipart):
             # A form of in-memory fields and files: httpx can render it again.
             content = b"".join(request.stream)  # type: ignore[arg-type]
@@ -118,7 +118,7 @@ def _buffered(request: httpx.Request) -> Tuple[bool, Optional[bytes]]:
     return True, (content or None)
 
 
-def _headers(request: httpx.Request) -> list:
+def _headers(request: Any) -> list:
     return list(request.headers.raw)
 
 
@@ -126,7 +126,7 @@ def _key() -> Optional[str]:
     return _KEY.get()
 
 
-def _response(answer: Any, request: httpx.Request) -> httpx.Response:
+def _response(hx: Any, answer: Any, request: Any) -> Any:
     report = Report(
         attempts=answer.attempts,
         key=answer.key,
@@ -139,19 +139,19 @@ def _response(answer: Any, request: httpx.Request) -> httpx.Response:
     extensions = {REPORT_EXTENSION: report}
     if answer.http_version:
         extensions["http_version"] = answer.http_version.encode("ascii")
-    return httpx.Response(
+    return hx.Response(
         answer.status,
         headers=answer.headers,
-        stream=httpx.ByteStream(answer.body or b""),
+        stream=hx.ByteStream(answer.body or b""),
         request=request,
         extensions=extensions,
     )
 
 
-def _finish(answer: Any, request: httpx.Request) -> httpx.Response:
+def _finish(hx: Any, errors: ErrorTypes, answer: Any, request: Any) -> Any:
     if answer.status is None:
-        raise error_for(answer, request)
-    return _response(answer, request)
+        raise errors.error_for(answer, request)
+    return _response(hx, answer, request)
 
 
 def _engine(
@@ -219,21 +219,12 @@ _OPTIONS_DOC = """
 """
 
 
-class Transport(httpx.BaseTransport):
-    """An httpx transport that sends each request as one operation of the idempotent-retry
-    engine: one idempotency key on every attempt (the ``idempotency_key`` block's, the
-    request's key header, or a random one minted once for a non-idempotent method), transient
-    failures retried with capped full-jitter backoff that honours ``Retry-After``, and, with
-    ``ledger=``, a durable record that answers a repeat from the saved response.
+class SyncEngineTransport:
+    """The sync transport's work, for any httpx flavour: ``_hx`` is the httpx module,
+    ``_errors`` its exception classes. ``Transport`` is it for httpx."""
 
-    A failure without an answer raises httpx's own exception types, subclassed with the
-    outcome (``OperationError``); a response carries a ``Report`` in
-    ``response.extensions["idempotent_retry"]``. Requests wait with the GIL released, on one
-    runtime shared by every transport of the process. Redirects are left to httpx
-    (``follow_redirects``).
-    """
-
-    __doc__ = (__doc__ or "") + _OPTIONS_DOC
+    _hx: Any = httpx
+    _errors: ErrorTypes = HTTPX
 
     def __init__(
         self,
@@ -268,8 +259,8 @@ class Transport(httpx.BaseTransport):
             retry_budget=retry_budget,
         )
 
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        buffered, body = _buffered(request)
+    def handle_request(self, request: Any) -> Any:
+        buffered, body = _buffered(self._hx, request)
         stream = None
         if not buffered:
             stream = _native.BodyStream()
@@ -286,12 +277,29 @@ class Transport(httpx.BaseTransport):
                 timeout=_timeout(request),
             )
         except ValueError as error:
-            raise refused(error, request) from None
-        return _finish(answer, request)
+            raise self._errors.refused(error, request) from None
+        return _finish(self._hx, self._errors, answer, request)
 
     def close(self) -> None:
         """Closes the ledger, if any (an SQLite file checkpoints its log)."""
         self._engine.close()
+
+
+class Transport(SyncEngineTransport, httpx.BaseTransport):
+    """An httpx transport that sends each request as one operation of the idempotent-retry
+    engine: one idempotency key on every attempt (the ``idempotency_key`` block's, the
+    request's key header, or a random one minted once for a non-idempotent method), transient
+    failures retried with capped full-jitter backoff that honours ``Retry-After``, and, with
+    ``ledger=``, a durable record that answers a repeat from the saved response.
+
+    A failure without an answer raises httpx's own exception types, subclassed with the
+    outcome (``OperationError``); a response carries a ``Report`` in
+    ``response.extensions["idempotent_retry"]``. Requests wait with the GIL released, on one
+    runtime shared by every transport of the process. Redirects are left to httpx
+    (``follow_redirects``).
+    """
+
+    __doc__ = (__doc__ or "") + _OPTIONS_DOC
 
 
 def _feed_sync(source: Any, stream: Any) -> None:
@@ -319,51 +327,15 @@ def _settle(future: asyncio.Future, answer: Any) -> None:
         future.set_result(answer)
 
 
-class AsyncTransport(httpx.AsyncBaseTransport):
-    """The asyncio form of ``Transport``: the same engine and options; each request runs on
-    the shared runtime and completes an asyncio future, so the event loop is never blocked.
+class AsyncEngineTransport:
+    """The async transport's work, for any httpx flavour (see ``SyncEngineTransport``)."""
 
-    A task cancelled while its request is under way drops the operation where it stands, as a
-    Rust caller's dropped future does: an attempt in flight is abandoned (the receiver may
-    still run it: send it again later with the same key), and a ledger's lease is given back.
-    """
+    _hx: Any = httpx
+    _errors: ErrorTypes = HTTPX
 
-    __doc__ = (__doc__ or "") + _OPTIONS_DOC
+    __init__ = SyncEngineTransport.__init__
 
-    def __init__(
-        self,
-        *,
-        max_attempts: Optional[int] = None,
-        base_delay: Optional[float] = None,
-        max_delay: Optional[float] = None,
-        attempt_timeout: Optional[float] = None,
-        reconcile_window: Optional[float] = None,
-        max_retry_after: Optional[float] = None,
-        key_header: Optional[str] = None,
-        ledger: Union[str, "os.PathLike[str]", None] = None,
-        lease_slack: Optional[float] = None,
-        lease_wait: Optional[float] = None,
-        worker: Optional[str] = None,
-        ledger_scope: Optional[str] = None,
-        retry_budget: bool = True,
-    ) -> None:
-        self._engine = _engine(
-            max_attempts=max_attempts,
-            base_delay=base_delay,
-            max_delay=max_delay,
-            attempt_timeout=attempt_timeout,
-            reconcile_window=reconcile_window,
-            max_retry_after=max_retry_after,
-            key_header=key_header,
-            ledger=ledger,
-            lease_slack=lease_slack,
-            lease_wait=lease_wait,
-            worker=worker,
-            ledger_scope=ledger_scope,
-            retry_budget=retry_budget,
-        )
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+    async def handle_async_request(self, request: Any) -> Any:
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
 
@@ -373,7 +345,7 @@ class AsyncTransport(httpx.AsyncBaseTransport):
             except RuntimeError:
                 pass  # the loop is closed: nobody waits for this answer
 
-        buffered, body = _buffered(request)
+        buffered, body = _buffered(self._hx, request)
         stream = None
         if not buffered:
             stream = _native.BodyStream()
@@ -388,7 +360,7 @@ class AsyncTransport(httpx.AsyncBaseTransport):
                 timeout=_timeout(request),
             )
         except ValueError as error:
-            raise refused(error, request) from None
+            raise self._errors.refused(error, request) from None
         feeder = None
         if stream is not None:
             source = request.stream
@@ -408,8 +380,20 @@ class AsyncTransport(httpx.AsyncBaseTransport):
         finally:
             if feeder is not None and not feeder.done():
                 feeder.cancel()
-        return _finish(answer, request)
+        return _finish(self._hx, self._errors, answer, request)
 
     async def aclose(self) -> None:
         """Closes the ledger, if any, without blocking the event loop."""
         await asyncio.get_running_loop().run_in_executor(None, self._engine.close)
+
+
+class AsyncTransport(AsyncEngineTransport, httpx.AsyncBaseTransport):
+    """The asyncio form of ``Transport``: the same engine and options; each request runs on
+    the shared runtime and completes an asyncio future, so the event loop is never blocked.
+
+    A task cancelled while its request is under way drops the operation where it stands, as a
+    Rust caller's dropped future does: an attempt in flight is abandoned (the receiver may
+    still run it: send it again later with the same key), and a ledger's lease is given back.
+    """
+
+    __doc__ = (__doc__ or "") + _OPTIONS_DOC
