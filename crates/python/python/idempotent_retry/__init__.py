@@ -8,6 +8,8 @@ unknown) and an optional durable ledger shared with Rust processes.
     client = httpx.Client(transport=Transport(max_attempts=4))
     response = client.post("https://api.example.com/v1/charges", json={"amount": 500})
     print(response.extensions["idempotent_retry"].attempts)
+
+``idempotent_retry.httpx2`` has the same transports for httpx2.
 """
 
 from ._errors import (
