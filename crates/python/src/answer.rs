@@ -1,9 +1,14 @@
 //! What one operation gave back, as Python reads it: a response, or why there is none, with
 //! the engine's report either way.
 
+use std::sync::Mutex;
+
 use idempotent_retry::{Error, FailureKind, Outcome, RetryReport};
+use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+
+use crate::runtime::runtime;
 
 /// The end of one operation: a response (`status` set) or a failure (`error_kind` set, and
 /// possibly the last attempt's response too), with the report.
@@ -18,8 +23,11 @@ pub struct Answer {
     pub status: Option<u16>,
     /// The response's headers in order, names and values as bytes.
     pub headers: Vec<(Py<PyBytes>, Py<PyBytes>)>,
-    /// The response's body.
+    /// The response's body, or its first part when `rest` is set.
     pub body: Option<Py<PyBytes>>,
+    /// The rest of a body that is streamed (no `Content-Length`, or a long one), read with
+    /// `ResponseBody.read_chunk` or `start_read`; `None` when `body` is all of it.
+    pub rest: Option<Py<ResponseBody>>,
     /// `"HTTP/1.1"`, `"HTTP/2"`, ...: the response's version.
     pub http_version: String,
     /// Attempts sent, this run (0 for an answer replayed from the ledger).
@@ -84,17 +92,23 @@ fn with_cause(err: &Error) -> String {
     }
 }
 
-/// A response read to its end: head, body, the engine's report.
+/// The longest body read whole before the response is handed over; a longer one, or one of
+/// unknown length (chunked, server-sent events), is streamed.
+const READ_WHOLE: u64 = 256 * 1024;
+
+/// A response's head and body: read whole, or streamed (`rest`).
 #[derive(Debug)]
 pub(crate) struct Received {
     pub(crate) status: u16,
     pub(crate) headers: Vec<(Vec<u8>, Vec<u8>)>,
     pub(crate) body: bytes::Bytes,
+    pub(crate) rest: Option<reqwest::Response>,
     pub(crate) version: http::Version,
 }
 
 impl Received {
-    /// Reads `response`'s body to its end.
+    /// Reads `response`'s body to its end when its length is known and at most
+    /// [`READ_WHOLE`]; otherwise keeps the response to stream the body from.
     pub(crate) async fn read(response: reqwest::Response) -> Result<Received, reqwest::Error> {
         let status = response.status().as_u16();
         let version = response.version();
@@ -103,13 +117,108 @@ impl Received {
             .iter()
             .map(|(name, value)| (name.as_str().as_bytes().to_vec(), value.as_bytes().to_vec()))
             .collect();
-        let body = response.bytes().await?;
+        let whole = response
+            .content_length()
+            .is_some_and(|length| length <= READ_WHOLE);
+        let (body, rest) = if whole {
+            (response.bytes().await?, None)
+        } else {
+            (bytes::Bytes::new(), Some(response))
+        };
         Ok(Received {
             status,
             headers,
             body,
+            rest,
             version,
         })
+    }
+}
+
+/// The rest of a streamed response body, read from Python chunk by chunk.
+#[pyclass(module = "idempotent_retry._native", frozen)]
+#[derive(Debug)]
+pub struct ResponseBody {
+    response: Mutex<Option<reqwest::Response>>,
+}
+
+/// The next chunk of `response`, and the response to read the one after from.
+async fn next_chunk(
+    mut response: reqwest::Response,
+) -> (
+    Result<Option<bytes::Bytes>, String>,
+    Option<reqwest::Response>,
+) {
+    match response.chunk().await {
+        Ok(Some(chunk)) => (Ok(Some(chunk)), Some(response)),
+        Ok(None) => (Ok(None), None),
+        Err(err) => (Err(format!("the response's body was cut off: {err}")), None),
+    }
+}
+
+impl ResponseBody {
+    fn take(&self) -> Option<reqwest::Response> {
+        self.response
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take()
+    }
+
+    fn put(&self, response: Option<reqwest::Response>) {
+        *self
+            .response
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = response;
+    }
+}
+
+#[pymethods]
+impl ResponseBody {
+    /// The next chunk, waited for with the GIL released; `None` at the end.
+    ///
+    /// # Errors
+    ///
+    /// `OSError` when the connection fails before the body's end.
+    fn read_chunk(&self, py: Python<'_>) -> PyResult<Option<Py<PyBytes>>> {
+        let Some(response) = self.take() else {
+            return Ok(None);
+        };
+        let (chunk, response) = py.detach(|| runtime().block_on(next_chunk(response)));
+        self.put(response);
+        match chunk {
+            Ok(chunk) => Ok(chunk.map(|chunk| PyBytes::new(py, &chunk).unbind())),
+            Err(message) => Err(PyOSError::new_err(message)),
+        }
+    }
+
+    /// Reads the next chunk on the runtime; `done(chunk, error)` is called from a runtime
+    /// thread with the chunk (`None` at the end) or the error's message.
+    fn start_read(slf: Py<Self>, py: Python<'_>, done: Py<PyAny>) {
+        let Some(response) = slf.get().take() else {
+            if let Err(err) = done.call1(py, (py.None(), py.None())) {
+                err.print(py);
+            }
+            return;
+        };
+        runtime().spawn(async move {
+            let (chunk, response) = next_chunk(response).await;
+            Python::attach(|py| {
+                slf.get().put(response);
+                let called = match chunk {
+                    Ok(Some(chunk)) => done.call1(py, (PyBytes::new(py, &chunk), py.None())),
+                    Ok(None) => done.call1(py, (py.None(), py.None())),
+                    Err(message) => done.call1(py, (py.None(), message)),
+                };
+                if let Err(err) = called {
+                    err.print(py);
+                }
+            });
+        });
+    }
+
+    /// Stops reading: the rest of the body is dropped with its connection.
+    fn close(&self) {
+        drop(self.take());
     }
 }
 
@@ -195,7 +304,7 @@ impl Finished {
 
     /// The Python object.
     pub(crate) fn into_answer(self, py: Python<'_>) -> Answer {
-        let (status, headers, body, http_version) = match self.received {
+        let (status, headers, body, rest, http_version) = match self.received {
             Some(received) => (
                 Some(received.status),
                 received
@@ -209,14 +318,24 @@ impl Finished {
                     })
                     .collect(),
                 Some(PyBytes::new(py, &received.body).unbind()),
+                received.rest.and_then(|response| {
+                    Py::new(
+                        py,
+                        ResponseBody {
+                            response: Mutex::new(Some(response)),
+                        },
+                    )
+                    .ok()
+                }),
                 format!("{:?}", received.version),
             ),
-            None => (None, Vec::new(), None, String::new()),
+            None => (None, Vec::new(), None, None, String::new()),
         };
         Answer {
             status,
             headers,
             body,
+            rest,
             http_version,
             attempts: self.attempts,
             key: self.key,

@@ -28,7 +28,7 @@ mod testing;
 
 use pyo3::prelude::*;
 
-pub use answer::Answer;
+pub use answer::{Answer, ResponseBody};
 pub use body::BodyStream;
 pub use engine::{Engine, Pending};
 pub use keys::{derive, for_tool_call};
@@ -43,6 +43,7 @@ pub fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Engine>()?;
     module.add_class::<Answer>()?;
     module.add_class::<Pending>()?;
+    module.add_class::<ResponseBody>()?;
     module.add_class::<BodyStream>()?;
     module.add_function(wrap_pyfunction!(derive, module)?)?;
     module.add_function(wrap_pyfunction!(for_tool_call, module)?)?;

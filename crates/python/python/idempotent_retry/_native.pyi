@@ -20,6 +20,16 @@ class BodyStream:
     def fail(self, message: str) -> None:
         """Ends the body with an error: the request fails."""
 
+class ResponseBody:
+    """The rest of a streamed response body."""
+
+    def read_chunk(self) -> Optional[bytes]:
+        """The next chunk (``None`` at the end), the GIL released; ``OSError`` if cut off."""
+    def start_read(self, done: Callable[[Optional[bytes], Optional[str]], None]) -> None:
+        """Reads the next chunk on the runtime; ``done(chunk, error)`` from a runtime thread."""
+    def close(self) -> None:
+        """Drops the rest of the body."""
+
 class Answer:
     """How one operation ended: a response (``status`` set) or a failure (``error_kind``
     set), with the report."""
@@ -27,6 +37,7 @@ class Answer:
     status: Optional[int]
     headers: List[Tuple[bytes, bytes]]
     body: Optional[bytes]
+    rest: Optional[ResponseBody]
     http_version: str
     attempts: int
     key: Optional[str]

@@ -126,7 +126,72 @@ def _key() -> Optional[str]:
     return _KEY.get()
 
 
-def _response(hx: Any, answer: Any, request: Any) -> Any:
+_STREAMS: dict = {}
+
+
+def _streams(hx: Any, errors: ErrorTypes) -> Tuple[type, type]:
+    """The sync and async byte streams of ``hx`` over the rest of a streamed body."""
+    found = _STREAMS.get(id(hx))
+    if found is not None:
+        return found
+    cut = errors.by_failure["connection_reset"]
+
+    class SyncBody(hx.SyncByteStream):  # type: ignore[misc, name-defined]
+        def __init__(self, first: bytes, rest: Any, request: Any) -> None:
+            self._first, self._rest, self._request = first, rest, request
+
+        def __iter__(self) -> Iterator[bytes]:
+            if self._first:
+                yield self._first
+            while True:
+                try:
+                    chunk = self._rest.read_chunk()
+                except OSError as error:
+                    failure = cut(str(error), request=self._request)
+                    failure._annotate("done", None, 0, "body", "connection_reset")
+                    raise failure from None
+                if chunk is None:
+                    return
+                yield chunk
+
+        def close(self) -> None:
+            self._rest.close()
+
+    class AsyncBody(hx.AsyncByteStream):  # type: ignore[misc, name-defined]
+        def __init__(self, first: bytes, rest: Any, request: Any) -> None:
+            self._first, self._rest, self._request = first, rest, request
+
+        async def __aiter__(self):  # type: ignore[override]
+            if self._first:
+                yield self._first
+            loop = asyncio.get_running_loop()
+            while True:
+                future: asyncio.Future = loop.create_future()
+
+                def done(chunk: Any, error: Any, future: asyncio.Future = future) -> None:
+                    try:
+                        loop.call_soon_threadsafe(_settle, future, (chunk, error))
+                    except RuntimeError:
+                        pass  # the loop is closed
+
+                self._rest.start_read(done)
+                chunk, error = await future
+                if error is not None:
+                    failure = cut(error, request=self._request)
+                    failure._annotate("done", None, 0, "body", "connection_reset")
+                    raise failure
+                if chunk is None:
+                    return
+                yield chunk
+
+        async def aclose(self) -> None:
+            self._rest.close()
+
+    _STREAMS[id(hx)] = (SyncBody, AsyncBody)
+    return SyncBody, AsyncBody
+
+
+def _response(hx: Any, answer: Any, request: Any, errors: ErrorTypes, sync: bool) -> Any:
     report = Report(
         attempts=answer.attempts,
         key=answer.key,
@@ -139,19 +204,24 @@ def _response(hx: Any, answer: Any, request: Any) -> Any:
     extensions = {REPORT_EXTENSION: report}
     if answer.http_version:
         extensions["http_version"] = answer.http_version.encode("ascii")
+    if answer.rest is None:
+        stream = hx.ByteStream(answer.body or b"")
+    else:
+        sync_body, async_body = _streams(hx, errors)
+        stream = (sync_body if sync else async_body)(answer.body or b"", answer.rest, request)
     return hx.Response(
         answer.status,
         headers=answer.headers,
-        stream=hx.ByteStream(answer.body or b""),
+        stream=stream,
         request=request,
         extensions=extensions,
     )
 
 
-def _finish(hx: Any, errors: ErrorTypes, answer: Any, request: Any) -> Any:
+def _finish(hx: Any, errors: ErrorTypes, answer: Any, request: Any, sync: bool) -> Any:
     if answer.status is None:
         raise errors.error_for(answer, request)
-    return _response(hx, answer, request)
+    return _response(hx, answer, request, errors, sync)
 
 
 def _engine(
@@ -278,7 +348,7 @@ class SyncEngineTransport:
             )
         except ValueError as error:
             raise self._errors.refused(error, request) from None
-        return _finish(self._hx, self._errors, answer, request)
+        return _finish(self._hx, self._errors, answer, request, sync=True)
 
     def close(self) -> None:
         """Closes the ledger, if any (an SQLite file checkpoints its log)."""
@@ -380,7 +450,7 @@ class AsyncEngineTransport:
         finally:
             if feeder is not None and not feeder.done():
                 feeder.cancel()
-        return _finish(self._hx, self._errors, answer, request)
+        return _finish(self._hx, self._errors, answer, request, sync=False)
 
     async def aclose(self) -> None:
         """Closes the ledger, if any, without blocking the event loop."""
