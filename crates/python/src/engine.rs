@@ -7,7 +7,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method};
 use idempotent_retry::ledger::{LeaseHeldPolicy, LedgerOptions, SqliteLedger};
-use idempotent_retry::{Client, IDEMPOTENCY_KEY, IdempotencyKey, RedirectPolicy, RetryPolicy};
+use idempotent_retry::{
+    Client, IDEMPOTENCY_KEY, IdempotencyKey, RedirectPolicy, RetryBudget, RetryBudgetConfig,
+    RetryPolicy,
+};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -101,7 +104,9 @@ impl Engine {
     /// `postgres://` URL; `lease_wait` (seconds) makes a request whose key another run holds
     /// wait for it that long instead of failing at once; `worker` names this process in the
     /// ledger's rows; `ledger_scope` files every operation under that scope (default: the
-    /// URL's host); `retry_budget=False` turns the client's retry budget off.
+    /// URL's host); `retry_budget=False` turns the client's retry budget off, and the
+    /// `budget_*` arguments size it (`RetryBudgetConfig`: 500 tokens, a failed retry costs 5,
+    /// a timed-out one 10, a first-attempt success gives 1 back).
     ///
     /// # Errors
     ///
@@ -123,6 +128,10 @@ impl Engine {
         worker = None,
         ledger_scope = None,
         retry_budget = true,
+        budget_capacity = None,
+        budget_retry_cost = None,
+        budget_timeout_cost = None,
+        budget_success_reward = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -140,6 +149,10 @@ impl Engine {
         worker: Option<String>,
         ledger_scope: Option<String>,
         retry_budget: bool,
+        budget_capacity: Option<u32>,
+        budget_retry_cost: Option<u32>,
+        budget_timeout_cost: Option<u32>,
+        budget_success_reward: Option<u32>,
     ) -> PyResult<Engine> {
         let mut policy = RetryPolicy::default();
         if let Some(attempts) = max_attempts {
@@ -195,9 +208,27 @@ impl Engine {
             .key_header(key_header.clone())
             .redirects(RedirectPolicy::none())
             .ledger_options(options);
-        if !retry_budget {
-            builder = builder.without_retry_budget();
+        let mut budget = RetryBudgetConfig::new();
+        if let Some(tokens) = budget_capacity {
+            budget = budget.with_capacity(tokens);
         }
+        if let Some(tokens) = budget_retry_cost {
+            budget = budget.with_retry_cost(tokens);
+        }
+        if let Some(tokens) = budget_timeout_cost {
+            budget = budget.with_timeout_cost(tokens);
+        }
+        if let Some(tokens) = budget_success_reward {
+            budget = budget.with_success_reward(tokens);
+        }
+        builder = if retry_budget {
+            builder.retry_budget(
+                RetryBudget::with_config(budget)
+                    .map_err(|err| PyValueError::new_err(err.to_string()))?,
+            )
+        } else {
+            builder.without_retry_budget()
+        };
         let mut opened = None;
         if let Some(ledger) = ledger {
             let (with_ledger, ledger) = py

@@ -54,3 +54,28 @@ def test_without_an_httpx_timeout_the_policy_attempt_timeout_applies(receiver):
     assert raised.value.attempts == 1
     assert raised.value.kind == "attempts_exhausted"
     assert raised.value.outcome == "unknown"
+
+
+def test_a_drained_retry_budget_stops_the_retries(receiver):
+    for attempt in (1, 2, 3):
+        receiver.inject("status", key="k-budget", attempt=attempt, status=503)
+    # Room for one failed retry: the second is refused.
+    transport = ir.Transport(max_attempts=5, budget_capacity=10, budget_retry_cost=10, **FAST)
+    response = httpx.Client(transport=transport).post(
+        receiver.url("/v1/c"), content=b"x", headers={"Idempotency-Key": "k-budget"}
+    )
+    assert response.status_code == 503
+    assert response.extensions["idempotent_retry"].stopped == "budget_exhausted"
+    assert response.extensions["idempotent_retry"].attempts == 2
+    assert receiver.keys() == ["k-budget"] * 2
+
+
+def test_without_a_retry_budget_every_attempt_is_made(receiver):
+    for attempt in (1, 2, 3):
+        receiver.inject("status", key="k-nobudget", attempt=attempt, status=503)
+    transport = ir.Transport(max_attempts=4, retry_budget=False, budget_capacity=10, **FAST)
+    response = httpx.Client(transport=transport).post(
+        receiver.url("/v1/c"), content=b"x", headers={"Idempotency-Key": "k-nobudget"}
+    )
+    assert response.status_code == 200
+    assert response.extensions["idempotent_retry"].attempts == 4

@@ -73,6 +73,10 @@ class Engine:
         worker: Optional[str] = None,
         ledger_scope: Optional[str] = None,
         retry_budget: bool = True,
+        budget_capacity: Optional[int] = None,
+        budget_retry_cost: Optional[int] = None,
+        budget_timeout_cost: Optional[int] = None,
+        budget_success_reward: Optional[int] = None,
     ) -> None: ...
     @property
     def key_header(self) -> str:

@@ -239,6 +239,10 @@ def _engine(
     worker: Optional[str] = None,
     ledger_scope: Optional[str] = None,
     retry_budget: bool = True,
+    budget_capacity: Optional[int] = None,
+    budget_retry_cost: Optional[int] = None,
+    budget_timeout_cost: Optional[int] = None,
+    budget_success_reward: Optional[int] = None,
 ) -> Any:
     """The native engine for the transports' options (``None``: the engine's default)."""
     return _native.Engine(
@@ -255,6 +259,10 @@ def _engine(
         worker=worker,
         ledger_scope=ledger_scope,
         retry_budget=retry_budget,
+        budget_capacity=budget_capacity,
+        budget_retry_cost=budget_retry_cost,
+        budget_timeout_cost=budget_timeout_cost,
+        budget_success_reward=budget_success_reward,
     )
 
 
@@ -286,6 +294,10 @@ _OPTIONS_DOC = """
         worker: this process's name in the ledger's rows. Default: a random UUID.
         ledger_scope: the scope every operation is filed under. Default: the URL's host.
         retry_budget: whether a token bucket limits retries across the transport. Default: on.
+        budget_capacity: the bucket's tokens (it starts full). Default: 500.
+        budget_retry_cost: what a failed retry costs. Default: 5.
+        budget_timeout_cost: what a retry that timed out costs. Default: 10.
+        budget_success_reward: what a first-attempt success gives back. Default: 1.
 """
 
 
@@ -312,6 +324,10 @@ class SyncEngineTransport:
         worker: Optional[str] = None,
         ledger_scope: Optional[str] = None,
         retry_budget: bool = True,
+        budget_capacity: Optional[int] = None,
+        budget_retry_cost: Optional[int] = None,
+        budget_timeout_cost: Optional[int] = None,
+        budget_success_reward: Optional[int] = None,
     ) -> None:
         self._engine = _engine(
             max_attempts=max_attempts,
@@ -327,6 +343,10 @@ class SyncEngineTransport:
             worker=worker,
             ledger_scope=ledger_scope,
             retry_budget=retry_budget,
+            budget_capacity=budget_capacity,
+            budget_retry_cost=budget_retry_cost,
+            budget_timeout_cost=budget_timeout_cost,
+            budget_success_reward=budget_success_reward,
         )
 
     def handle_request(self, request: Any) -> Any:
