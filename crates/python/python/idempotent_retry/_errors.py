@@ -1,0 +1,193 @@
+"""The exceptions the transports raise: httpx's own types, with the operation's outcome."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import httpx
+
+__all__ = [
+    "OperationError",
+    "ConnectError",
+    "ConnectTimeout",
+    "ReadTimeout",
+    "ReadError",
+    "RemoteProtocolError",
+    "TransportError",
+    "BodyNotReplayable",
+    "KeyReuseError",
+    "LeaseHeldError",
+    "LedgerError",
+    "InvalidRequest",
+    "ErrorTypes",
+    "HTTPX",
+]
+
+
+class OperationError(Exception):
+    """What every exception of the transports also is: an operation that ended without a final
+    answer, with what is known of it.
+
+    Attributes:
+        outcome: ``"unknown"`` when the receiver may have run the operation and no answer says
+            whether (look it up by ``key``, or send it again later with the same key);
+            ``"not_done"`` when it certainly did not run; ``"done"`` when it has an answer
+            (a key reused for another request that succeeded, or a body cut off after the
+            head arrived).
+        key: the operation's idempotency key, or ``None`` if it had none.
+        attempts: how many attempts this run sent.
+        kind: why it stopped, as the engine names it (``attempts_exhausted``, ``transport``,
+            ``reconcile_window``, ``key_reuse``, ``lease_held``, ``ledger``, ...).
+        failure: how the last attempt failed (``connect``, ``timeout``, ``connection_reset``,
+            ``connection_closed``, ...), or ``None``.
+    """
+
+    outcome: str
+    key: Optional[str]
+    attempts: int
+    kind: Optional[str]
+    failure: Optional[str]
+
+    def _annotate(
+        self,
+        outcome: str,
+        key: Optional[str],
+        attempts: int,
+        kind: Optional[str],
+        failure: Optional[str],
+    ) -> None:
+        self.outcome = outcome
+        self.key = key
+        self.attempts = attempts
+        self.kind = kind
+        self.failure = failure
+
+    @property
+    def is_outcome_unknown(self) -> bool:
+        """Whether the operation may have run."""
+        return self.outcome == "unknown"
+
+
+class ConnectError(OperationError, httpx.ConnectError):
+    """No connection could be made (or the name did not resolve): ``outcome`` is
+    ``"not_done"`` unless an earlier attempt may have run."""
+
+
+class ConnectTimeout(OperationError, httpx.ConnectTimeout):
+    """Connecting timed out."""
+
+
+class ReadTimeout(OperationError, httpx.ReadTimeout):
+    """The last attempt timed out after connecting: the receiver may be running it
+    (``outcome`` ``"unknown"``)."""
+
+
+class ReadError(OperationError, httpx.ReadError):
+    """The connection was reset after the request went out (``outcome`` ``"unknown"``)."""
+
+
+class RemoteProtocolError(OperationError, httpx.RemoteProtocolError):
+    """The connection closed before a complete response (``outcome`` ``"unknown"``)."""
+
+
+class TransportError(OperationError, httpx.TransportError):
+    """Any other stop without an answer (the retry budget, the reconcile window, a server's
+    ``Retry-After`` too long, a failing body stream)."""
+
+
+class BodyNotReplayable(OperationError, httpx.TransportError):
+    """A retry was due, but the request body was a stream already sent once."""
+
+
+class KeyReuseError(OperationError, httpx.TransportError):
+    """The ledger holds this key for a different request (method, URL or body): nothing was
+    sent. ``outcome`` is the held operation's."""
+
+
+class LeaseHeldError(OperationError, httpx.TransportError):
+    """Another run holds this key's lease in the ledger and is sending it: nothing was sent;
+    try again later with the same key."""
+
+
+class LedgerError(OperationError, httpx.TransportError):
+    """The ledger could not be read or written (``outcome`` says whether it may have run)."""
+
+
+class InvalidRequest(OperationError, httpx.RequestError):
+    """The request or its key was refused before anything was sent (a bad URL, header or
+    key): ``outcome`` is ``"not_done"``."""
+
+
+class ErrorTypes:
+    """The exception classes of one httpx flavour (httpx, httpx2), by what they report."""
+
+    def __init__(
+        self,
+        *,
+        connect: type,
+        timeout: type,
+        reset: type,
+        closed: type,
+        other: type,
+        body_not_replayable: type,
+        key_reuse: type,
+        lease_held: type,
+        ledger: type,
+        invalid: type,
+    ) -> None:
+        self.by_failure = {
+            "dns": connect,
+            "connect": connect,
+            "redirect_target_unreachable": connect,
+            "timeout": timeout,
+            "connection_reset": reset,
+            "connection_closed": closed,
+        }
+        self.by_kind = {
+            "body_not_replayable": body_not_replayable,
+            "key_reuse": key_reuse,
+            "lease_held": lease_held,
+            "ledger": ledger,
+            "builder": invalid,
+            "invalid_key": invalid,
+        }
+        self.other = other
+        self.invalid = invalid
+
+    def error_for(self, answer: Any, request: Any) -> OperationError:
+        """The exception for an answer without a response."""
+        kind = answer.error_kind
+        cls = self.by_kind.get(kind) or self.by_failure.get(answer.failure) or self.other
+        message = answer.message or "the operation stopped without an answer"
+        key = answer.key
+        # The engine's message names the outcome and the key of an operation that may have
+        # run; say them for every other stop too.
+        if key is not None and key not in message:
+            message = f"{message} [outcome {answer.outcome}, key {key}]"
+        elif "outcome" not in message:
+            message = f"{message} [outcome {answer.outcome}]"
+        error = cls(message, request=request)
+        error._annotate(answer.outcome, key, answer.attempts, kind, answer.failure)
+        return error
+
+    def refused(self, error: ValueError, request: Any) -> OperationError:
+        """The exception for a request the engine refused to read (a bad method, header or
+        key)."""
+        refusal = self.invalid(str(error), request=request)
+        refusal._annotate("not_done", None, 0, "invalid_request", None)
+        return refusal
+
+
+#: httpx's flavour.
+HTTPX = ErrorTypes(
+    connect=ConnectError,
+    timeout=ReadTimeout,
+    reset=ReadError,
+    closed=RemoteProtocolError,
+    other=TransportError,
+    body_not_replayable=BodyNotReplayable,
+    key_reuse=KeyReuseError,
+    lease_held=LeaseHeldError,
+    ledger=LedgerError,
+    invalid=InvalidRequest,
+)

@@ -1,0 +1,489 @@
+"""httpx transports over the engine: ``Transport`` (sync) and ``AsyncTransport`` (asyncio)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import dataclasses
+import json
+import os
+import threading
+from typing import Any, Iterator, Optional, Sequence, Tuple, Union
+
+import httpx
+
+from . import _native
+from ._errors import HTTPX, ErrorTypes
+
+__all__ = [
+    "Transport",
+    "AsyncTransport",
+    "Report",
+    "derive",
+    "for_tool_call",
+    "idempotency_key",
+    "current_idempotency_key",
+    "REPORT_EXTENSION",
+]
+
+#: The key of the ``Report`` in ``response.extensions``.
+REPORT_EXTENSION = "idempotent_retry"
+
+_KEY: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar(
+    "idempotent_retry_key", default=None
+)
+
+
+def derive(scope: str, parts: Sequence[str] = ()) -> str:
+    """A key derived from a scope and parts that survive a restart: the same 64 hex digits as
+    the Rust crate's ``IdempotencyKey::derive(scope, parts)``."""
+    return _native.derive(scope, list(parts))
+
+
+def for_tool_call(tool: str, args: Any) -> str:
+    """A key for one tool call: the same as the Rust crate's
+    ``IdempotencyKey::for_tool_call(tool, args)``, over the RFC 8785 canonical JSON of
+    ``args`` (anything ``json.dumps`` accepts; NaN and infinities are refused with
+    ``ValueError``)."""
+    return _native.for_tool_call(tool, json.dumps(args, allow_nan=False))
+
+
+@contextlib.contextmanager
+def idempotency_key(key: str) -> Iterator[str]:
+    """Within the block, every request sent through a ``Transport`` or ``AsyncTransport`` in
+    this context (thread or asyncio task) is sent under ``key``, even one that carries its own
+    key header: for calls made through a library whose requests you cannot touch (an SDK that
+    mints a random key per call). Use one key per logical operation: two different requests
+    under one key are refused by a ledger (``KeyReuseError``) and by a Stripe-style receiver."""
+    token = _KEY.set(key)
+    try:
+        yield key
+    finally:
+        _KEY.reset(token)
+
+
+def current_idempotency_key() -> Optional[str]:
+    """The key set by the innermost ``idempotency_key`` block, or ``None``."""
+    return _KEY.get()
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """What the engine did for one response, at ``response.extensions["idempotent_retry"]``.
+
+    Attributes:
+        attempts: attempts sent by this run (0 for a response replayed from the ledger).
+        key: the operation's idempotency key, or ``None``.
+        replayed: whether the response is the ledger's saved answer, nothing sent.
+        elapsed: seconds from the first attempt to the end of the last.
+        outcome: ``"done"`` for a final answer; ``"unknown"`` or ``"not_done"`` when the
+            retries stopped on this response (a 503 after the last attempt, a 429 asking for
+            too long a wait): it is the last attempt's answer, not the operation's.
+        stopped: why the retries stopped on this response (``attempts_exhausted``,
+            ``retry_after_too_long``, ``reconcile_window``, ``budget_exhausted``), or ``None``
+            for a final answer.
+        message: the engine's explanation when ``stopped`` is set.
+    """
+
+    attempts: int
+    key: Optional[str]
+    replayed: bool
+    elapsed: float
+    outcome: str
+    stopped: Optional[str]
+    message: Optional[str]
+
+
+def _timeout(request: Any) -> Optional[float]:
+    """httpx's timeout on the request as one attempt timeout: the longest of its connect,
+    read, write and pool limits, or ``None`` (the policy's) when none is set."""
+    timeouts = request.extensions.get("timeout") or {}
+    values = [value for value in timeouts.values() if value is not None]
+    return max(values) if values else None
+
+
+def _buffered(hx: Any, request: Any) -> Tuple[bool, Optional[bytes]]:
+    """``(True, bytes)`` for a body held in memory (sent again on every attempt), ``(False,
+    None)`` for a stream that can be read once only."""
+    try:
+        content = request.content
+    except hx.RequestNotRead:
+        multipart = getattr(getattr(hx, "_multipart", None), "MultipartStream", None)
+        if multipart is not None and isinstance(request.stream, multipart):
+            # A form of in-memory fields and files: httpx can render it again.
+            content = b"".join(request.stream)  # type: ignore[arg-type]
+        else:
+            return False, None
+    return True, (content or None)
+
+
+def _headers(request: Any) -> list:
+    return list(request.headers.raw)
+
+
+def _key() -> Optional[str]:
+    return _KEY.get()
+
+
+_STREAMS: dict = {}
+
+
+def _streams(hx: Any, errors: ErrorTypes) -> Tuple[type, type]:
+    """The sync and async byte streams of ``hx`` over the rest of a streamed body."""
+    found = _STREAMS.get(id(hx))
+    if found is not None:
+        return found
+    cut = errors.by_failure["connection_reset"]
+
+    class SyncBody(hx.SyncByteStream):  # type: ignore[misc, name-defined]
+        def __init__(self, first: bytes, rest: Any, request: Any) -> None:
+            self._first, self._rest, self._request = first, rest, request
+
+        def __iter__(self) -> Iterator[bytes]:
+            if self._first:
+                yield self._first
+            while True:
+                try:
+                    chunk = self._rest.read_chunk()
+                except OSError as error:
+                    failure = cut(str(error), request=self._request)
+                    failure._annotate("done", None, 0, "body", "connection_reset")
+                    raise failure from None
+                if chunk is None:
+                    return
+                yield chunk
+
+        def close(self) -> None:
+            self._rest.close()
+
+    class AsyncBody(hx.AsyncByteStream):  # type: ignore[misc, name-defined]
+        def __init__(self, first: bytes, rest: Any, request: Any) -> None:
+            self._first, self._rest, self._request = first, rest, request
+
+        async def __aiter__(self):  # type: ignore[override]
+            if self._first:
+                yield self._first
+            loop = asyncio.get_running_loop()
+            while True:
+                future: asyncio.Future = loop.create_future()
+
+                def done(chunk: Any, error: Any, future: asyncio.Future = future) -> None:
+                    try:
+                        loop.call_soon_threadsafe(_settle, future, (chunk, error))
+                    except RuntimeError:
+                        pass  # the loop is closed
+
+                self._rest.start_read(done)
+                chunk, error = await future
+                if error is not None:
+                    failure = cut(error, request=self._request)
+                    failure._annotate("done", None, 0, "body", "connection_reset")
+                    raise failure
+                if chunk is None:
+                    return
+                yield chunk
+
+        async def aclose(self) -> None:
+            self._rest.close()
+
+    _STREAMS[id(hx)] = (SyncBody, AsyncBody)
+    return SyncBody, AsyncBody
+
+
+def _response(hx: Any, answer: Any, request: Any, errors: ErrorTypes, sync: bool) -> Any:
+    report = Report(
+        attempts=answer.attempts,
+        key=answer.key,
+        replayed=answer.replayed,
+        elapsed=answer.elapsed,
+        outcome=answer.outcome,
+        stopped=answer.error_kind,
+        message=answer.message,
+    )
+    extensions = {REPORT_EXTENSION: report}
+    if answer.http_version:
+        extensions["http_version"] = answer.http_version.encode("ascii")
+    if answer.rest is None:
+        stream = hx.ByteStream(answer.body or b"")
+    else:
+        sync_body, async_body = _streams(hx, errors)
+        stream = (sync_body if sync else async_body)(answer.body or b"", answer.rest, request)
+    return hx.Response(
+        answer.status,
+        headers=answer.headers,
+        stream=stream,
+        request=request,
+        extensions=extensions,
+    )
+
+
+def _finish(hx: Any, errors: ErrorTypes, answer: Any, request: Any, sync: bool) -> Any:
+    if answer.status is None:
+        raise errors.error_for(answer, request)
+    return _response(hx, answer, request, errors, sync)
+
+
+def _engine(
+    *,
+    max_attempts: Optional[int] = None,
+    base_delay: Optional[float] = None,
+    max_delay: Optional[float] = None,
+    attempt_timeout: Optional[float] = None,
+    reconcile_window: Optional[float] = None,
+    max_retry_after: Optional[float] = None,
+    key_header: Optional[str] = None,
+    ledger: Union[str, "os.PathLike[str]", None] = None,
+    lease_slack: Optional[float] = None,
+    lease_wait: Optional[float] = None,
+    worker: Optional[str] = None,
+    ledger_scope: Optional[str] = None,
+    retry_budget: bool = True,
+    budget_capacity: Optional[int] = None,
+    budget_retry_cost: Optional[int] = None,
+    budget_timeout_cost: Optional[int] = None,
+    budget_success_reward: Optional[int] = None,
+) -> Any:
+    """The native engine for the transports' options (``None``: the engine's default)."""
+    return _native.Engine(
+        max_attempts=max_attempts,
+        base_delay=base_delay,
+        max_delay=max_delay,
+        attempt_timeout=attempt_timeout,
+        reconcile_window=reconcile_window,
+        max_retry_after=max_retry_after,
+        key_header=key_header,
+        ledger=None if ledger is None else os.fspath(ledger),
+        lease_slack=lease_slack,
+        lease_wait=lease_wait,
+        worker=worker,
+        ledger_scope=ledger_scope,
+        retry_budget=retry_budget,
+        budget_capacity=budget_capacity,
+        budget_retry_cost=budget_retry_cost,
+        budget_timeout_cost=budget_timeout_cost,
+        budget_success_reward=budget_success_reward,
+    )
+
+
+_OPTIONS_DOC = """
+    Every option is keyword-only; ``ValueError`` for an invalid one (a zero ``max_attempts``,
+    a ``base_delay`` above ``max_delay``, a negative duration, a bad header name),
+    ``RuntimeError`` when the ledger cannot be opened.
+
+    Args:
+        max_attempts: attempts per operation, the first included. Default: 5.
+        base_delay: the first backoff ceiling, in seconds (full jitter below it, doubling per
+            retry). Default: 0.5.
+        max_delay: the backoff cap, in seconds. Default: 30.
+        attempt_timeout: each attempt's limit in seconds, used only for a request without an
+            httpx timeout (``httpx.Timeout(None)``): otherwise the longest of the request's
+            connect, read, write and pool timeouts is the attempt timeout. Default: 30.
+        reconcile_window: seconds from the first attempt after which the operation is never
+            sent again (the receiver may have forgotten the key). Default: 86400.
+        max_retry_after: the longest ``Retry-After`` honoured, in seconds; a longer one ends the
+            operation. Default: 60.
+        key_header: the idempotency key's header. Default: ``Idempotency-Key``.
+        ledger: an SQLite file's path (created if missing) or a ``postgres://`` URL: every keyed
+            operation is claimed there before its first attempt, and a succeeded one is
+            answered from it (``Report.replayed``) by any process, Python or Rust, on the same
+            ledger. Default: none.
+        lease_slack: seconds added to a run's lease in the ledger, for clock skew. Default: 30.
+        lease_wait: seconds to wait for another run holding the key's lease before raising
+            ``LeaseHeldError``. Default: raise at once.
+        worker: this process's name in the ledger's rows. Default: a random UUID.
+        ledger_scope: the scope every operation is filed under. Default: the URL's host.
+        retry_budget: whether a token bucket limits retries across the transport. Default: on.
+        budget_capacity: the bucket's tokens (it starts full). Default: 500.
+        budget_retry_cost: what a failed retry costs. Default: 5.
+        budget_timeout_cost: what a retry that timed out costs. Default: 10.
+        budget_success_reward: what a first-attempt success gives back. Default: 1.
+"""
+
+
+class SyncEngineTransport:
+    """The sync transport's work, for any httpx flavour: ``_hx`` is the httpx module,
+    ``_errors`` its exception classes. ``Transport`` is it for httpx."""
+
+    _hx: Any = httpx
+    _errors: ErrorTypes = HTTPX
+
+    def __init__(
+        self,
+        *,
+        max_attempts: Optional[int] = None,
+        base_delay: Optional[float] = None,
+        max_delay: Optional[float] = None,
+        attempt_timeout: Optional[float] = None,
+        reconcile_window: Optional[float] = None,
+        max_retry_after: Optional[float] = None,
+        key_header: Optional[str] = None,
+        ledger: Union[str, "os.PathLike[str]", None] = None,
+        lease_slack: Optional[float] = None,
+        lease_wait: Optional[float] = None,
+        worker: Optional[str] = None,
+        ledger_scope: Optional[str] = None,
+        retry_budget: bool = True,
+        budget_capacity: Optional[int] = None,
+        budget_retry_cost: Optional[int] = None,
+        budget_timeout_cost: Optional[int] = None,
+        budget_success_reward: Optional[int] = None,
+    ) -> None:
+        self._engine = _engine(
+            max_attempts=max_attempts,
+            base_delay=base_delay,
+            max_delay=max_delay,
+            attempt_timeout=attempt_timeout,
+            reconcile_window=reconcile_window,
+            max_retry_after=max_retry_after,
+            key_header=key_header,
+            ledger=ledger,
+            lease_slack=lease_slack,
+            lease_wait=lease_wait,
+            worker=worker,
+            ledger_scope=ledger_scope,
+            retry_budget=retry_budget,
+            budget_capacity=budget_capacity,
+            budget_retry_cost=budget_retry_cost,
+            budget_timeout_cost=budget_timeout_cost,
+            budget_success_reward=budget_success_reward,
+        )
+
+    def handle_request(self, request: Any) -> Any:
+        buffered, body = _buffered(self._hx, request)
+        stream = None
+        if not buffered:
+            stream = _native.BodyStream()
+            threading.Thread(
+                target=_feed_sync, args=(request.stream, stream), daemon=True
+            ).start()
+        try:
+            answer = self._engine.send(
+                request.method,
+                str(request.url),
+                _headers(request),
+                body=stream if stream is not None else body,
+                key=_key(),
+                timeout=_timeout(request),
+            )
+        except ValueError as error:
+            raise self._errors.refused(error, request) from None
+        return _finish(self._hx, self._errors, answer, request, sync=True)
+
+    def close(self) -> None:
+        """Closes the ledger, if any (an SQLite file checkpoints its log)."""
+        self._engine.close()
+
+
+class Transport(SyncEngineTransport, httpx.BaseTransport):
+    """An httpx transport that sends each request as one operation of the idempotent-retry
+    engine: one idempotency key on every attempt (the ``idempotency_key`` block's, the
+    request's key header, or a random one minted once for a non-idempotent method), transient
+    failures retried with capped full-jitter backoff that honours ``Retry-After``, and, with
+    ``ledger=``, a durable record that answers a repeat from the saved response.
+
+    A failure without an answer raises httpx's own exception types, subclassed with the
+    outcome (``OperationError``); a response carries a ``Report`` in
+    ``response.extensions["idempotent_retry"]``. Requests wait with the GIL released, on one
+    runtime shared by every transport of the process. Redirects are left to httpx
+    (``follow_redirects``).
+    """
+
+    __doc__ = (__doc__ or "") + _OPTIONS_DOC
+
+
+def _feed_sync(source: Any, stream: Any) -> None:
+    try:
+        for chunk in source:
+            stream.push(bytes(chunk))
+    except Exception as error:  # the source's failure fails the request
+        stream.fail(f"the request body's stream raised {error!r}")
+    else:
+        stream.finish()
+
+
+async def _feed_async(source: Any, stream: Any) -> None:
+    try:
+        async for chunk in source:
+            stream.push(bytes(chunk))
+    except Exception as error:
+        stream.fail(f"the request body's stream raised {error!r}")
+    else:
+        stream.finish()
+
+
+def _settle(future: asyncio.Future, answer: Any) -> None:
+    if not future.done():
+        future.set_result(answer)
+
+
+class AsyncEngineTransport:
+    """The async transport's work, for any httpx flavour (see ``SyncEngineTransport``)."""
+
+    _hx: Any = httpx
+    _errors: ErrorTypes = HTTPX
+
+    __init__ = SyncEngineTransport.__init__
+
+    async def handle_async_request(self, request: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+
+        def done(answer: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(_settle, future, answer)
+            except RuntimeError:
+                pass  # the loop is closed: nobody waits for this answer
+
+        buffered, body = _buffered(self._hx, request)
+        stream = None
+        if not buffered:
+            stream = _native.BodyStream()
+        try:
+            pending = self._engine.start(
+                request.method,
+                str(request.url),
+                _headers(request),
+                done,
+                body=stream if stream is not None else body,
+                key=_key(),
+                timeout=_timeout(request),
+            )
+        except ValueError as error:
+            raise self._errors.refused(error, request) from None
+        feeder = None
+        if stream is not None:
+            source = request.stream
+            if hasattr(source, "__aiter__"):
+                feeder = asyncio.ensure_future(_feed_async(source, stream))
+            else:
+                threading.Thread(
+                    target=_feed_sync, args=(source, stream), daemon=True
+                ).start()
+        try:
+            answer = await future
+        except asyncio.CancelledError:
+            # The caller gave up (a timeout around it, a cancelled task): the operation is
+            # dropped where it stands, its ledger lease given back.
+            pending.cancel()
+            raise
+        finally:
+            if feeder is not None and not feeder.done():
+                feeder.cancel()
+        return _finish(self._hx, self._errors, answer, request, sync=False)
+
+    async def aclose(self) -> None:
+        """Closes the ledger, if any, without blocking the event loop."""
+        await asyncio.get_running_loop().run_in_executor(None, self._engine.close)
+
+
+class AsyncTransport(AsyncEngineTransport, httpx.AsyncBaseTransport):
+    """The asyncio form of ``Transport``: the same engine and options; each request runs on
+    the shared runtime and completes an asyncio future, so the event loop is never blocked.
+
+    A task cancelled while its request is under way drops the operation where it stands, as a
+    Rust caller's dropped future does: an attempt in flight is abandoned (the receiver may
+    still run it: send it again later with the same key), and a ledger's lease is given back.
+    """
+
+    __doc__ = (__doc__ or "") + _OPTIONS_DOC

@@ -1,0 +1,350 @@
+//! What one operation gave back, as Python reads it: a response, or why there is none, with
+//! the engine's report either way.
+
+use std::sync::Mutex;
+
+use idempotent_retry::{Error, FailureKind, Outcome, RetryReport};
+use pyo3::exceptions::PyOSError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::runtime::runtime;
+
+/// The end of one operation: a response (`status` set) or a failure (`error_kind` set, and
+/// possibly the last attempt's response too), with the report.
+///
+/// `outcome` is `"done"` when a final answer came back, `"not_done"` when the operation
+/// certainly did not run, `"unknown"` when it may have run and no answer says whether.
+#[pyclass(module = "idempotent_retry._native", frozen, get_all)]
+#[derive(Debug)]
+pub struct Answer {
+    /// The response's status, or the last attempt's when the operation stopped on one;
+    /// `None` without a response.
+    pub status: Option<u16>,
+    /// The response's headers in order, names and values as bytes.
+    pub headers: Vec<(Py<PyBytes>, Py<PyBytes>)>,
+    /// The response's body, or its first part when `rest` is set.
+    pub body: Option<Py<PyBytes>>,
+    /// The rest of a body that is streamed (no `Content-Length`, or a long one), read with
+    /// `ResponseBody.read_chunk` or `start_read`; `None` when `body` is all of it.
+    pub rest: Option<Py<ResponseBody>>,
+    /// `"HTTP/1.1"`, `"HTTP/2"`, ...: the response's version.
+    pub http_version: String,
+    /// Attempts sent, this run (0 for an answer replayed from the ledger).
+    pub attempts: u32,
+    /// The operation's idempotency key, if it had one.
+    pub key: Option<String>,
+    /// Whether the response was replayed from the ledger, nothing sent.
+    pub replayed: bool,
+    /// Seconds from the first attempt to the end of the last.
+    pub elapsed: f64,
+    /// `"done"`, `"not_done"` or `"unknown"`.
+    pub outcome: &'static str,
+    /// Why the operation stopped without a final answer (`attempts_exhausted`, `transport`,
+    /// `key_reuse`, ...: `ErrorKind::as_str`), `None` when it has one.
+    pub error_kind: Option<&'static str>,
+    /// How the last attempt failed (`connect`, `timeout`, `connection_reset`,
+    /// `connection_closed`, `server_error`, ...), when it did.
+    pub failure: Option<&'static str>,
+    /// The error's message for people, with its deepest cause.
+    pub message: Option<String>,
+}
+
+/// `"done"`, `"not_done"` or `"unknown"`; a variant added later reads as unknown.
+fn outcome_name(outcome: &Outcome) -> &'static str {
+    match outcome {
+        Outcome::Done { .. } => "done",
+        Outcome::NotDone { .. } => "not_done",
+        _ => "unknown",
+    }
+}
+
+/// A stable snake-case name for how an attempt failed.
+fn failure_name(failure: FailureKind) -> &'static str {
+    match failure {
+        FailureKind::Dns => "dns",
+        FailureKind::Connect => "connect",
+        FailureKind::Timeout => "timeout",
+        FailureKind::ConnectionReset => "connection_reset",
+        FailureKind::ConnectionClosed => "connection_closed",
+        FailureKind::ServerError => "server_error",
+        FailureKind::Throttled => "throttled",
+        FailureKind::InProgress => "in_progress",
+        FailureKind::RequestTimeout => "request_timeout",
+        FailureKind::ServerHint => "server_hint",
+        FailureKind::TooManyRedirects => "too_many_redirects",
+        FailureKind::RedirectTargetUnreachable => "redirect_target_unreachable",
+        _ => "fatal",
+    }
+}
+
+/// The error's message, and its deepest cause when that says more.
+fn with_cause(err: &Error) -> String {
+    let mut deepest: Option<&dyn std::error::Error> = None;
+    let mut next = std::error::Error::source(err);
+    while let Some(cause) = next {
+        deepest = Some(cause);
+        next = cause.source();
+    }
+    match deepest.map(ToString::to_string) {
+        Some(cause) if !err.to_string().contains(&cause) => format!("{err} (cause: {cause})"),
+        _ => err.to_string(),
+    }
+}
+
+/// The longest body read whole before the response is handed over; a longer one, or one of
+/// unknown length (chunked, server-sent events), is streamed.
+const READ_WHOLE: u64 = 256 * 1024;
+
+/// A response's head and body: read whole, or streamed (`rest`).
+#[derive(Debug)]
+pub(crate) struct Received {
+    pub(crate) status: u16,
+    pub(crate) headers: Vec<(Vec<u8>, Vec<u8>)>,
+    pub(crate) body: bytes::Bytes,
+    pub(crate) rest: Option<reqwest::Response>,
+    pub(crate) version: http::Version,
+}
+
+impl Received {
+    /// Reads `response`'s body to its end when its length is known and at most
+    /// [`READ_WHOLE`]; otherwise keeps the response to stream the body from.
+    pub(crate) async fn read(response: reqwest::Response) -> Result<Received, reqwest::Error> {
+        let status = response.status().as_u16();
+        let version = response.version();
+        let headers = response
+            .headers()
+            .iter()
+            .map(|(name, value)| (name.as_str().as_bytes().to_vec(), value.as_bytes().to_vec()))
+            .collect();
+        let whole = response
+            .content_length()
+            .is_some_and(|length| length <= READ_WHOLE);
+        let (body, rest) = if whole {
+            (response.bytes().await?, None)
+        } else {
+            (bytes::Bytes::new(), Some(response))
+        };
+        Ok(Received {
+            status,
+            headers,
+            body,
+            rest,
+            version,
+        })
+    }
+}
+
+/// The rest of a streamed response body, read from Python chunk by chunk.
+#[pyclass(module = "idempotent_retry._native", frozen)]
+#[derive(Debug)]
+pub struct ResponseBody {
+    response: Mutex<Option<reqwest::Response>>,
+}
+
+/// The next chunk of `response`, and the response to read the one after from.
+async fn next_chunk(
+    mut response: reqwest::Response,
+) -> (
+    Result<Option<bytes::Bytes>, String>,
+    Option<reqwest::Response>,
+) {
+    match response.chunk().await {
+        Ok(Some(chunk)) => (Ok(Some(chunk)), Some(response)),
+        Ok(None) => (Ok(None), None),
+        Err(err) => (Err(format!("the response's body was cut off: {err}")), None),
+    }
+}
+
+impl ResponseBody {
+    fn take(&self) -> Option<reqwest::Response> {
+        self.response
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take()
+    }
+
+    fn put(&self, response: Option<reqwest::Response>) {
+        *self
+            .response
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = response;
+    }
+}
+
+#[pymethods]
+impl ResponseBody {
+    /// The next chunk, waited for with the GIL released; `None` at the end.
+    ///
+    /// # Errors
+    ///
+    /// `OSError` when the connection fails before the body's end.
+    fn read_chunk(&self, py: Python<'_>) -> PyResult<Option<Py<PyBytes>>> {
+        let Some(response) = self.take() else {
+            return Ok(None);
+        };
+        let (chunk, response) = py.detach(|| runtime().block_on(next_chunk(response)));
+        self.put(response);
+        match chunk {
+            Ok(chunk) => Ok(chunk.map(|chunk| PyBytes::new(py, &chunk).unbind())),
+            Err(message) => Err(PyOSError::new_err(message)),
+        }
+    }
+
+    /// Reads the next chunk on the runtime; `done(chunk, error)` is called from a runtime
+    /// thread with the chunk (`None` at the end) or the error's message.
+    fn start_read(slf: Py<Self>, py: Python<'_>, done: Py<PyAny>) {
+        let Some(response) = slf.get().take() else {
+            if let Err(err) = done.call1(py, (py.None(), py.None())) {
+                err.print(py);
+            }
+            return;
+        };
+        runtime().spawn(async move {
+            let (chunk, response) = next_chunk(response).await;
+            Python::attach(|py| {
+                slf.get().put(response);
+                let called = match chunk {
+                    Ok(Some(chunk)) => done.call1(py, (PyBytes::new(py, &chunk), py.None())),
+                    Ok(None) => done.call1(py, (py.None(), py.None())),
+                    Err(message) => done.call1(py, (py.None(), message)),
+                };
+                if let Err(err) = called {
+                    err.print(py);
+                }
+            });
+        });
+    }
+
+    /// Stops reading: the rest of the body is dropped with its connection.
+    fn close(&self) {
+        drop(self.take());
+    }
+}
+
+/// What the engine's task hands back to Python, before Python objects are made of it.
+#[derive(Debug)]
+pub(crate) struct Finished {
+    pub(crate) received: Option<Received>,
+    pub(crate) attempts: u32,
+    pub(crate) key: Option<String>,
+    pub(crate) replayed: bool,
+    pub(crate) elapsed: f64,
+    pub(crate) outcome: &'static str,
+    pub(crate) error_kind: Option<&'static str>,
+    pub(crate) failure: Option<&'static str>,
+    pub(crate) message: Option<String>,
+}
+
+impl Finished {
+    /// A response and its report, its body read; a body cut off is a failure of its own, the
+    /// operation done (its answer's head came back).
+    pub(crate) async fn from_response(response: reqwest::Response) -> Finished {
+        let report = RetryReport::of(&response).cloned();
+        let (attempts, key, replayed, elapsed) =
+            report.as_ref().map_or((0, None, false, 0.0), |r| {
+                (
+                    r.attempts(),
+                    r.idempotency_key().map(|key| key.as_str().to_owned()),
+                    r.is_replayed(),
+                    r.elapsed().as_secs_f64(),
+                )
+            });
+        match Received::read(response).await {
+            Ok(received) => Finished {
+                received: Some(received),
+                attempts,
+                key,
+                replayed,
+                elapsed,
+                outcome: "done",
+                error_kind: None,
+                failure: None,
+                message: None,
+            },
+            Err(err) => Finished {
+                received: None,
+                attempts,
+                key,
+                replayed,
+                elapsed,
+                outcome: "done",
+                error_kind: Some("body"),
+                failure: Some(if err.is_timeout() {
+                    "timeout"
+                } else {
+                    "connection_closed"
+                }),
+                message: Some(format!(
+                    "the response's head arrived, then its body was cut off: {err}"
+                )),
+            },
+        }
+    }
+
+    /// An error, with the last attempt's response when it has one.
+    pub(crate) async fn from_error(mut err: Error) -> Finished {
+        let outcome = outcome_name(&err.outcome());
+        let received = match err.take_response() {
+            Some(response) => Received::read(response).await.ok(),
+            None => None,
+        };
+        Finished {
+            received,
+            attempts: err.attempts(),
+            key: err.idempotency_key().map(|key| key.as_str().to_owned()),
+            replayed: false,
+            elapsed: err.elapsed().as_secs_f64(),
+            outcome,
+            error_kind: Some(err.kind().as_str()),
+            failure: err.failure().map(failure_name),
+            message: Some(with_cause(&err)),
+        }
+    }
+
+    /// The Python object.
+    pub(crate) fn into_answer(self, py: Python<'_>) -> Answer {
+        let (status, headers, body, rest, http_version) = match self.received {
+            Some(received) => (
+                Some(received.status),
+                received
+                    .headers
+                    .iter()
+                    .map(|(name, value)| {
+                        (
+                            PyBytes::new(py, name).unbind(),
+                            PyBytes::new(py, value).unbind(),
+                        )
+                    })
+                    .collect(),
+                Some(PyBytes::new(py, &received.body).unbind()),
+                received.rest.and_then(|response| {
+                    Py::new(
+                        py,
+                        ResponseBody {
+                            response: Mutex::new(Some(response)),
+                        },
+                    )
+                    .ok()
+                }),
+                format!("{:?}", received.version),
+            ),
+            None => (None, Vec::new(), None, None, String::new()),
+        };
+        Answer {
+            status,
+            headers,
+            body,
+            rest,
+            http_version,
+            attempts: self.attempts,
+            key: self.key,
+            replayed: self.replayed,
+            elapsed: self.elapsed,
+            outcome: self.outcome,
+            error_kind: self.error_kind,
+            failure: self.failure,
+            message: self.message,
+        }
+    }
+}

@@ -1,0 +1,469 @@
+//! The engine Python sends through: an `idempotent_retry::Client` on the shared runtime, its
+//! policy, key header and ledger set once, one operation per call.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Method};
+use idempotent_retry::ledger::{LeaseHeldPolicy, LedgerOptions, SqliteLedger};
+use idempotent_retry::{
+    Client, IDEMPOTENCY_KEY, IdempotencyKey, RedirectPolicy, RetryBudget, RetryBudgetConfig,
+    RetryPolicy,
+};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::answer::{Answer, Finished};
+use crate::body::BodyStream;
+use crate::runtime::runtime;
+
+/// How long closing waits for an SQLite ledger to checkpoint its log.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
+/// How often a run waiting for another run's lease looks again.
+const LEASE_POLL: Duration = Duration::from_millis(50);
+
+/// The ledger an engine opened, kept to close it.
+#[derive(Debug)]
+enum Opened {
+    Sqlite(SqliteLedger),
+    #[cfg(feature = "postgres")]
+    Postgres,
+}
+
+/// One client of the engine: sends operations with one key each, retries what is safe to
+/// retry, and keeps them in a ledger when given one.
+///
+/// Every argument but `ledger` and `key_header` is the `RetryPolicy` or `LedgerOptions`
+/// setting of the same name, in seconds for durations; `None` keeps the crate's default
+/// (5 attempts, 500 ms base delay, 30 s cap, 30 s attempt timeout, 24 h reconcile window,
+/// 60 s longest `Retry-After`; a 30 s lease slack; a lease held elsewhere fails at once).
+#[pyclass(module = "idempotent_retry._native", frozen)]
+#[derive(Debug)]
+pub struct Engine {
+    client: Client,
+    key_header: HeaderName,
+    scope: Option<String>,
+    opened: Mutex<Option<Opened>>,
+}
+
+/// A duration from Python's seconds.
+///
+/// # Errors
+///
+/// `ValueError` for a negative, infinite or NaN number.
+fn seconds(name: &str, value: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(value)
+        .map_err(|_| PyValueError::new_err(format!("{name}: {value} is not a number of seconds")))
+}
+
+/// Opens `ledger` (a PostgreSQL URL, or an SQLite file's path) and gives it to `builder`.
+async fn open(
+    ledger: &str,
+    builder: idempotent_retry::ClientBuilder,
+) -> Result<(idempotent_retry::ClientBuilder, Opened), String> {
+    if ledger.starts_with("postgres://") || ledger.starts_with("postgresql://") {
+        #[cfg(feature = "postgres")]
+        {
+            use idempotent_retry::ledger::PostgresLedger;
+            // The URL may hold a password: it is never repeated.
+            let opened = PostgresLedger::connect(ledger)
+                .await
+                .map_err(|err| format!("cannot open the PostgreSQL ledger: {err}"))?;
+            opened
+                .migrate()
+                .await
+                .map_err(|err| format!("cannot migrate the PostgreSQL ledger: {err}"))?;
+            return Ok((builder.ledger(opened), Opened::Postgres));
+        }
+        #[cfg(not(feature = "postgres"))]
+        return Err("this build of idempotent_retry has no PostgreSQL support".to_owned());
+    }
+    let opened = SqliteLedger::open(ledger)
+        .await
+        .map_err(|err| format!("cannot open the ledger {ledger}: {err}"))?;
+    Ok((builder.ledger(opened.clone()), Opened::Sqlite(opened)))
+}
+
+/// One request as Python hands it over, checked.
+#[derive(Debug)]
+struct Outgoing {
+    method: Method,
+    url: String,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    body: Option<reqwest::Body>,
+    key: Option<IdempotencyKey>,
+    timeout: Option<Duration>,
+    scope: Option<String>,
+}
+
+#[pymethods]
+impl Engine {
+    /// A new engine. `ledger` is an SQLite file's path (created if missing) or a
+    /// `postgres://` URL; `lease_wait` (seconds) makes a request whose key another run holds
+    /// wait for it that long instead of failing at once; `worker` names this process in the
+    /// ledger's rows; `ledger_scope` files every operation under that scope (default: the
+    /// URL's host); `retry_budget=False` turns the client's retry budget off, and the
+    /// `budget_*` arguments size it (`RetryBudgetConfig`: 500 tokens, a failed retry costs 5,
+    /// a timed-out one 10, a first-attempt success gives 1 back).
+    ///
+    /// # Errors
+    ///
+    /// `ValueError` for an invalid policy, duration or header name; `RuntimeError` when the
+    /// ledger cannot be opened or the HTTP client cannot be built.
+    #[new]
+    #[pyo3(signature = (
+        *,
+        max_attempts = None,
+        base_delay = None,
+        max_delay = None,
+        attempt_timeout = None,
+        reconcile_window = None,
+        max_retry_after = None,
+        key_header = None,
+        ledger = None,
+        lease_slack = None,
+        lease_wait = None,
+        worker = None,
+        ledger_scope = None,
+        retry_budget = true,
+        budget_capacity = None,
+        budget_retry_cost = None,
+        budget_timeout_cost = None,
+        budget_success_reward = None,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        max_attempts: Option<u32>,
+        base_delay: Option<f64>,
+        max_delay: Option<f64>,
+        attempt_timeout: Option<f64>,
+        reconcile_window: Option<f64>,
+        max_retry_after: Option<f64>,
+        key_header: Option<&str>,
+        ledger: Option<String>,
+        lease_slack: Option<f64>,
+        lease_wait: Option<f64>,
+        worker: Option<String>,
+        ledger_scope: Option<String>,
+        retry_budget: bool,
+        budget_capacity: Option<u32>,
+        budget_retry_cost: Option<u32>,
+        budget_timeout_cost: Option<u32>,
+        budget_success_reward: Option<u32>,
+    ) -> PyResult<Engine> {
+        let mut policy = RetryPolicy::default();
+        if let Some(attempts) = max_attempts {
+            policy = policy.with_max_attempts(attempts);
+        }
+        if let Some(value) = base_delay {
+            policy = policy.with_base_delay(seconds("base_delay", value)?);
+        }
+        if let Some(value) = max_delay {
+            policy = policy.with_max_delay(seconds("max_delay", value)?);
+        }
+        if let Some(value) = attempt_timeout {
+            policy = policy.with_attempt_timeout(seconds("attempt_timeout", value)?);
+        }
+        if let Some(value) = reconcile_window {
+            policy = policy.with_reconcile_window(seconds("reconcile_window", value)?);
+        }
+        if let Some(value) = max_retry_after {
+            policy = policy.with_max_retry_after(seconds("max_retry_after", value)?);
+        }
+        policy
+            .validate()
+            .map_err(|err| PyValueError::new_err(err.to_string()))?;
+        let key_header = match key_header {
+            Some(name) => HeaderName::try_from(name)
+                .map_err(|_| PyValueError::new_err(format!("{name:?} is not a header name")))?,
+            None => IDEMPOTENCY_KEY,
+        };
+        let mut options = LedgerOptions::new();
+        if let Some(value) = lease_slack {
+            options = options.lease_slack(seconds("lease_slack", value)?);
+        }
+        if let Some(value) = lease_wait {
+            options = options.on_lease_held(LeaseHeldPolicy::Wait {
+                poll: LEASE_POLL,
+                max_wait: seconds("lease_wait", value)?,
+            });
+        }
+        if let Some(name) = worker {
+            options = options.worker(name);
+        }
+        // httpx follows redirects itself (`follow_redirects`), and proxies are its mounts.
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|err| {
+                PyRuntimeError::new_err(format!("cannot build the HTTP client: {err}"))
+            })?;
+        let mut builder = Client::builder()
+            .http(http)
+            .policy(policy)
+            .key_header(key_header.clone())
+            .redirects(RedirectPolicy::none())
+            .ledger_options(options);
+        let mut budget = RetryBudgetConfig::new();
+        if let Some(tokens) = budget_capacity {
+            budget = budget.with_capacity(tokens);
+        }
+        if let Some(tokens) = budget_retry_cost {
+            budget = budget.with_retry_cost(tokens);
+        }
+        if let Some(tokens) = budget_timeout_cost {
+            budget = budget.with_timeout_cost(tokens);
+        }
+        if let Some(tokens) = budget_success_reward {
+            budget = budget.with_success_reward(tokens);
+        }
+        builder = if retry_budget {
+            builder.retry_budget(
+                RetryBudget::with_config(budget)
+                    .map_err(|err| PyValueError::new_err(err.to_string()))?,
+            )
+        } else {
+            builder.without_retry_budget()
+        };
+        let mut opened = None;
+        if let Some(ledger) = ledger {
+            let (with_ledger, ledger) = py
+                .detach(|| runtime().block_on(open(&ledger, builder)))
+                .map_err(PyRuntimeError::new_err)?;
+            builder = with_ledger;
+            opened = Some(ledger);
+        }
+        // The client's connection pool belongs to the shared runtime.
+        let client = {
+            let _entered = runtime().enter();
+            builder.build()
+        }
+        .map_err(|err| PyValueError::new_err(err.to_string()))?;
+        Ok(Engine {
+            client,
+            key_header,
+            scope: ledger_scope,
+            opened: Mutex::new(opened),
+        })
+    }
+
+    /// The key header's name, lowercase.
+    #[getter]
+    fn key_header(&self) -> &str {
+        self.key_header.as_str()
+    }
+
+    /// Sends one operation and waits for its end, the GIL released meanwhile. `headers` are
+    /// `(name, value)` byte pairs in order (the key header among them is the key, unless
+    /// `key` is given); `body` is bytes, a `BodyStream` (sent once) or `None`; `timeout` is
+    /// the attempt timeout in seconds (`None`: the policy's).
+    ///
+    /// Never raises for the operation's failure: the `Answer` says how it ended.
+    ///
+    /// # Errors
+    ///
+    /// Only if Python's objects cannot be read (a header that is not bytes).
+    #[pyo3(signature = (method, url, headers, body = None, key = None, timeout = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn send(
+        &self,
+        py: Python<'_>,
+        method: &str,
+        url: String,
+        headers: Vec<(Vec<u8>, Vec<u8>)>,
+        body: Option<&Bound<'_, PyAny>>,
+        key: Option<String>,
+        timeout: Option<f64>,
+    ) -> PyResult<Answer> {
+        let outgoing = self.outgoing(method, url, headers, body, key, timeout)?;
+        let client = self.client.clone();
+        let finished = py.detach(|| runtime().block_on(operate(client, outgoing)));
+        Ok(finished.into_answer(py))
+    }
+
+    /// Starts one operation on the runtime and returns at once; `done(answer)` is called with
+    /// its `Answer` from one of the runtime's threads (with the GIL held) when it ends, unless
+    /// the returned `Pending` is cancelled first. The arguments are `send`'s.
+    ///
+    /// # Errors
+    ///
+    /// Only if Python's objects cannot be read.
+    #[pyo3(signature = (method, url, headers, done, body = None, key = None, timeout = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        &self,
+        method: &str,
+        url: String,
+        headers: Vec<(Vec<u8>, Vec<u8>)>,
+        done: Py<PyAny>,
+        body: Option<&Bound<'_, PyAny>>,
+        key: Option<String>,
+        timeout: Option<f64>,
+    ) -> PyResult<Pending> {
+        let outgoing = self.outgoing(method, url, headers, body, key, timeout)?;
+        let client = self.client.clone();
+        let task = runtime().spawn(async move {
+            let finished = operate(client, outgoing).await;
+            Python::attach(|py| {
+                let answer = finished.into_answer(py);
+                if let Err(err) = done.call1(py, (answer,)) {
+                    // The callback is the package's own; if it fails, say so where people look.
+                    err.print(py);
+                }
+            });
+        });
+        Ok(Pending {
+            task: task.abort_handle(),
+        })
+    }
+
+    /// Closes the ledger (an SQLite file checkpoints its log, for up to 5 s). Requests after
+    /// this still go out, without the file once its last handle is gone.
+    fn close(&self, py: Python<'_>) {
+        let opened = self
+            .opened
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        if let Some(Opened::Sqlite(ledger)) = opened {
+            py.detach(|| runtime().block_on(ledger.close(CLOSE_WAIT)));
+        }
+    }
+}
+
+/// An operation started by `Engine.start`.
+#[pyclass(module = "idempotent_retry._native", frozen)]
+#[derive(Debug)]
+pub struct Pending {
+    task: tokio::task::AbortHandle,
+}
+
+#[pymethods]
+impl Pending {
+    /// Drops the operation where it stands, as a Rust caller's dropped `send` does: an attempt
+    /// in flight is abandoned (the receiver may still run it), the ledger's lease is given
+    /// back, and `done` is never called. Nothing happens once it has ended.
+    fn cancel(&self) {
+        self.task.abort();
+    }
+}
+
+impl Engine {
+    /// Reads and checks one request's parts while the GIL is held.
+    fn outgoing(
+        &self,
+        method: &str,
+        url: String,
+        headers: Vec<(Vec<u8>, Vec<u8>)>,
+        body: Option<&Bound<'_, PyAny>>,
+        key: Option<String>,
+        timeout: Option<f64>,
+    ) -> PyResult<Outgoing> {
+        let method = Method::from_bytes(method.as_bytes())
+            .map_err(|_| PyValueError::new_err(format!("{method:?} is not an HTTP method")))?;
+        let mut key = key;
+        let mut parsed = Vec::with_capacity(headers.len());
+        for (name, value) in headers {
+            let name = HeaderName::from_bytes(&name).map_err(|_| {
+                PyValueError::new_err(format!(
+                    "{:?} is not a header name",
+                    String::from_utf8_lossy(&name)
+                ))
+            })?;
+            if name == self.key_header {
+                if key.is_none() {
+                    key = Some(String::from_utf8(value).map_err(|_| {
+                        PyValueError::new_err("an idempotency key must be visible ASCII")
+                    })?);
+                }
+                continue;
+            }
+            // The client writes these from the body and the URL itself, and manages the
+            // connection.
+            if name == http::header::HOST
+                || name == http::header::CONTENT_LENGTH
+                || name == http::header::TRANSFER_ENCODING
+                || name == http::header::CONNECTION
+                || name.as_str() == "keep-alive"
+            {
+                continue;
+            }
+            let value = HeaderValue::from_bytes(&value).map_err(|_| {
+                PyValueError::new_err(format!("the value of {name} is not a header value"))
+            })?;
+            parsed.push((name, value));
+        }
+        let key = key
+            .map(|key| {
+                IdempotencyKey::new(key)
+                    .map_err(|err| PyValueError::new_err(format!("the idempotency key: {err}")))
+            })
+            .transpose()?;
+        let body = match body {
+            None => None,
+            Some(body) => {
+                if let Ok(bytes) = body.cast::<PyBytes>() {
+                    Some(reqwest::Body::from(Bytes::copy_from_slice(
+                        bytes.as_bytes(),
+                    )))
+                } else if let Ok(stream) = body.cast::<BodyStream>() {
+                    Some(stream.get().take_body().ok_or_else(|| {
+                        PyRuntimeError::new_err("this body stream was already sent")
+                    })?)
+                } else {
+                    return Err(PyValueError::new_err(
+                        "a body is bytes, a BodyStream, or None",
+                    ));
+                }
+            }
+        };
+        let timeout = timeout.map(|value| seconds("timeout", value)).transpose()?;
+        Ok(Outgoing {
+            method,
+            url,
+            headers: parsed,
+            body,
+            key,
+            timeout,
+            scope: self.scope.clone(),
+        })
+    }
+}
+
+/// Runs one operation to its end, the response's body read.
+async fn operate(client: Client, outgoing: Outgoing) -> Finished {
+    let Outgoing {
+        method,
+        url,
+        headers,
+        body,
+        key,
+        timeout,
+        scope,
+    } = outgoing;
+    let mut map = http::HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        map.append(name, value);
+    }
+    let mut request = client.request(method, url.as_str()).headers(map);
+    if let Some(body) = body {
+        request = request.body(body);
+    }
+    if let Some(key) = key {
+        request = request.idempotency_key(key);
+    }
+    if let Some(timeout) = timeout {
+        request = request.timeout(timeout);
+    }
+    if let Some(scope) = scope {
+        request = request.ledger_scope(scope);
+    }
+    match request.send().await {
+        Ok(response) => Finished::from_response(response).await,
+        Err(err) => Finished::from_error(err).await,
+    }
+}
