@@ -183,7 +183,14 @@ impl ResponseBody {
         let Some(response) = self.take() else {
             return Ok(None);
         };
-        let (chunk, response) = py.detach(|| runtime().block_on(next_chunk(response)));
+        let runtime = match runtime() {
+            Ok(runtime) => runtime,
+            Err(err) => {
+                self.put(Some(response));
+                return Err(err);
+            }
+        };
+        let (chunk, response) = py.detach(|| runtime.block_on(next_chunk(response)));
         self.put(response);
         match chunk {
             Ok(chunk) => Ok(chunk.map(|chunk| PyBytes::new(py, &chunk).unbind())),
@@ -200,7 +207,17 @@ impl ResponseBody {
             }
             return;
         };
-        runtime().spawn(async move {
+        let runtime = match runtime() {
+            Ok(runtime) => runtime,
+            Err(err) => {
+                slf.get().put(Some(response));
+                if let Err(err) = done.call1(py, (py.None(), err.to_string())) {
+                    err.print(py);
+                }
+                return;
+            }
+        };
+        runtime.spawn(async move {
             let (chunk, response) = next_chunk(response).await;
             Python::attach(|py| {
                 slf.get().put(response);

@@ -231,15 +231,16 @@ impl Engine {
         };
         let mut opened = None;
         if let Some(ledger) = ledger {
+            let runtime = runtime()?;
             let (with_ledger, ledger) = py
-                .detach(|| runtime().block_on(open(&ledger, builder)))
+                .detach(|| runtime.block_on(open(&ledger, builder)))
                 .map_err(PyRuntimeError::new_err)?;
             builder = with_ledger;
             opened = Some(ledger);
         }
         // The client's connection pool belongs to the shared runtime.
         let client = {
-            let _entered = runtime().enter();
+            let _entered = runtime()?.enter();
             builder.build()
         }
         .map_err(|err| PyValueError::new_err(err.to_string()))?;
@@ -281,7 +282,8 @@ impl Engine {
     ) -> PyResult<Answer> {
         let outgoing = self.outgoing(method, url, headers, body, key, timeout)?;
         let client = self.client.clone();
-        let finished = py.detach(|| runtime().block_on(operate(client, outgoing)));
+        let runtime = runtime()?;
+        let finished = py.detach(|| runtime.block_on(operate(client, outgoing)));
         Ok(finished.into_answer(py))
     }
 
@@ -306,7 +308,7 @@ impl Engine {
     ) -> PyResult<Pending> {
         let outgoing = self.outgoing(method, url, headers, body, key, timeout)?;
         let client = self.client.clone();
-        let task = runtime().spawn(async move {
+        let task = runtime()?.spawn(async move {
             let finished = operate(client, outgoing).await;
             Python::attach(|py| {
                 let answer = finished.into_answer(py);
@@ -329,8 +331,9 @@ impl Engine {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .take();
-        if let Some(Opened::Sqlite(ledger)) = opened {
-            py.detach(|| runtime().block_on(ledger.close(CLOSE_WAIT)));
+        // Without a runtime there is no writer thread to wait for: dropping the ledger is all.
+        if let (Some(Opened::Sqlite(ledger)), Ok(runtime)) = (opened, runtime()) {
+            py.detach(|| runtime.block_on(ledger.close(CLOSE_WAIT)));
         }
     }
 }

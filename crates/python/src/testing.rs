@@ -55,9 +55,10 @@ impl Receiver {
     #[new]
     #[pyo3(signature = (key_header = None))]
     fn new(py: Python<'_>, key_header: Option<String>) -> PyResult<Receiver> {
+        let runtime = runtime()?;
         let inner = py
             .detach(|| {
-                runtime().block_on(async {
+                runtime.block_on(async {
                     let mut builder = Inner::builder();
                     if let Some(name) = key_header {
                         builder = builder.key_header(name);
@@ -147,7 +148,8 @@ impl Receiver {
     fn wait_for_arrivals(&self, py: Python<'_>, n: u64, within: f64) -> PyResult<u64> {
         let within = Duration::try_from_secs_f64(within)
             .map_err(|_| PyValueError::new_err(format!("{within} is not a number of seconds")))?;
-        Ok(py.detach(|| runtime().block_on(self.inner.wait_for_arrivals(n, within))))
+        let runtime = runtime()?;
+        Ok(py.detach(|| runtime.block_on(self.inner.wait_for_arrivals(n, within))))
     }
 }
 
@@ -212,13 +214,14 @@ impl KeepAliveServer {
     /// `RuntimeError` if no port can be bound.
     #[new]
     fn new(py: Python<'_>) -> PyResult<KeepAliveServer> {
+        let runtime = runtime()?;
         let listener = py
-            .detach(|| runtime().block_on(tokio::net::TcpListener::bind("127.0.0.1:0")))
+            .detach(|| runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")))
             .map_err(|err| PyRuntimeError::new_err(format!("cannot bind a port: {err}")))?;
         let addr = listener
             .local_addr()
             .map_err(|err| PyRuntimeError::new_err(format!("cannot read the port: {err}")))?;
-        let task = runtime().spawn(async move {
+        let task = runtime.spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let _ = stream.set_nodelay(true);
                 tokio::spawn(keep_alive(stream));
