@@ -377,6 +377,24 @@ impl Error {
         &self.inner.report
     }
 
+    /// The error's message, followed by its deepest cause when the message does not already
+    /// say it: `... (last failure: connect failed) ... (cause: invalid peer certificate:
+    /// UnknownIssuer)`. For a person reading one line, as a command's report is.
+    #[must_use]
+    pub fn message_with_cause(&self) -> String {
+        let message = self.to_string();
+        let mut deepest: Option<&(dyn StdError + 'static)> = None;
+        let mut next = StdError::source(self);
+        while let Some(cause) = next {
+            deepest = Some(cause);
+            next = cause.source();
+        }
+        match deepest.map(ToString::to_string) {
+            Some(cause) if !message.contains(&cause) => format!("{message} (cause: {cause})"),
+            _ => message,
+        }
+    }
+
     /// Takes the last response out of the error, when the last attempt got one. Its body has
     /// not been read. Returns `None` on the second call.
     pub fn take_response(&mut self) -> Option<reqwest::Response> {
@@ -628,6 +646,19 @@ mod tests {
     use super::*;
 
     fn assert_send_sync_static<T: Send + Sync + 'static>() {}
+
+    #[test]
+    fn message_with_cause_adds_the_deepest_cause_once() {
+        let reason = crate::IdempotencyKey::new("").expect_err("an empty key is invalid");
+        let cause = reason.to_string();
+        let err = Error::invalid_key(reason, "--key");
+        let line = err.message_with_cause();
+        assert!(line.starts_with(&err.to_string()), "{line}");
+        assert_eq!(line.matches(cause.as_str()).count(), 1, "{line}");
+        // No source: the message alone.
+        let plain = Error::builder("max_attempts must be at least 1");
+        assert_eq!(plain.message_with_cause(), plain.to_string());
+    }
 
     #[test]
     fn error_is_send_sync_static_and_small() {

@@ -382,7 +382,7 @@ async fn operate(invocation: &Invocation, slot: &mut Option<ledger::Opened>) -> 
             };
             report.attempts = err.attempts();
             report.elapsed = err.elapsed();
-            report.error = Some(with_cause(&err));
+            report.error = Some(err.message_with_cause());
             if let Some(key) = err.idempotency_key() {
                 report.key = Some(key.as_str().to_owned());
             }
@@ -571,21 +571,6 @@ async fn answered(
         }
     }
     report
-}
-
-/// The error's message, and its deepest cause when that says more ("invalid peer certificate:
-/// UnknownIssuer" under "connect failed").
-fn with_cause(err: &idempotent_retry::Error) -> String {
-    let mut deepest: Option<&dyn std::error::Error> = None;
-    let mut next = std::error::Error::source(err);
-    while let Some(cause) = next {
-        deepest = Some(cause);
-        next = cause.source();
-    }
-    match deepest.map(ToString::to_string) {
-        Some(cause) if !err.to_string().contains(&cause) => format!("{err} (cause: {cause})"),
-        _ => err.to_string(),
-    }
 }
 
 /// When the operation under `key` may no longer be sent again: its first attempt, as the

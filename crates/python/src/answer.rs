@@ -3,7 +3,7 @@
 
 use std::sync::Mutex;
 
-use idempotent_retry::{Error, FailureKind, Outcome, RetryReport};
+use idempotent_retry::{Error, FailureKind, RetryReport};
 use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -48,48 +48,6 @@ pub struct Answer {
     pub failure: Option<&'static str>,
     /// The error's message for people, with its deepest cause.
     pub message: Option<String>,
-}
-
-/// `"done"`, `"not_done"` or `"unknown"`; a variant added later reads as unknown.
-fn outcome_name(outcome: &Outcome) -> &'static str {
-    match outcome {
-        Outcome::Done { .. } => "done",
-        Outcome::NotDone { .. } => "not_done",
-        _ => "unknown",
-    }
-}
-
-/// A stable snake-case name for how an attempt failed.
-fn failure_name(failure: FailureKind) -> &'static str {
-    match failure {
-        FailureKind::Dns => "dns",
-        FailureKind::Connect => "connect",
-        FailureKind::Timeout => "timeout",
-        FailureKind::ConnectionReset => "connection_reset",
-        FailureKind::ConnectionClosed => "connection_closed",
-        FailureKind::ServerError => "server_error",
-        FailureKind::Throttled => "throttled",
-        FailureKind::InProgress => "in_progress",
-        FailureKind::RequestTimeout => "request_timeout",
-        FailureKind::ServerHint => "server_hint",
-        FailureKind::TooManyRedirects => "too_many_redirects",
-        FailureKind::RedirectTargetUnreachable => "redirect_target_unreachable",
-        _ => "fatal",
-    }
-}
-
-/// The error's message, and its deepest cause when that says more.
-fn with_cause(err: &Error) -> String {
-    let mut deepest: Option<&dyn std::error::Error> = None;
-    let mut next = std::error::Error::source(err);
-    while let Some(cause) = next {
-        deepest = Some(cause);
-        next = cause.source();
-    }
-    match deepest.map(ToString::to_string) {
-        Some(cause) if !err.to_string().contains(&cause) => format!("{err} (cause: {cause})"),
-        _ => err.to_string(),
-    }
 }
 
 /// The longest body read whole before the response is handed over; a longer one, or one of
@@ -301,7 +259,7 @@ impl Finished {
 
     /// An error, with the last attempt's response when it has one.
     pub(crate) async fn from_error(mut err: Error) -> Finished {
-        let outcome = outcome_name(&err.outcome());
+        let outcome = err.outcome().as_str();
         let received = match err.take_response() {
             Some(response) => Received::read(response).await.ok(),
             None => None,
@@ -314,8 +272,8 @@ impl Finished {
             elapsed: err.elapsed().as_secs_f64(),
             outcome,
             error_kind: Some(err.kind().as_str()),
-            failure: err.failure().map(failure_name),
-            message: Some(with_cause(&err)),
+            failure: err.failure().map(FailureKind::as_str),
+            message: Some(err.message_with_cause()),
         }
     }
 
