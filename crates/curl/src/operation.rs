@@ -435,6 +435,7 @@ fn request(
     if let Some((name, password)) = &prepared.user {
         request = request.basic_auth(name, Some(password));
     }
+    // The body moves into the request: nothing reads the payload after this.
     match std::mem::replace(&mut prepared.payload, Payload::None) {
         Payload::None => {}
         Payload::Bytes { bytes, json } => {
@@ -447,25 +448,23 @@ fn request(
                 };
                 request = request.header(content_type, HeaderValue::from_static(kind));
             }
-            request = request.body(bytes.clone());
-            prepared.payload = Payload::Bytes { bytes, json };
+            request = request.body(bytes);
         }
         Payload::Form(parts) => {
             let mut form = Form::new().percent_encode_noop();
-            for part in &parts {
-                let mut made = Part::bytes(part.content.clone());
-                if let Some(name) = &part.file_name {
-                    made = made.file_name(name.clone());
+            for part in parts {
+                let mut made = Part::bytes(part.content);
+                if let Some(name) = part.file_name {
+                    made = made.file_name(name);
                 }
                 if let Some(kind) = &part.content_type {
                     made = made
                         .mime_str(kind)
                         .map_err(|err| format!("-F {}: type {kind:?}: {err}", part.name))?;
                 }
-                form = form.part(part.name.clone(), made);
+                form = form.part(part.name, made);
             }
             request = request.multipart(form);
-            prepared.payload = Payload::Form(parts);
         }
     }
     for (name, value) in &prepared.headers {
