@@ -37,6 +37,9 @@
 //! - `--subscriber`: install a `tracing` subscriber that records nothing (the bare
 //!   `tracing_subscriber::registry()`, no layer: every span and event is enabled, built and
 //!   dropped, nothing is written), as in an application whose exporter is off.
+//! - `--subscriber-warn`: the same subscriber behind a `WARN` level filter, as in an
+//!   application run with `RUST_LOG=warn`: the crate's INFO spans are disabled at their
+//!   call site, and cost what they cost with no subscriber.
 //! - `--current-thread`: everything (server and client) on one thread, for counting
 //!   instructions with `valgrind --tool=callgrind`: with one thread the same requests take the
 //!   same path through the code every run, where the two workers' timing varies how often a
@@ -77,7 +80,16 @@ struct Args {
     rounds: usize,
     requests: usize,
     current_thread: bool,
-    subscriber: bool,
+    subscriber: Option<Subscriber>,
+}
+
+/// The `tracing` subscriber a run installs (`--subscriber`, `--subscriber-warn`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Subscriber {
+    /// Every span enabled, none recorded.
+    RecordsNothing,
+    /// The same behind a `WARN` level filter.
+    Warn,
 }
 
 impl Args {
@@ -89,7 +101,7 @@ impl Args {
             rounds: ROUNDS,
             requests: ROUNDS,
             current_thread: false,
-            subscriber: false,
+            subscriber: None,
         };
         let mut words = std::env::args().skip(1);
         while let Some(word) = words.next() {
@@ -113,7 +125,8 @@ impl Args {
                 "--rounds" => args.rounds = count(&value()),
                 "--requests" => args.requests = count(&value()),
                 "--current-thread" => args.current_thread = true,
-                "--subscriber" => args.subscriber = true,
+                "--subscriber" => args.subscriber = Some(Subscriber::RecordsNothing),
+                "--subscriber-warn" => args.subscriber = Some(Subscriber::Warn),
                 _ => {}
             }
         }
@@ -263,10 +276,20 @@ async fn alone(
 
 fn main() {
     let args = Args::parse();
-    if args.subscriber {
-        tracing::subscriber::set_global_default(tracing_subscriber::registry())
-            .expect("the first subscriber");
-        println!("with a subscriber that records nothing (tracing_subscriber::registry())");
+    match args.subscriber {
+        Some(Subscriber::RecordsNothing) => {
+            tracing::subscriber::set_global_default(tracing_subscriber::registry())
+                .expect("the first subscriber");
+            println!("with a subscriber that records nothing (tracing_subscriber::registry())");
+        }
+        Some(Subscriber::Warn) => {
+            use tracing_subscriber::layer::SubscriberExt as _;
+            let subscriber = tracing_subscriber::registry()
+                .with(tracing_subscriber::filter::LevelFilter::WARN);
+            tracing::subscriber::set_global_default(subscriber).expect("the first subscriber");
+            println!("with a subscriber behind a WARN level filter (RUST_LOG=warn)");
+        }
+        None => {}
     }
     let mut builder = if args.current_thread {
         tokio::runtime::Builder::new_current_thread()
