@@ -25,6 +25,7 @@ mod keys;
 mod runtime;
 #[cfg(feature = "testing")]
 mod testing;
+mod tls;
 
 use pyo3::prelude::*;
 

@@ -77,6 +77,11 @@ class Engine:
         budget_retry_cost: Optional[int] = None,
         budget_timeout_cost: Optional[int] = None,
         budget_success_reward: Optional[int] = None,
+        verify: bool = True,
+        ca_file: Optional[str] = None,
+        cert_file: Optional[str] = None,
+        key_file: Optional[str] = None,
+        proxy: Optional[str] = None,
     ) -> None: ...
     @property
     def key_header(self) -> str:

@@ -8,8 +8,9 @@ import contextvars
 import dataclasses
 import json
 import os
+import ssl
 import threading
-from typing import Any, Iterator, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple, Union
 
 import httpx
 
@@ -224,6 +225,68 @@ def _finish(hx: Any, errors: ErrorTypes, answer: Any, request: Any, sync: bool) 
     return _response(hx, answer, request, errors, sync)
 
 
+#: What ``verify=`` takes: a bool, or the path of a PEM file of CA certificates.
+Verify = Union[bool, str, "os.PathLike[str]"]
+#: What ``cert=`` takes: one PEM file with the certificate and its key, or a (certificate,
+#: key) pair of files.
+Cert = Union[
+    str,
+    "os.PathLike[str]",
+    Tuple[Union[str, "os.PathLike[str]"], Union[str, "os.PathLike[str]", None]],
+]
+
+
+def _tls(verify: object, cert: object) -> Dict[str, Any]:
+    """The engine's TLS arguments for the transports' ``verify=`` and ``cert=``."""
+    if isinstance(verify, ssl.SSLContext):
+        raise TypeError(
+            "verify: an ssl.SSLContext cannot be used by this transport (its trust store "
+            "cannot be read back from it); pass verify=True (the platform's roots), "
+            "verify=False (no verification), or verify=\"/path/to/ca.pem\" (a PEM file of the "
+            "CA certificates to trust), and cert= for a client certificate"
+        )
+    if isinstance(verify, bool):
+        tls: Dict[str, Any] = {"verify": verify, "ca_file": None}
+    elif isinstance(verify, (str, os.PathLike)):
+        tls = {"verify": True, "ca_file": os.fspath(verify)}
+    else:
+        raise TypeError(
+            f"verify: {type(verify).__name__} is not a verify setting; pass True, False, or "
+            "the path of a PEM file of CA certificates"
+        )
+    cert_file: Optional[str] = None
+    key_file: Optional[str] = None
+    if cert is None:
+        pass
+    elif isinstance(cert, (str, os.PathLike)):
+        cert_file = os.fspath(cert)
+    elif isinstance(cert, tuple) and len(cert) in (2, 3):
+        if len(cert) == 3 and cert[2] is not None:
+            raise ValueError(
+                "cert: an encrypted private key is not supported; decrypt it first "
+                "(openssl pkey -in key.pem -out plain-key.pem) and pass (certificate, key)"
+            )
+        cert_file = os.fspath(cert[0])
+        key_file = None if cert[1] is None else os.fspath(cert[1])
+    else:
+        raise TypeError(
+            "cert: pass the path of a PEM file with the client certificate and its key, or a "
+            "(certificate, key) pair of paths"
+        )
+    tls.update(cert_file=cert_file, key_file=key_file)
+    return tls
+
+
+def _proxy(proxy: object) -> Optional[str]:
+    """The engine's proxy URL for the transports' ``proxy=``."""
+    if proxy is None or isinstance(proxy, str):
+        return proxy
+    raise TypeError(
+        f"proxy: {type(proxy).__name__} is not a proxy URL; pass a str such as "
+        '"http://user:password@proxy.example:3128"'
+    )
+
+
 def _engine(
     *,
     max_attempts: Optional[int] = None,
@@ -243,6 +306,9 @@ def _engine(
     budget_retry_cost: Optional[int] = None,
     budget_timeout_cost: Optional[int] = None,
     budget_success_reward: Optional[int] = None,
+    verify: Verify = True,
+    cert: Optional[Cert] = None,
+    proxy: Optional[str] = None,
 ) -> Any:
     """The native engine for the transports' options (``None``: the engine's default)."""
     return _native.Engine(
@@ -263,6 +329,8 @@ def _engine(
         budget_retry_cost=budget_retry_cost,
         budget_timeout_cost=budget_timeout_cost,
         budget_success_reward=budget_success_reward,
+        proxy=_proxy(proxy),
+        **_tls(verify, cert),
     )
 
 
@@ -298,6 +366,26 @@ _OPTIONS_DOC = """
         budget_retry_cost: what a failed retry costs. Default: 5.
         budget_timeout_cost: what a retry that timed out costs. Default: 10.
         budget_success_reward: what a first-attempt success gives back. Default: 1.
+        verify: how servers' certificates are checked (httpx hands a custom transport none of
+            the client's ``verify=``, so give it here). ``True``: against the platform's trust
+            store (rustls with the platform verifier). ``False``: not at all (testing only).
+            A path (``str`` or ``os.PathLike``) of a PEM file of CA certificates: against those
+            roots only, as httpx's ``verify="ca.pem"`` does. An ``ssl.SSLContext`` is refused
+            with ``TypeError`` (its trust store cannot be read back): pass the CA file's path
+            instead. ``FileNotFoundError``/``OSError`` for a file that cannot be read,
+            ``ValueError`` for one without a PEM certificate. Default: ``True``.
+        cert: a client certificate for servers that ask for one (mutual TLS): the path of a PEM
+            file holding the certificate (chain) and its private key, or a ``(certificate,
+            key)`` pair of PEM files. An encrypted key (httpx's third ``password`` item) is
+            refused with ``ValueError``: decrypt it first (``openssl pkey -in key.pem -out
+            plain.pem``). The same errors as ``verify`` for a bad file. Default: none.
+        proxy: a proxy URL (``http://``, ``https://``, ``socks5://`` where built in) that every
+            request goes through, HTTPS ones tunnelled with ``CONNECT``; credentials in the URL
+            are sent as ``Proxy-Authorization``. Give it here, not to the httpx client: httpx
+            sends a client's ``proxy=`` through a transport of its own, past this one (and
+            ignores the environment's proxies once a transport is given). ``ValueError`` for a
+            URL that is not one.
+            Default: none, a direct connection.
 """
 
 
@@ -328,6 +416,9 @@ class SyncEngineTransport:
         budget_retry_cost: Optional[int] = None,
         budget_timeout_cost: Optional[int] = None,
         budget_success_reward: Optional[int] = None,
+        verify: Verify = True,
+        cert: Optional[Cert] = None,
+        proxy: Optional[str] = None,
     ) -> None:
         self._engine = _engine(
             max_attempts=max_attempts,
@@ -347,6 +438,9 @@ class SyncEngineTransport:
             budget_retry_cost=budget_retry_cost,
             budget_timeout_cost=budget_timeout_cost,
             budget_success_reward=budget_success_reward,
+            verify=verify,
+            cert=cert,
+            proxy=proxy,
         )
 
     def handle_request(self, request: Any) -> Any:
