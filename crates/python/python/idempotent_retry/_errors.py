@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import dataclasses
+import datetime
+from typing import Any, Optional, Sequence, Tuple
 
 import httpx
 
 __all__ = [
+    "Attempt",
+    "history_of",
     "OperationError",
     "ConnectError",
     "ConnectTimeout",
@@ -22,6 +26,42 @@ __all__ = [
     "ErrorTypes",
     "HTTPX",
 ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """One attempt of an operation, as the engine recorded it.
+
+    Attributes:
+        number: 1 for the first attempt.
+        started: when it started, from the start of the first attempt.
+        status: the status of its response, or ``None`` when none came (a refused connection,
+            a timeout, a reset).
+        failure: why it was not final, as the engine names it (``server_error`` for a 5xx,
+            ``connect``, ``timeout``, ``connection_reset``, ``throttled``, ...), or
+            ``None`` for a final answer.
+        wait: how long the operation waited after it, when another attempt followed.
+    """
+
+    number: int
+    started: datetime.timedelta
+    status: Optional[int]
+    failure: Optional[str]
+    wait: Optional[datetime.timedelta]
+
+
+def history_of(rows: Sequence[Tuple[int, float, Optional[int], Optional[str], Optional[float]]]) -> Tuple[Attempt, ...]:
+    """The ``Attempt`` records of the native answer's history rows."""
+    return tuple(
+        Attempt(
+            number=number,
+            started=datetime.timedelta(seconds=started),
+            status=status,
+            failure=failure,
+            wait=None if wait is None else datetime.timedelta(seconds=wait),
+        )
+        for number, started, status, failure, wait in rows
+    )
 
 
 class OperationError(Exception):
@@ -40,6 +80,10 @@ class OperationError(Exception):
             ``reconcile_window``, ``key_reuse``, ``lease_held``, ``ledger``, ...).
         failure: how the last attempt failed (``connect``, ``timeout``, ``connection_reset``,
             ``connection_closed``, ...), or ``None``.
+        elapsed: a ``datetime.timedelta``, from the start of the first attempt to the end of
+            the last, the waits between them included (zero when nothing was sent).
+        history: one ``Attempt`` per attempt sent by this run, in order (empty when nothing
+            was sent): each one's status or failure, when it started, the wait after it.
     """
 
     outcome: str
@@ -47,6 +91,8 @@ class OperationError(Exception):
     attempts: int
     kind: Optional[str]
     failure: Optional[str]
+    elapsed: datetime.timedelta
+    history: Tuple[Attempt, ...]
 
     def _annotate(
         self,
@@ -55,12 +101,16 @@ class OperationError(Exception):
         attempts: int,
         kind: Optional[str],
         failure: Optional[str],
+        elapsed: float = 0.0,
+        history: Tuple[Attempt, ...] = (),
     ) -> None:
         self.outcome = outcome
         self.key = key
         self.attempts = attempts
         self.kind = kind
         self.failure = failure
+        self.elapsed = datetime.timedelta(seconds=elapsed)
+        self.history = history
 
     @property
     def is_outcome_unknown(self) -> bool:
@@ -167,7 +217,15 @@ class ErrorTypes:
         elif "outcome" not in message:
             message = f"{message} [outcome {answer.outcome}]"
         error = cls(message, request=request)
-        error._annotate(answer.outcome, key, answer.attempts, kind, answer.failure)
+        error._annotate(
+            answer.outcome,
+            key,
+            answer.attempts,
+            kind,
+            answer.failure,
+            answer.elapsed,
+            history_of(answer.history),
+        )
         return error
 
     def refused(self, error: ValueError, request: Any) -> OperationError:

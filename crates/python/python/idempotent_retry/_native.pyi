@@ -47,6 +47,7 @@ class Answer:
     error_kind: Optional[str]
     failure: Optional[str]
     message: Optional[str]
+    history: List[Tuple[int, float, Optional[int], Optional[str], Optional[float]]]
 
 class Pending:
     """An operation started by ``Engine.start``."""

@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterator, Optional, Sequence, Tuple, Union
 import httpx
 
 from . import _native
-from ._errors import HTTPX, ErrorTypes
+from ._errors import HTTPX, Attempt, ErrorTypes, history_of
 
 __all__ = [
     "Transport",
@@ -85,6 +85,8 @@ class Report:
             ``retry_after_too_long``, ``reconcile_window``, ``budget_exhausted``), or ``None``
             for a final answer.
         message: the engine's explanation when ``stopped`` is set.
+        history: one ``Attempt`` per attempt sent by this run, in order (empty for a replayed
+            response): each one's status or failure, when it started, the wait after it.
     """
 
     attempts: int
@@ -94,6 +96,7 @@ class Report:
     outcome: str
     stopped: Optional[str]
     message: Optional[str]
+    history: Tuple[Attempt, ...] = ()
 
 
 def _timeout(request: Any) -> Optional[float]:
@@ -130,6 +133,20 @@ def _key() -> Optional[str]:
 _STREAMS: dict = {}
 
 
+def _cut_off(failure: Any, report: Report) -> None:
+    """Annotates the error of a streamed body cut off after its head arrived: the operation
+    is done, and its report is the response's."""
+    failure._annotate(
+        "done",
+        report.key,
+        report.attempts,
+        "body",
+        "connection_reset",
+        report.elapsed,
+        report.history,
+    )
+
+
 def _streams(hx: Any, errors: ErrorTypes) -> Tuple[type, type]:
     """The sync and async byte streams of ``hx`` over the rest of a streamed body."""
     found = _STREAMS.get(id(hx))
@@ -138,8 +155,9 @@ def _streams(hx: Any, errors: ErrorTypes) -> Tuple[type, type]:
     cut = errors.by_failure["connection_reset"]
 
     class SyncBody(hx.SyncByteStream):  # type: ignore[misc, name-defined]
-        def __init__(self, first: bytes, rest: Any, request: Any) -> None:
+        def __init__(self, first: bytes, rest: Any, request: Any, report: Report) -> None:
             self._first, self._rest, self._request = first, rest, request
+            self._report = report
 
         def __iter__(self) -> Iterator[bytes]:
             if self._first:
@@ -149,7 +167,7 @@ def _streams(hx: Any, errors: ErrorTypes) -> Tuple[type, type]:
                     chunk = self._rest.read_chunk()
                 except OSError as error:
                     failure = cut(str(error), request=self._request)
-                    failure._annotate("done", None, 0, "body", "connection_reset")
+                    _cut_off(failure, self._report)
                     raise failure from None
                 if chunk is None:
                     return
@@ -159,8 +177,9 @@ def _streams(hx: Any, errors: ErrorTypes) -> Tuple[type, type]:
             self._rest.close()
 
     class AsyncBody(hx.AsyncByteStream):  # type: ignore[misc, name-defined]
-        def __init__(self, first: bytes, rest: Any, request: Any) -> None:
+        def __init__(self, first: bytes, rest: Any, request: Any, report: Report) -> None:
             self._first, self._rest, self._request = first, rest, request
+            self._report = report
 
         async def __aiter__(self):  # type: ignore[override]
             if self._first:
@@ -179,7 +198,7 @@ def _streams(hx: Any, errors: ErrorTypes) -> Tuple[type, type]:
                 chunk, error = await future
                 if error is not None:
                     failure = cut(error, request=self._request)
-                    failure._annotate("done", None, 0, "body", "connection_reset")
+                    _cut_off(failure, self._report)
                     raise failure
                 if chunk is None:
                     return
@@ -201,6 +220,7 @@ def _response(hx: Any, answer: Any, request: Any, errors: ErrorTypes, sync: bool
         outcome=answer.outcome,
         stopped=answer.error_kind,
         message=answer.message,
+        history=history_of(answer.history),
     )
     extensions = {REPORT_EXTENSION: report}
     if answer.http_version:
@@ -209,7 +229,9 @@ def _response(hx: Any, answer: Any, request: Any, errors: ErrorTypes, sync: bool
         stream = hx.ByteStream(answer.body or b"")
     else:
         sync_body, async_body = _streams(hx, errors)
-        stream = (sync_body if sync else async_body)(answer.body or b"", answer.rest, request)
+        stream = (sync_body if sync else async_body)(
+            answer.body or b"", answer.rest, request, report
+        )
     return hx.Response(
         answer.status,
         headers=answer.headers,
