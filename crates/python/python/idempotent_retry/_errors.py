@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import httpx
+
+from . import _native
 
 __all__ = [
     "Attempt",
@@ -168,22 +170,28 @@ class InvalidRequest(OperationError, httpx.RequestError):
     key): ``outcome`` is ``"not_done"``."""
 
 
+#: One exception class of an httpx flavour, as ``ErrorTypes`` calls it: ``cls(message,
+#: request=request)``, which ``type[OperationError]`` cannot say (``Exception`` takes no
+#: ``request``; the httpx half of each class does).
+ErrorClass = Callable[..., OperationError]
+
+
 class ErrorTypes:
     """The exception classes of one httpx flavour (httpx, httpx2), by what they report."""
 
     def __init__(
         self,
         *,
-        connect: type,
-        timeout: type,
-        reset: type,
-        closed: type,
-        other: type,
-        body_not_replayable: type,
-        key_reuse: type,
-        lease_held: type,
-        ledger: type,
-        invalid: type,
+        connect: ErrorClass,
+        timeout: ErrorClass,
+        reset: ErrorClass,
+        closed: ErrorClass,
+        other: ErrorClass,
+        body_not_replayable: ErrorClass,
+        key_reuse: ErrorClass,
+        lease_held: ErrorClass,
+        ledger: ErrorClass,
+        invalid: ErrorClass,
     ) -> None:
         self.by_failure = {
             "dns": connect,
@@ -204,10 +212,12 @@ class ErrorTypes:
         self.other = other
         self.invalid = invalid
 
-    def error_for(self, answer: Any, request: Any) -> OperationError:
+    def error_for(self, answer: _native.Answer, request: Any) -> OperationError:
         """The exception for an answer without a response."""
         kind = answer.error_kind
-        cls = self.by_kind.get(kind) or self.by_failure.get(answer.failure) or self.other
+        by_kind = None if kind is None else self.by_kind.get(kind)
+        by_failure = None if answer.failure is None else self.by_failure.get(answer.failure)
+        cls = by_kind or by_failure or self.other
         message = answer.message or "the operation stopped without an answer"
         key = answer.key
         # The engine's message names the outcome and the key of an operation that may have

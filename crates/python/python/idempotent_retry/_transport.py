@@ -10,7 +10,7 @@ import json
 import os
 import ssl
 import threading
-from typing import Any, Dict, Iterator, Optional, Sequence, Tuple, Union
+from typing import Any, AsyncIterator, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import httpx
 
@@ -116,13 +116,13 @@ def _buffered(hx: Any, request: Any) -> Tuple[bool, Optional[bytes]]:
         multipart = getattr(getattr(hx, "_multipart", None), "MultipartStream", None)
         if multipart is not None and isinstance(request.stream, multipart):
             # A form of in-memory fields and files: httpx can render it again.
-            content = b"".join(request.stream)  # type: ignore[arg-type]
+            content = b"".join(request.stream)
         else:
             return False, None
     return True, (content or None)
 
 
-def _headers(request: Any) -> list:
+def _headers(request: Any) -> List[Tuple[bytes, bytes]]:
     return list(request.headers.raw)
 
 
@@ -130,7 +130,7 @@ def _key() -> Optional[str]:
     return _KEY.get()
 
 
-_STREAMS: dict = {}
+_STREAMS: Dict[int, Tuple[type, type]] = {}
 
 
 def _cut_off(failure: Any, report: Report) -> None:
@@ -148,13 +148,16 @@ def _cut_off(failure: Any, report: Report) -> None:
 
 
 def _streams(hx: Any, errors: ErrorTypes) -> Tuple[type, type]:
-    """The sync and async byte streams of ``hx`` over the rest of a streamed body."""
+    """The sync and async byte streams of ``hx`` over the rest of a streamed body.
+
+    ``hx`` is the flavour's module (httpx or httpx2), only known at run time: its base
+    classes are ``Any`` to mypy, hence the ``misc`` ignores (subclassing ``Any``)."""
     found = _STREAMS.get(id(hx))
     if found is not None:
         return found
     cut = errors.by_failure["connection_reset"]
 
-    class SyncBody(hx.SyncByteStream):  # type: ignore[misc, name-defined]
+    class SyncBody(hx.SyncByteStream):  # type: ignore[misc]
         def __init__(self, first: bytes, rest: Any, request: Any, report: Report) -> None:
             self._first, self._rest, self._request = first, rest, request
             self._report = report
@@ -176,19 +179,21 @@ def _streams(hx: Any, errors: ErrorTypes) -> Tuple[type, type]:
         def close(self) -> None:
             self._rest.close()
 
-    class AsyncBody(hx.AsyncByteStream):  # type: ignore[misc, name-defined]
+    class AsyncBody(hx.AsyncByteStream):  # type: ignore[misc]
         def __init__(self, first: bytes, rest: Any, request: Any, report: Report) -> None:
             self._first, self._rest, self._request = first, rest, request
             self._report = report
 
-        async def __aiter__(self):  # type: ignore[override]
+        async def __aiter__(self) -> AsyncIterator[bytes]:
             if self._first:
                 yield self._first
             loop = asyncio.get_running_loop()
             while True:
-                future: asyncio.Future = loop.create_future()
+                future: asyncio.Future[Tuple[Any, Any]] = loop.create_future()
 
-                def done(chunk: Any, error: Any, future: asyncio.Future = future) -> None:
+                def done(
+                    chunk: Any, error: Any, future: asyncio.Future[Tuple[Any, Any]] = future
+                ) -> None:
                     try:
                         loop.call_soon_threadsafe(_settle, future, (chunk, error))
                     except RuntimeError:
@@ -331,7 +336,7 @@ def _engine(
     verify: Verify = True,
     cert: Optional[Cert] = None,
     proxy: Optional[str] = None,
-) -> Any:
+) -> _native.Engine:
     """The native engine for the transports' options (``None``: the engine's default)."""
     return _native.Engine(
         max_attempts=max_attempts,
@@ -417,6 +422,7 @@ class SyncEngineTransport:
 
     _hx: Any = httpx
     _errors: ErrorTypes = HTTPX
+    _engine: _native.Engine
 
     def __init__(
         self,
@@ -528,7 +534,7 @@ async def _feed_async(source: Any, stream: Any) -> None:
         stream.finish()
 
 
-def _settle(future: asyncio.Future, answer: Any) -> None:
+def _settle(future: asyncio.Future[Any], answer: Any) -> None:
     if not future.done():
         future.set_result(answer)
 
@@ -538,12 +544,13 @@ class AsyncEngineTransport:
 
     _hx: Any = httpx
     _errors: ErrorTypes = HTTPX
+    _engine: _native.Engine
 
     __init__ = SyncEngineTransport.__init__
 
     async def handle_async_request(self, request: Any) -> Any:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future = loop.create_future()
+        future: asyncio.Future[_native.Answer] = loop.create_future()
 
         def done(answer: Any) -> None:
             try:
