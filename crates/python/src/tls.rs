@@ -113,6 +113,17 @@ impl Connection {
         // httpx follows redirects itself (`follow_redirects`); without `proxy=` the engine
         // connects directly, as httpx's own transport does (the environment's proxies are
         // httpx's mounts).
+        if let Some(url) = &self.proxy {
+            let scheme = url
+                .split_once("://")
+                .map(|(scheme, _)| scheme.to_ascii_lowercase());
+            if !matches!(scheme.as_deref(), Some("http" | "https")) {
+                return Err(PyValueError::new_err(format!(
+                    "proxy: {url:?} is not an http:// or https:// URL (the only proxies this \
+                     build speaks to); pass one such as \"http://proxy.example:3128\""
+                )));
+            }
+        }
         builder = match &self.proxy {
             Some(url) => builder.proxy(reqwest::Proxy::all(url.as_str()).map_err(|err| {
                 PyValueError::new_err(format!(

@@ -210,6 +210,7 @@ class Proxy:
 
     def __init__(self) -> None:
         self.seen: List[str] = []
+        self.authorizations: List[str] = []
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         threading.Thread(target=self._accept, daemon=True).start()
@@ -230,8 +231,13 @@ class Proxy:
                 client.close()
                 return
             head += chunk
-        line = head.split(b"\r\n", 1)[0].decode()
+        lines = head.split(b"\r\n\r\n", 1)[0].decode().split("\r\n")
+        line = lines[0]
         self.seen.append(line)
+        for field in lines[1:]:
+            name, value = field.split(":", 1)
+            if name.strip().lower() == "proxy-authorization":
+                self.authorizations.append(value.strip())
         method, target, _ = line.split(" ", 2)
         if method == "CONNECT":
             host, port = target.rsplit(":", 1)
@@ -291,6 +297,18 @@ def test_https_is_tunnelled_through_the_proxy(https, pki, proxy):
     assert proxy.seen == [f"CONNECT {authority.host}:{authority.port} HTTP/1.1"]
 
 
-def test_a_bad_proxy_url_is_a_clear_error():
-    with pytest.raises(ValueError, match="proxy"):
-        ir.Transport(proxy="not a url")
+@pytest.mark.parametrize("url", ["not a url", "socks5://127.0.0.1:1080", "ftp://proxy:21"])
+def test_a_proxy_url_this_build_cannot_use_is_a_clear_error(url):
+    with pytest.raises(ValueError) as caught:
+        ir.Transport(proxy=url)
+    assert url in str(caught.value)
+    assert "http://" in str(caught.value)
+
+
+def test_a_proxy_credential_is_sent_to_the_proxy(receiver, proxy):
+    url = receiver.url("/v1/charges")
+    authority = proxy.url.split("://", 1)[1]
+    with httpx.Client(transport=ir.Transport(**FAST, proxy=f"http://me:s3cret@{authority}")) as c:
+        response = c.post(url, json={"amount": 1}, headers={"Idempotency-Key": "k-auth"})
+    assert response.status_code == 200
+    assert proxy.authorizations == ["Basic bWU6czNjcmV0"]

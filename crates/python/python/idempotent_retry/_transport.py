@@ -397,7 +397,8 @@ _OPTIONS_DOC = """
             the client's ``verify=``, so give it here). ``True``: against the platform's trust
             store (rustls with the platform verifier). ``False``: not at all (testing only).
             A path (``str`` or ``os.PathLike``) of a PEM file of CA certificates: against those
-            roots only, as httpx's ``verify="ca.pem"`` does. An ``ssl.SSLContext`` is refused
+            roots only, as httpx's ``verify="ca.pem"`` does (a file: not a directory of
+            hashed certificates, which httpx also takes). An ``ssl.SSLContext`` is refused
             with ``TypeError`` (its trust store cannot be read back): pass the CA file's path
             instead. ``FileNotFoundError``/``OSError`` for a file that cannot be read,
             ``ValueError`` for one without a PEM certificate. Default: ``True``.
@@ -406,8 +407,8 @@ _OPTIONS_DOC = """
             key)`` pair of PEM files. An encrypted key (httpx's third ``password`` item) is
             refused with ``ValueError``: decrypt it first (``openssl pkey -in key.pem -out
             plain.pem``). The same errors as ``verify`` for a bad file. Default: none.
-        proxy: a proxy URL (``http://``, ``https://``, ``socks5://`` where built in) that every
-            request goes through, HTTPS ones tunnelled with ``CONNECT``; credentials in the URL
+        proxy: an ``http://`` or ``https://`` proxy URL (no SOCKS) that every request goes
+            through, HTTPS ones tunnelled with ``CONNECT``; credentials in the URL
             are sent as ``Proxy-Authorization``. Give it here, not to the httpx client: httpx
             sends a client's ``proxy=`` through a transport of its own, past this one (and
             ignores the environment's proxies once a transport is given). ``ValueError`` for a
