@@ -219,7 +219,7 @@ impl Engine {
         let http = connection
             .apply(reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()))?
             .build()
-            .map_err(|err| connection.build_error(&err))?;
+            .map_err(|err| Connection::build_error(&err))?;
         let mut builder = Client::builder()
             .http(http)
             .policy(policy)

@@ -81,6 +81,18 @@ impl Connection {
                      \"-----BEGIN CERTIFICATE-----\" blocks"
                 )));
             }
+            // A block that is PEM but not a certificate rustls can read fails only when a
+            // client is built: try the roots alone, to name the file.
+            reqwest::Client::builder()
+                .tls_certs_only(roots.clone())
+                .build()
+                .map_err(|err| {
+                    PyValueError::new_err(format!(
+                        "verify: {path:?} holds a certificate that cannot be used as a root \
+                         ({}); pass a file of valid PEM CA certificates",
+                        with_causes(&err)
+                    ))
+                })?;
             builder = builder.tls_certs_only(roots);
         }
         if let Some(cert) = &self.cert_file {
@@ -108,6 +120,18 @@ impl Connection {
                     with_causes(&err)
                 ))
             })?;
+            // A certificate that cannot be read, or a key that is not its own, fails only when a
+            // client is built: try the identity alone, to name the files.
+            reqwest::Client::builder()
+                .identity(identity.clone())
+                .build()
+                .map_err(|err| {
+                    PyValueError::new_err(format!(
+                        "cert: no usable client certificate in {files} ({}); pass a PEM \
+                         certificate with its own private key",
+                        with_causes(&err)
+                    ))
+                })?;
             builder = builder.identity(identity);
         }
         // httpx follows redirects itself (`follow_redirects`); without `proxy=` the engine
@@ -137,16 +161,11 @@ impl Connection {
         Ok(builder)
     }
 
-    /// The error for a client that would not build: with a client certificate, most likely
-    /// that certificate (a key that is not its own, a kind of key rustls cannot use).
-    pub(crate) fn build_error(&self, err: &reqwest::Error) -> PyErr {
-        let cause = with_causes(err);
-        match &self.cert_file {
-            Some(cert) => PyValueError::new_err(format!(
-                "cannot build the HTTP client with the client certificate {cert:?} ({cause}); \
-                 pass a certificate with its own private key (PEM)"
-            )),
-            None => PyRuntimeError::new_err(format!("cannot build the HTTP client: {cause}")),
-        }
+    /// The error for a client that would not build, its TLS files already tried alone.
+    pub(crate) fn build_error(err: &reqwest::Error) -> PyErr {
+        PyRuntimeError::new_err(format!(
+            "cannot build the HTTP client: {}",
+            with_causes(err)
+        ))
     }
 }

@@ -58,6 +58,9 @@ def pki(tmp_path_factory) -> Path:
         (d / "client.pem").read_text() + (d / "client.key").read_text()
     )
     (d / "not-pem.txt").write_text("this is not a certificate\n")
+    (d / "bad-block.pem").write_text(
+        "-----BEGIN CERTIFICATE-----\nMIIBbad0000\n-----END CERTIFICATE-----\n"
+    )
     return d
 
 
@@ -171,6 +174,13 @@ def test_a_ca_file_without_a_certificate_is_a_clear_error(pki):
     assert "BEGIN CERTIFICATE" in str(caught.value)
 
 
+def test_a_ca_file_with_a_broken_certificate_is_a_clear_error(pki):
+    with pytest.raises(ValueError) as caught:
+        ir.Transport(verify=pki / "bad-block.pem")
+    assert "bad-block.pem" in str(caught.value)
+    assert "valid PEM CA certificates" in str(caught.value)
+
+
 def test_an_ssl_context_is_refused_with_what_to_pass_instead():
     with pytest.raises(TypeError) as caught:
         ir.Transport(verify=ssl.create_default_context())
@@ -200,6 +210,10 @@ def test_a_client_certificate_without_its_key_is_a_clear_error(pki):
     with pytest.raises(FileNotFoundError) as missing:
         ir.Transport(cert=(pki / "client.pem", pki / "gone.key"))
     assert "gone.key" in str(missing.value)
+    with pytest.raises(ValueError) as mismatch:
+        ir.Transport(cert=(pki / "client.pem", pki / "server.key"))
+    assert "client.pem" in str(mismatch.value) and "server.key" in str(mismatch.value)
+    assert "its own private key" in str(mismatch.value)
     with pytest.raises(ValueError, match="encrypted"):
         ir.Transport(cert=(pki / "client.pem", pki / "client.key", "secret"))
 

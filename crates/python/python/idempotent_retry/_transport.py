@@ -363,8 +363,10 @@ def _engine(
 
 _OPTIONS_DOC = """
     Every option is keyword-only; ``ValueError`` for an invalid one (a zero ``max_attempts``,
-    a ``base_delay`` above ``max_delay``, a negative duration, a bad header name),
-    ``RuntimeError`` when the ledger cannot be opened.
+    a ``base_delay`` above ``max_delay``, a negative duration, a bad header name, a TLS file
+    without a usable PEM certificate, a proxy that is not an http(s) URL), ``TypeError`` for a
+    ``verify``, ``cert`` or ``proxy`` of the wrong type, ``FileNotFoundError`` (``OSError``)
+    for a TLS file that cannot be read, ``RuntimeError`` when the ledger cannot be opened.
 
     Args:
         max_attempts: attempts per operation, the first included. Default: 5.
