@@ -6,7 +6,7 @@ use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueEr
 use pyo3::prelude::*;
 
 /// How the engine's connections are secured and routed, as the Python side hands it over.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Connection {
     /// `false`: no certificate is verified (`verify=False`).
     pub(crate) verify: bool,
