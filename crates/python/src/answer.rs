@@ -48,6 +48,31 @@ pub struct Answer {
     pub failure: Option<&'static str>,
     /// The error's message for people, with its deepest cause.
     pub message: Option<String>,
+    /// One `(number, started, status, failure, wait)` per attempt, in order: its number (1
+    /// for the first), when it started (seconds from the first attempt's start), the status
+    /// of its response, how it failed (`FailureKind::as_str`) when it was not final, and the
+    /// seconds waited after it when another attempt followed.
+    pub history: Vec<AttemptRow>,
+}
+
+/// One attempt of `Answer.history`.
+pub(crate) type AttemptRow = (u32, f64, Option<u16>, Option<&'static str>, Option<f64>);
+
+/// The rows of a report's history.
+fn rows(report: &RetryReport) -> Vec<AttemptRow> {
+    report
+        .history()
+        .iter()
+        .map(|attempt| {
+            (
+                attempt.number,
+                attempt.started.as_secs_f64(),
+                attempt.status.map(|status| status.as_u16()),
+                attempt.failure.map(FailureKind::as_str),
+                attempt.wait.map(|wait| wait.delay.as_secs_f64()),
+            )
+        })
+        .collect()
 }
 
 /// The longest body read whole before the response is handed over; a longer one, or one of
@@ -209,6 +234,7 @@ pub(crate) struct Finished {
     pub(crate) error_kind: Option<&'static str>,
     pub(crate) failure: Option<&'static str>,
     pub(crate) message: Option<String>,
+    pub(crate) history: Vec<AttemptRow>,
 }
 
 impl Finished {
@@ -216,6 +242,7 @@ impl Finished {
     /// operation done (its answer's head came back).
     pub(crate) async fn from_response(response: reqwest::Response) -> Finished {
         let report = RetryReport::of(&response).cloned();
+        let history = report.as_ref().map(rows).unwrap_or_default();
         let (attempts, key, replayed, elapsed) =
             report.as_ref().map_or((0, None, false, 0.0), |r| {
                 (
@@ -236,6 +263,7 @@ impl Finished {
                 error_kind: None,
                 failure: None,
                 message: None,
+                history,
             },
             Err(err) => Finished {
                 received: None,
@@ -253,6 +281,7 @@ impl Finished {
                 message: Some(format!(
                     "the response's head arrived, then its body was cut off: {err}"
                 )),
+                history,
             },
         }
     }
@@ -274,6 +303,7 @@ impl Finished {
             error_kind: Some(err.kind().as_str()),
             failure: err.failure().map(FailureKind::as_str),
             message: Some(err.message_with_cause()),
+            history: rows(err.report()),
         }
     }
 
@@ -320,6 +350,7 @@ impl Finished {
             error_kind: self.error_kind,
             failure: self.failure,
             message: self.message,
+            history: self.history,
         }
     }
 }

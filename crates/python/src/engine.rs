@@ -18,6 +18,7 @@ use pyo3::types::PyBytes;
 use crate::answer::{Answer, Finished};
 use crate::body::BodyStream;
 use crate::runtime::runtime;
+use crate::tls::Connection;
 
 /// How long closing waits for an SQLite ledger to checkpoint its log.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
@@ -106,12 +107,16 @@ impl Engine {
     /// ledger's rows; `ledger_scope` files every operation under that scope (default: the
     /// URL's host); `retry_budget=False` turns the client's retry budget off, and the
     /// `budget_*` arguments size it (`RetryBudgetConfig`: 500 tokens, a failed retry costs 5,
-    /// a timed-out one 10, a first-attempt success gives 1 back).
+    /// a timed-out one 10, a first-attempt success gives 1 back). `verify=False` verifies no
+    /// certificate; `ca_file` is a PEM file of the only roots trusted (default: the
+    /// platform's); `cert_file` (with `key_file`, or holding the key too) is a PEM client
+    /// certificate; `proxy` sends every request through that proxy (default: none).
     ///
     /// # Errors
     ///
-    /// `ValueError` for an invalid policy, duration or header name; `RuntimeError` when the
-    /// ledger cannot be opened or the HTTP client cannot be built.
+    /// `ValueError` for an invalid policy, duration, header name, PEM file or proxy URL;
+    /// `FileNotFoundError`/`OSError` for a TLS file that cannot be read; `RuntimeError` when
+    /// the ledger cannot be opened or the HTTP client cannot be built.
     #[new]
     #[pyo3(signature = (
         *,
@@ -132,6 +137,11 @@ impl Engine {
         budget_retry_cost = None,
         budget_timeout_cost = None,
         budget_success_reward = None,
+        verify = true,
+        ca_file = None,
+        cert_file = None,
+        key_file = None,
+        proxy = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -153,6 +163,11 @@ impl Engine {
         budget_retry_cost: Option<u32>,
         budget_timeout_cost: Option<u32>,
         budget_success_reward: Option<u32>,
+        verify: bool,
+        ca_file: Option<String>,
+        cert_file: Option<String>,
+        key_file: Option<String>,
+        proxy: Option<String>,
     ) -> PyResult<Engine> {
         let mut policy = RetryPolicy::default();
         if let Some(attempts) = max_attempts {
@@ -194,14 +209,17 @@ impl Engine {
         if let Some(name) = worker {
             options = options.worker(name);
         }
-        // httpx follows redirects itself (`follow_redirects`), and proxies are its mounts.
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .redirect(reqwest::redirect::Policy::none())
+        let connection = Connection {
+            verify,
+            ca_file,
+            cert_file,
+            key_file,
+            proxy,
+        };
+        let http = connection
+            .apply(reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()))?
             .build()
-            .map_err(|err| {
-                PyRuntimeError::new_err(format!("cannot build the HTTP client: {err}"))
-            })?;
+            .map_err(|err| Connection::build_error(&err))?;
         let mut builder = Client::builder()
             .http(http)
             .policy(policy)

@@ -4,9 +4,10 @@
 //!
 //! It holds one shared tokio runtime (`runtime.rs`), the engine ([`Engine`]: an
 //! `idempotent_retry::Client` with its policy and ledger, one request in, one [`Answer`] out),
-//! request bodies streamed from Python ([`BodyStream`]), and the key derivations ([`derive()`],
-//! [`for_tool_call()`]), byte for byte those of `IdempotencyKey`. With the `testing` feature, the
-//! submodule `_testing` starts the workspace's test receiver for the package's pytest suite.
+//! request bodies streamed from Python ([`BodyStream`]), the TLS and proxy settings of its HTTP
+//! client (`tls.rs`), and the key derivations ([`derive()`], [`for_tool_call()`]), byte for
+//! byte those of `IdempotencyKey`. With the `testing` feature, the submodule `_testing` starts
+//! the workspace's test receiver for the package's pytest suite.
 //!
 //! The module is built by maturin (`crates/python/pyproject.toml`) as an abi3 extension for
 //! CPython 3.10 and later; the package's README says how it is used.
@@ -25,6 +26,7 @@ mod keys;
 mod runtime;
 #[cfg(feature = "testing")]
 mod testing;
+mod tls;
 
 use pyo3::prelude::*;
 

@@ -3,6 +3,7 @@ receiver: the attempts, one key on all of them, the effects, and what is raised.
 
 from __future__ import annotations
 
+import datetime
 import socket
 import time
 
@@ -194,3 +195,67 @@ def test_headers_and_body_arrive_as_sent_and_come_back_in_order(receiver):
     assert response.headers.get_list("content-type") == ["application/json"]
     assert response.http_version == "HTTP/1.1"
     assert receiver.effects_for("k-h") == 1
+
+
+def test_every_attempt_503_has_its_history_in_the_report(receiver):
+    for attempt in (1, 2):
+        receiver.inject("status", key="k-hist", attempt=attempt, status=503)
+    response = charge(client(max_attempts=2), receiver, "k-hist")
+    got = report(response)
+    assert response.status_code == 503 and got.outcome == "unknown"
+    assert [(a.number, a.status, a.failure) for a in got.history] == [
+        (1, 503, "server_error"),
+        (2, 503, "server_error"),
+    ]
+    first, second = got.history
+    assert first.started < datetime.timedelta(seconds=0.1)
+    assert first.wait is not None and second.wait is None
+    assert second.started >= first.wait
+    assert got.elapsed >= second.started.total_seconds()
+
+
+def test_a_503_then_a_timeout_raises_with_elapsed_and_the_history(receiver):
+    receiver.inject("status", key="k-503-stall", attempt=1, status=503)
+    receiver.inject("stall_after_commit", key="k-503-stall", attempt=2, seconds=5)
+    started = time.monotonic()
+    with pytest.raises(ir.OperationError) as raised:
+        charge(client(max_attempts=2), receiver, "k-503-stall", timeout=0.3)
+    took = time.monotonic() - started
+    error = raised.value
+    assert isinstance(error, httpx.ReadTimeout)
+    assert error.outcome == "unknown"
+    assert [(a.number, a.status, a.failure) for a in error.history] == [
+        (1, 503, "server_error"),
+        (2, None, "timeout"),
+    ]
+    assert isinstance(error.elapsed, datetime.timedelta)
+    # The second attempt's 0.3 s timeout is in it, and it is no longer than the call.
+    assert datetime.timedelta(seconds=0.3) <= error.elapsed <= datetime.timedelta(seconds=took)
+    assert error.history[1].started >= error.history[0].wait
+
+
+def test_a_refused_connection_raises_with_elapsed_and_the_history():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(httpx.ConnectError) as raised:
+        client(max_attempts=2).post(
+            f"http://127.0.0.1:{port}/v1/charges", content=b"x", headers={"Idempotency-Key": "k-h"}
+        )
+    took = time.monotonic() - started
+    error = raised.value
+    assert error.outcome == "not_done"
+    assert [(a.number, a.status, a.failure) for a in error.history] == [
+        (1, None, "connect"),
+        (2, None, "connect"),
+    ]
+    assert error.history[0].wait is not None and error.history[1].wait is None
+    assert datetime.timedelta(0) < error.elapsed <= datetime.timedelta(seconds=took)
+
+
+def test_an_error_raised_before_sending_has_no_history(receiver):
+    with pytest.raises(ir.InvalidRequest) as raised:
+        client().post(receiver.url("/v1/charges"), headers={"Idempotency-Key": "bad key\x01"})
+    assert raised.value.history == ()
+    assert raised.value.elapsed == datetime.timedelta(0)

@@ -109,6 +109,9 @@ def test_a_streamed_body_cut_off_raises_read_error_outcome_done():
     # The answer's head arrived: the operation is done, its body lost.
     assert raised.value.outcome == "done"
     assert "cut off" in str(raised.value)
+    # The response's report: the one attempt whose head arrived.
+    assert raised.value.attempts == 1
+    assert [(a.number, a.status) for a in raised.value.history] == [(1, 200)]
 
 
 def test_a_known_short_body_is_read_whole(receiver):

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import dataclasses
+import datetime
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import httpx
 
+from . import _native
+
 __all__ = [
+    "Attempt",
+    "history_of",
     "OperationError",
     "ConnectError",
     "ConnectTimeout",
@@ -22,6 +28,42 @@ __all__ = [
     "ErrorTypes",
     "HTTPX",
 ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """One attempt of an operation, as the engine recorded it.
+
+    Attributes:
+        number: 1 for the first attempt.
+        started: when it started, from the start of the first attempt.
+        status: the status of its response, or ``None`` when none came (a refused connection,
+            a timeout, a reset).
+        failure: why it was not final, as the engine names it (``server_error`` for a 5xx,
+            ``connect``, ``timeout``, ``connection_reset``, ``throttled``, ...), or
+            ``None`` for a final answer.
+        wait: how long the operation waited after it, when another attempt followed.
+    """
+
+    number: int
+    started: datetime.timedelta
+    status: Optional[int]
+    failure: Optional[str]
+    wait: Optional[datetime.timedelta]
+
+
+def history_of(rows: Sequence[Tuple[int, float, Optional[int], Optional[str], Optional[float]]]) -> Tuple[Attempt, ...]:
+    """The ``Attempt`` records of the native answer's history rows."""
+    return tuple(
+        Attempt(
+            number=number,
+            started=datetime.timedelta(seconds=started),
+            status=status,
+            failure=failure,
+            wait=None if wait is None else datetime.timedelta(seconds=wait),
+        )
+        for number, started, status, failure, wait in rows
+    )
 
 
 class OperationError(Exception):
@@ -40,6 +82,10 @@ class OperationError(Exception):
             ``reconcile_window``, ``key_reuse``, ``lease_held``, ``ledger``, ...).
         failure: how the last attempt failed (``connect``, ``timeout``, ``connection_reset``,
             ``connection_closed``, ...), or ``None``.
+        elapsed: a ``datetime.timedelta``, from the start of the first attempt to the end of
+            the last, the waits between them included (zero when nothing was sent).
+        history: one ``Attempt`` per attempt sent by this run, in order (empty when nothing
+            was sent): each one's status or failure, when it started, the wait after it.
     """
 
     outcome: str
@@ -47,6 +93,8 @@ class OperationError(Exception):
     attempts: int
     kind: Optional[str]
     failure: Optional[str]
+    elapsed: datetime.timedelta
+    history: Tuple[Attempt, ...]
 
     def _annotate(
         self,
@@ -55,12 +103,16 @@ class OperationError(Exception):
         attempts: int,
         kind: Optional[str],
         failure: Optional[str],
+        elapsed: float = 0.0,
+        history: Tuple[Attempt, ...] = (),
     ) -> None:
         self.outcome = outcome
         self.key = key
         self.attempts = attempts
         self.kind = kind
         self.failure = failure
+        self.elapsed = datetime.timedelta(seconds=elapsed)
+        self.history = history
 
     @property
     def is_outcome_unknown(self) -> bool:
@@ -118,22 +170,28 @@ class InvalidRequest(OperationError, httpx.RequestError):
     key): ``outcome`` is ``"not_done"``."""
 
 
+#: One exception class of an httpx flavour, as ``ErrorTypes`` calls it: ``cls(message,
+#: request=request)``, which ``type[OperationError]`` cannot say (``Exception`` takes no
+#: ``request``; the httpx half of each class does).
+ErrorClass = Callable[..., OperationError]
+
+
 class ErrorTypes:
     """The exception classes of one httpx flavour (httpx, httpx2), by what they report."""
 
     def __init__(
         self,
         *,
-        connect: type,
-        timeout: type,
-        reset: type,
-        closed: type,
-        other: type,
-        body_not_replayable: type,
-        key_reuse: type,
-        lease_held: type,
-        ledger: type,
-        invalid: type,
+        connect: ErrorClass,
+        timeout: ErrorClass,
+        reset: ErrorClass,
+        closed: ErrorClass,
+        other: ErrorClass,
+        body_not_replayable: ErrorClass,
+        key_reuse: ErrorClass,
+        lease_held: ErrorClass,
+        ledger: ErrorClass,
+        invalid: ErrorClass,
     ) -> None:
         self.by_failure = {
             "dns": connect,
@@ -154,10 +212,12 @@ class ErrorTypes:
         self.other = other
         self.invalid = invalid
 
-    def error_for(self, answer: Any, request: Any) -> OperationError:
+    def error_for(self, answer: _native.Answer, request: Any) -> OperationError:
         """The exception for an answer without a response."""
         kind = answer.error_kind
-        cls = self.by_kind.get(kind) or self.by_failure.get(answer.failure) or self.other
+        by_kind = None if kind is None else self.by_kind.get(kind)
+        by_failure = None if answer.failure is None else self.by_failure.get(answer.failure)
+        cls = by_kind or by_failure or self.other
         message = answer.message or "the operation stopped without an answer"
         key = answer.key
         # The engine's message names the outcome and the key of an operation that may have
@@ -167,7 +227,15 @@ class ErrorTypes:
         elif "outcome" not in message:
             message = f"{message} [outcome {answer.outcome}]"
         error = cls(message, request=request)
-        error._annotate(answer.outcome, key, answer.attempts, kind, answer.failure)
+        error._annotate(
+            answer.outcome,
+            key,
+            answer.attempts,
+            kind,
+            answer.failure,
+            answer.elapsed,
+            history_of(answer.history),
+        )
         return error
 
     def refused(self, error: ValueError, request: Any) -> OperationError:

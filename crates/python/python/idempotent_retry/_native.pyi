@@ -1,6 +1,16 @@
 """Types of the native module (Rust, PyO3) behind ``idempotent_retry``'s transports."""
 
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union, final
+
+__all__ = [
+    "Engine",
+    "Answer",
+    "Pending",
+    "ResponseBody",
+    "BodyStream",
+    "derive",
+    "for_tool_call",
+]
 
 def derive(scope: str, parts: Sequence[str] = ...) -> str:
     """``IdempotencyKey::derive(scope, parts)``: 64 lowercase hex digits."""
@@ -9,6 +19,7 @@ def for_tool_call(tool: str, args_json: str) -> str:
     """``IdempotencyKey::for_tool_call(tool, args)`` over JSON text; ``ValueError`` if it is
     not JSON."""
 
+@final
 class BodyStream:
     """A request body pushed from Python, read once by one request."""
 
@@ -20,6 +31,7 @@ class BodyStream:
     def fail(self, message: str) -> None:
         """Ends the body with an error: the request fails."""
 
+@final
 class ResponseBody:
     """The rest of a streamed response body."""
 
@@ -30,6 +42,7 @@ class ResponseBody:
     def close(self) -> None:
         """Drops the rest of the body."""
 
+@final
 class Answer:
     """How one operation ended: a response (``status`` set) or a failure (``error_kind``
     set), with the report."""
@@ -47,18 +60,21 @@ class Answer:
     error_kind: Optional[str]
     failure: Optional[str]
     message: Optional[str]
+    history: List[Tuple[int, float, Optional[int], Optional[str], Optional[float]]]
 
+@final
 class Pending:
     """An operation started by ``Engine.start``."""
 
     def cancel(self) -> None:
         """Drops the operation where it stands; ``done`` is never called."""
 
+@final
 class Engine:
     """An ``idempotent_retry::Client`` on the shared runtime."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         *,
         max_attempts: Optional[int] = None,
         base_delay: Optional[float] = None,
@@ -77,7 +93,12 @@ class Engine:
         budget_retry_cost: Optional[int] = None,
         budget_timeout_cost: Optional[int] = None,
         budget_success_reward: Optional[int] = None,
-    ) -> None: ...
+        verify: bool = True,
+        ca_file: Optional[str] = None,
+        cert_file: Optional[str] = None,
+        key_file: Optional[str] = None,
+        proxy: Optional[str] = None,
+    ) -> Engine: ...
     @property
     def key_header(self) -> str:
         """The key header's name, lowercase."""

@@ -8,13 +8,14 @@ import contextvars
 import dataclasses
 import json
 import os
+import ssl
 import threading
-from typing import Any, Iterator, Optional, Sequence, Tuple, Union
+from typing import Any, AsyncIterator, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import httpx
 
 from . import _native
-from ._errors import HTTPX, ErrorTypes
+from ._errors import HTTPX, Attempt, ErrorTypes, history_of
 
 __all__ = [
     "Transport",
@@ -84,6 +85,8 @@ class Report:
             ``retry_after_too_long``, ``reconcile_window``, ``budget_exhausted``), or ``None``
             for a final answer.
         message: the engine's explanation when ``stopped`` is set.
+        history: one ``Attempt`` per attempt sent by this run, in order (empty for a replayed
+            response): each one's status or failure, when it started, the wait after it.
     """
 
     attempts: int
@@ -93,6 +96,7 @@ class Report:
     outcome: str
     stopped: Optional[str]
     message: Optional[str]
+    history: Tuple[Attempt, ...] = ()
 
 
 def _timeout(request: Any) -> Optional[float]:
@@ -112,13 +116,13 @@ def _buffered(hx: Any, request: Any) -> Tuple[bool, Optional[bytes]]:
         multipart = getattr(getattr(hx, "_multipart", None), "MultipartStream", None)
         if multipart is not None and isinstance(request.stream, multipart):
             # A form of in-memory fields and files: httpx can render it again.
-            content = b"".join(request.stream)  # type: ignore[arg-type]
+            content = b"".join(request.stream)
         else:
             return False, None
     return True, (content or None)
 
 
-def _headers(request: Any) -> list:
+def _headers(request: Any) -> List[Tuple[bytes, bytes]]:
     return list(request.headers.raw)
 
 
@@ -126,19 +130,37 @@ def _key() -> Optional[str]:
     return _KEY.get()
 
 
-_STREAMS: dict = {}
+_STREAMS: Dict[int, Tuple[type, type]] = {}
+
+
+def _cut_off(failure: Any, report: Report) -> None:
+    """Annotates the error of a streamed body cut off after its head arrived: the operation
+    is done, and its report is the response's."""
+    failure._annotate(
+        "done",
+        report.key,
+        report.attempts,
+        "body",
+        "connection_reset",
+        report.elapsed,
+        report.history,
+    )
 
 
 def _streams(hx: Any, errors: ErrorTypes) -> Tuple[type, type]:
-    """The sync and async byte streams of ``hx`` over the rest of a streamed body."""
+    """The sync and async byte streams of ``hx`` over the rest of a streamed body.
+
+    ``hx`` is the flavour's module (httpx or httpx2), only known at run time: its base
+    classes are ``Any`` to mypy, hence the ``misc`` ignores (subclassing ``Any``)."""
     found = _STREAMS.get(id(hx))
     if found is not None:
         return found
     cut = errors.by_failure["connection_reset"]
 
-    class SyncBody(hx.SyncByteStream):  # type: ignore[misc, name-defined]
-        def __init__(self, first: bytes, rest: Any, request: Any) -> None:
+    class SyncBody(hx.SyncByteStream):  # type: ignore[misc]
+        def __init__(self, first: bytes, rest: Any, request: Any, report: Report) -> None:
             self._first, self._rest, self._request = first, rest, request
+            self._report = report
 
         def __iter__(self) -> Iterator[bytes]:
             if self._first:
@@ -148,7 +170,7 @@ def _streams(hx: Any, errors: ErrorTypes) -> Tuple[type, type]:
                     chunk = self._rest.read_chunk()
                 except OSError as error:
                     failure = cut(str(error), request=self._request)
-                    failure._annotate("done", None, 0, "body", "connection_reset")
+                    _cut_off(failure, self._report)
                     raise failure from None
                 if chunk is None:
                     return
@@ -157,18 +179,21 @@ def _streams(hx: Any, errors: ErrorTypes) -> Tuple[type, type]:
         def close(self) -> None:
             self._rest.close()
 
-    class AsyncBody(hx.AsyncByteStream):  # type: ignore[misc, name-defined]
-        def __init__(self, first: bytes, rest: Any, request: Any) -> None:
+    class AsyncBody(hx.AsyncByteStream):  # type: ignore[misc]
+        def __init__(self, first: bytes, rest: Any, request: Any, report: Report) -> None:
             self._first, self._rest, self._request = first, rest, request
+            self._report = report
 
-        async def __aiter__(self):  # type: ignore[override]
+        async def __aiter__(self) -> AsyncIterator[bytes]:
             if self._first:
                 yield self._first
             loop = asyncio.get_running_loop()
             while True:
-                future: asyncio.Future = loop.create_future()
+                future: asyncio.Future[Tuple[Any, Any]] = loop.create_future()
 
-                def done(chunk: Any, error: Any, future: asyncio.Future = future) -> None:
+                def done(
+                    chunk: Any, error: Any, future: asyncio.Future[Tuple[Any, Any]] = future
+                ) -> None:
                     try:
                         loop.call_soon_threadsafe(_settle, future, (chunk, error))
                     except RuntimeError:
@@ -178,7 +203,7 @@ def _streams(hx: Any, errors: ErrorTypes) -> Tuple[type, type]:
                 chunk, error = await future
                 if error is not None:
                     failure = cut(error, request=self._request)
-                    failure._annotate("done", None, 0, "body", "connection_reset")
+                    _cut_off(failure, self._report)
                     raise failure
                 if chunk is None:
                     return
@@ -200,6 +225,7 @@ def _response(hx: Any, answer: Any, request: Any, errors: ErrorTypes, sync: bool
         outcome=answer.outcome,
         stopped=answer.error_kind,
         message=answer.message,
+        history=history_of(answer.history),
     )
     extensions = {REPORT_EXTENSION: report}
     if answer.http_version:
@@ -208,7 +234,9 @@ def _response(hx: Any, answer: Any, request: Any, errors: ErrorTypes, sync: bool
         stream = hx.ByteStream(answer.body or b"")
     else:
         sync_body, async_body = _streams(hx, errors)
-        stream = (sync_body if sync else async_body)(answer.body or b"", answer.rest, request)
+        stream = (sync_body if sync else async_body)(
+            answer.body or b"", answer.rest, request, report
+        )
     return hx.Response(
         answer.status,
         headers=answer.headers,
@@ -222,6 +250,68 @@ def _finish(hx: Any, errors: ErrorTypes, answer: Any, request: Any, sync: bool) 
     if answer.status is None:
         raise errors.error_for(answer, request)
     return _response(hx, answer, request, errors, sync)
+
+
+#: What ``verify=`` takes: a bool, or the path of a PEM file of CA certificates.
+Verify = Union[bool, str, "os.PathLike[str]"]
+#: What ``cert=`` takes: one PEM file with the certificate and its key, or a (certificate,
+#: key) pair of files.
+Cert = Union[
+    str,
+    "os.PathLike[str]",
+    Tuple[Union[str, "os.PathLike[str]"], Union[str, "os.PathLike[str]", None]],
+]
+
+
+def _tls(verify: object, cert: object) -> Dict[str, Any]:
+    """The engine's TLS arguments for the transports' ``verify=`` and ``cert=``."""
+    if isinstance(verify, ssl.SSLContext):
+        raise TypeError(
+            "verify: an ssl.SSLContext cannot be used by this transport (its trust store "
+            "cannot be read back from it); pass verify=True (the platform's roots), "
+            "verify=False (no verification), or verify=\"/path/to/ca.pem\" (a PEM file of the "
+            "CA certificates to trust), and cert= for a client certificate"
+        )
+    if isinstance(verify, bool):
+        tls: Dict[str, Any] = {"verify": verify, "ca_file": None}
+    elif isinstance(verify, (str, os.PathLike)):
+        tls = {"verify": True, "ca_file": os.fspath(verify)}
+    else:
+        raise TypeError(
+            f"verify: {type(verify).__name__} is not a verify setting; pass True, False, or "
+            "the path of a PEM file of CA certificates"
+        )
+    cert_file: Optional[str] = None
+    key_file: Optional[str] = None
+    if cert is None:
+        pass
+    elif isinstance(cert, (str, os.PathLike)):
+        cert_file = os.fspath(cert)
+    elif isinstance(cert, tuple) and len(cert) in (2, 3):
+        if len(cert) == 3 and cert[2] is not None:
+            raise ValueError(
+                "cert: an encrypted private key is not supported; decrypt it first "
+                "(openssl pkey -in key.pem -out plain-key.pem) and pass (certificate, key)"
+            )
+        cert_file = os.fspath(cert[0])
+        key_file = None if cert[1] is None else os.fspath(cert[1])
+    else:
+        raise TypeError(
+            "cert: pass the path of a PEM file with the client certificate and its key, or a "
+            "(certificate, key) pair of paths"
+        )
+    tls.update(cert_file=cert_file, key_file=key_file)
+    return tls
+
+
+def _proxy(proxy: object) -> Optional[str]:
+    """The engine's proxy URL for the transports' ``proxy=``."""
+    if proxy is None or isinstance(proxy, str):
+        return proxy
+    raise TypeError(
+        f"proxy: {type(proxy).__name__} is not a proxy URL; pass a str such as "
+        '"http://user:password@proxy.example:3128"'
+    )
 
 
 def _engine(
@@ -243,7 +333,10 @@ def _engine(
     budget_retry_cost: Optional[int] = None,
     budget_timeout_cost: Optional[int] = None,
     budget_success_reward: Optional[int] = None,
-) -> Any:
+    verify: Verify = True,
+    cert: Optional[Cert] = None,
+    proxy: Optional[str] = None,
+) -> _native.Engine:
     """The native engine for the transports' options (``None``: the engine's default)."""
     return _native.Engine(
         max_attempts=max_attempts,
@@ -263,13 +356,17 @@ def _engine(
         budget_retry_cost=budget_retry_cost,
         budget_timeout_cost=budget_timeout_cost,
         budget_success_reward=budget_success_reward,
+        proxy=_proxy(proxy),
+        **_tls(verify, cert),
     )
 
 
 _OPTIONS_DOC = """
     Every option is keyword-only; ``ValueError`` for an invalid one (a zero ``max_attempts``,
-    a ``base_delay`` above ``max_delay``, a negative duration, a bad header name),
-    ``RuntimeError`` when the ledger cannot be opened.
+    a ``base_delay`` above ``max_delay``, a negative duration, a bad header name, a TLS file
+    without a usable PEM certificate, a proxy that is not an http(s) URL), ``TypeError`` for a
+    ``verify``, ``cert`` or ``proxy`` of the wrong type, ``FileNotFoundError`` (``OSError``)
+    for a TLS file that cannot be read, ``RuntimeError`` when the ledger cannot be opened.
 
     Args:
         max_attempts: attempts per operation, the first included. Default: 5.
@@ -298,6 +395,27 @@ _OPTIONS_DOC = """
         budget_retry_cost: what a failed retry costs. Default: 5.
         budget_timeout_cost: what a retry that timed out costs. Default: 10.
         budget_success_reward: what a first-attempt success gives back. Default: 1.
+        verify: how servers' certificates are checked (httpx hands a custom transport none of
+            the client's ``verify=``, so give it here). ``True``: against the platform's trust
+            store (rustls with the platform verifier). ``False``: not at all (testing only).
+            A path (``str`` or ``os.PathLike``) of a PEM file of CA certificates: against those
+            roots only, as httpx's ``verify="ca.pem"`` does (a file: not a directory of
+            hashed certificates, which httpx also takes). An ``ssl.SSLContext`` is refused
+            with ``TypeError`` (its trust store cannot be read back): pass the CA file's path
+            instead. ``FileNotFoundError``/``OSError`` for a file that cannot be read,
+            ``ValueError`` for one without a PEM certificate. Default: ``True``.
+        cert: a client certificate for servers that ask for one (mutual TLS): the path of a PEM
+            file holding the certificate (chain) and its private key, or a ``(certificate,
+            key)`` pair of PEM files. An encrypted key (httpx's third ``password`` item) is
+            refused with ``ValueError``: decrypt it first (``openssl pkey -in key.pem -out
+            plain.pem``). The same errors as ``verify`` for a bad file. Default: none.
+        proxy: an ``http://`` or ``https://`` proxy URL (no SOCKS) that every request goes
+            through, HTTPS ones tunnelled with ``CONNECT``; credentials in the URL
+            are sent as ``Proxy-Authorization``. Give it here, not to the httpx client: httpx
+            sends a client's ``proxy=`` through a transport of its own, past this one (and
+            ignores the environment's proxies once a transport is given). ``ValueError`` for a
+            URL that is not one.
+            Default: none, a direct connection.
 """
 
 
@@ -307,6 +425,7 @@ class SyncEngineTransport:
 
     _hx: Any = httpx
     _errors: ErrorTypes = HTTPX
+    _engine: _native.Engine
 
     def __init__(
         self,
@@ -328,6 +447,9 @@ class SyncEngineTransport:
         budget_retry_cost: Optional[int] = None,
         budget_timeout_cost: Optional[int] = None,
         budget_success_reward: Optional[int] = None,
+        verify: Verify = True,
+        cert: Optional[Cert] = None,
+        proxy: Optional[str] = None,
     ) -> None:
         self._engine = _engine(
             max_attempts=max_attempts,
@@ -347,6 +469,9 @@ class SyncEngineTransport:
             budget_retry_cost=budget_retry_cost,
             budget_timeout_cost=budget_timeout_cost,
             budget_success_reward=budget_success_reward,
+            verify=verify,
+            cert=cert,
+            proxy=proxy,
         )
 
     def handle_request(self, request: Any) -> Any:
@@ -412,7 +537,7 @@ async def _feed_async(source: Any, stream: Any) -> None:
         stream.finish()
 
 
-def _settle(future: asyncio.Future, answer: Any) -> None:
+def _settle(future: asyncio.Future[Any], answer: Any) -> None:
     if not future.done():
         future.set_result(answer)
 
@@ -422,12 +547,13 @@ class AsyncEngineTransport:
 
     _hx: Any = httpx
     _errors: ErrorTypes = HTTPX
+    _engine: _native.Engine
 
     __init__ = SyncEngineTransport.__init__
 
     async def handle_async_request(self, request: Any) -> Any:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future = loop.create_future()
+        future: asyncio.Future[_native.Answer] = loop.create_future()
 
         def done(answer: Any) -> None:
             try:
