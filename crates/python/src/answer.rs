@@ -8,7 +8,7 @@ use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::runtime::runtime;
+use crate::runtime::{Born, runtime};
 
 /// The end of one operation: a response (`status` set) or a failure (`error_kind` set, and
 /// possibly the last attempt's response too), with the report.
@@ -118,11 +118,25 @@ impl Received {
     }
 }
 
+/// What a refusal after a fork calls a response body.
+const BODY: &str = "this response's body";
+
 /// The rest of a streamed response body, read from Python chunk by chunk.
 #[pyclass(module = "idempotent_retry._native", frozen)]
 #[derive(Debug)]
 pub struct ResponseBody {
     response: Mutex<Option<reqwest::Response>>,
+    /// The process the response's connection belongs to.
+    born: Born,
+}
+
+impl Drop for ResponseBody {
+    fn drop(&mut self) {
+        if !self.born.is_here() {
+            // A child of a fork: the connection is the parent's (see `Engine`'s `Drop`).
+            std::mem::forget(self.take());
+        }
+    }
 }
 
 /// The next chunk of `response`, and the response to read the one after from.
@@ -163,6 +177,7 @@ impl ResponseBody {
     ///
     /// `OSError` when the connection fails before the body's end.
     fn read_chunk(&self, py: Python<'_>) -> PyResult<Option<Py<PyBytes>>> {
+        self.born.check(BODY)?;
         let Some(response) = self.take() else {
             return Ok(None);
         };
@@ -184,6 +199,12 @@ impl ResponseBody {
     /// Reads the next chunk on the runtime; `done(chunk, error)` is called from a runtime
     /// thread with the chunk (`None` at the end) or the error's message.
     fn start_read(slf: Py<Self>, py: Python<'_>, done: Py<PyAny>) {
+        if let Err(err) = slf.get().born.check(BODY) {
+            if let Err(err) = done.call1(py, (py.None(), err.to_string())) {
+                err.print(py);
+            }
+            return;
+        }
         let Some(response) = slf.get().take() else {
             if let Err(err) = done.call1(py, (py.None(), py.None())) {
                 err.print(py);
@@ -328,6 +349,7 @@ impl Finished {
                         py,
                         ResponseBody {
                             response: Mutex::new(Some(response)),
+                            born: Born::here(),
                         },
                     )
                     .ok()

@@ -17,9 +17,11 @@ use pyo3::types::PyBytes;
 
 use crate::answer::{Answer, Finished};
 use crate::body::BodyStream;
-use crate::runtime::runtime;
+use crate::runtime::{Born, runtime};
 use crate::tls::Connection;
 
+/// What a refusal after a fork calls an engine.
+const TRANSPORT: &str = "this transport";
 /// How long closing waits for an SQLite ledger to checkpoint its log.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
 /// How often a run waiting for another run's lease looks again.
@@ -47,6 +49,25 @@ pub struct Engine {
     key_header: HeaderName,
     scope: Option<String>,
     opened: Mutex<Option<Opened>>,
+    /// The process the client and its ledger were made in.
+    born: Born,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if !self.born.is_here() {
+            // A child of a fork: the client's connections and the ledger's writer belong to
+            // the parent, and tearing them down here would deregister the parent's sockets
+            // from the event queue the two share. They are left as they are.
+            std::mem::forget(self.client.clone());
+            std::mem::forget(
+                self.opened
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .take(),
+            );
+        }
+    }
 }
 
 /// A duration from Python's seconds.
@@ -267,6 +288,7 @@ impl Engine {
             key_header,
             scope: ledger_scope,
             opened: Mutex::new(opened),
+            born: Born::here(),
         })
     }
 
@@ -298,6 +320,7 @@ impl Engine {
         key: Option<String>,
         timeout: Option<f64>,
     ) -> PyResult<Answer> {
+        self.born.check(TRANSPORT)?;
         let outgoing = self.outgoing(method, url, headers, body, key, timeout)?;
         let client = self.client.clone();
         let runtime = runtime()?;
@@ -324,6 +347,7 @@ impl Engine {
         key: Option<String>,
         timeout: Option<f64>,
     ) -> PyResult<Pending> {
+        self.born.check(TRANSPORT)?;
         let outgoing = self.outgoing(method, url, headers, body, key, timeout)?;
         let client = self.client.clone();
         let task = runtime()?.spawn(async move {
@@ -344,6 +368,10 @@ impl Engine {
     /// Closes the ledger (an SQLite file checkpoints its log, for up to 5 s). Requests after
     /// this still go out, without the file once its last handle is gone.
     fn close(&self, py: Python<'_>) {
+        if !self.born.is_here() {
+            // The parent's ledger, closed by the parent (see `Drop`).
+            return;
+        }
         let opened = self
             .opened
             .lock()
