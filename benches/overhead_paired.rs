@@ -284,8 +284,8 @@ fn main() {
         }
         Some(Subscriber::Warn) => {
             use tracing_subscriber::layer::SubscriberExt as _;
-            let subscriber = tracing_subscriber::registry()
-                .with(tracing_subscriber::filter::LevelFilter::WARN);
+            let subscriber =
+                tracing_subscriber::registry().with(tracing_subscriber::filter::LevelFilter::WARN);
             tracing::subscriber::set_global_default(subscriber).expect("the first subscriber");
             println!("with a subscriber behind a WARN level filter (RUST_LOG=warn)");
         }
