@@ -73,22 +73,17 @@ where
         // What every error of the operation names: its method and URL, taken before the
         // request moves into the stages.
         let target = Target::of(&request);
-        // In a block: `settled` is borrowed, so it would keep a place in this state beside
-        // the stages' future it moves into.
-        let stages = {
-            match settle::settle(settings, &mut request, overrides) {
-                Ok(settled) => {
-                    let span = settled.span.clone();
-                    Ok(run(settings, request, settled, transport).instrument(span))
-                }
-                Err(err) => Err(err),
-            }
+        let settled = match settle::settle(settings, &mut request, overrides) {
+            Ok(settled) => settled,
+            Err(err) => return Err(err.for_request(target)),
         };
-        let result = match stages {
-            Ok(stages) => stages.await,
-            Err(err) => Err(err),
-        };
-        result.map_err(|err| err.for_request(target))
+        let span = settled.span.clone();
+        // Awaited where it is made: a stages future kept in a local first is copied
+        // (kilobytes) into the place it is polled from.
+        run(settings, request, settled, transport)
+            .instrument(span)
+            .await
+            .map_err(|err| err.for_request(target))
     }
 }
 
