@@ -314,53 +314,6 @@ def _proxy(proxy: object) -> Optional[str]:
     )
 
 
-def _engine(
-    *,
-    max_attempts: Optional[int] = None,
-    base_delay: Optional[float] = None,
-    max_delay: Optional[float] = None,
-    attempt_timeout: Optional[float] = None,
-    reconcile_window: Optional[float] = None,
-    max_retry_after: Optional[float] = None,
-    key_header: Optional[str] = None,
-    ledger: Union[str, "os.PathLike[str]", None] = None,
-    lease_slack: Optional[float] = None,
-    lease_wait: Optional[float] = None,
-    worker: Optional[str] = None,
-    ledger_scope: Optional[str] = None,
-    retry_budget: bool = True,
-    budget_capacity: Optional[int] = None,
-    budget_retry_cost: Optional[int] = None,
-    budget_timeout_cost: Optional[int] = None,
-    budget_success_reward: Optional[int] = None,
-    verify: Verify = True,
-    cert: Optional[Cert] = None,
-    proxy: Optional[str] = None,
-) -> _native.Engine:
-    """The native engine for the transports' options (``None``: the engine's default)."""
-    return _native.Engine(
-        max_attempts=max_attempts,
-        base_delay=base_delay,
-        max_delay=max_delay,
-        attempt_timeout=attempt_timeout,
-        reconcile_window=reconcile_window,
-        max_retry_after=max_retry_after,
-        key_header=key_header,
-        ledger=None if ledger is None else os.fspath(ledger),
-        lease_slack=lease_slack,
-        lease_wait=lease_wait,
-        worker=worker,
-        ledger_scope=ledger_scope,
-        retry_budget=retry_budget,
-        budget_capacity=budget_capacity,
-        budget_retry_cost=budget_retry_cost,
-        budget_timeout_cost=budget_timeout_cost,
-        budget_success_reward=budget_success_reward,
-        proxy=_proxy(proxy),
-        **_tls(verify, cert),
-    )
-
-
 _OPTIONS_DOC = """
     Every option is keyword-only; ``ValueError`` for an invalid one (a zero ``max_attempts``,
     a ``base_delay`` above ``max_delay``, a negative duration, a bad header name, a TLS file
@@ -451,7 +404,8 @@ class SyncEngineTransport:
         cert: Optional[Cert] = None,
         proxy: Optional[str] = None,
     ) -> None:
-        self._engine = _engine(
+        # None leaves an option at the engine's default.
+        self._engine = _native.Engine(
             max_attempts=max_attempts,
             base_delay=base_delay,
             max_delay=max_delay,
@@ -459,7 +413,7 @@ class SyncEngineTransport:
             reconcile_window=reconcile_window,
             max_retry_after=max_retry_after,
             key_header=key_header,
-            ledger=ledger,
+            ledger=None if ledger is None else os.fspath(ledger),
             lease_slack=lease_slack,
             lease_wait=lease_wait,
             worker=worker,
@@ -469,9 +423,8 @@ class SyncEngineTransport:
             budget_retry_cost=budget_retry_cost,
             budget_timeout_cost=budget_timeout_cost,
             budget_success_reward=budget_success_reward,
-            verify=verify,
-            cert=cert,
-            proxy=proxy,
+            proxy=_proxy(proxy),
+            **_tls(verify, cert),
         )
 
     def handle_request(self, request: Any) -> Any:
