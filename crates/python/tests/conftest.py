@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
+import threading
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import pytest
 
@@ -16,6 +18,23 @@ _testing = getattr(_native, "_testing", None)
 
 #: Retry settings that keep the suite fast: short backoff, short attempts.
 FAST = dict(base_delay=0.01, max_delay=0.05)
+
+
+def listen(serve: Callable[[socket.socket], None]) -> socket.socket:
+    """A loopback listener whose every connection is handed to `serve` on a thread of its
+    own, until the listener is closed."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def accept() -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(connection,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return listener
 
 
 @pytest.fixture

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 from typing import Iterator, List, Tuple
 
 import httpx
 import pytest
 
 import idempotent_retry as ir
-from conftest import FAST
+from conftest import FAST, listen
 
 #: The response head's fields, interleaved: two `Set-Cookie`, and `a` around `b`.
 RESPONSE_FIELDS = [
@@ -42,17 +41,8 @@ class RawServer:
     def __init__(self, statuses: List[int]) -> None:
         self.statuses = statuses
         self.heads: List[List[Tuple[str, str]]] = []
-        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener = listen(self._serve)
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/v1/thing"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                connection, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
 
     def _serve(self, connection: socket.socket) -> None:
         with connection:

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 import idempotent_retry as ir
-from conftest import FAST
+from conftest import FAST, listen
 
 pytestmark = pytest.mark.skipif(
     shutil.which("openssl") is None and not os.environ.get("CI"),
@@ -225,17 +225,8 @@ class Proxy:
     def __init__(self) -> None:
         self.seen: List[str] = []
         self.authorizations: List[str] = []
-        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener = listen(self._serve)
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
         head = b""
