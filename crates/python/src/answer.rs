@@ -169,6 +169,19 @@ impl ResponseBody {
     }
 }
 
+/// Calls `done(chunk, error)`; an exception it raises is printed, as Python prints one raised
+/// by a callback nobody can catch it from.
+fn call_done(
+    py: Python<'_>,
+    done: &Py<PyAny>,
+    chunk: Option<Bound<'_, PyBytes>>,
+    error: Option<String>,
+) {
+    if let Err(err) = done.call1(py, (chunk, error)) {
+        err.print(py);
+    }
+}
+
 #[pymethods]
 impl ResponseBody {
     /// The next chunk, waited for with the GIL released; `None` at the end.
@@ -178,15 +191,10 @@ impl ResponseBody {
     /// `OSError` when the connection fails before the body's end.
     fn read_chunk(&self, py: Python<'_>) -> PyResult<Option<Py<PyBytes>>> {
         self.born.check(BODY)?;
+        // Before the response is taken: a refusal leaves it where it is.
+        let runtime = runtime()?;
         let Some(response) = self.take() else {
             return Ok(None);
-        };
-        let runtime = match runtime() {
-            Ok(runtime) => runtime,
-            Err(err) => {
-                self.put(Some(response));
-                return Err(err);
-            }
         };
         let (chunk, response) = py.detach(|| runtime.block_on(next_chunk(response)));
         self.put(response);
@@ -199,39 +207,23 @@ impl ResponseBody {
     /// Reads the next chunk on the runtime; `done(chunk, error)` is called from a runtime
     /// thread with the chunk (`None` at the end) or the error's message.
     fn start_read(slf: Py<Self>, py: Python<'_>, done: Py<PyAny>) {
-        if let Err(err) = slf.get().born.check(BODY) {
-            if let Err(err) = done.call1(py, (py.None(), err.to_string())) {
-                err.print(py);
-            }
-            return;
-        }
-        let Some(response) = slf.get().take() else {
-            if let Err(err) = done.call1(py, (py.None(), py.None())) {
-                err.print(py);
-            }
-            return;
-        };
-        let runtime = match runtime() {
+        let runtime = match slf.get().born.check(BODY).and_then(|()| runtime()) {
             Ok(runtime) => runtime,
-            Err(err) => {
-                slf.get().put(Some(response));
-                if let Err(err) = done.call1(py, (py.None(), err.to_string())) {
-                    err.print(py);
-                }
-                return;
-            }
+            Err(err) => return call_done(py, &done, None, Some(err.to_string())),
+        };
+        let Some(response) = slf.get().take() else {
+            return call_done(py, &done, None, None);
         };
         runtime.spawn(async move {
             let (chunk, response) = next_chunk(response).await;
             Python::attach(|py| {
                 slf.get().put(response);
-                let called = match chunk {
-                    Ok(Some(chunk)) => done.call1(py, (PyBytes::new(py, &chunk), py.None())),
-                    Ok(None) => done.call1(py, (py.None(), py.None())),
-                    Err(message) => done.call1(py, (py.None(), message)),
-                };
-                if let Err(err) = called {
-                    err.print(py);
+                match chunk {
+                    Ok(chunk) => {
+                        let chunk = chunk.map(|chunk| PyBytes::new(py, &chunk));
+                        call_done(py, &done, chunk, None);
+                    }
+                    Err(message) => call_done(py, &done, None, Some(message)),
                 }
             });
         });
