@@ -9,8 +9,7 @@ use http::header::{Entry, HeaderMap, HeaderName};
 
 use crate::error::Error;
 use crate::exchange::RetryRequest;
-use crate::key::IdempotencyKey;
-use crate::key::is_idempotent_method;
+use crate::key::{IdempotencyKey, is_idempotent_method};
 use crate::policy::RetryPolicy;
 use crate::settings::{Overrides, Settings};
 use crate::telemetry::operation;

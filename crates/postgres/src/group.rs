@@ -10,8 +10,8 @@
 //! `UPDATE ... FROM unnest(...)`, both in one transaction. A call that finds no other in the
 //! group's hands goes out at once as its own single statement, from the caller's own task (no
 //! hop to the dispatcher and back: one at a time costs what it would without batching); under
-//! load the calls that queued while the slots were busy share the next commit. Each caller is answered after the commit:
-//! whether its row was inserted, whether its outcome was written.
+//! load the calls that queued while the slots were busy share the next commit. Each caller is
+//! answered after the commit: whether its row was inserted, whether its outcome was written.
 //!
 //! Each row of a batch is as atomic as the single statement it replaces: of any number of
 //! workers inserting one key, exactly one gets the row, and an outcome is written only by the

@@ -58,7 +58,8 @@ impl Drop for Engine {
         if !self.born.is_here() {
             // A child of a fork: the client's connections and the ledger's writer belong to
             // the parent, and tearing them down here would deregister the parent's sockets
-            // from the event queue the two share. They are left as they are.
+            // from the event queue the two share. They are left as they are: a clone of the
+            // client forgotten holds its shared state, so dropping the field tears nothing down.
             std::mem::forget(self.client.clone());
             std::mem::forget(
                 self.opened
