@@ -52,7 +52,11 @@ class Attempt:
     wait: Optional[datetime.timedelta]
 
 
-def history_of(rows: Sequence[Tuple[int, float, Optional[int], Optional[str], Optional[float]]]) -> Tuple[Attempt, ...]:
+#: One attempt as the native answer gives it: number, start, status, failure, wait.
+HistoryRow = Tuple[int, float, Optional[int], Optional[str], Optional[float]]
+
+
+def history_of(rows: Sequence[HistoryRow]) -> Tuple[Attempt, ...]:
     """The ``Attempt`` records of the native answer's history rows."""
     return tuple(
         Attempt(
