@@ -28,7 +28,7 @@ use std::time::SystemTime;
 
 use idempotent_retry::ledger::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, ListFilter,
-    OperationRecord, OperationStatus, ReconcileClaim, Resolve,
+    OperationRecord, OperationStatus, ReconcileClaim, Renew, Resolve,
 };
 use idempotent_retry::{Client, RetryReport};
 use idempotent_retry_testkit::{self as testkit, Fault, Receiver, RecordingSleeper, When};
@@ -131,6 +131,11 @@ impl Ledger for MapLedger {
 
     fn record_attempt<'a>(&'a self, update: &'a AttemptUpdate) -> LedgerFuture<'a, ()> {
         let written = self.as_holder(&update.key, |row| update.apply(row));
+        Box::pin(std::future::ready(written))
+    }
+
+    fn renew<'a>(&'a self, renew: &'a Renew) -> LedgerFuture<'a, ()> {
+        let written = self.as_holder(&renew.key, |row| renew.apply(row));
         Box::pin(std::future::ready(written))
     }
 

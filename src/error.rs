@@ -272,6 +272,12 @@ impl Error {
         self
     }
 
+    /// The last response's status, when the response itself is gone.
+    pub(crate) fn with_status(mut self, status: Option<StatusCode>) -> Self {
+        self.inner.status = status;
+        self
+    }
+
     pub(crate) fn with_retry_after(mut self, asked: Duration) -> Self {
         self.inner.retry_after = Some(asked);
         self

@@ -143,16 +143,16 @@
 //! | [`ClientBuilder::reconciler`] | none | only your receiver can say whether an operation ran: past the window, a run answers `ReconcileWindow` |
 //! | [`ClientBuilder::reconciler_for_scope`] | none | as for the client's reconciler; a scope's own takes precedence over it |
 //! | [`LedgerOptions::retention`] | 7 days | cheap to keep, and covers manual replays and incident forensics; never less than twice the request's reconcile window |
-//! | [`LedgerOptions::lease_slack`] | 30 s | far above the clock skew of NTP-synchronized workers (milliseconds) |
+//! | [`LedgerOptions::lease`] | 10 s | renewed every third of it while the run lives: a dead run's key is taken over within 10 s, and a live run survives two failed renewals or a 6 s stall |
 //! | [`LedgerOptions::max_body`] | 64 KiB | an API's JSON answer; a longer body is passed through and not saved |
 //! | [`LedgerOptions::saved_headers`] | `Content-Type`, `Location` | what a replayed answer needs to be read |
-//! | [`LedgerOptions::on_lease_held`] | [`LeaseHeldPolicy::Fail`] | the caller chooses whether to wait for another worker |
+//! | [`LedgerOptions::on_lease_held`] | [`LeaseHeldPolicy::WAIT`] | every 100 ms for up to 3 min: a run that meets a live one gets its answer (a default run lasts at most about 2 min 40 s), and a dead one's key within a lease; the same default in Python and idemcurl |
 //! | [`LedgerOptions::worker`] | a random UUID | name it after a host or pod, so `lease_owner` says who holds a row |
 //! | [`LedgerOptions::call_timeout`] | 10 s | a thousand times a healthy commit and past SQLite's 5 s wait for another process's lock; a frozen database costs an operation this long, never forever |
 //!
-//! [`LeaseHeldPolicy::Fail`]: crate::ledger::LeaseHeldPolicy::Fail
+//! [`LeaseHeldPolicy::WAIT`]: crate::ledger::LeaseHeldPolicy::WAIT
 //! [`LedgerOptions::retention`]: crate::ledger::LedgerOptions::retention
-//! [`LedgerOptions::lease_slack`]: crate::ledger::LedgerOptions::lease_slack
+//! [`LedgerOptions::lease`]: crate::ledger::LedgerOptions::lease
 //! [`LedgerOptions::max_body`]: crate::ledger::LedgerOptions::max_body
 //! [`LedgerOptions::saved_headers`]: crate::ledger::LedgerOptions::saved_headers
 //! [`LedgerOptions::on_lease_held`]: crate::ledger::LedgerOptions::on_lease_held

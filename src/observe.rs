@@ -79,6 +79,29 @@ pub trait Observer: Send + Sync + fmt::Debug + 'static {
     fn on_retry_refused(&self, event: &RetryRefusedEvent<'_>) {
         let _ = event;
     }
+
+    /// Called each time a run looks at its key in the ledger and finds it held by another
+    /// live run, before it waits
+    /// ([`LedgerOptions::on_lease_held`](crate::ledger::LedgerOptions::on_lease_held)); tell
+    /// a person once the wait is long (idemcurl prints a line after a second).
+    fn on_lease_wait(&self, event: &LeaseWaitEvent<'_>) {
+        let _ = event;
+    }
+}
+
+/// A run waiting for another run that holds its key, as an [`Observer`] sees it.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct LeaseWaitEvent<'a> {
+    /// The key both runs send.
+    pub key: &'a IdempotencyKey,
+    /// The holder's lease token: the worker's name (set with
+    /// [`LedgerOptions::worker`](crate::ledger::LedgerOptions::worker)), `/`, the run's token.
+    pub holder: Option<&'a str>,
+    /// When the holder's lease ends unless it is renewed.
+    pub lease_until: std::time::SystemTime,
+    /// How long this run has waited so far.
+    pub waited: std::time::Duration,
 }
 
 /// One attempt, as an [`Observer`] sees it.
@@ -220,6 +243,11 @@ impl Observer for Chain {
     fn on_retry_refused(&self, event: &RetryRefusedEvent<'_>) {
         self.0.on_retry_refused(event);
         self.1.on_retry_refused(event);
+    }
+
+    fn on_lease_wait(&self, event: &LeaseWaitEvent<'_>) {
+        self.0.on_lease_wait(event);
+        self.1.on_lease_wait(event);
     }
 }
 

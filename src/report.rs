@@ -33,6 +33,10 @@ pub struct RetryReport {
     pub(crate) history: Vec<AttemptRecord>,
     pub(crate) replayed: bool,
     pub(crate) replay_body_missing: bool,
+    /// How long the claim waited for another run's lease.
+    pub(crate) lease_wait: Duration,
+    /// Why the answer was not recorded by this run, when it was not.
+    pub(crate) unrecorded: Option<String>,
 }
 
 impl RetryReport {
@@ -67,6 +71,8 @@ impl RetryReport {
             history: Vec::new(),
             replayed: false,
             replay_body_missing: false,
+            lease_wait: Duration::ZERO,
+            unrecorded: None,
         }
     }
 
@@ -82,10 +88,31 @@ impl RetryReport {
         self.key.as_ref()
     }
 
-    /// Time from the start of the first attempt to the end of the last one, waits included.
+    /// Time from the start of the first attempt to the end of the last one, waits included,
+    /// plus the time the ledger's claim waited for another run ([`lease_wait`](Self::lease_wait)).
     #[must_use]
     pub fn elapsed(&self) -> Duration {
-        self.elapsed
+        self.elapsed.saturating_add(self.lease_wait)
+    }
+
+    /// How long the operation waited, before anything was sent, for another run holding its
+    /// key in the [`Ledger`](crate::ledger::Ledger)
+    /// ([`LedgerOptions::on_lease_held`](crate::ledger::LedgerOptions::on_lease_held)): that
+    /// run's answer replayed, or its lapsed lease taken over. Zero without a wait.
+    #[must_use]
+    pub fn lease_wait(&self) -> Duration {
+        self.lease_wait
+    }
+
+    /// Why the answer returned was not recorded in the [`Ledger`](crate::ledger::Ledger) as
+    /// this run's outcome, when it was not: another run took the key over while the answer
+    /// arrived, or the ledger could not be written. The answer is still the operation's (same
+    /// key, same receiver); a later run with the key is answered from the ledger (when the
+    /// answer could be recorded as a resolution) or by the receiver's own store. `None`
+    /// when the outcome was recorded, or there is no ledger.
+    #[must_use]
+    pub fn unrecorded(&self) -> Option<&str> {
+        self.unrecorded.as_deref()
     }
 
     /// The delays waited between attempts, in order.
@@ -97,13 +124,13 @@ impl RetryReport {
             .collect()
     }
 
-    /// The sum of all delays waited.
+    /// The sum of all delays waited: between attempts, and for another run's lease.
     #[must_use]
     pub fn total_wait(&self) -> Duration {
         self.history
             .iter()
             .filter_map(|a| a.wait.map(|w| w.delay))
-            .fold(Duration::ZERO, Duration::saturating_add)
+            .fold(self.lease_wait, Duration::saturating_add)
     }
 
     /// Whether the response was replayed from the client's [`Ledger`](crate::ledger::Ledger): the

@@ -211,7 +211,7 @@ impl Client {
     /// key is the reconcile (the receiver replays).
     ///
     /// The hold lasts the client policy's attempt timeout plus the
-    /// [`lease_slack`](LedgerOptions::lease_slack).
+    /// [`lease`](LedgerOptions::lease).
     ///
     /// # Errors
     ///

@@ -7,8 +7,9 @@
 //!   ([`BudgetTab::admit`]), so the attempt is recorded with what really happens;
 //! - [`Attempts::retry_refused`]: the budget refused a retry (the observers'
 //!   `on_retry_refused`);
-//! - [`Attempts::record_attempt`]: the ledger records an attempt followed by a retry and
-//!   renews the lease; the last attempt is counted by the finish instead;
+//! - [`Attempts::attempt_starts`]: the ledger counts each attempt as it starts: a retry is
+//!   recorded (and the lease renewed) before it is sent, the first attempt is counted by the
+//!   finish; a run that lost its lease sends nothing more;
 //! - [`Attempts::attempt_ended`]: one attempt's outcome and the decision about it are known
 //!   (the report and the observers' `on_attempt`);
 //! - [`Attempts::retry_decided`]: a retry is about to wait;
@@ -91,7 +92,11 @@ impl<'s> Attempts<'s> {
                 // Until a clone fails: then the request goes out once, as it is.
                 replayable: true,
             },
-            report: RetryReport::new(key),
+            report: {
+                let mut report = RetryReport::new(key);
+                report.lease_wait = ledger.map_or(Duration::ZERO, |run| run.lease_wait);
+                report
+            },
             minted_key: settled.minted_key,
             exposure: Exposure::default(),
             ledger,
@@ -126,6 +131,9 @@ impl<'s> Attempts<'s> {
             loop {
                 if let Err(source) = transport.ready().await {
                     return Err(self.finish_not_ready(source));
+                }
+                if let Some(source) = self.attempt_starts().await {
+                    return Err(self.finish_unrecorded(source));
                 }
                 let now = self.settings.clock.now();
                 let Some(budget) = window::attempt_budget(
@@ -233,9 +241,6 @@ impl<'s> Attempts<'s> {
                 }
                 self.report.attempts = number;
                 self.report.elapsed = decided_at.saturating_duration_since(self.state.started);
-                if let Some(source) = self.record_attempt(&decision).await {
-                    return Err(self.finish_unrecorded(number, attempt_started, outcome, source));
-                }
 
                 match decision {
                     Decision::Return => {
@@ -261,7 +266,12 @@ impl<'s> Attempts<'s> {
                         self.retry_decided(number, kind, outcome.status, wait);
                         // Release the connection before sleeping.
                         drop(outcome);
-                        self.settings.sleeper.sleep(delay).await;
+                        // A lease lost during the wait ends it: the next turn stops.
+                        crate::ledger::wait_unless_lost(
+                            self.ledger.map(|run| &*run.keeper),
+                            self.settings.sleeper.sleep(delay),
+                        )
+                        .await;
                     }
                     Decision::Stop { kind, stop } => {
                         self.attempt_ended(number, attempt_started, outcome.status, kind, None);
@@ -338,49 +348,54 @@ impl<'s> Attempts<'s> {
         });
     }
 
-    /// Hook point: an attempt followed by a retry is written to the ledger (counted, lease
-    /// renewed past the wait and the next attempt). The last attempt renews nothing, so the
-    /// finish counts it in its own write. Returns the ledger's error when a record could not
-    /// be written.
-    async fn record_attempt(&self, decision: &Decision) -> Option<LedgerError> {
+    /// Hook point: the next attempt is about to start. With a ledger, a run that lost its
+    /// lease sends nothing more, and the attempt is counted before it is sent (a retry is
+    /// recorded, renewing the lease; the first is counted by the finish). Returns why the
+    /// attempt may not be sent.
+    async fn attempt_starts(&self) -> Option<LedgerError> {
         let run = self.ledger?;
-        let at = self.settings.clock.wall();
-        match decision {
-            Decision::Retry { delay, .. } => run.record_attempt(at, *delay).await.err(),
-            Decision::Return | Decision::Stop { .. } => {
-                run.last_attempt(at);
-                None
-            }
+        if let Some(lost) = run.lease_lost() {
+            return Some(lost);
         }
+        let at = self.settings.clock.wall();
+        run.attempt_starts(self.state.attempts + 1, at).await.err()
     }
 
-    /// Hook point (failure): an attempt was made but could not be recorded. The caller gets
-    /// the key, the response if there was one, and "outcome unknown" whenever this or an
-    /// earlier attempt may have run; the claim stays in the ledger, so the next run resumes.
-    fn finish_unrecorded<R: RetryResponse>(
-        mut self,
-        number: u32,
-        started: Duration,
-        outcome: Attempted<R>,
-        source: LedgerError,
-    ) -> Error {
-        let failure = outcome.result.as_ref().err().map(|(kind, _)| *kind);
-        self.attempt_ended(number, started, outcome.status, failure, None);
-        let message = "an attempt was made but could not be recorded";
-        let unknown = self.exposure().is_unknown();
-        let err = match outcome.result {
-            // A response arrived: the receiver saw the operation.
-            Ok(response) => Error::ledger(self.report.clone(), true, message, source)
-                .with_response(response.status(), response),
-            Err((kind, _)) => Error::ledger(self.report.clone(), unknown, message, source)
-                .with_failure(Some(kind)),
+    /// Hook point (failure): the next attempt could not be counted in the ledger, or the run
+    /// lost its lease, so it was not sent. The caller gets the key, the last status, and
+    /// "outcome unknown" whenever an earlier attempt may have run; the row stays in the ledger,
+    /// so the next run resumes with the key.
+    fn finish_unrecorded(&mut self, source: LedgerError) -> Error {
+        self.report.elapsed = self
+            .settings
+            .clock
+            .now()
+            .saturating_duration_since(self.state.started);
+        let last = self.report.history.last();
+        let status = last.and_then(|attempt| attempt.status);
+        let failure = last.and_then(|attempt| attempt.failure);
+        let lost = self.ledger.is_some_and(|run| run.lease_lost().is_some());
+        let message = if lost || source.kind() == crate::ledger::LedgerErrorKind::LeaseLost {
+            format!(
+                "the run lost its lease, so attempt {} was not sent",
+                self.state.attempts + 1
+            )
+        } else {
+            format!(
+                "attempt {} could not be recorded, so it was not sent",
+                self.state.attempts + 1
+            )
         };
+        let unknown = self.exposure().is_unknown();
+        let err = Error::ledger(self.report.clone(), unknown, message, source)
+            .with_status(status)
+            .with_failure(failure);
         tracing::warn!(
             key = err.idempotency_key().map_or("", IdempotencyKey::as_str),
-            attempt = number,
+            attempt = self.state.attempts,
             outcome_unknown = err.is_outcome_unknown(),
             error = %err,
-            "attempt not recorded in the ledger"
+            "operation stopped by the ledger"
         );
         err
     }

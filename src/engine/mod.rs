@@ -187,7 +187,15 @@ where
         window,
         attempt_timeout: settled.attempt_timeout,
     };
-    let run = match ledger::claim(handle, &*settings.clock, &*settings.sleeper, operation).await {
+    let run = match ledger::claim(
+        handle,
+        &settings.clock,
+        &*settings.sleeper,
+        settings.observer.as_deref(),
+        operation,
+    )
+    .await
+    {
         Ok(Begin::Proceed(run)) => run,
         Ok(Begin::Replay(response)) => return (Ok(response), Some(LedgerVerdict::Replayed)),
         Err(err) => return refused(err),
@@ -195,16 +203,23 @@ where
     // The window counts from the operation's first attempt, in earlier runs included: this
     // run has what is left (zero ends it before its first attempt, with `ReconcileWindow`).
     let left = run.window_left(window, settings.clock.wall());
-    let attempts = Attempts::begin(
-        settings,
-        settled,
-        host,
-        Some(key),
-        settled.policy.with_reconcile_window(left),
-        Some(&run),
-    );
-    let result = attempts.run(request, transport).await;
-    (run.finish(result).await, None)
+    // The lease is renewed beside the attempts and the finish, on this task, until the
+    // outcome is written.
+    let keeper = std::sync::Arc::clone(&run.keeper);
+    let finished = ledger::kept(&keeper, async {
+        let attempts = Attempts::begin(
+            settings,
+            settled,
+            host,
+            Some(key),
+            settled.policy.with_reconcile_window(left),
+            Some(&run),
+        );
+        let result = attempts.run(request, transport).await;
+        run.finish(result).await
+    })
+    .await;
+    (finished, None)
 }
 
 /// The observe stage: tells the observers how the operation ended, once its result is final.

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 
 use super::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, ListFilter,
-    OperationRecord, ReconcileClaim, Resolve,
+    OperationRecord, ReconcileClaim, Renew, Resolve,
 };
 use crate::readable::duration as human;
 use crate::time::{Sleeper, TokioSleeper};
@@ -80,6 +80,10 @@ impl Ledger for Bounded {
             "cannot record the attempt",
             self.inner.record_attempt(update),
         )
+    }
+
+    fn renew<'a>(&'a self, renew: &'a Renew) -> LedgerFuture<'a, ()> {
+        self.call("cannot renew the lease", self.inner.renew(renew))
     }
 
     fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {

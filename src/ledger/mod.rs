@@ -27,6 +27,7 @@
 mod bounded;
 mod options;
 mod release;
+mod renewal;
 mod session;
 
 pub use idempotent_retry_ledger::*;
@@ -39,4 +40,5 @@ pub use idempotent_retry_sqlite::SqliteLedger;
 pub use options::{LeaseHeldPolicy, LedgerOptions};
 
 pub(crate) use bounded::Bounded;
+pub(crate) use renewal::{kept, wait_unless_lost};
 pub(crate) use session::{Begin, LedgerHandle, LedgerRun, Operation, can_replay, claim};

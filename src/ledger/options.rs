@@ -10,6 +10,8 @@ use http::header::{CONTENT_TYPE, LOCATION};
 use crate::key::IdempotencyKey;
 
 /// What a run does when another live run holds the operation's lease.
+///
+/// Default: [`LeaseHeldPolicy::WAIT`], a look every 100 ms for up to 3 minutes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LeaseHeldPolicy {
@@ -32,6 +34,24 @@ pub enum LeaseHeldPolicy {
     },
 }
 
+impl LeaseHeldPolicy {
+    /// The default: look again every 100 ms for up to 3 minutes. Three minutes outlast a live
+    /// run under the default policy (five attempts of 30 s and their backoff waits, about
+    /// 2 min 40 s at most) plus the take-over of a dead one (one lease, 10 s), so a run that
+    /// meets another gets that run's answer, not an error; a tenth of a second is a small
+    /// delay beside the replayed request and one indexed read per look.
+    pub const WAIT: LeaseHeldPolicy = LeaseHeldPolicy::Wait {
+        poll: Duration::from_millis(100),
+        max_wait: Duration::from_secs(180),
+    };
+}
+
+impl Default for LeaseHeldPolicy {
+    fn default() -> Self {
+        LeaseHeldPolicy::WAIT
+    }
+}
+
 /// How a [`Client`](crate::Client) uses its [`Ledger`](crate::ledger::Ledger).
 ///
 /// # Default
@@ -44,7 +64,7 @@ pub enum LeaseHeldPolicy {
 pub struct LedgerOptions {
     pub(crate) retention: Duration,
     pub(crate) scope_retention: HashMap<String, Duration>,
-    pub(crate) lease_slack: Duration,
+    pub(crate) lease: Duration,
     pub(crate) max_body: usize,
     pub(crate) saved_headers: Vec<HeaderName>,
     pub(crate) on_lease_held: LeaseHeldPolicy,
@@ -57,7 +77,7 @@ impl fmt::Debug for LedgerOptions {
         f.debug_struct("LedgerOptions")
             .field("retention", &self.retention)
             .field("scope_retention", &self.scope_retention)
-            .field("lease_slack", &self.lease_slack)
+            .field("lease", &self.lease)
             .field("max_body", &self.max_body)
             .field("saved_headers", &self.saved_headers)
             .field("on_lease_held", &self.on_lease_held)
@@ -76,6 +96,11 @@ impl Default for LedgerOptions {
 /// Seven days: cheap to keep, and it covers manual replays and incident forensics.
 const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// Ten seconds: a dead run's key is taken over this soon after its last renewal, and a live run
+/// renews every third of it, so two renewals can fail (or the process stall for 6 s) before
+/// it loses its key.
+const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+
 /// Ten seconds: a thousand times a healthy commit, and past SQLite's five-second wait for
 /// another process's write lock, whose own error names the cause.
 const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -87,10 +112,10 @@ impl LedgerOptions {
             call_timeout: DEFAULT_CALL_TIMEOUT,
             retention: DEFAULT_RETENTION,
             scope_retention: HashMap::new(),
-            lease_slack: Duration::from_secs(30),
+            lease: DEFAULT_LEASE,
             max_body: 64 * 1024,
             saved_headers: vec![CONTENT_TYPE, LOCATION],
-            on_lease_held: LeaseHeldPolicy::Fail,
+            on_lease_held: LeaseHeldPolicy::WAIT,
             worker: IdempotencyKey::random().into_string(),
         }
     }
@@ -119,22 +144,26 @@ impl LedgerOptions {
         self
     }
 
-    /// How far a lease reaches past what the run needs (the next attempt's timeout and the
-    /// wait before it). A run that dies is taken over by the next one this long after its
-    /// attempt would have timed out. A run whose caller drops it gives its lease back at once
-    /// instead (`docs/ledger.md`); the slack matters for runs that die or freeze.
+    /// How long a lease lasts unless its run renews it. A live run renews its lease every
+    /// third of this on its own timer (during an attempt, a wait, the finish), so the lease no
+    /// longer depends on the attempt timeout; an operation shorter than a third of the lease
+    /// writes no renewal. A run that dies (a crash, `SIGKILL`) is taken over by the next run
+    /// with its key at most this long after its last renewal. A run whose caller drops it gives
+    /// its lease back at once instead (`docs/ledger.md`).
     ///
-    /// Clock skew between workers below the slack is harmless; what skew at or above it can
-    /// do: `docs/ledger.md`, "Clock skew".
+    /// A renewal that fails is tried again within the lease; a run that cannot renew before
+    /// its lease ends sends nothing more and reports what it knows
+    /// ([`ErrorKind::Ledger`](crate::ErrorKind::Ledger)).
     ///
-    /// Any value is accepted. Zero makes the lease end when the attempt would time out; a lease
-    /// too long to represent as a date (`Duration::MAX`) is clamped to the latest time a ledger
-    /// stores, so a run that dies holding it is never taken over (concurrent runs get
-    /// [`ErrorKind::LeaseHeld`](crate::ErrorKind::LeaseHeld) until its row is resolved).
+    /// Workers' clocks must agree to well within this (`docs/ledger.md`, "Clock skew").
     ///
-    /// Default: 30 s.
-    pub fn lease_slack(mut self, slack: Duration) -> Self {
-        self.lease_slack = slack;
+    /// Any value is accepted. Zero renews nothing, and any other run takes the key over at
+    /// once; a lease too long to represent as a date (`Duration::MAX`) is clamped to the
+    /// latest time a ledger stores, so a run that dies holding it is never taken over.
+    ///
+    /// Default: 10 s.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
         self
     }
 
@@ -162,9 +191,10 @@ impl LedgerOptions {
         self
     }
 
-    /// What to do when another live run holds the lease.
+    /// What to do when another live run holds the lease: wait for its answer (and replay
+    /// it), or for its lease to lapse (and take it over), or fail at once.
     ///
-    /// Default: [`LeaseHeldPolicy::Fail`].
+    /// Default: [`LeaseHeldPolicy::WAIT`] (every 100 ms, for up to 3 minutes).
     pub fn on_lease_held(mut self, policy: LeaseHeldPolicy) -> Self {
         self.on_lease_held = policy;
         self

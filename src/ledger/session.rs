@@ -31,6 +31,8 @@ use crate::telemetry::without_credentials;
 use crate::time::{Clock, Sleeper};
 use crate::window;
 
+use super::renewal::LeaseKeeper;
+
 /// A front end's ledger and how it uses it.
 #[derive(Debug, Clone)]
 pub(crate) struct LedgerHandle {
@@ -72,20 +74,29 @@ pub(crate) struct Operation<'a> {
 /// the outcome (the caller's future was dropped: a timeout around `send`, a `select!`), it
 /// releases the lease at once on a spawned task, recording whether an attempt may have reached
 /// the server, so the next run with the key goes ahead instead of waiting the lease out.
+///
+/// Attempts are counted when they start: the claim is followed by the first attempt, which
+/// the finish counts (no write of its own); each later attempt is recorded before it is sent.
+/// So a run that dies leaves exactly one attempt uncounted, and the run that takes its row
+/// over counts it: the row's `attempts` is the number of requests that may have reached the
+/// receiver.
 #[derive(Debug)]
 pub(crate) struct LedgerRun {
     handle: LedgerHandle,
     key: IdempotencyKey,
     owner: String,
     first_attempt_at: SystemTime,
-    attempt_timeout: Duration,
+    /// The lease's renewal, shared with the keeper polled beside the run.
+    pub(crate) keeper: Arc<LeaseKeeper>,
+    /// How long the claim waited for another run's lease.
+    pub(crate) lease_wait: Duration,
     /// Whether the operation may have run, as the attempt loop reports it.
     pub(crate) exposure: Exposure,
     /// The outcome is written (or the write was refused): nothing to release on drop.
     settled: bool,
-    /// When the run's last attempt ended, when no record of its own was written for it: the
-    /// finish (or the release on drop) counts it.
-    last_attempt_at: Mutex<Option<SystemTime>>,
+    /// When the run's latest attempt started, once its first attempt has: the first attempt
+    /// is not counted until the finish (or the release on drop) counts it, stamped this time.
+    uncounted: Mutex<Option<SystemTime>>,
 }
 
 /// Claims the operation before its first attempt. Nothing may be sent unless this returns
@@ -97,10 +108,12 @@ pub(crate) struct LedgerRun {
 /// As above; each error carries the key.
 pub(crate) async fn claim<R: RetryResponse>(
     handle: &LedgerHandle,
-    clock: &dyn Clock,
+    clocks: &Arc<dyn Clock>,
     sleeper: &dyn Sleeper,
+    observer: Option<&dyn crate::observe::Observer>,
     operation: Operation<'_>,
 ) -> Result<Begin<R>, Error> {
+    let clock = &**clocks;
     let Operation {
         key,
         method,
@@ -120,26 +133,33 @@ pub(crate) async fn claim<R: RetryResponse>(
         .settled(key.as_str(), options.call_timeout)
         .await;
     // A claim that could not be built or written: nothing was sent.
-    let claim_failed = |source| {
+    let mut waited = Duration::ZERO;
+    let report_of = |waited: Duration| {
+        let mut report = RetryReport::new(Some(key.clone()));
+        report.lease_wait = waited;
+        report
+    };
+    let claim_failed = |source, waited| {
         Error::ledger(
-            RetryReport::new(Some(key.clone())),
+            report_of(waited),
             false,
             "could not claim the operation; nothing was sent",
             source,
         )
     };
-    let mut waited = Duration::ZERO;
     let mut rounds = 0;
     // A row past its window is reconciled at most once per claim.
     let mut reconciled: Option<String> = None;
     loop {
         let now = clock.wall();
+        // The lease in the ledger ends one lease after this instant, on the keeper's timer.
+        let set_at = tokio::time::Instant::now();
         let mut builder = Claim::builder(
             key.as_str(),
             fingerprint.as_str(),
             owner.clone(),
             now,
-            later(now, attempt_timeout.saturating_add(options.lease_slack)),
+            later(now, options.lease),
         )
         .scope(scope.clone())
         .expires_at(later(now, retention))
@@ -149,20 +169,23 @@ pub(crate) async fn claim<R: RetryResponse>(
         if let Some(url) = &url {
             builder = builder.url(url.as_str());
         }
-        let claim = builder.build().map_err(claim_failed)?;
+        let claim = builder
+            .build()
+            .map_err(|source| claim_failed(source, waited))?;
         let cutoff = claim.window_cutoff;
         // Bounded by the ledger's call timeout inside, so that the task that finishes a claim
         // whose caller has gone ends too.
-        let claimed = claim_detached(handle, claim).await.map_err(claim_failed)?;
+        let claimed = claim_detached(handle, claim)
+            .await
+            .map_err(|source| claim_failed(source, waited))?;
         let existing = match claimed {
             Claimed::New(record) => {
                 return Ok(Begin::Proceed(LedgerRun::new(
                     handle,
-                    key,
-                    owner,
+                    clocks,
+                    (key, owner),
                     &record,
-                    Exposure::default(),
-                    attempt_timeout,
+                    (Exposure::default(), set_at, waited),
                 )));
             }
             Claimed::TakenOver { record, previous } => {
@@ -172,18 +195,27 @@ pub(crate) async fn claim<R: RetryResponse>(
                     attempts = record.attempts,
                     "resuming an operation recorded in the ledger"
                 );
-                return Ok(Begin::Proceed(LedgerRun::new(
+                let run = LedgerRun::new(
                     handle,
-                    key,
-                    owner,
+                    clocks,
+                    (key, owner),
                     &record,
-                    Exposure::after(previous.is_unresolved(), previous.reached_a_receiver()),
-                    attempt_timeout,
-                )));
+                    (
+                        Exposure::after(previous.is_unresolved(), previous.reached_a_receiver()),
+                        set_at,
+                        waited,
+                    ),
+                );
+                if previous == OperationStatus::InFlight {
+                    // A run that died (or lost its lease) holding the row: its last attempt
+                    // started and was never counted, and it may have reached the receiver.
+                    run.count_dead_runs_attempt().await;
+                }
+                return Ok(Begin::Proceed(run));
             }
             Claimed::Existing(record) => record,
         };
-        let report = RetryReport::new(Some(key.clone()));
+        let report = report_of(waited);
         if existing.fingerprint != fingerprint.as_str() {
             tracing::error!(
                 key = key.as_str(),
@@ -203,7 +235,7 @@ pub(crate) async fn claim<R: RetryResponse>(
             return Err(Error::key_reuse(report, held));
         }
         if existing.status == OperationStatus::Succeeded {
-            return replay(&existing, &fingerprint, key).map(Begin::Replay);
+            return replay(&existing, &fingerprint, key, waited).map(Begin::Replay);
         }
         let unresolved = existing.status.is_unresolved();
         if !window::is_open(existing.first_attempt_at, cutoff) {
@@ -266,14 +298,32 @@ pub(crate) async fn claim<R: RetryResponse>(
                 && waited < max_wait
                 && !poll.is_zero()
             {
+                if let Some(observer) = observer {
+                    observer.on_lease_wait(&crate::observe::LeaseWaitEvent {
+                        key,
+                        holder: existing.lease_owner.as_deref(),
+                        lease_until: until,
+                        waited,
+                    });
+                }
                 let step = poll.min(max_wait - waited);
                 sleeper.sleep(step).await;
-                waited += step;
+                waited = waited.saturating_add(step);
                 continue;
             }
+            let wait_hint = match options.on_lease_held {
+                super::LeaseHeldPolicy::Wait { max_wait, .. } if !max_wait.is_zero() => {
+                    format!(
+                        "; waited {} (LedgerOptions::on_lease_held), wait longer with a larger \
+                         max_wait",
+                        human(waited)
+                    )
+                }
+                _ => "; LedgerOptions::on_lease_held(LeaseHeldPolicy::WAIT) waits for it".into(),
+            };
             return Err(
                 Error::operation(ErrorKind::LeaseHeld, report, true).with_message(format!(
-                    "held by {} until {} ({} from now); nothing was sent",
+                    "held by {} until {} ({} from now); nothing was sent{wait_hint}",
                     holder(existing.lease_owner.as_deref()),
                     rfc3339(until),
                     human(until.duration_since(now).unwrap_or_default()),
@@ -392,6 +442,7 @@ fn replay<R: RetryResponse>(
     record: &OperationRecord,
     fingerprint: &RequestFingerprint,
     key: &IdempotencyKey,
+    waited: Duration,
 ) -> Result<R, Error> {
     use reqwest::ResponseBuilderExt as _;
     let corrupt = |what: String| {
@@ -431,6 +482,7 @@ fn replay<R: RetryResponse>(
         ))
     })?;
     let mut report = RetryReport::new(Some(key.clone()));
+    report.lease_wait = waited;
     report.replayed = true;
     report.replay_body_missing = saved.body.is_none();
     tracing::info!(
@@ -467,24 +519,52 @@ pub(crate) fn can_replay<R: RetryResponse>() -> bool {
 }
 
 impl LedgerRun {
+    /// The run that holds `key` under lease token `owner`, its lease set at `set_at` (tokio's
+    /// clock) after `waited` for another run.
     fn new(
         handle: &LedgerHandle,
-        key: &IdempotencyKey,
-        owner: String,
+        clock: &Arc<dyn Clock>,
+        (key, owner): (&IdempotencyKey, String),
         record: &OperationRecord,
-        exposure: Exposure,
-        attempt_timeout: Duration,
+        (exposure, set_at, waited): (Exposure, tokio::time::Instant, Duration),
     ) -> Self {
+        let keeper = LeaseKeeper::new(
+            Arc::clone(&handle.ledger),
+            Arc::clone(clock),
+            key.as_str().to_owned(),
+            owner.clone(),
+            handle.options.lease,
+            set_at,
+        );
         LedgerRun {
             handle: handle.clone(),
             key: key.clone(),
             owner,
             first_attempt_at: record.first_attempt_at,
-            attempt_timeout,
+            keeper: Arc::new(keeper),
+            lease_wait: waited,
             exposure,
             settled: false,
-            last_attempt_at: Mutex::new(None),
+            uncounted: Mutex::new(None),
         }
+    }
+
+    /// Counts the attempt a dead run left uncounted (see [`LedgerRun`]): one write, on a
+    /// take-over only. A failure is logged; the count is the only thing it would have changed.
+    async fn count_dead_runs_attempt(&self) {
+        let at = self.keeper.wall();
+        if let Err(err) = self.write_attempt(at).await {
+            tracing::warn!(
+                key = self.key.as_str(),
+                error = %err,
+                "could not count the attempt of the run whose lease lapsed"
+            );
+        }
+    }
+
+    /// Why the run lost its lease, if it has: it sends nothing more.
+    pub(crate) fn lease_lost(&self) -> Option<LedgerError> {
+        self.keeper.lost()
     }
 
     /// What this run has left of the operation's reconcile window of `length`: the window
@@ -493,28 +573,28 @@ impl LedgerRun {
         window::left_after_earlier_runs(length, self.first_attempt_at, now)
     }
 
-    /// Records one attempt that just ended and is followed by a retry, and renews the lease
-    /// past the `wait` and the next attempt.
-    pub(crate) async fn record_attempt(
-        &self,
-        at: SystemTime,
-        wait: Duration,
-    ) -> Result<(), LedgerError> {
-        let reach = wait
-            .saturating_add(self.attempt_timeout)
-            .saturating_add(self.handle.options.lease_slack);
-        let update =
-            AttemptUpdate::new(self.key.as_str(), self.owner.clone(), at, later(at, reach))?;
-        self.handle.ledger.record_attempt(&update).await
+    /// Counts attempt `number`, which starts at `at`, before it is sent: the first is
+    /// counted by the finish (no write); each later one is recorded now, renewing the lease.
+    pub(crate) async fn attempt_starts(&self, number: u32, at: SystemTime) -> Result<(), LedgerError> {
+        if number > 1 {
+            self.write_attempt(at).await?;
+        }
+        *self.uncounted.lock().unwrap_or_else(PoisonError::into_inner) = Some(at);
+        Ok(())
     }
 
-    /// Notes the run's last attempt, which ended at `at` and is followed by no wait: it is
-    /// counted by the finish, in the same write, instead of a record of its own.
-    pub(crate) fn last_attempt(&self, at: SystemTime) {
-        *self
-            .last_attempt_at
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(at);
+    /// One more attempt in the row, stamped `at`, and the lease renewed for a lease from now.
+    async fn write_attempt(&self, at: SystemTime) -> Result<(), LedgerError> {
+        let set_at = tokio::time::Instant::now();
+        let update = AttemptUpdate::new(
+            self.key.as_str(),
+            self.owner.clone(),
+            at,
+            later(at, self.handle.options.lease),
+        )?;
+        self.handle.ledger.record_attempt(&update).await?;
+        self.keeper.renewed(set_at);
+        Ok(())
     }
 
     /// The finish that writes `status` and `response`, counting the last attempt if it was
@@ -531,7 +611,7 @@ impl LedgerRun {
             response,
         )?;
         let last = *self
-            .last_attempt_at
+            .uncounted
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner);
         Ok(match last {
@@ -615,20 +695,95 @@ impl LedgerRun {
                 .collect(),
             saved_body.map(|bytes| bytes.to_vec()),
         );
-        let written = self.write(outcome_of(status), Some(saved)).await;
-        match written {
-            Ok(()) => {
-                response.extensions_mut().insert(report);
-                Ok(response)
-            }
-            Err(source) => Err(Error::ledger(
-                report,
-                true,
-                "the response arrived but could not be recorded",
-                source,
-            )
-            .with_response(status, response)),
+        let written = self.write_keeping(outcome_of(status), saved).await;
+        let mut report = report;
+        if let Err((source, saved)) = written {
+            // The answer in hand is the operation's answer (same key, same receiver): it is
+            // given, never an error. Recorded if the row has no outcome yet; otherwise the
+            // row's lease lapses and the next run is answered by the receiver's own store.
+            let recorded = match saved {
+                Some(saved) if source.kind() == super::LedgerErrorKind::LeaseLost => {
+                    self.record_after_losing_the_lease(saved).await
+                }
+                _ => false,
+            };
+            let note = format!(
+                "the answer was not recorded by this run ({source}){}",
+                if recorded {
+                    "; recorded as the operation's resolution instead"
+                } else {
+                    ""
+                }
+            );
+            tracing::warn!(
+                key = self.key.as_str(),
+                status = status.as_u16(),
+                recorded,
+                error = %source,
+                "returning the answer received although the ledger did not record it as this \
+                 run's"
+            );
+            report.unrecorded = Some(note);
         }
+        response.extensions_mut().insert(report);
+        Ok(response)
+    }
+
+    /// After a finish refused because another run holds (or held) the row: writes `saved` as
+    /// the operation's answer if the row has no outcome yet (unknown, or in flight under a
+    /// lapsed lease), through the reconcile hold and resolve a reconciler uses. Returns whether
+    /// it was written.
+    async fn record_after_losing_the_lease(&self, saved: SavedResponse) -> bool {
+        use super::{ReconcileClaim, ResolutionKind, ResolutionNote, Resolve};
+        let options = &self.handle.options;
+        let now = self.keeper.wall();
+        let owner = [options.worker.as_str(), IdempotencyKey::random().as_str()].join("/");
+        let written = async {
+            let hold =
+                ReconcileClaim::new(self.key.as_str(), owner.clone(), now, later(now, options.lease))?;
+            let Some(Claimed::TakenOver { .. }) = self.handle.ledger.claim_unresolved(&hold).await?
+            else {
+                return Ok(false);
+            };
+            let note = ResolutionNote::new(
+                ResolutionKind::Done,
+                format!("the run that received the answer (worker {})", options.worker),
+                now,
+            )
+            .with_reason("its lease was taken while the answer arrived");
+            let resolve = Resolve::new(
+                self.key.as_str(),
+                owner,
+                super::Resolution::Done(saved),
+                Some(note),
+                now,
+                options.retention,
+            )?;
+            self.handle.ledger.resolve(&resolve).await?;
+            Ok::<bool, LedgerError>(true)
+        };
+        written.await.unwrap_or_else(|err| {
+            tracing::warn!(key = self.key.as_str(), error = %err, "could not record the answer after the lease was lost");
+            false
+        })
+    }
+
+    /// [`write`](Self::write) of a final response, which comes back when it was not written.
+    async fn write_keeping(
+        &mut self,
+        status: OperationStatus,
+        response: SavedResponse,
+    ) -> Result<(), (LedgerError, Option<SavedResponse>)> {
+        let finish = match self.finish_of(status, Some(response)) {
+            Ok(finish) => finish,
+            Err(err) => {
+                self.settled = true;
+                return Err((err, None));
+            }
+        };
+        let written = self.handle.ledger.finish(&finish).await;
+        self.settled = true;
+        written.map_err(|err| (err, finish.response))
     }
 
     async fn write(

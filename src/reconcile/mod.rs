@@ -214,7 +214,7 @@ pub(crate) async fn reconcile(cx: Context<'_>, key: &str) -> Result<Reconciled, 
     let Some(reconciler) = cx.reconcilers.for_scope(&row.scope) else {
         return Ok(Reconciled::NoReconciler(row.scope));
     };
-    let lease = cx.attempt_timeout.saturating_add(cx.options.lease_slack);
+    let lease = cx.attempt_timeout.saturating_add(cx.options.lease);
     let held = match hold(cx.ledger, key, &cx.options.worker, cx.clock.wall(), lease).await? {
         Ok(held) => held,
         Err(outcome) => return Ok(outcome),

@@ -25,8 +25,8 @@ pub type ReconcileFuture<'a> = Pin<Box<dyn Future<Output = Resolution> + Send + 
 /// ([`ClientBuilder::reconciler`](crate::ClientBuilder::reconciler)) and per scope
 /// ([`ClientBuilder::reconciler_for_scope`](crate::ClientBuilder::reconciler_for_scope)).
 ///
-/// The answer must be finished within the lease (the policy's attempt timeout plus
-/// [`LedgerOptions::lease_slack`](crate::ledger::LedgerOptions::lease_slack)); after that another run
+/// The answer must be finished within the hold (the policy's attempt timeout plus
+/// [`LedgerOptions::lease`](crate::ledger::LedgerOptions::lease)); after that another run
 /// may take the row, and a late answer is refused and counted as failed. A call dropped while
 /// its reconciler runs (a caller's timeout around `send`) leaves the hold to lapse the same
 /// way, and the row as it was. A reconciler that

@@ -34,7 +34,7 @@ const SETTINGS: &[&str] = &[
     "ClientBuilder::reconciler",
     "ClientBuilder::reconciler_for_scope",
     "LedgerOptions::retention",
-    "LedgerOptions::lease_slack",
+    "LedgerOptions::lease",
     "LedgerOptions::max_body",
     "LedgerOptions::saved_headers",
     "LedgerOptions::on_lease_held",
@@ -282,9 +282,9 @@ fn check(row: &Row) -> Result<(), String> {
             ledger_options().call_timeout(duration(value)?),
             ledger_options(),
         ),
-        "LedgerOptions::lease_slack" => expect(
+        "LedgerOptions::lease" => expect(
             setting,
-            ledger_options().lease_slack(duration(value)?),
+            ledger_options().lease(duration(value)?),
             ledger_options(),
         ),
         "LedgerOptions::max_body" => expect(
@@ -299,7 +299,7 @@ fn check(row: &Row) -> Result<(), String> {
         ),
         "LedgerOptions::on_lease_held" => {
             let policy = match value {
-                "[`LeaseHeldPolicy::Fail`]" => LeaseHeldPolicy::Fail,
+                "[`LeaseHeldPolicy::WAIT`]" => LeaseHeldPolicy::WAIT,
                 _ => return Err(format!("{setting}: not a known policy: {value:?}")),
             };
             expect(
@@ -462,8 +462,8 @@ fn a_changed_value_a_missing_row_and_an_unknown_row_are_caught() {
     );
 
     let slack = CRATE_SOURCE.replacen(
-        "| [`LedgerOptions::lease_slack`] | 30 s |",
-        "| [`LedgerOptions::lease_slack`] | 31 s |",
+        "| [`LedgerOptions::lease`] | 10 s |",
+        "| [`LedgerOptions::lease`] | 11 s |",
         1,
     );
     let slack = drift(&slack);
@@ -471,7 +471,7 @@ fn a_changed_value_a_missing_row_and_an_unknown_row_are_caught() {
     assert!(
         slack
             .iter()
-            .all(|f| f.starts_with("LedgerOptions::lease_slack: the table says"))
+            .all(|f| f.starts_with("LedgerOptions::lease: the table says"))
     );
 
     let bound = CRATE_SOURCE.replacen("pays for 100 retries", "pays for 50 retries", 1);

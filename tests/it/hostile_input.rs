@@ -1336,7 +1336,7 @@ async fn far_future_leases_and_retention_are_stored_in_sqlite() {
             .ledger_options(
                 LedgerOptions::new()
                     .retention(Duration::MAX)
-                    .lease_slack(Duration::MAX),
+                    .lease(Duration::MAX),
             )
             .build()
             .expect("valid");
@@ -1390,7 +1390,7 @@ async fn ledger_options_at_their_largest_keep_rows_and_leases_forever() {
         let client = ledgered(
             LedgerOptions::new()
                 .retention(Duration::MAX)
-                .lease_slack(Duration::MAX)
+                .lease(Duration::MAX)
                 .max_body(usize::MAX),
             fast().with_reconcile_window(Duration::MAX),
         );
@@ -1435,7 +1435,7 @@ async fn ledger_options_at_zero() {
         let client = ledgered(
             LedgerOptions::new()
                 .retention(Duration::ZERO)
-                .lease_slack(Duration::ZERO)
+                .lease(Duration::ZERO)
                 .max_body(0)
                 .on_lease_held(LeaseHeldPolicy::Wait {
                     poll: Duration::ZERO,

@@ -13,7 +13,7 @@ use crate::support::*;
 use idempotent_retry::ledger::{
     AttemptUpdate, Claim, Claimed, Finish, LeaseHeldPolicy, Ledger, LedgerError, LedgerErrorKind,
     LedgerFuture, LedgerOptions, ListFilter, MemoryLedger, OperationRecord, OperationStatus,
-    ReconcileClaim, Resolve,
+    ReconcileClaim, Renew, Resolve,
 };
 use idempotent_retry::observe::{LedgerVerdict, OperationEvent};
 use idempotent_retry::redirect::RedirectChain;
@@ -379,7 +379,7 @@ async fn the_window_spans_runs_and_a_late_run_sends_nothing() {
 async fn a_crashed_run_leaves_a_lapsing_lease_and_the_next_run_takes_over() {
     let server = TestServer::start_idempotent(vec![Action::hang()], Action::ok("done")).await;
     let ledger = MemoryLedger::new();
-    let options = LedgerOptions::new().lease_slack(Duration::from_secs(30));
+    let options = LedgerOptions::new().lease(Duration::from_secs(30));
     let (client, time) = virtual_ledger_client(ledger.clone(), options, fast());
     let k = key("crash");
     // The process dies mid-attempt: nothing after the send runs, no destructor either.
@@ -587,6 +587,9 @@ impl Ledger for Faulty {
             self.inner.record_attempt(update).await
         })
     }
+    fn renew<'a>(&'a self, renew: &'a Renew) -> LedgerFuture<'a, ()> {
+        self.inner.renew(renew)
+    }
     fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
         self.finishes.fetch_add(1, Ordering::SeqCst);
         if self.fail_finish.load(Ordering::SeqCst) {
@@ -645,7 +648,7 @@ async fn an_attempt_that_cannot_be_recorded_is_reported_as_unknown_with_its_key(
         TestServer::start_idempotent(vec![Action::status(503)], Action::ok("charged")).await;
     let faulty = Faulty::default();
     faulty.fail_record.store(true, Ordering::SeqCst);
-    let options = LedgerOptions::new().lease_slack(Duration::from_secs(10));
+    let options = LedgerOptions::new().lease(Duration::from_secs(10));
     let (client, time) = virtual_ledger_client(faulty.clone(), options, fast());
     let k = key("record-fails");
     let mut err = post_keyed(&client, server.url("/x"), &k, "")
@@ -712,7 +715,7 @@ async fn an_outcome_that_cannot_be_recorded_keeps_the_response_and_the_lease_lap
     let server = TestServer::start_idempotent(vec![], Action::ok("charged")).await;
     let faulty = Faulty::default();
     faulty.fail_finish.store(true, Ordering::SeqCst);
-    let options = LedgerOptions::new().lease_slack(Duration::from_secs(10));
+    let options = LedgerOptions::new().lease(Duration::from_secs(10));
     let (client, time) = virtual_ledger_client(faulty.clone(), options, fast());
     let k = key("finish-fails");
     let mut err = post_keyed(&client, server.url("/x"), &k, "")

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use idempotent_retry::ledger::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerErrorKind, LedgerFuture, ListFilter,
-    MemoryLedger, OperationRecord, ReconcileClaim, Resolve, SavedResponse,
+    MemoryLedger, OperationRecord, ReconcileClaim, Renew, Resolve, SavedResponse,
 };
 use idempotent_retry_testkit::{ConformanceReport, ledger_conformance};
 
@@ -18,6 +18,8 @@ enum Fault {
     CheckThenInsert,
     /// Lets anyone record and finish, lease or not.
     NoLeaseCheck,
+    /// Answers every renewal with success and writes nothing.
+    RenewsNothing,
     /// Restarts the window at every take-over.
     WindowRestarts,
     /// Deletes every expired row, whatever the limit.
@@ -80,6 +82,23 @@ impl Ledger for Faulty {
     fn record_attempt<'a>(&'a self, update: &'a AttemptUpdate) -> LedgerFuture<'a, ()> {
         Box::pin(async move {
             match self.inner.record_attempt(update).await {
+                Err(err)
+                    if self.fault == Fault::NoLeaseCheck
+                        && err.kind() == LedgerErrorKind::LeaseLost =>
+                {
+                    Ok(())
+                }
+                other => other,
+            }
+        })
+    }
+
+    fn renew<'a>(&'a self, renew: &'a Renew) -> LedgerFuture<'a, ()> {
+        Box::pin(async move {
+            if self.fault == Fault::RenewsNothing {
+                return Ok(());
+            }
+            match self.inner.renew(renew).await {
                 Err(err)
                     if self.fault == Fault::NoLeaseCheck
                         && err.kind() == LedgerErrorKind::LeaseLost =>

@@ -186,7 +186,7 @@ async fn a_connection_lost_mid_operation_is_reopened_or_reported_never_lost() {
         .clock(time.clone())
         .sleeper(time.clone())
         .ledger(ledger.clone())
-        .ledger_options(LedgerOptions::new().lease_slack(Duration::from_secs(10)))
+        .ledger_options(LedgerOptions::new().lease(Duration::from_secs(10)))
         .build()
         .expect("valid policy");
     let (admin, connection) = tokio_postgres::connect(&base, NoTls)
@@ -1165,7 +1165,7 @@ async fn frozen_worker(url: &str, app: &str) -> (Client, PostgresLedger) {
         .ledger_options(
             LedgerOptions::new()
                 .call_timeout(Duration::from_millis(500))
-                .lease_slack(Duration::from_millis(100)),
+                .lease(Duration::from_millis(100)),
         )
         .build()
         .expect("client");

@@ -32,7 +32,7 @@ async fn process(path: &Path, time: &VirtualTime) -> (Client, SqliteLedger) {
         .clock(time.clone())
         .sleeper(time.clone())
         .ledger(ledger.clone())
-        .ledger_options(LedgerOptions::new().lease_slack(Duration::from_secs(10)))
+        .ledger_options(LedgerOptions::new().lease(Duration::from_secs(10)))
         .build()
         .expect("valid policy");
     (client, ledger)
@@ -596,7 +596,7 @@ async fn a_killed_process_leaves_its_lease_and_the_next_one_takes_over() {
             .ledger_options(
                 LedgerOptions::new()
                     .worker("doomed")
-                    .lease_slack(WORKER_SLACK),
+                    .lease(WORKER_SLACK),
             )
             .build()
             .expect("valid policy");

@@ -21,7 +21,7 @@ use crate::support::*;
 use bytes::Bytes;
 use idempotent_retry::ledger::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerFuture, LedgerOptions, ListFilter,
-    OperationRecord, OperationStatus, ReconcileClaim, ResolutionKind, Resolve, SavedResponse,
+    OperationRecord, OperationStatus, ReconcileClaim, Renew, ResolutionKind, Resolve, SavedResponse,
     SqliteLedger,
 };
 use idempotent_retry::reconcile::{HttpProbe, Reconciled, Resolution};
@@ -50,6 +50,9 @@ impl Ledger for Shared {
     }
     fn record_attempt<'a>(&'a self, update: &'a AttemptUpdate) -> LedgerFuture<'a, ()> {
         self.0.record_attempt(update)
+    }
+    fn renew<'a>(&'a self, renew: &'a Renew) -> LedgerFuture<'a, ()> {
+        self.0.renew(renew)
     }
     fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
         self.0.finish(finish)
@@ -237,7 +240,7 @@ fn client(ledger: Shared, time: &VirtualTime, worker: &str, probe: Option<HttpPr
         .ledger_options(
             LedgerOptions::new()
                 .worker(worker)
-                .lease_slack(Duration::from_secs(10)),
+                .lease(Duration::from_secs(10)),
         );
     match probe {
         Some(probe) => builder.reconciler_for_scope("shop.charge", probe),

@@ -95,7 +95,7 @@ fn worker_policy() -> RetryPolicy {
 fn ledger_options(worker: &str) -> LedgerOptions {
     LedgerOptions::new()
         .worker(worker)
-        .lease_slack(LEASE_SLACK)
+        .lease(LEASE_SLACK)
         .on_lease_held(LeaseHeldPolicy::Wait {
             poll: Duration::from_millis(25),
             max_wait: Duration::from_secs(20),

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use idempotent_retry::ledger::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, ListFilter,
-    MemoryLedger, OperationRecord, ReconcileClaim, Resolve,
+    MemoryLedger, OperationRecord, ReconcileClaim, Renew, Resolve,
 };
 
 type Hook = dyn Fn(&Claim, Claimed) -> Result<Claimed, LedgerError> + Send + Sync;
@@ -69,6 +69,9 @@ impl Ledger for ClaimHook {
     }
     fn record_attempt<'a>(&'a self, update: &'a AttemptUpdate) -> LedgerFuture<'a, ()> {
         self.inner.record_attempt(update)
+    }
+    fn renew<'a>(&'a self, renew: &'a Renew) -> LedgerFuture<'a, ()> {
+        self.inner.renew(renew)
     }
     fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
         Box::pin(async move {

@@ -104,8 +104,9 @@ pub(crate) struct Invocation {
 /// The default `--scope`: the ledger scope and the `--key-from` derivation's.
 pub(crate) const DEFAULT_SCOPE: &str = "idemcurl";
 
-/// The default `--lease-wait`.
-const DEFAULT_LEASE_WAIT: &str = "10m";
+/// The default `--lease-wait`: the library's (`LeaseHeldPolicy::WAIT`), so idemcurl, Rust and
+/// Python wait as long for a run holding the key.
+const DEFAULT_LEASE_WAIT: &str = "3m";
 
 /// The command's definition.
 pub(crate) fn command() -> Command {

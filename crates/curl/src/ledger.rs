@@ -70,11 +70,6 @@ impl Opened {
         }
     }
 
-    /// Whether the ledger is one process's file, shared by the runs of one machine only.
-    pub(crate) fn is_local(&self) -> bool {
-        matches!(self, Opened::Sqlite(..))
-    }
-
     /// The client builder with this ledger (a handle of it: this one closes it).
     pub(crate) fn attach(&self, builder: ClientBuilder) -> ClientBuilder {
         match self {

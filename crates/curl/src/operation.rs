@@ -27,10 +27,6 @@ const RELEASE_WAIT: Duration = Duration::from_secs(5);
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
 /// The longest answer body saved for replay.
 const MAX_SAVED_BODY: usize = 1024 * 1024;
-/// How often a run waiting for another run's lease looks again.
-const LEASE_POLL: Duration = Duration::from_millis(50);
-/// The lease slack on a ledger file: its runs share one machine's clock.
-const LOCAL_LEASE_SLACK: Duration = Duration::from_secs(2);
 
 /// What the invocation sends, read and checked before anything goes out.
 struct Prepared {
@@ -305,11 +301,14 @@ async fn operate(invocation: &Invocation, slot: &mut Option<ledger::Opened>) -> 
             return report;
         }
     };
-    let mut options = LedgerOptions::new()
+    let options = LedgerOptions::new()
         .max_body(MAX_SAVED_BODY)
-        .on_lease_held(LeaseHeldPolicy::Wait {
-            poll: LEASE_POLL,
-            max_wait: invocation.lease_wait,
+        .on_lease_held(match LeaseHeldPolicy::WAIT {
+            LeaseHeldPolicy::Wait { poll, .. } => LeaseHeldPolicy::Wait {
+                poll,
+                max_wait: invocation.lease_wait,
+            },
+            other => other,
         })
         .worker(format!("idemcurl-{}", std::process::id()));
     let mut builder = Client::builder()
@@ -317,11 +316,11 @@ async fn operate(invocation: &Invocation, slot: &mut Option<ledger::Opened>) -> 
         .policy(prepared.policy)
         .key_header(prepared.key_header.clone())
         .redirects(prepared.redirects.clone());
+    if matches!(invocation.report, crate::args::ReportFormat::Text) && !invocation.silent {
+        builder = builder.observer(WaitNotice::default());
+    }
     if let Some(opened) = opened {
         report.ledger = opened.name();
-        if opened.is_local() {
-            options = options.lease_slack(LOCAL_LEASE_SLACK);
-        }
         builder = opened.attach(builder).ledger_options(options);
         *slot = Some(opened);
     }
@@ -359,6 +358,8 @@ async fn operate(invocation: &Invocation, slot: &mut Option<ledger::Opened>) -> 
                 report.attempts = retry.attempts();
                 report.elapsed = retry.elapsed();
                 report.replayed = retry.is_replayed();
+                report.lease_wait = retry.lease_wait();
+                report.unrecorded = retry.unrecorded().map(str::to_owned);
             }
             let written = tokio::select! {
                 report = answered(invocation, &mut prepared, response, report.clone()) => report,
@@ -382,6 +383,7 @@ async fn operate(invocation: &Invocation, slot: &mut Option<ledger::Opened>) -> 
             };
             report.attempts = err.attempts();
             report.elapsed = err.elapsed();
+            report.lease_wait = err.report().lease_wait();
             report.error = Some(err.message_with_cause());
             if let Some(key) = err.idempotency_key() {
                 report.key = Some(key.as_str().to_owned());
@@ -622,4 +624,29 @@ async fn cancel(
         }
     }
     report
+}
+
+/// Tells the person at the terminal, once, that the command is waiting for another run that
+/// holds its key: after a second of waiting, one line on stderr.
+#[derive(Debug, Default)]
+struct WaitNotice {
+    told: std::sync::atomic::AtomicBool,
+}
+
+/// How long a wait goes untold.
+const WAIT_NOTICE_AFTER: Duration = Duration::from_secs(1);
+
+impl idempotent_retry::Observer for WaitNotice {
+    fn on_lease_wait(&self, event: &idempotent_retry::observe::LeaseWaitEvent<'_>) {
+        use std::sync::atomic::Ordering;
+        if event.waited < WAIT_NOTICE_AFTER || self.told.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let holder = event.holder.unwrap_or("unknown");
+        let (worker, run) = holder.rsplit_once('/').unwrap_or((holder, "unknown"));
+        eprintln!(
+            "idemcurl: waiting for run {run} of worker {worker}, lease until {} (--lease-wait)",
+            humantime::format_rfc3339_millis(event.lease_until)
+        );
+    }
 }

@@ -29,6 +29,10 @@ pub(crate) struct Report {
     pub(crate) window_ends: Option<SystemTime>,
     /// The command was cancelled by a signal.
     pub(crate) cancelled: bool,
+    /// How long it waited for another run holding the key (counted in `elapsed`).
+    pub(crate) lease_wait: Duration,
+    /// Why the answer was not recorded in the ledger as this run's, when it was not.
+    pub(crate) unrecorded: Option<String>,
 }
 
 impl Report {
@@ -49,6 +53,8 @@ impl Report {
             ledger: String::new(),
             window_ends: None,
             cancelled: false,
+            lease_wait: Duration::ZERO,
+            unrecorded: None,
         }
     }
 
@@ -85,9 +91,21 @@ impl Report {
         }
         let plural = if self.attempts == 1 { "" } else { "s" };
         format!(
-            "{} attempt{plural} in {}",
+            "{} attempt{plural} in {}{}",
             self.attempts,
-            readable(self.elapsed)
+            readable(self.elapsed),
+            self.waited_phrase()
+        )
+    }
+
+    /// `, after waiting 8.21s for another run of the key`, when it waited.
+    fn waited_phrase(&self) -> String {
+        if self.lease_wait.is_zero() {
+            return String::new();
+        }
+        format!(
+            " (of which {} waiting for another run of the key)",
+            readable(self.lease_wait)
         )
     }
 
@@ -104,9 +122,16 @@ impl Report {
                     } else {
                         ""
                     };
-                    format!("replayed from the ledger{missing}, nothing sent")
+                    format!(
+                        "replayed from the ledger{missing}, nothing sent{}",
+                        self.waited_phrase()
+                    )
                 } else {
                     format!("sent, {}", self.attempts_phrase())
+                };
+                let how = match &self.unrecorded {
+                    Some(why) => format!("{how} ({why})"),
+                    None => how,
                 };
                 let tail = match self.exit {
                     Exit::HttpError => "; exit 22 (--fail: status 400 or more)".to_owned(),
@@ -180,6 +205,8 @@ impl Report {
             "replayed": self.replayed,
             "replayed_body_missing": self.body_missing,
             "cancelled": self.cancelled,
+            "lease_wait_ms": u64::try_from(self.lease_wait.as_millis()).unwrap_or(u64::MAX),
+            "unrecorded": self.unrecorded,
             "ledger": self.ledger,
             "window_ends": self.window_ends.map(|end| humantime::format_rfc3339_seconds(end).to_string()),
             "error": self.error,
@@ -219,7 +246,24 @@ mod tests {
             ledger: "none".into(),
             window_ends: Some(SystemTime::UNIX_EPOCH + Duration::from_secs(86_400)),
             cancelled: false,
+            lease_wait: Duration::ZERO,
+            unrecorded: None,
         }
+    }
+
+    #[test]
+    fn a_wait_for_another_run_is_counted_and_said() {
+        let mut waited = report(Exit::Done);
+        waited.lease_wait = Duration::from_millis(8210);
+        waited.elapsed = Duration::from_millis(9460);
+        let text = waited.text();
+        assert!(
+            text.contains("2 attempts in 9.46s (of which 8.21s waiting for another run of the key)"),
+            "{text}"
+        );
+        let json: serde_json::Value = serde_json::from_str(&waited.json()).expect("json");
+        assert_eq!(json["lease_wait_ms"], 8210);
+        assert_eq!(json["elapsed_ms"], 9460);
     }
 
     #[test]

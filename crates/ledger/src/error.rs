@@ -88,6 +88,12 @@ impl LedgerError {
     pub fn kind(&self) -> LedgerErrorKind {
         self.kind
     }
+
+    /// What happened, in words (the display without the kind's prefix).
+    #[must_use]
+    pub fn message(&self) -> &str {
+        &self.message
+    }
 }
 
 impl fmt::Display for LedgerError {

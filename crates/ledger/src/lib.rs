@@ -34,6 +34,7 @@ use std::time::{Duration, SystemTime};
 
 mod error;
 mod memory;
+mod renew;
 mod resolution;
 #[doc(hidden)]
 pub mod sql;
@@ -42,6 +43,7 @@ pub mod window;
 
 pub use error::{LedgerError, LedgerErrorKind};
 pub use memory::MemoryLedger;
+pub use renew::Renew;
 pub use resolution::{
     ReconcileClaim, Resolution, ResolutionKind, ResolutionNote, Resolve, reconcilable,
 };
@@ -757,7 +759,7 @@ impl Finish {
 /// ```compile_fail,E0046
 /// use idempotent_retry_ledger::{
 ///     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerFuture, MemoryLedger,
-///     OperationRecord,
+///     OperationRecord, Renew,
 /// };
 /// use std::time::SystemTime;
 ///
@@ -770,6 +772,9 @@ impl Finish {
 ///     }
 ///     fn record_attempt<'a>(&'a self, update: &'a AttemptUpdate) -> LedgerFuture<'a, ()> {
 ///         self.0.record_attempt(update)
+///     }
+///     fn renew<'a>(&'a self, renew: &'a Renew) -> LedgerFuture<'a, ()> {
+///         self.0.renew(renew)
 ///     }
 ///     fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
 ///         self.0.finish(finish)
@@ -812,6 +817,16 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// another run took the row, the run already finished, or there is no such row); the row
     /// is unchanged. Another [`LedgerError`] when the storage fails.
     fn record_attempt<'a>(&'a self, update: &'a AttemptUpdate) -> LedgerFuture<'a, ()>;
+
+    /// Extends the lease, if `owner` still holds it: `lease_expires_at` =
+    /// [`lease_until`](Renew::lease_until), nothing else. A lease that lapsed without another
+    /// run taking the row is still held ([`Renew::apply`] is the rule). A run renews on its own
+    /// timer while it is alive, so a short lease never expires under a live run.
+    ///
+    /// # Errors
+    ///
+    /// As for [`record_attempt`](Self::record_attempt).
+    fn renew<'a>(&'a self, renew: &'a Renew) -> LedgerFuture<'a, ()>;
 
     /// Writes the outcome and releases the lease, if `owner` still holds it: `status` =
     /// [`Finish::status`], `response` = [`Finish::response`] (kept exactly: see

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use super::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, ListFilter,
-    OperationRecord, ReconcileClaim, Resolve,
+    OperationRecord, ReconcileClaim, Renew, Resolve,
 };
 
 /// A [`Ledger`] in process memory.
@@ -96,6 +96,11 @@ impl Ledger for MemoryLedger {
 
     fn record_attempt<'a>(&'a self, update: &'a AttemptUpdate) -> LedgerFuture<'a, ()> {
         let result = self.write(&update.key, |row| update.apply(row));
+        Box::pin(std::future::ready(result))
+    }
+
+    fn renew<'a>(&'a self, renew: &'a Renew) -> LedgerFuture<'a, ()> {
+        let result = self.write(&renew.key, |row| renew.apply(row));
         Box::pin(std::future::ready(result))
     }
 

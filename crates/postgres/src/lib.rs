@@ -61,7 +61,7 @@ use row::read_row;
 use idempotent_retry_ledger::sql::{as_stored, response_columns};
 use idempotent_retry_ledger::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, ListFilter,
-    OperationRecord, OperationStatus, ReconcileClaim, Resolve, to_millis,
+    OperationRecord, OperationStatus, ReconcileClaim, Renew, Resolve, to_millis,
 };
 
 /// A [`Ledger`] in a PostgreSQL table, for fleets of workers sharing one record.
@@ -314,6 +314,18 @@ impl Ledger for PostgresLedger {
                     &to_millis(update.lease_until),
                 ],
                 "cannot record the attempt",
+            )
+            .await
+        })
+    }
+
+    fn renew<'a>(&'a self, renew: &'a Renew) -> LedgerFuture<'a, ()> {
+        Box::pin(async move {
+            self.update_held(
+                &statements::RENEW,
+                &renew.key,
+                &[&renew.key, &renew.owner, &to_millis(renew.lease_until)],
+                "cannot renew the lease",
             )
             .await
         })

@@ -84,6 +84,14 @@ pub(super) static RECORD_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// The lease extended, by its holder only. Parameters: key, owner, the new lease end.
+pub(super) static RENEW: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE {TABLE} SET lease_expires_at = $3 \
+         WHERE key = $1 AND lease_owner = $2 AND status = 'in_flight'"
+    )
+});
+
 /// The outcome written and the lease released, by the lease holder only. Parameters: key,
 /// owner, status, then the saved response's status, headers and body. One assignment a line,
 /// so counting an attempt in the same statement is one more line and one more parameter.

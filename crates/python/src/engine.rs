@@ -24,8 +24,6 @@ use crate::tls::Connection;
 const TRANSPORT: &str = "this transport";
 /// How long closing waits for an SQLite ledger to checkpoint its log.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
-/// How often a run waiting for another run's lease looks again.
-const LEASE_POLL: Duration = Duration::from_millis(50);
 
 /// The ledger an engine opened, kept to close it.
 #[derive(Debug)]
@@ -150,7 +148,7 @@ impl Engine {
         max_retry_after = None,
         key_header = None,
         ledger = None,
-        lease_slack = None,
+        lease = None,
         lease_wait = None,
         worker = None,
         ledger_scope = None,
@@ -176,7 +174,7 @@ impl Engine {
         max_retry_after: Option<f64>,
         key_header: Option<&str>,
         ledger: Option<String>,
-        lease_slack: Option<f64>,
+        lease: Option<f64>,
         lease_wait: Option<f64>,
         worker: Option<String>,
         ledger_scope: Option<String>,
@@ -219,13 +217,14 @@ impl Engine {
             None => IDEMPOTENCY_KEY,
         };
         let mut options = LedgerOptions::new();
-        if let Some(value) = lease_slack {
-            options = options.lease_slack(seconds("lease_slack", value)?);
+        if let Some(value) = lease {
+            options = options.lease(seconds("lease", value)?);
         }
         if let Some(value) = lease_wait {
-            options = options.on_lease_held(LeaseHeldPolicy::Wait {
-                poll: LEASE_POLL,
-                max_wait: seconds("lease_wait", value)?,
+            let max_wait = seconds("lease_wait", value)?;
+            options = options.on_lease_held(match LeaseHeldPolicy::WAIT {
+                LeaseHeldPolicy::Wait { poll, .. } => LeaseHeldPolicy::Wait { poll, max_wait },
+                other => other,
             });
         }
         if let Some(name) = worker {

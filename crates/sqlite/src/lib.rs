@@ -32,7 +32,7 @@ use self::writer::Writer;
 use idempotent_retry_ledger::sql::{SCHEMA_VERSION, TABLE, next_step};
 use idempotent_retry_ledger::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, ListFilter,
-    OperationRecord, ReconcileClaim, Resolve,
+    OperationRecord, ReconcileClaim, Renew, Resolve,
 };
 
 /// How long a statement waits for another process's write lock before failing.
@@ -501,6 +501,11 @@ impl Ledger for SqliteLedger {
     fn record_attempt<'a>(&'a self, update: &'a AttemptUpdate) -> LedgerFuture<'a, ()> {
         let update = update.clone();
         self.batched(move |conn| statements::record_attempt(conn, &update))
+    }
+
+    fn renew<'a>(&'a self, renew: &'a Renew) -> LedgerFuture<'a, ()> {
+        let renew = renew.clone();
+        self.batched(move |conn| statements::renew(conn, &renew))
     }
 
     fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {

@@ -10,7 +10,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::storage;
 use idempotent_retry_ledger::sql::{COLUMNS, RawRow, TABLE, as_stored, response_columns};
 use idempotent_retry_ledger::{
-    AttemptUpdate, Claim, Claimed, Finish, LedgerError, OperationRecord, to_millis,
+    AttemptUpdate, Claim, Claimed, Finish, LedgerError, OperationRecord, Renew, to_millis,
 };
 
 /// One row by key.
@@ -45,6 +45,14 @@ static RECORD_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE {TABLE} SET attempts = attempts + 1, last_attempt_at = ?3, \
          lease_expires_at = ?4 \
+         WHERE key = ?1 AND lease_owner = ?2 AND status = 'in_flight'"
+    )
+});
+
+/// The lease extended, by its holder only. Parameters: key, owner, the new lease end.
+static RENEW: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE {TABLE} SET lease_expires_at = ?3 \
          WHERE key = ?1 AND lease_owner = ?2 AND status = 'in_flight'"
     )
 });
@@ -191,6 +199,21 @@ pub(super) fn record_attempt(conn: &Connection, update: &AttemptUpdate) -> Resul
         })
         .map_err(|err| storage(err, "cannot record the attempt"))?;
     held(changed, &update.key)
+}
+
+/// The lease extended, if the renewal's owner holds it.
+pub(super) fn renew(conn: &Connection, renew: &Renew) -> Result<(), LedgerError> {
+    let changed = conn
+        .prepare_cached(&RENEW)
+        .and_then(|mut statement| {
+            statement.execute(params![
+                renew.key,
+                renew.owner,
+                to_millis(renew.lease_until)
+            ])
+        })
+        .map_err(|err| storage(err, "cannot renew the lease"))?;
+    held(changed, &renew.key)
 }
 
 /// The outcome, if the finish's owner holds the lease: one statement, so a finish that also

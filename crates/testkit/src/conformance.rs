@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime};
 use idempotent_retry_ledger::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerErrorKind, LedgerFuture,
     ListFilter, OperationRecord, OperationStatus, ReconcileClaim, Resolution, ResolutionKind,
-    ResolutionNote, Resolve, SavedResponse,
+    Renew, ResolutionNote, Resolve, SavedResponse,
 };
 
 /// What one case found: `Err` says what differed.
@@ -37,6 +37,13 @@ const CASES: &[(&str, Case)] = &[
     ("an attempt is counted, stamped and renews the lease", |l| {
         Box::pin(record_attempt(l))
     }),
+    ("the holder renews its lease, and only the holder", |l| {
+        Box::pin(renewal(l))
+    }),
+    (
+        "a missed renewal lets another run take over, and refuses the old holder",
+        |l| Box::pin(missed_renewal(l)),
+    ),
     ("finish writes the outcome and releases the lease", |l| {
         Box::pin(finish_releases(l))
     }),
@@ -633,6 +640,123 @@ async fn record_attempt(ledger: Arc<dyn Ledger>) -> Verdict {
         expected,
         "the row after two attempts"
     );
+    Ok(())
+}
+
+fn renewed(key: &str, owner: &str, now: u64, until: u64) -> Renew {
+    Renew::new(key, owner, at(now), at(until)).expect("the suite's renewals end after they are made")
+}
+
+async fn renewal(ledger: Arc<dyn Ledger>) -> Verdict {
+    let ledger = &*ledger;
+    claim_new(ledger, &claim("op", "f1", "w1", 0), "the first claim").await?;
+    ok(
+        ledger.renew(&renewed("op", "w1", 50, 150)).await,
+        "the holder's renewal",
+    )?;
+    let mut expected = fresh("op", "f1", "w1", 0);
+    expected.lease_expires_at = Some(at(150));
+    ensure_eq!(
+        row(ledger, "op", "get").await?,
+        expected,
+        "the row after a renewal (the lease's end moved, nothing else)"
+    );
+    // The first lease (60 s) has run out, the renewed one (150 s) has not.
+    claim_existing(
+        ledger,
+        &claim("op", "f1", "w2", 100),
+        "a claim by another run under the renewed lease",
+    )
+    .await?;
+    refused(
+        ledger.renew(&renewed("op", "w2", 100, 400)).await,
+        LedgerErrorKind::LeaseLost,
+        "a renewal by a run without the lease",
+    )?;
+    refused(
+        ledger.renew(&renewed("absent", "w1", 100, 400)).await,
+        LedgerErrorKind::LeaseLost,
+        "a renewal of a key never claimed",
+    )?;
+    ensure_eq!(
+        row(ledger, "op", "get").await?,
+        expected,
+        "the row after the refused renewals"
+    );
+    // Lapsed at 150 but taken by nobody: still the holder's, and renewed.
+    ok(
+        ledger.renew(&renewed("op", "w1", 200, 260)).await,
+        "the holder's renewal after its lease lapsed untaken",
+    )?;
+    claim_existing(
+        ledger,
+        &claim("op", "f1", "w2", 210),
+        "a claim under the lease renewed after it lapsed",
+    )
+    .await?;
+    ok(
+        ledger
+            .finish(&finish("op", "w1", OperationStatus::Succeeded, None))
+            .await,
+        "the holder's finish",
+    )?;
+    refused(
+        ledger.renew(&renewed("op", "w1", 220, 280)).await,
+        LedgerErrorKind::LeaseLost,
+        "a renewal after the finish",
+    )?;
+    ensure_eq!(
+        row(ledger, "op", "get").await?.status,
+        OperationStatus::Succeeded,
+        "the status after a renewal refused past the finish"
+    );
+    Ok(())
+}
+
+async fn missed_renewal(ledger: Arc<dyn Ledger>) -> Verdict {
+    let ledger = &*ledger;
+    claim_new(ledger, &claim("op", "f1", "w1", 0), "the first claim").await?;
+    ok(
+        ledger.renew(&renewed("op", "w1", 20, 80)).await,
+        "the holder's renewal",
+    )?;
+    claim_existing(
+        ledger,
+        &claim("op", "f1", "w2", 79),
+        "a claim a second before the renewed lease lapses",
+    )
+    .await?;
+    let (record, previous) = claim_taken(
+        ledger,
+        &claim("op", "f1", "w2", 80),
+        "a claim when the renewed lease lapses",
+    )
+    .await?;
+    ensure_eq!(
+        previous,
+        OperationStatus::InFlight,
+        "the status before the take-over"
+    );
+    ensure_eq!(
+        record.lease_owner.as_deref(),
+        Some("w2"),
+        "the lease holder after the take-over"
+    );
+    let taken = row(ledger, "op", "get").await?;
+    refused(
+        ledger.renew(&renewed("op", "w1", 81, 200)).await,
+        LedgerErrorKind::LeaseLost,
+        "a renewal by the run whose lease lapsed",
+    )?;
+    ensure_eq!(
+        row(ledger, "op", "get").await?,
+        taken,
+        "the row after the stale run's renewal"
+    );
+    ok(
+        ledger.renew(&renewed("op", "w2", 90, 150)).await,
+        "a renewal by the new holder",
+    )?;
     Ok(())
 }
 
