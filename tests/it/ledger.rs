@@ -513,6 +513,10 @@ struct Faulty {
     fail_claim: Arc<AtomicBool>,
     fail_record: Arc<AtomicBool>,
     fail_finish: Arc<AtomicBool>,
+    /// Renewals fail (the store is unreachable for them).
+    fail_renew: Arc<AtomicBool>,
+    /// Renewals written so far.
+    renewals: Arc<AtomicU32>,
     pause: Arc<Pause>,
     /// `record_attempt` and `finish` calls so far.
     records: Arc<AtomicU32>,
@@ -588,7 +592,14 @@ impl Ledger for Faulty {
         })
     }
     fn renew<'a>(&'a self, renew: &'a Renew) -> LedgerFuture<'a, ()> {
-        self.inner.renew(renew)
+        if self.fail_renew.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(outage()) });
+        }
+        Box::pin(async move {
+            self.inner.renew(renew).await?;
+            self.renewals.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        })
     }
     fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
         self.finishes.fetch_add(1, Ordering::SeqCst);
@@ -1265,4 +1276,203 @@ async fn an_unfollowed_redirect_is_not_saved_as_done() {
         "with the same key"
     );
     assert_eq!(row(&ledger, &k).await.status, OperationStatus::Succeeded);
+}
+
+/// Waits (real time, bounded) until `done` holds for the row of `key`.
+async fn row_becomes(
+    ledger: &dyn Ledger,
+    key: &IdempotencyKey,
+    what: &str,
+    done: impl Fn(&OperationRecord) -> bool,
+) -> OperationRecord {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let row = row(ledger, key).await;
+            if done(&row) {
+                return row;
+            }
+            tokio::time::sleep(ms(5)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the row never came to this: {what}"))
+}
+
+#[tokio::test]
+async fn a_run_stalled_past_its_lease_keeps_its_key_and_returns_its_answer() {
+    // The answer is in hand and the finish stalls (a loaded machine, a slow store) far past
+    // the lease: the run's keeper goes on renewing, so no other run takes the key, and the
+    // answer is returned and recorded.
+    let server = TestServer::start_idempotent(vec![], Action::ok("charged")).await;
+    let faulty = Faulty::default();
+    let options = LedgerOptions::new()
+        .lease(Duration::from_millis(600))
+        .on_lease_held(LeaseHeldPolicy::Fail);
+    let (client, time) = virtual_ledger_client(faulty.clone(), options, fast());
+    let k = key("stalled-finish");
+    faulty.pause.arm();
+    let mut run = tokio::spawn({
+        let (client, url, k) = (client.clone(), server.url("/x"), k.clone());
+        async move { post_keyed(&client, url, &k, "").await }
+    });
+    faulty.pause.reached(&mut run).await;
+    // A minute later on the client's clock: the lease it claimed (600 ms) is long gone.
+    time.advance(Duration::from_secs(60));
+    let now = time.wall_now();
+    row_becomes(&faulty, &k, "the lease renewed past the moved clock", |row| {
+        row.lease_expires_at.is_some_and(|until| until > now)
+    })
+    .await;
+    assert!(faulty.renewals.load(Ordering::SeqCst) >= 1);
+    let other = post_keyed(&client, server.url("/x"), &k, "")
+        .await
+        .expect_err("the live run holds the key");
+    assert_eq!(other.kind(), ErrorKind::LeaseHeld, "{other}");
+    faulty.pause.resume();
+    let response = run.await.expect("the run").expect("the answer in hand");
+    assert_eq!(response.status(), 200);
+    let report = RetryReport::of(&response).expect("report").clone();
+    assert_eq!(report.unrecorded(), None);
+    assert_eq!(response.text().await.expect("body"), "charged");
+    let stored = row(&faulty, &k).await;
+    assert_eq!(stored.status, OperationStatus::Succeeded);
+    assert_eq!(stored.attempts, 1);
+    assert_eq!(server.effects(), 1);
+    assert_eq!(server.hits(), 1, "the second run sent nothing");
+}
+
+#[tokio::test]
+async fn an_answer_in_hand_is_returned_when_another_run_took_the_key() {
+    // The store refuses renewals, the run freezes before its finish, and another run takes
+    // the lapsed key over and sends it (the receiver replays). The first run's answer is
+    // still its caller's: returned, never an error, with the report saying it was not
+    // recorded as this run's.
+    let server = TestServer::start_idempotent(vec![], Action::ok("charged")).await;
+    let faulty = Faulty::default();
+    faulty.fail_renew.store(true, Ordering::SeqCst);
+    let options = LedgerOptions::new()
+        .lease(Duration::from_millis(300))
+        .on_lease_held(LeaseHeldPolicy::Fail);
+    let (client, time) = virtual_ledger_client(faulty.clone(), options, fast());
+    let k = key("taken-while-answered");
+    faulty.pause.arm();
+    let mut run = tokio::spawn({
+        let (client, url, k) = (client.clone(), server.url("/x"), k.clone());
+        async move { post_keyed(&client, url, &k, "").await }
+    });
+    faulty.pause.reached(&mut run).await;
+    time.advance(Duration::from_secs(1));
+    faulty.fail_renew.store(false, Ordering::SeqCst);
+    let second = post_keyed(&client, server.url("/x"), &k, "")
+        .await
+        .expect("the lapsed key is taken over");
+    assert_eq!(second.status(), 200);
+    assert_eq!(second.text().await.expect("body"), "charged");
+    faulty.pause.resume();
+    let response = run
+        .await
+        .expect("the run")
+        .expect("a 2xx in hand is returned, not an error");
+    assert_eq!(response.status(), 200);
+    let report = RetryReport::of(&response).expect("report").clone();
+    let why = report.unrecorded().expect("the report says it was not recorded");
+    assert!(why.contains("lease lost"), "{why}");
+    assert_eq!(response.text().await.expect("body"), "charged");
+    let stored = row(&faulty, &k).await;
+    assert_eq!(stored.status, OperationStatus::Succeeded);
+    assert_eq!(
+        stored.attempts, 2,
+        "the taken-over run's request and the new run's both counted"
+    );
+    assert_eq!(server.effects(), 1);
+    assert_eq!(server.hits(), 2);
+}
+
+#[tokio::test]
+async fn an_answer_in_hand_is_recorded_when_the_row_has_no_outcome_yet() {
+    // As above, but the run that took the key over gave it up (its caller dropped it after its
+    // request left): the row is unknown, so the first run's answer is written as the
+    // operation's resolution, and the next run replays it.
+    let server = TestServer::start_idempotent(vec![], Action::ok("charged")).await;
+    let faulty = Faulty::default();
+    faulty.fail_renew.store(true, Ordering::SeqCst);
+    let options = LedgerOptions::new()
+        .lease(Duration::from_millis(300))
+        .on_lease_held(LeaseHeldPolicy::Fail);
+    let (client, time) = virtual_ledger_client(faulty.clone(), options, fast());
+    let k = key("answered-unknown");
+    faulty.pause.arm();
+    let mut run = tokio::spawn({
+        let (client, url, k) = (client.clone(), server.url("/x"), k.clone());
+        async move { post_keyed(&client, url, &k, "").await }
+    });
+    faulty.pause.reached(&mut run).await;
+    time.advance(Duration::from_secs(1));
+    faulty.fail_renew.store(false, Ordering::SeqCst);
+    // Another run takes the key over, and is written off as unknown: what a run dropped
+    // mid-attempt leaves.
+    let owner = "other-worker/run";
+    let claim = Claim::builder(
+        k.as_str(),
+        row(&faulty, &k).await.fingerprint,
+        owner,
+        time.wall_now(),
+        time.wall_now() + Duration::from_secs(60),
+    )
+    .build()
+    .expect("claim");
+    assert!(matches!(
+        faulty.inner.claim(&claim).await.expect("claim"),
+        Claimed::TakenOver { .. }
+    ));
+    let written_off = Finish::new(k.as_str(), owner, OperationStatus::Unknown, None).expect("finish");
+    faulty.inner.finish(&written_off).await.expect("finish");
+    faulty.pause.resume();
+    let response = run.await.expect("the run").expect("the answer in hand");
+    assert_eq!(response.status(), 200);
+    let why = RetryReport::of(&response)
+        .and_then(RetryReport::unrecorded)
+        .expect("not recorded as this run's")
+        .to_owned();
+    assert!(why.contains("recorded as the operation's resolution"), "{why}");
+    let stored = row(&faulty, &k).await;
+    assert_eq!(stored.status, OperationStatus::Succeeded);
+    let replayed = post_keyed(&client, server.url("/x"), &k, "")
+        .await
+        .expect("replayed");
+    assert!(RetryReport::of(&replayed).expect("report").is_replayed());
+    assert_eq!(replayed.text().await.expect("body"), "charged");
+    assert_eq!(server.hits(), 1);
+}
+
+#[tokio::test]
+async fn a_run_that_cannot_renew_its_lease_sends_nothing_more() {
+    // Every renewal fails while the first attempt is held at the server past the lease: the
+    // run gives its key up. The attempt's answer (a 503) would be retried; it is not.
+    let server = TestServer::start_idempotent(
+        vec![Action::stall_then(Duration::from_millis(1500), Action::status(503))],
+        Action::ok("charged"),
+    )
+    .await;
+    let faulty = Faulty::default();
+    faulty.fail_renew.store(true, Ordering::SeqCst);
+    let options = LedgerOptions::new()
+        .lease(Duration::from_millis(300))
+        .on_lease_held(LeaseHeldPolicy::Fail);
+    let client = ledger_client(faulty.clone(), options, fast());
+    let k = key("cannot-renew");
+    let err = post_keyed(&client, server.url("/x"), &k, "")
+        .await
+        .expect_err("the lease was lost");
+    assert_eq!(err.kind(), ErrorKind::Ledger, "{err}");
+    assert!(err.is_outcome_unknown(), "the 503's request reached the receiver");
+    assert_eq!(err.idempotency_key(), Some(&k));
+    assert_eq!(err.status().map(|s| s.as_u16()), Some(503));
+    let text = err.to_string();
+    assert!(
+        text.contains("the run lost its lease, so attempt 2 was not sent")
+            && text.contains("could not renew the lease"),
+        "{text}"
+    );
+    assert_eq!(server.hits(), 1, "no retry once the lease was lost");
 }
