@@ -98,13 +98,19 @@ impl LeaseKeeper {
         let every = self.lease / 3;
         let retry_every = (self.lease / 10).max(Duration::from_millis(1));
         loop {
-            let due = self.state().renewed_at + every;
+            // A lease too long for the clock (`Duration::MAX`) never needs renewing.
+            let Some(due) = self.state().renewed_at.checked_add(every) else {
+                return std::future::pending().await;
+            };
             tokio::time::sleep_until(due).await;
+            let renewed_at = self.state().renewed_at;
             // Another write may have renewed the lease meanwhile: wait for the new due time.
-            if self.state().renewed_at + every > Instant::now() {
+            if renewed_at.checked_add(every).is_none_or(|due| due > Instant::now()) {
                 continue;
             }
-            let ends = self.state().renewed_at + self.lease;
+            let Some(ends) = renewed_at.checked_add(self.lease) else {
+                return std::future::pending().await;
+            };
             loop {
                 let left = ends.saturating_duration_since(Instant::now());
                 if left.is_zero() {

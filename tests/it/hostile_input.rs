@@ -1391,7 +1391,8 @@ async fn ledger_options_at_their_largest_keep_rows_and_leases_forever() {
             LedgerOptions::new()
                 .retention(Duration::MAX)
                 .lease(Duration::MAX)
-                .max_body(usize::MAX),
+                .max_body(usize::MAX)
+                .on_lease_held(LeaseHeldPolicy::Fail),
             fast().with_reconcile_window(Duration::MAX),
         );
         let key = IdempotencyKey::new("ledger-max-1").expect("valid");

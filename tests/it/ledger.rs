@@ -222,7 +222,13 @@ async fn an_operation_in_flight_elsewhere_is_refused_then_waited_for() {
     });
     assert_eq!(server.wait_for_hits(1, Duration::from_secs(5)).await, 1);
 
-    let impatient = ledger_client(ledger.clone(), LedgerOptions::new().worker("b"), fast());
+    let impatient = ledger_client(
+        ledger.clone(),
+        LedgerOptions::new()
+            .worker("b")
+            .on_lease_held(LeaseHeldPolicy::Fail),
+        fast(),
+    );
     let err = post_keyed(&impatient, server.url("/charges"), &k, "x")
         .await
         .expect_err("the first run holds the lease");
@@ -379,7 +385,9 @@ async fn the_window_spans_runs_and_a_late_run_sends_nothing() {
 async fn a_crashed_run_leaves_a_lapsing_lease_and_the_next_run_takes_over() {
     let server = TestServer::start_idempotent(vec![Action::hang()], Action::ok("done")).await;
     let ledger = MemoryLedger::new();
-    let options = LedgerOptions::new().lease(Duration::from_secs(30));
+    let options = LedgerOptions::new()
+        .lease(Duration::from_secs(30))
+        .on_lease_held(LeaseHeldPolicy::Fail);
     let (client, time) = virtual_ledger_client(ledger.clone(), options, fast());
     let k = key("crash");
     // The process dies mid-attempt: nothing after the send runs, no destructor either.
@@ -402,8 +410,8 @@ async fn a_crashed_run_leaves_a_lapsing_lease_and_the_next_run_takes_over() {
     assert_eq!(err.kind(), ErrorKind::LeaseHeld);
     assert_eq!(server.hits(), 1);
 
-    // attempt timeout (5 s) + slack (30 s) later, the lease has lapsed.
-    time.advance(Duration::from_secs(36));
+    // One lease (30 s) later, with no renewal from the dead run, the lease has lapsed.
+    time.advance(Duration::from_secs(31));
     let ok = post_keyed(&client, server.url("/x"), &k, "")
         .await
         .expect("taken over");
@@ -413,7 +421,11 @@ async fn a_crashed_run_leaves_a_lapsing_lease_and_the_next_run_takes_over() {
     assert_eq!(stored.status, OperationStatus::Succeeded);
     assert_eq!(
         stored.first_attempt_at,
-        time.wall_now() - Duration::from_secs(36)
+        time.wall_now() - Duration::from_secs(31)
+    );
+    assert_eq!(
+        stored.attempts, 2,
+        "the dead run's request and the new run's, as the receiver saw them"
     );
 }
 
@@ -653,8 +665,8 @@ async fn no_request_is_sent_without_its_claim_recorded() {
 
 #[tokio::test]
 async fn an_attempt_that_cannot_be_recorded_is_reported_as_unknown_with_its_key() {
-    // The first attempt meets a 503 and is followed by a retry, so it is recorded on its own
-    // (renewing the lease past the wait): that record fails.
+    // The first attempt meets a 503 and a retry is decided: the retry is recorded before it is
+    // sent, and that record fails, so it is not sent.
     let server =
         TestServer::start_idempotent(vec![Action::status(503)], Action::ok("charged")).await;
     let faulty = Faulty::default();
@@ -670,7 +682,11 @@ async fn an_attempt_that_cannot_be_recorded_is_reported_as_unknown_with_its_key(
     assert_eq!(err.idempotency_key(), Some(&k));
     assert_eq!(err.attempts(), 1);
     assert_eq!(err.status().map(|s| s.as_u16()), Some(503));
-    assert!(err.take_response().is_some(), "the response is kept");
+    assert!(
+        err.to_string()
+            .contains("attempt 2 could not be recorded, so it was not sent"),
+        "{err}"
+    );
     assert_eq!(server.hits(), 1, "no retry after a record that failed");
     // The finish went through, so the row says "unknown": the next run sends again with the
     // same key and the receiver deduplicates it.
@@ -722,41 +738,38 @@ async fn an_operation_of_one_attempt_writes_its_claim_and_its_finish_only() {
 }
 
 #[tokio::test]
-async fn an_outcome_that_cannot_be_recorded_keeps_the_response_and_the_lease_lapses() {
+async fn an_outcome_that_cannot_be_recorded_returns_the_answer_and_the_lease_lapses() {
     let server = TestServer::start_idempotent(vec![], Action::ok("charged")).await;
     let faulty = Faulty::default();
     faulty.fail_finish.store(true, Ordering::SeqCst);
     let options = LedgerOptions::new().lease(Duration::from_secs(10));
     let (client, time) = virtual_ledger_client(faulty.clone(), options, fast());
     let k = key("finish-fails");
-    let mut err = post_keyed(&client, server.url("/x"), &k, "")
+    let response = post_keyed(&client, server.url("/x"), &k, "")
         .await
-        .expect_err("the outcome could not be recorded");
-    assert_eq!(err.kind(), ErrorKind::Ledger);
-    assert!(err.is_outcome_unknown());
-    assert_eq!(err.idempotency_key(), Some(&k));
-    let response = err.take_response().expect("the response is kept");
+        .expect("the answer in hand is returned");
+    assert_eq!(response.status(), 200);
+    let report = RetryReport::of(&response).expect("report").clone();
+    let why = report.unrecorded().expect("the report says it was not recorded");
+    assert!(why.contains("ledger unavailable"), "{why}");
+    assert_eq!(report.idempotency_key(), Some(&k));
     assert_eq!(response.text().await.expect("body"), "charged");
-    let source = err
-        .source()
-        .and_then(|s| s.downcast_ref::<LedgerError>())
-        .expect("ledger error source");
-    assert_eq!(source.kind(), LedgerErrorKind::Unavailable);
     // The row is still in flight: the lease lapses and the next run takes over. The count of
-    // the only attempt rode on the finish that failed, so it is not there (nothing else is
-    // lost: the lease and the window are the claim's).
+    // the only attempt rode on the finish that failed; the run that takes over counts it.
     let stored = row(&faulty, &k).await;
     assert_eq!(stored.status, OperationStatus::InFlight);
     assert_eq!(stored.attempts, 0);
 
     faulty.fail_finish.store(false, Ordering::SeqCst);
-    time.advance(Duration::from_secs(16));
+    time.advance(Duration::from_secs(11));
     let again = post_keyed(&client, server.url("/x"), &k, "")
         .await
         .expect("resumed");
     assert_eq!(again.status(), 200);
     assert_eq!(server.effects(), 1, "exactly one side effect");
-    assert_eq!(row(&faulty, &k).await.status, OperationStatus::Succeeded);
+    let stored = row(&faulty, &k).await;
+    assert_eq!(stored.status, OperationStatus::Succeeded);
+    assert_eq!(stored.attempts, 2);
 }
 
 /// What an observer saw of one operation.
@@ -805,7 +818,11 @@ fn observed_client(
         .clock(time.clone())
         .sleeper(time.clone())
         .ledger(ledger)
-        .ledger_options(LedgerOptions::new().worker(worker))
+        .ledger_options(
+            LedgerOptions::new()
+                .worker(worker)
+                .on_lease_held(LeaseHeldPolicy::Fail),
+        )
         .on_operation({
             let seen = seen.clone();
             move |event| seen.record(event)
@@ -1068,11 +1085,10 @@ async fn an_unrecorded_attempt_whose_outcome_cannot_be_written_either_is_reporte
 }
 
 #[tokio::test]
-async fn a_run_that_loses_its_lease_mid_run_is_told_outcome_unknown_and_keeps_the_answer() {
+async fn a_run_that_loses_its_lease_mid_run_returns_its_answer_and_says_it_was_not_recorded() {
     let server = TestServer::start_idempotent(vec![], Action::ok("charged")).await;
     let faulty = Faulty::default();
-    // Both workers share one timeline; a lease lasts the attempt timeout (5 s) plus the
-    // default slack (30 s).
+    // Both workers share one timeline; a lease lasts 10 s unless renewed.
     let time = VirtualTime::new();
     let (a, seen_a) = observed_client(faulty.clone(), "a", fast(), &time);
     let (b, _) = observed_client(faulty.clone(), "b", fast(), &time);
@@ -1085,12 +1101,14 @@ async fn a_run_that_loses_its_lease_mid_run_is_told_outcome_unknown_and_keeps_th
             .send()
     };
 
-    // Worker a's attempt reaches the server and commits; then a stalls (a long GC pause, a
-    // frozen VM) before it can record the attempt, for longer than its lease.
+    // Worker a's attempt reaches the server and commits; then a stalls before it can record
+    // its answer (a frozen VM, whose renewals do not reach the store either), for longer than
+    // its lease.
+    faulty.fail_renew.store(true, Ordering::SeqCst);
     faulty.pause.arm();
     let mut a_run = tokio::spawn(send(&a));
     faulty.pause.reached(&mut a_run).await;
-    time.advance(Duration::from_secs(36));
+    time.advance(Duration::from_secs(11));
 
     // Worker b finds the lease lapsed, takes the operation over with the same key, and gets
     // the receiver's saved answer.
@@ -1108,30 +1126,25 @@ async fn a_run_that_loses_its_lease_mid_run_is_told_outcome_unknown_and_keeps_th
     assert_eq!(stored.status, OperationStatus::Succeeded);
     assert_eq!(stored.lease_owner, None);
 
-    // Worker a wakes up: its record is refused, so it may not claim the outcome as its own.
+    // Worker a wakes up: its finish is refused, but the answer it holds is the operation's
+    // (same key, same receiver): it is returned, and the report says it was not recorded.
     faulty.pause.resume();
-    let mut err = a_run
+    let response = a_run
         .await
         .expect("task")
-        .expect_err("worker a lost its lease");
-    assert_eq!(err.kind(), ErrorKind::Ledger);
-    assert!(err.is_outcome_unknown(), "its attempt may have run");
-    assert_eq!(err.idempotency_key(), Some(&k));
-    assert_eq!(err.attempts(), 1);
-    let source = err
-        .source()
-        .and_then(|s| s.downcast_ref::<LedgerError>())
-        .expect("a ledger error");
-    assert_eq!(source.kind(), LedgerErrorKind::LeaseLost);
-    let response = err.take_response().expect("the answer it got is kept");
+        .expect("worker a returns the answer in hand");
+    assert_eq!(response.status(), 200);
+    let report = RetryReport::of(&response).expect("report").clone();
+    assert_eq!(report.idempotency_key(), Some(&k));
+    assert_eq!(report.attempts(), 1);
+    let why = report.unrecorded().expect("not recorded as worker a's");
+    assert!(why.contains("lease lost"), "{why}");
     assert_eq!(response.text().await.expect("body"), "charged");
     assert_eq!(
         seen_a.take(),
         vec![Seen {
             attempts: 1,
             status: Some(200),
-            error: Some(ErrorKind::Ledger),
-            outcome_unknown: true,
             ..seen_for(&k)
         }]
     );
@@ -1139,7 +1152,10 @@ async fn a_run_that_loses_its_lease_mid_run_is_told_outcome_unknown_and_keeps_th
     // Worker a's late finish did not overwrite worker b's record.
     let stored = row(&faulty, &k).await;
     assert_eq!(stored.status, OperationStatus::Succeeded);
-    assert_eq!(stored.attempts, 1, "only worker b's attempt was recorded");
+    assert_eq!(
+        stored.attempts, 2,
+        "worker a's request (counted by b's take-over) and worker b's"
+    );
     assert_eq!(server.keys(), vec![Some(k.to_string()); 2], "one key");
     assert_eq!(server.effects(), 1, "one charge");
 }

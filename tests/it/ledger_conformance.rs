@@ -197,9 +197,11 @@ async fn the_memory_ledger_passes_every_case_and_the_report_lists_them() {
     assert!(report.passed());
     assert!(report.failures().is_empty());
     let cases: Vec<&str> = report.cases().collect();
-    assert_eq!(cases.len(), 22, "{cases:?}");
+    assert_eq!(cases.len(), 24, "{cases:?}");
     for case in [
         "concurrent claims of one key acquire it once",
+        "the holder renews its lease, and only the holder",
+        "a missed renewal lets another run take over, and refuses the old holder",
         "a lapsed lease is taken over and its holder refused",
         "another request under the same key is not taken over",
         "the window start is kept and its cutoff honoured",
@@ -213,7 +215,7 @@ async fn the_memory_ledger_passes_every_case_and_the_report_lists_them() {
     }
     assert_eq!(
         report.to_string(),
-        "ledger conformance: 22 of 22 cases passed"
+        "ledger conformance: 24 of 24 cases passed"
     );
 }
 
@@ -299,6 +301,8 @@ async fn a_ledger_that_ignores_the_lease_holder_fails_the_lease_cases() {
         failed(&report),
         [
             "only the lease holder records and finishes",
+            "the holder renews its lease, and only the holder",
+            "a missed renewal lets another run take over, and refuses the old holder",
             "finish writes the outcome and releases the lease",
             "a finish counts the last attempt it carries",
             "a lapsed lease is taken over and its holder refused",
@@ -398,8 +402,26 @@ async fn a_panicking_ledger_is_reported_case_by_case_and_assert_passed_names_the
         .downcast_ref::<String>()
         .expect("assert_passed panics with the report");
     assert!(
-        text.starts_with("ledger conformance: 0 of 22 cases passed\n  a new key is inserted in flight: panicked: the get of new broke"),
+        text.starts_with("ledger conformance: 0 of 24 cases passed\n  a new key is inserted in flight: panicked: the get of new broke"),
         "{text}"
     );
     assert_eq!(text, &report.to_string());
+}
+
+#[tokio::test]
+async fn a_ledger_that_renews_nothing_fails_the_renewal_cases() {
+    let report = run(Fault::RenewsNothing).await;
+    assert_eq!(
+        failed(&report),
+        [
+            "the holder renews its lease, and only the holder",
+            "a missed renewal lets another run take over, and refuses the old holder",
+        ],
+        "{report}"
+    );
+    let says = message(&report, "the holder renews its lease, and only the holder");
+    assert!(
+        says.starts_with("the row after a renewal (the lease's end moved, nothing else): expected"),
+        "{says}"
+    );
 }

@@ -186,7 +186,11 @@ async fn a_connection_lost_mid_operation_is_reopened_or_reported_never_lost() {
         .clock(time.clone())
         .sleeper(time.clone())
         .ledger(ledger.clone())
-        .ledger_options(LedgerOptions::new().lease(Duration::from_secs(10)))
+        .ledger_options(
+            LedgerOptions::new()
+                .lease(Duration::from_secs(10))
+                .on_lease_held(LeaseHeldPolicy::Fail),
+        )
         .build()
         .expect("valid policy");
     let (admin, connection) = tokio_postgres::connect(&base, NoTls)
@@ -224,7 +228,7 @@ async fn a_connection_lost_mid_operation_is_reopened_or_reported_never_lost() {
     assert_eq!((row.status, row.attempts), (OperationStatus::Succeeded, 1));
 
     // 2. The connection dies and the database refuses new ones until the request is over:
-    //    the attempt cannot be recorded, and the caller is told so, with the key.
+    //    the answer cannot be recorded; the caller gets it, and the report says so.
     let second = IdempotencyKey::derive("tests.pg", &["lost", "2"]);
     let sending = send(&second);
     assert_eq!(server.wait_for_hits(2, Duration::from_secs(5)).await, 2);
@@ -235,14 +239,14 @@ async fn a_connection_lost_mid_operation_is_reopened_or_reported_never_lost() {
         .await
         .expect("lock the database");
     assert_eq!(terminate(&admin, &app).await, 1);
-    let mut err = sending
+    let answered = sending
         .await
         .expect("task")
-        .expect_err("the attempt could not be recorded");
-    assert_eq!(err.kind(), ErrorKind::Ledger, "{err}");
-    assert!(err.is_outcome_unknown());
-    assert_eq!(err.idempotency_key(), Some(&second));
-    assert!(err.take_response().is_some(), "the answer is not lost");
+        .expect("the answer in hand is returned");
+    let report = RetryReport::of(&answered).expect("report").clone();
+    assert_eq!(report.idempotency_key(), Some(&second));
+    assert!(report.unrecorded().is_some(), "not recorded: {report:?}");
+    assert_eq!(answered.text().await.expect("body"), "two");
     admin
         .batch_execute(&format!("ALTER DATABASE {database} ALLOW_CONNECTIONS true"))
         .await
@@ -261,7 +265,7 @@ async fn a_connection_lost_mid_operation_is_reopened_or_reported_never_lost() {
         .expect("task")
         .expect_err("lease still live");
     assert_eq!(err.kind(), ErrorKind::LeaseHeld);
-    time.advance(Duration::from_secs(16));
+    time.advance(Duration::from_secs(11));
     let response = send(&second).await.expect("task").expect("taken over");
     assert_eq!(response.text().await.expect("body"), "two");
     assert_eq!(server.effects_for(second.as_str()), 1);
@@ -1165,7 +1169,8 @@ async fn frozen_worker(url: &str, app: &str) -> (Client, PostgresLedger) {
         .ledger_options(
             LedgerOptions::new()
                 .call_timeout(Duration::from_millis(500))
-                .lease(Duration::from_millis(100)),
+                .lease(Duration::from_millis(1100))
+                .on_lease_held(LeaseHeldPolicy::Fail),
         )
         .build()
         .expect("client");
@@ -1302,7 +1307,7 @@ async fn a_frozen_database_bounds_every_stage_and_the_thaw_needs_no_restart() {
     assert_eq!(receiver.effects_for(record_key.as_str()), 1);
 
     // 3. The finish after the answer: the first delivery freezes the database and charges.
-    let mut err = tokio::time::timeout(
+    let response = tokio::time::timeout(
         bound,
         client
             .post(&charges)
@@ -1312,11 +1317,15 @@ async fn a_frozen_database_bounds_every_stage_and_the_thaw_needs_no_restart() {
     )
     .await
     .expect("the finish is bounded")
-    .expect_err("the finish meets the frozen database");
-    assert_eq!(err.kind(), ErrorKind::Ledger, "{err}");
-    assert!(err.is_outcome_unknown(), "{err}");
-    let response = err.take_response().expect("the answer is never lost");
+    .expect("the answer in hand is returned, though the finish met the frozen database");
     assert_eq!(response.status(), 200);
+    let report = RetryReport::of(&response).expect("report").clone();
+    assert!(
+        report
+            .unrecorded()
+            .is_some_and(|why| why.contains("did not answer within 500ms")),
+        "{report:?}"
+    );
     drop(freezer.lock().await.take());
     // The next run takes the row over once its lease lapses and gets the receiver's replay.
     let answer = send_until_taken_over(&client, &charges, &finish_key).await;
