@@ -218,14 +218,16 @@ impl LedgerOptions {
     ///
     /// - **the claim** times out with [`ErrorKind::Ledger`](crate::ErrorKind::Ledger), nothing
     ///   sent, not executed; a claim that lands later is given back as soon as it does;
-    /// - **an attempt's record** (before a retry) ends the operation with
+    /// - **an attempt's record** (before a retry is sent) ends the operation with
     ///   [`ErrorKind::Ledger`](crate::ErrorKind::Ledger), the retry not sent, outcome as the
     ///   attempts so far say; the row's lease lapses and the next run takes it over with the
     ///   same key and window;
-    /// - **the finish** after an answer returns [`ErrorKind::Ledger`](crate::ErrorKind::Ledger)
-    ///   carrying the response ([`Error::take_response`](crate::Error::take_response)), outcome
-    ///   unknown: the answer is never lost, and the row, left in flight, is taken over once its
-    ///   lease lapses (the receiver replays its answer to that run).
+    /// - **a renewal** is tried again within the lease; one that cannot be written before the
+    ///   lease ends stops the run before its next attempt;
+    /// - **the finish** after an answer still returns the answer (`Ok`), with
+    ///   [`RetryReport::unrecorded`](crate::RetryReport::unrecorded) saying it was not
+    ///   recorded: the row, left in flight, is taken over once its lease lapses (the receiver
+    ///   replays its answer to that run).
     ///
     /// Any value is accepted; zero fails every call.
     ///

@@ -73,9 +73,10 @@ const SCOPE: &str = "torture.charge";
 /// What the workers print, and the parent reads, at the start of each of their lines.
 const TAG: &str = "torture: ";
 
-/// Each attempt's limit, and so (with the slack) how long a dead worker's lease lives on.
+/// Each attempt's limit.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(1);
-const LEASE_SLACK: Duration = Duration::from_millis(200);
+/// How long a dead worker's lease lives on (a live one renews it every third of this).
+const LEASE: Duration = Duration::from_millis(1200);
 /// The most a group of workers may take, kills and lease waits included.
 const GROUP_LIMIT: Duration = Duration::from_secs(120);
 /// The most the sweep may wait for the dead workers' leases to lapse.
@@ -95,7 +96,7 @@ fn worker_policy() -> RetryPolicy {
 fn ledger_options(worker: &str) -> LedgerOptions {
     LedgerOptions::new()
         .worker(worker)
-        .lease(LEASE_SLACK)
+        .lease(LEASE)
         .on_lease_held(LeaseHeldPolicy::Wait {
             poll: Duration::from_millis(25),
             max_wait: Duration::from_secs(20),

@@ -36,8 +36,15 @@ pub struct Answer {
     pub key: Option<String>,
     /// Whether the response was replayed from the ledger, nothing sent.
     pub replayed: bool,
-    /// Seconds from the first attempt to the end of the last.
+    /// Seconds from the first attempt to the end of the last, plus `lease_wait`.
     pub elapsed: f64,
+    /// Seconds the ledger's claim waited, before anything was sent, for another run holding
+    /// the key: that run's answer replayed, or its lapsed lease taken over. 0 without a wait.
+    pub lease_wait: f64,
+    /// Why the response was not recorded in the ledger as this run's outcome, when it was not
+    /// (another run took the key over while the answer arrived); the response is still the
+    /// operation's. `None` when it was recorded, or without a ledger.
+    pub unrecorded: Option<String>,
     /// `"done"`, `"not_done"` or `"unknown"`.
     pub outcome: &'static str,
     /// Why the operation stopped without a final answer (`attempts_exhausted`, `transport`,
@@ -243,6 +250,8 @@ pub(crate) struct Finished {
     pub(crate) key: Option<String>,
     pub(crate) replayed: bool,
     pub(crate) elapsed: f64,
+    pub(crate) lease_wait: f64,
+    pub(crate) unrecorded: Option<String>,
     pub(crate) outcome: &'static str,
     pub(crate) error_kind: Option<&'static str>,
     pub(crate) failure: Option<&'static str>,
@@ -265,6 +274,12 @@ impl Finished {
                     r.elapsed().as_secs_f64(),
                 )
             });
+        let lease_wait = report
+            .as_ref()
+            .map_or(0.0, |r| r.lease_wait().as_secs_f64());
+        let unrecorded = report
+            .as_ref()
+            .and_then(|r| r.unrecorded().map(str::to_owned));
         match Received::read(response).await {
             Ok(received) => Finished {
                 received: Some(received),
@@ -272,6 +287,8 @@ impl Finished {
                 key,
                 replayed,
                 elapsed,
+                lease_wait,
+                unrecorded,
                 outcome: "done",
                 error_kind: None,
                 failure: None,
@@ -284,6 +301,8 @@ impl Finished {
                 key,
                 replayed,
                 elapsed,
+                lease_wait,
+                unrecorded,
                 outcome: "done",
                 error_kind: Some("body"),
                 failure: Some(if err.is_timeout() {
@@ -312,6 +331,8 @@ impl Finished {
             key: err.idempotency_key().map(|key| key.as_str().to_owned()),
             replayed: false,
             elapsed: err.elapsed().as_secs_f64(),
+            lease_wait: err.report().lease_wait().as_secs_f64(),
+            unrecorded: err.report().unrecorded().map(str::to_owned),
             outcome,
             error_kind: Some(err.kind().as_str()),
             failure: err.failure().map(FailureKind::as_str),
@@ -360,6 +381,8 @@ impl Finished {
             key: self.key,
             replayed: self.replayed,
             elapsed: self.elapsed,
+            lease_wait: self.lease_wait,
+            unrecorded: self.unrecorded,
             outcome: self.outcome,
             error_kind: self.error_kind,
             failure: self.failure,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import re
 from typing import Any, Callable, Optional, Sequence, Tuple
 
 import httpx
@@ -87,9 +88,13 @@ class OperationError(Exception):
         failure: how the last attempt failed (``connect``, ``timeout``, ``connection_reset``,
             ``connection_closed``, ...), or ``None``.
         elapsed: a ``datetime.timedelta``, from the start of the first attempt to the end of
-            the last, the waits between them included (zero when nothing was sent).
+            the last, the waits between them included (zero when nothing was sent), plus
+            ``lease_wait``.
         history: one ``Attempt`` per attempt sent by this run, in order (empty when nothing
             was sent): each one's status or failure, when it started, the wait after it.
+        lease_wait: a ``datetime.timedelta``, how long the operation waited, before anything
+            was sent, for another run holding its key in the ledger (zero without a wait; for
+            a ``LeaseHeldError``, the whole ``lease_wait=`` it was allowed).
     """
 
     outcome: str
@@ -99,6 +104,7 @@ class OperationError(Exception):
     failure: Optional[str]
     elapsed: datetime.timedelta
     history: Tuple[Attempt, ...]
+    lease_wait: datetime.timedelta
 
     def _annotate(
         self,
@@ -109,6 +115,7 @@ class OperationError(Exception):
         failure: Optional[str],
         elapsed: float = 0.0,
         history: Tuple[Attempt, ...] = (),
+        lease_wait: float = 0.0,
     ) -> None:
         self.outcome = outcome
         self.key = key
@@ -117,6 +124,7 @@ class OperationError(Exception):
         self.failure = failure
         self.elapsed = datetime.timedelta(seconds=elapsed)
         self.history = history
+        self.lease_wait = datetime.timedelta(seconds=lease_wait)
 
     @property
     def is_outcome_unknown(self) -> bool:
@@ -161,8 +169,9 @@ class KeyReuseError(OperationError, httpx.TransportError):
 
 
 class LeaseHeldError(OperationError, httpx.TransportError):
-    """Another run holds this key's lease in the ledger and is sending it: nothing was sent;
-    try again later with the same key."""
+    """Another run holds this key's lease in the ledger and is sending it, and the transport's
+    ``lease_wait=`` (3 minutes by default) ran out first: nothing was sent; try again later
+    with the same key, or pass a longer ``lease_wait=``."""
 
 
 class LedgerError(OperationError, httpx.TransportError):
@@ -172,6 +181,19 @@ class LedgerError(OperationError, httpx.TransportError):
 class InvalidRequest(OperationError, httpx.RequestError):
     """The request or its key was refused before anything was sent (a bad URL, header or
     key): ``outcome`` is ``"not_done"``."""
+
+
+#: The Rust crate's advice in a lease-held message, which names its own option
+#: (``LedgerOptions::on_lease_held``); a Python caller is told about ``lease_wait=`` instead.
+_RUST_WAIT_HINT = re.compile(
+    r" \(LedgerOptions::on_lease_held\), wait longer with a larger max_wait"
+    r"|; LedgerOptions::on_lease_held\(LeaseHeldPolicy::WAIT\) waits for it"
+)
+
+#: What a ``LeaseHeldError``'s message ends with: after a wait, and without one
+#: (``lease_wait=0``).
+_LEASE_WAIT_HINT = "; pass lease_wait=SECONDS to the transport to wait longer for it"
+_LEASE_NO_WAIT_HINT = "; pass lease_wait=SECONDS to the transport to wait for it"
 
 
 #: One exception class of an httpx flavour, as ``ErrorTypes`` calls it: ``cls(message,
@@ -223,6 +245,8 @@ class ErrorTypes:
         by_failure = None if answer.failure is None else self.by_failure.get(answer.failure)
         cls = by_kind or by_failure or self.other
         message = answer.message or "the operation stopped without an answer"
+        if kind == "lease_held":
+            message = _RUST_WAIT_HINT.sub("", message)
         key = answer.key
         # The engine's message names the outcome and the key of an operation that may have
         # run; say them for every other stop too.
@@ -230,6 +254,8 @@ class ErrorTypes:
             message = f"{message} [outcome {answer.outcome}, key {key}]"
         elif "outcome" not in message:
             message = f"{message} [outcome {answer.outcome}]"
+        if kind == "lease_held":
+            message += _LEASE_WAIT_HINT if answer.lease_wait > 0 else _LEASE_NO_WAIT_HINT
         error = cls(message, request=request)
         error._annotate(
             answer.outcome,
@@ -239,6 +265,7 @@ class ErrorTypes:
             answer.failure,
             answer.elapsed,
             history_of(answer.history),
+            answer.lease_wait,
         )
         return error
 

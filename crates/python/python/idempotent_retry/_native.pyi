@@ -56,6 +56,8 @@ class Answer:
     key: Optional[str]
     replayed: bool
     elapsed: float
+    lease_wait: float
+    unrecorded: Optional[str]
     outcome: str
     error_kind: Optional[str]
     failure: Optional[str]
@@ -84,7 +86,7 @@ class Engine:
         max_retry_after: Optional[float] = None,
         key_header: Optional[str] = None,
         ledger: Optional[str] = None,
-        lease_slack: Optional[float] = None,
+        lease: Optional[float] = None,
         lease_wait: Optional[float] = None,
         worker: Optional[str] = None,
         ledger_scope: Optional[str] = None,

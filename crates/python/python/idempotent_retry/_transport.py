@@ -77,7 +77,8 @@ class Report:
         attempts: attempts sent by this run (0 for a response replayed from the ledger).
         key: the operation's idempotency key, or ``None``.
         replayed: whether the response is the ledger's saved answer, nothing sent.
-        elapsed: seconds from the first attempt to the end of the last.
+        elapsed: seconds from the first attempt to the end of the last, ``lease_wait``
+            included.
         outcome: ``"done"`` for a final answer; ``"unknown"`` or ``"not_done"`` when the
             retries stopped on this response (a 503 after the last attempt, a 429 asking for
             too long a wait): it is the last attempt's answer, not the operation's.
@@ -87,6 +88,13 @@ class Report:
         message: the engine's explanation when ``stopped`` is set.
         history: one ``Attempt`` per attempt sent by this run, in order (empty for a replayed
             response): each one's status or failure, when it started, the wait after it.
+        lease_wait: seconds waited, before anything was sent, for another run holding the key
+            in the ledger (its answer replayed, or its lapsed lease taken over); 0 without a
+            wait.
+        unrecorded: why the response was not recorded in the ledger as this run's outcome,
+            when it was not (another run took the key over while the answer arrived); the
+            response is still the operation's answer. ``None`` when it was recorded, or
+            without a ledger.
     """
 
     attempts: int
@@ -97,6 +105,8 @@ class Report:
     stopped: Optional[str]
     message: Optional[str]
     history: Tuple[Attempt, ...] = ()
+    lease_wait: float = 0.0
+    unrecorded: Optional[str] = None
 
 
 def _timeout(request: Any) -> Optional[float]:
@@ -226,6 +236,8 @@ def _response(hx: Any, answer: Any, request: Any, errors: ErrorTypes, sync: bool
         stopped=answer.error_kind,
         message=answer.message,
         history=history_of(answer.history),
+        lease_wait=answer.lease_wait,
+        unrecorded=answer.unrecorded,
     )
     extensions = {REPORT_EXTENSION: report}
     if answer.http_version:
@@ -338,9 +350,12 @@ _OPTIONS_DOC = """
             operation is claimed there before its first attempt, and a succeeded one is
             answered from it (``Report.replayed``) by any process, Python or Rust, on the same
             ledger. Default: none.
-        lease_slack: seconds added to a run's lease in the ledger, for clock skew. Default: 30.
-        lease_wait: seconds to wait for another run holding the key's lease before raising
-            ``LeaseHeldError``. Default: raise at once.
+        lease: seconds a ledger lease lasts unless its run renews it (renewed every third of it
+            while the run lives; a killed process's key is taken over within this). Default: 10.
+        lease_wait: seconds to wait for another run holding the key's lease (its answer is
+            replayed, or its key taken over once its lease lapses) before raising
+            ``LeaseHeldError``; 0 raises at once. Default: 180 (3 min), the same as Rust and
+            idemcurl.
         worker: this process's name in the ledger's rows. Default: a random UUID.
         ledger_scope: the scope every operation is filed under. Default: the URL's host.
         retry_budget: whether a token bucket limits retries across the transport. Default: on.
@@ -391,7 +406,7 @@ class SyncEngineTransport:
         max_retry_after: Optional[float] = None,
         key_header: Optional[str] = None,
         ledger: Union[str, "os.PathLike[str]", None] = None,
-        lease_slack: Optional[float] = None,
+        lease: Optional[float] = None,
         lease_wait: Optional[float] = None,
         worker: Optional[str] = None,
         ledger_scope: Optional[str] = None,
@@ -414,7 +429,7 @@ class SyncEngineTransport:
             max_retry_after=max_retry_after,
             key_header=key_header,
             ledger=None if ledger is None else os.fspath(ledger),
-            lease_slack=lease_slack,
+            lease=lease,
             lease_wait=lease_wait,
             worker=worker,
             ledger_scope=ledger_scope,

@@ -60,7 +60,8 @@ class KeyReuseError(OperationError, httpx2.TransportError):
 
 
 class LeaseHeldError(OperationError, httpx2.TransportError):
-    """Another run holds this key's lease in the ledger: nothing was sent."""
+    """Another run holds this key's lease in the ledger, and ``lease_wait=`` ran out first:
+    nothing was sent."""
 
 
 class LedgerError(OperationError, httpx2.TransportError):
