@@ -105,7 +105,10 @@ impl LeaseKeeper {
             tokio::time::sleep_until(due).await;
             let renewed_at = self.state().renewed_at;
             // Another write may have renewed the lease meanwhile: wait for the new due time.
-            if renewed_at.checked_add(every).is_none_or(|due| due > Instant::now()) {
+            if renewed_at
+                .checked_add(every)
+                .is_none_or(|due| due > Instant::now())
+            {
                 continue;
             }
             let Some(ends) = renewed_at.checked_add(self.lease) else {

@@ -575,11 +575,18 @@ impl LedgerRun {
 
     /// Counts attempt `number`, which starts at `at`, before it is sent: the first is
     /// counted by the finish (no write); each later one is recorded now, renewing the lease.
-    pub(crate) async fn attempt_starts(&self, number: u32, at: SystemTime) -> Result<(), LedgerError> {
+    pub(crate) async fn attempt_starts(
+        &self,
+        number: u32,
+        at: SystemTime,
+    ) -> Result<(), LedgerError> {
         if number > 1 {
             self.write_attempt(at).await?;
         }
-        *self.uncounted.lock().unwrap_or_else(PoisonError::into_inner) = Some(at);
+        *self
+            .uncounted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(at);
         Ok(())
     }
 
@@ -739,15 +746,23 @@ impl LedgerRun {
         let now = self.keeper.wall();
         let owner = [options.worker.as_str(), IdempotencyKey::random().as_str()].join("/");
         let written = async {
-            let hold =
-                ReconcileClaim::new(self.key.as_str(), owner.clone(), now, later(now, options.lease))?;
-            let Some(Claimed::TakenOver { .. }) = self.handle.ledger.claim_unresolved(&hold).await?
+            let hold = ReconcileClaim::new(
+                self.key.as_str(),
+                owner.clone(),
+                now,
+                later(now, options.lease),
+            )?;
+            let Some(Claimed::TakenOver { .. }) =
+                self.handle.ledger.claim_unresolved(&hold).await?
             else {
                 return Ok(false);
             };
             let note = ResolutionNote::new(
                 ResolutionKind::Done,
-                format!("the run that received the answer (worker {})", options.worker),
+                format!(
+                    "the run that received the answer (worker {})",
+                    options.worker
+                ),
                 now,
             )
             .with_reason("its lease was taken while the answer arrived");

@@ -76,7 +76,7 @@ async fn a_process_killed_mid_request_is_taken_over_within_a_lease_with_the_defa
     }
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("operations.db");
-    // The first request is charged, then its answer is held until the process is gone.
+    // The first request is charged, then its answer ("late") is held until the process is gone.
     let server = TestServer::start_idempotent(
         vec![Action::commit_then_stall(
             Duration::from_secs(120),
@@ -106,14 +106,18 @@ async fn a_process_killed_mid_request_is_taken_over_within_a_lease_with_the_defa
     let mut said = String::new();
     stdout.read_to_string(&mut said).await.expect("stdout");
     assert!(status.success(), "{status:?}: {said}");
-    assert!(said.contains("answer 200 charged"), "{said}");
+    // The receiver answers from its store: the first run's charge, whose answer it held.
+    assert!(said.contains("answer 200 late"), "{said}");
     eprintln!("kill to answer: {took:?} ({})", said.trim());
     let waited: u64 = said
         .split("waited_ms ")
         .nth(1)
         .and_then(|rest| rest.trim().parse().ok())
         .expect("the wait is printed");
-    assert!(waited > 0, "the restarted run waited for the dead run's lease: {said}");
+    assert!(
+        waited > 0,
+        "the restarted run waited for the dead run's lease: {said}"
+    );
 
     assert_eq!(server.effects(), 1, "one charge");
     assert_eq!(server.keys(), vec![Some(charge_key().to_string()); 2]);
@@ -124,5 +128,8 @@ async fn a_process_killed_mid_request_is_taken_over_within_a_lease_with_the_defa
         .expect("read")
         .expect("row");
     assert_eq!(row.status, OperationStatus::Succeeded);
-    assert_eq!(row.attempts, 2, "the dead run's request and the restarted run's");
+    assert_eq!(
+        row.attempts, 2,
+        "the dead run's request and the restarted run's"
+    );
 }

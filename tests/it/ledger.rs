@@ -674,7 +674,7 @@ async fn an_attempt_that_cannot_be_recorded_is_reported_as_unknown_with_its_key(
     let options = LedgerOptions::new().lease(Duration::from_secs(10));
     let (client, time) = virtual_ledger_client(faulty.clone(), options, fast());
     let k = key("record-fails");
-    let mut err = post_keyed(&client, server.url("/x"), &k, "")
+    let err = post_keyed(&client, server.url("/x"), &k, "")
         .await
         .expect_err("the attempt could not be recorded");
     assert_eq!(err.kind(), ErrorKind::Ledger);
@@ -750,7 +750,9 @@ async fn an_outcome_that_cannot_be_recorded_returns_the_answer_and_the_lease_lap
         .expect("the answer in hand is returned");
     assert_eq!(response.status(), 200);
     let report = RetryReport::of(&response).expect("report").clone();
-    let why = report.unrecorded().expect("the report says it was not recorded");
+    let why = report
+        .unrecorded()
+        .expect("the report says it was not recorded");
     assert!(why.contains("ledger unavailable"), "{why}");
     assert_eq!(report.idempotency_key(), Some(&k));
     assert_eq!(response.text().await.expect("body"), "charged");
@@ -1335,9 +1337,12 @@ async fn a_run_stalled_past_its_lease_keeps_its_key_and_returns_its_answer() {
     // A minute later on the client's clock: the lease it claimed (600 ms) is long gone.
     time.advance(Duration::from_secs(60));
     let now = time.wall_now();
-    row_becomes(&faulty, &k, "the lease renewed past the moved clock", |row| {
-        row.lease_expires_at.is_some_and(|until| until > now)
-    })
+    row_becomes(
+        &faulty,
+        &k,
+        "the lease renewed past the moved clock",
+        |row| row.lease_expires_at.is_some_and(|until| until > now),
+    )
     .await;
     assert!(faulty.renewals.load(Ordering::SeqCst) >= 1);
     let other = post_keyed(&client, server.url("/x"), &k, "")
@@ -1391,7 +1396,9 @@ async fn an_answer_in_hand_is_returned_when_another_run_took_the_key() {
         .expect("a 2xx in hand is returned, not an error");
     assert_eq!(response.status(), 200);
     let report = RetryReport::of(&response).expect("report").clone();
-    let why = report.unrecorded().expect("the report says it was not recorded");
+    let why = report
+        .unrecorded()
+        .expect("the report says it was not recorded");
     assert!(why.contains("lease lost"), "{why}");
     assert_eq!(response.text().await.expect("body"), "charged");
     let stored = row(&faulty, &k).await;
@@ -1441,7 +1448,8 @@ async fn an_answer_in_hand_is_recorded_when_the_row_has_no_outcome_yet() {
         faulty.inner.claim(&claim).await.expect("claim"),
         Claimed::TakenOver { .. }
     ));
-    let written_off = Finish::new(k.as_str(), owner, OperationStatus::Unknown, None).expect("finish");
+    let written_off =
+        Finish::new(k.as_str(), owner, OperationStatus::Unknown, None).expect("finish");
     faulty.inner.finish(&written_off).await.expect("finish");
     faulty.pause.resume();
     let response = run.await.expect("the run").expect("the answer in hand");
@@ -1450,7 +1458,10 @@ async fn an_answer_in_hand_is_recorded_when_the_row_has_no_outcome_yet() {
         .and_then(RetryReport::unrecorded)
         .expect("not recorded as this run's")
         .to_owned();
-    assert!(why.contains("recorded as the operation's resolution"), "{why}");
+    assert!(
+        why.contains("recorded as the operation's resolution"),
+        "{why}"
+    );
     let stored = row(&faulty, &k).await;
     assert_eq!(stored.status, OperationStatus::Succeeded);
     let replayed = post_keyed(&client, server.url("/x"), &k, "")
@@ -1466,7 +1477,10 @@ async fn a_run_that_cannot_renew_its_lease_sends_nothing_more() {
     // Every renewal fails while the first attempt is held at the server past the lease: the
     // run gives its key up. The attempt's answer (a 503) would be retried; it is not.
     let server = TestServer::start_idempotent(
-        vec![Action::stall_then(Duration::from_millis(1500), Action::status(503))],
+        vec![Action::stall_then(
+            Duration::from_millis(1500),
+            Action::status(503),
+        )],
         Action::ok("charged"),
     )
     .await;
@@ -1481,7 +1495,10 @@ async fn a_run_that_cannot_renew_its_lease_sends_nothing_more() {
         .await
         .expect_err("the lease was lost");
     assert_eq!(err.kind(), ErrorKind::Ledger, "{err}");
-    assert!(err.is_outcome_unknown(), "the 503's request reached the receiver");
+    assert!(
+        err.is_outcome_unknown(),
+        "the 503's request reached the receiver"
+    );
     assert_eq!(err.idempotency_key(), Some(&k));
     assert_eq!(err.status().map(|s| s.as_u16()), Some(503));
     let text = err.to_string();

@@ -252,7 +252,9 @@ async fn a_file_locked_mid_attempt_returns_the_answer_and_the_next_run_resolves_
     assert_eq!(answered.status(), 200);
     let report = RetryReport::of(&answered).expect("report").clone();
     assert_eq!(report.idempotency_key(), Some(&charge_key()));
-    let why = report.unrecorded().expect("the report says it was not recorded");
+    let why = report
+        .unrecorded()
+        .expect("the report says it was not recorded");
     assert!(why.contains("ledger unavailable"), "{why}");
     assert_eq!(answered.text().await.expect("body"), "charged");
     blocker.execute_batch("ROLLBACK").expect("release");
@@ -600,11 +602,7 @@ async fn a_killed_process_leaves_its_lease_and_the_next_one_takes_over() {
         let client = Client::builder()
             .policy(policy().with_attempt_timeout(WORKER_ATTEMPT_TIMEOUT))
             .ledger(ledger)
-            .ledger_options(
-                LedgerOptions::new()
-                    .worker("doomed")
-                    .lease(WORKER_SLACK),
-            )
+            .ledger_options(LedgerOptions::new().worker("doomed").lease(WORKER_SLACK))
             .build()
             .expect("valid policy");
         let sent = client

@@ -21,6 +21,7 @@ mod front_ends;
 mod hostile_input;
 mod hostile_server;
 mod key_reuse;
+mod lease_races;
 mod lease_takeover;
 mod ledger;
 mod ledger_conformance;

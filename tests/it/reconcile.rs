@@ -21,8 +21,8 @@ use crate::support::*;
 use bytes::Bytes;
 use idempotent_retry::ledger::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerFuture, LedgerOptions, ListFilter,
-    OperationRecord, OperationStatus, ReconcileClaim, Renew, ResolutionKind, Resolve, SavedResponse,
-    SqliteLedger,
+    OperationRecord, OperationStatus, ReconcileClaim, Renew, ResolutionKind, Resolve,
+    SavedResponse, SqliteLedger,
 };
 use idempotent_retry::reconcile::{HttpProbe, Reconciled, Resolution};
 use idempotent_retry::{Client, ErrorKind, IdempotencyKey, RetryPolicy, RetryReport};

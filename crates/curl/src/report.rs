@@ -258,7 +258,9 @@ mod tests {
         waited.elapsed = Duration::from_millis(9460);
         let text = waited.text();
         assert!(
-            text.contains("2 attempts in 9.46s (of which 8.21s waiting for another run of the key)"),
+            text.contains(
+                "2 attempts in 9.46s (of which 8.21s waiting for another run of the key)"
+            ),
             "{text}"
         );
         let json: serde_json::Value = serde_json::from_str(&waited.json()).expect("json");

@@ -26,7 +26,7 @@ SCOPE = "charges"
 
 
 def python_charge(receiver, ledger, key, **options):
-    transport = ir.Transport(ledger=str(ledger), ledger_scope=SCOPE, **{**FAST, **options})
+    transport = ir.Transport(**{"ledger": str(ledger), "ledger_scope": SCOPE, **FAST, **options})
     try:
         with httpx.Client(transport=transport) as client:
             return client.post(
@@ -188,7 +188,9 @@ WORKER = textwrap.dedent(
     with httpx.Client(transport=transport) as client:
         started_at, started_wall = time.monotonic(), time.time()
         response = client.post(
-            url, content=b'{"amount":500}', headers={"Idempotency-Key": key}
+            url,
+            content=b'{"amount":500}',
+            headers={"Content-Type": "application/json", "Idempotency-Key": key},
         )
         answered_at = time.monotonic()
     report = response.extensions["idempotent_retry"]

@@ -15,8 +15,8 @@ use std::time::{Duration, SystemTime};
 
 use idempotent_retry_ledger::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerErrorKind, LedgerFuture,
-    ListFilter, OperationRecord, OperationStatus, ReconcileClaim, Resolution, ResolutionKind,
-    Renew, ResolutionNote, Resolve, SavedResponse,
+    ListFilter, OperationRecord, OperationStatus, ReconcileClaim, Renew, Resolution,
+    ResolutionKind, ResolutionNote, Resolve, SavedResponse,
 };
 
 /// What one case found: `Err` says what differed.
@@ -644,7 +644,8 @@ async fn record_attempt(ledger: Arc<dyn Ledger>) -> Verdict {
 }
 
 fn renewed(key: &str, owner: &str, now: u64, until: u64) -> Renew {
-    Renew::new(key, owner, at(now), at(until)).expect("the suite's renewals end after they are made")
+    Renew::new(key, owner, at(now), at(until))
+        .expect("the suite's renewals end after they are made")
 }
 
 async fn renewal(ledger: Arc<dyn Ledger>) -> Verdict {
