@@ -18,6 +18,8 @@ from conftest import FAST
         {"max_attempts": 0},
         {"base_delay": 2, "max_delay": 1},
         {"attempt_timeout": -1},
+        {"lease": -1},
+        {"lease_wait": -1},
         {"key_header": "not a header"},
     ],
 )
