@@ -24,6 +24,12 @@ use super::{Ledger, LedgerError, LedgerErrorKind, Renew, later};
 use crate::readable::duration as human;
 use crate::time::Clock;
 
+/// Now on tokio's clock, the keeper's timer (not the client's injected one: see the module's
+/// docs).
+pub(crate) fn real_now() -> Instant {
+    crate::time::TokioClock::new().now()
+}
+
 /// What the keeper and the run share of one lease.
 #[derive(Debug)]
 pub(crate) struct LeaseKeeper {
@@ -107,7 +113,7 @@ impl LeaseKeeper {
             // Another write may have renewed the lease meanwhile: wait for the new due time.
             if renewed_at
                 .checked_add(every)
-                .is_none_or(|due| due > Instant::now())
+                .is_none_or(|due| due > real_now())
             {
                 continue;
             }
@@ -115,7 +121,7 @@ impl LeaseKeeper {
                 return std::future::pending().await;
             };
             loop {
-                let left = ends.saturating_duration_since(Instant::now());
+                let left = ends.saturating_duration_since(real_now());
                 if left.is_zero() {
                     self.lose(LedgerError::unavailable(format!(
                         "could not renew the lease of operation {} before it ended ({}, \
@@ -126,7 +132,7 @@ impl LeaseKeeper {
                     )));
                     return std::future::pending().await;
                 }
-                let started = Instant::now();
+                let started = real_now();
                 let at = self.clock.wall();
                 let renewal = Renew::new(
                     self.key.as_str(),
@@ -162,7 +168,7 @@ impl LeaseKeeper {
                             error = %err,
                             "could not renew the lease; trying again within it"
                         );
-                        let left = ends.saturating_duration_since(Instant::now());
+                        let left = ends.saturating_duration_since(real_now());
                         tokio::time::sleep(retry_every.min(left)).await;
                     }
                 }

@@ -153,7 +153,7 @@ pub(crate) async fn claim<R: RetryResponse>(
     loop {
         let now = clock.wall();
         // The lease in the ledger ends one lease after this instant, on the keeper's timer.
-        let set_at = tokio::time::Instant::now();
+        let set_at = super::renewal::real_now();
         let mut builder = Claim::builder(
             key.as_str(),
             fingerprint.as_str(),
@@ -592,7 +592,7 @@ impl LedgerRun {
 
     /// One more attempt in the row, stamped `at`, and the lease renewed for a lease from now.
     async fn write_attempt(&self, at: SystemTime) -> Result<(), LedgerError> {
-        let set_at = tokio::time::Instant::now();
+        let set_at = super::renewal::real_now();
         let update = AttemptUpdate::new(
             self.key.as_str(),
             self.owner.clone(),

@@ -9,9 +9,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use idempotent_retry::ledger::{Ledger, OperationStatus, SqliteLedger};
+use idempotent_retry::time::{Clock as _, TokioClock};
 use idempotent_retry::{Client, IdempotencyKey, RetryReport};
 use tokio::io::AsyncReadExt;
-use tokio::time::Instant;
 
 use crate::support::*;
 
@@ -94,7 +94,8 @@ async fn a_process_killed_mid_request_is_taken_over_within_a_lease_with_the_defa
         .expect("the killed process is reaped")
         .expect("status");
     assert!(!killed.success(), "killed by a signal: {killed:?}");
-    let kill = Instant::now();
+    let clock = TokioClock::new();
+    let kill = clock.now();
 
     let mut restarted = spawn(&path, &url);
     let mut stdout = restarted.stdout.take().expect("piped stdout");

@@ -2,7 +2,6 @@
 //! key, what the ledger holds, what the caller was told. These run on the in-memory ledger;
 //! `ledger_sqlite.rs` and `ledger_postgres.rs` cover durability and fleets.
 
-use std::error::Error as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, SystemTime};
