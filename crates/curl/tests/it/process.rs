@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use idempotent_retry::time::{Clock as _, TokioClock};
 use idempotent_retry_testkit::{Fault, Receiver, When};
 
 use crate::support::{Scratch, finish, idemcurl, run};
@@ -19,6 +20,48 @@ fn charge(scratch: &Scratch, receiver: &Receiver, extra: &[&str]) -> tokio::proc
         .args(extra)
         .arg(receiver.url("/v1/charges"));
     command
+}
+
+/// A keyed charge on `receiver` as a person runs it: the ledger of the test, the text report
+/// on stderr (where a wait for another run is told).
+fn charge_text(scratch: &Scratch, receiver: &Receiver, extra: &[&str]) -> tokio::process::Command {
+    let mut command = idemcurl(scratch.dir.path());
+    command
+        .arg("--ledger")
+        .arg(scratch.ledger())
+        .args(["--json", CHARGE])
+        .args(extra)
+        .arg(receiver.url("/v1/charges"));
+    command
+}
+
+/// The ledger's row for `key`, as `idemcurl ledger show KEY --json` prints it.
+async fn ledger_row(scratch: &Scratch, key: &str) -> serde_json::Value {
+    let mut show = idemcurl(scratch.dir.path());
+    show.args(["ledger", "--sqlite"])
+        .arg(scratch.ledger())
+        .args(["show", key, "--json"]);
+    let shown = run(show).await;
+    assert_eq!(shown.code, 0, "{shown:?}");
+    serde_json::from_slice(&shown.stdout).expect("the row as JSON")
+}
+
+/// The wait the text report's line tells (`(of which 9.80s waiting for another run of the
+/// key)`), zero when it tells none.
+fn told_wait(line: &str) -> Duration {
+    let Some((_, rest)) = line.split_once("(of which ") else {
+        return Duration::ZERO;
+    };
+    let (amount, _) = rest
+        .split_once(" waiting for another run of the key)")
+        .unwrap_or_else(|| panic!("a wait phrase without its end: {line}"));
+    if let Some(millis) = amount.strip_suffix("ms") {
+        Duration::from_millis(millis.parse().expect("milliseconds"))
+    } else if let Some(seconds) = amount.strip_suffix('s') {
+        Duration::from_secs_f64(seconds.parse().expect("seconds"))
+    } else {
+        panic!("a wait in neither ms nor s: {line}")
+    }
 }
 
 #[tokio::test]
@@ -157,7 +200,7 @@ fn kill(child: &tokio::process::Child) {
 }
 
 #[tokio::test]
-async fn a_run_killed_mid_request_is_sent_again_with_its_key_and_the_effect_happens_once() {
+async fn a_run_killed_mid_request_is_taken_over_by_a_rerun_within_a_lease_with_the_defaults() {
     let receiver = Receiver::start().await.expect("receiver");
     let scratch = Scratch::new();
     // The charge commits, then its answer is held back: the process dies not knowing.
@@ -165,20 +208,48 @@ async fn a_run_killed_mid_request_is_sent_again_with_its_key_and_the_effect_happ
         When::key_attempt("kill-1", 1),
         Fault::StallAfterCommit(Duration::from_secs(30)),
     );
-    let doomed = charge(&scratch, &receiver, &["--key", "kill-1", "-m", "2"])
+    let doomed = charge_text(&scratch, &receiver, &["--key", "kill-1"])
         .spawn()
         .expect("starts");
+    let worker = format!("idemcurl-{}", doomed.id().expect("running"));
     assert_eq!(
         receiver.wait_for_arrivals(1, Duration::from_secs(30)).await,
         1
     );
     kill(&doomed);
+    let clock = TokioClock::new();
+    let killed_at = clock.now();
     let killed = finish(doomed).await;
     assert_eq!(killed.code, -1, "killed by a signal");
-    // The next run waits out the dead run's lease (its attempt timeout and the slack), then
-    // sends with the same key; the receiver answers from its own record.
-    let rerun = run(charge(&scratch, &receiver, &["--key", "kill-1", "-m", "2"])).await;
+    let dead = ledger_row(&scratch, "kill-1").await;
+    assert_eq!(dead["status"], "in_flight", "{dead}");
+    let lease_until = dead["lease_expires_at"]
+        .as_str()
+        .and_then(|until| humantime::parse_rfc3339(until).ok())
+        .unwrap_or_else(|| panic!("the dead run's lease: {dead}"));
+
+    // The re-run, with the default --lease-wait (3 min), meets the dead run's lease, says once
+    // that it waits, takes the operation over once the lease lapses (one lease, 10 s, after
+    // the dead run's last renewal) and sends it with the same key; the receiver answers from
+    // its own record.
+    let started = clock.wall();
+    let rerun = run(charge_text(&scratch, &receiver, &["--key", "kill-1"])).await;
+    let kill_to_answer = clock.now().duration_since(killed_at);
+    println!(
+        "idemcurl kill to answer: {:.2}s; {}",
+        kill_to_answer.as_secs_f64(),
+        rerun.stderr.trim_end()
+    );
     assert_eq!(rerun.code, 0, "{rerun:?}");
+    assert!(
+        kill_to_answer < Duration::from_secs(60),
+        "a dead run's key is taken over within one lease (10 s): {kill_to_answer:?}"
+    );
+    assert!(
+        rerun.stdout_text().contains("effect"),
+        "the receiver's answer: {}",
+        rerun.stdout_text()
+    );
     assert_eq!(receiver.arrivals(), 2);
     assert_eq!(receiver.effects_for("kill-1"), 1, "one charge");
     assert!(
@@ -187,7 +258,49 @@ async fn a_run_killed_mid_request_is_sent_again_with_its_key_and_the_effect_happ
             .iter()
             .all(|key| key.as_deref() == Some("kill-1"))
     );
-    assert_eq!(rerun.report()["sent"], true);
+
+    let lines: Vec<&str> = rerun.stderr.lines().collect();
+    let last = lines.last().copied().unwrap_or_default();
+    assert!(
+        last.starts_with("idemcurl: done: 200 from POST ")
+            && last.contains(", sent, 1 attempt in "),
+        "{last}"
+    );
+    let waited = told_wait(last);
+    let notices: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|line| line.contains("waiting for run"))
+        .collect();
+    // The line is printed once the wait reaches a second: it is there exactly when the
+    // report's wait is longer than that.
+    assert_eq!(
+        notices.len(),
+        usize::from(waited > Duration::from_secs(1)),
+        "{}",
+        rerun.stderr
+    );
+    if lease_until
+        .duration_since(started)
+        .is_ok_and(|left| left > Duration::from_secs(2))
+    {
+        // It started with the dead run's lease seconds from its end: it waited, and said so.
+        assert!(waited > Duration::from_secs(1), "{}", rerun.stderr);
+        let notice = notices[0];
+        assert!(
+            notice.starts_with("idemcurl: waiting for run ")
+                && notice.contains(&format!(" of worker {worker}, lease until "))
+                && notice.ends_with(" (--lease-wait)"),
+            "{notice}"
+        );
+    }
+
+    // The ledger counts both requests that may have reached the receiver: the dead run's,
+    // counted by the run that took its row over, and the re-run's.
+    let row = ledger_row(&scratch, "kill-1").await;
+    assert_eq!(row["status"], "succeeded", "{row}");
+    assert_eq!(row["attempts"], 2, "{row}");
+    assert_eq!(row["lease_owner"], serde_json::Value::Null, "{row}");
 }
 
 #[tokio::test]
@@ -206,8 +319,8 @@ async fn past_the_window_a_killed_run_is_refused_and_the_report_says_how_to_reco
     );
     kill(&doomed);
     let _ = finish(doomed).await;
-    // The lease (1 s + 2 s) outlasts the window (1 s): the re-run waits for it, then finds the
-    // window over.
+    // The dead run's lease (10 s) outlasts the window (1 s): the re-run waits for it, and
+    // finds the window over first.
     let mut text = idemcurl(scratch.dir.path());
     text.arg("--ledger")
         .arg(scratch.ledger())
@@ -245,7 +358,8 @@ async fn a_cancelled_run_gives_its_lease_back_so_the_rerun_goes_at_once() {
         When::key_attempt("cancel-1", 1),
         Fault::StallAfterCommit(Duration::from_secs(30)),
     );
-    // A long attempt timeout: a lease left behind would hold the re-run up for 10 minutes.
+    // The attempt never times out by itself (-m 600); a lease left behind would hold the
+    // re-run up for 10 s, past its --lease-wait, and it would fail instead of sending.
     let args = ["--key", "cancel-1", "-m", "600", "--lease-wait", "1s"];
     let cancelled = charge(&scratch, &receiver, &args).spawn().expect("starts");
     assert_eq!(
