@@ -1,6 +1,6 @@
 """The ledger across processes and languages: a Python process and a Rust process (idemcurl)
-on one SQLite file, a Rust worker and a Python worker racing on one key, and a Python process
-killed with SIGKILL mid-flight, then restarted."""
+on one SQLite file, a Rust worker and a Python worker racing on one key, a run that meets a live
+run past its lease_wait, and a Python process killed with SIGKILL mid-flight, then restarted."""
 
 from __future__ import annotations
 
