@@ -156,6 +156,17 @@ pub trait RetryResponse: Send + 'static {
         let _ = max;
         std::future::ready(Ok((self, None)))
     }
+
+    /// The response with a body whose errors, should it fail while the caller reads it, carry
+    /// `note` (what a cut answer means for the operation and how to get it again). The
+    /// default leaves the body as it is.
+    fn note_body_errors(self, note: std::sync::Arc<str>) -> Self
+    where
+        Self: Sized,
+    {
+        let _ = note;
+        self
+    }
 }
 
 impl RetryRequest for reqwest::Request {
@@ -228,25 +239,41 @@ impl RetryResponse for reqwest::Response {
     }
 
     async fn read_to_save(self, max: usize) -> Result<(Self, Option<Bytes>), BoxError> {
-        use reqwest::ResponseBuilderExt as _;
-        // The URL is the one part the conversion to an `http::Response` drops; the status,
-        // headers and extensions (the report, the redirect chain) move across as they are.
         let url = self.url().clone();
         let (parts, body) = http::Response::<reqwest::Body>::from(self).into_parts();
         let (body, saved) = match read_capped(body, max).await? {
             Capped::Whole(bytes) => (reqwest::Body::from(bytes.clone()), Some(bytes)),
             Capped::Over(rest) => (reqwest::Body::wrap(rest), None),
         };
-        let mut rebuilt = http::Response::builder()
-            .url(url)
-            .body(body)
-            .expect("an empty builder with a URL is a valid response");
-        *rebuilt.status_mut() = parts.status;
-        *rebuilt.version_mut() = parts.version;
-        *rebuilt.headers_mut() = parts.headers;
-        rebuilt.extensions_mut().extend(parts.extensions);
-        Ok((reqwest::Response::from(rebuilt), saved))
+        Ok((rebuilt(url, parts, body), saved))
     }
+
+    fn note_body_errors(self, note: std::sync::Arc<str>) -> Self {
+        let url = self.url().clone();
+        let (parts, body) = http::Response::<reqwest::Body>::from(self).into_parts();
+        let body = reqwest::Body::wrap(crate::noted_body::NotedBody { inner: body, note });
+        rebuilt(url, parts, body)
+    }
+}
+
+/// A `reqwest::Response` from a response's parts and a new body. The URL is the one part the
+/// conversion to an `http::Response` drops; the status, headers and extensions (the report, the
+/// redirect chain) move across as they are.
+fn rebuilt(
+    url: reqwest::Url,
+    parts: http::response::Parts,
+    body: reqwest::Body,
+) -> reqwest::Response {
+    use reqwest::ResponseBuilderExt as _;
+    let mut rebuilt = http::Response::builder()
+        .url(url)
+        .body(body)
+        .expect("an empty builder with a URL is a valid response");
+    *rebuilt.status_mut() = parts.status;
+    *rebuilt.version_mut() = parts.version;
+    *rebuilt.headers_mut() = parts.headers;
+    rebuilt.extensions_mut().extend(parts.extensions);
+    reqwest::Response::from(rebuilt)
 }
 
 impl<B: Clone + Send + 'static> RetryRequest for http::Request<B> {

@@ -338,6 +338,7 @@ mod keyed;
 pub mod ledger;
 #[cfg(feature = "middleware")]
 mod middleware;
+mod noted_body;
 pub mod observe;
 mod operation_outcome;
 mod policy;

@@ -44,6 +44,8 @@ pub(crate) struct Settings {
     pub(crate) ledger: Option<LedgerHandle>,
     /// Whether the operation span carries the key as `idempotent_retry.idempotency_key`.
     pub(crate) key_in_spans: bool,
+    /// An answer whose `Content-Length` is at most this is read inside its attempt.
+    pub(crate) answer_read_limit: usize,
 }
 
 impl fmt::Debug for Settings {
@@ -87,6 +89,7 @@ impl Settings {
             .field("budget", &self.budget)
             .field("ledger", &self.ledger)
             .field("key_in_spans", &self.key_in_spans)
+            .field("answer_read_limit", &self.answer_read_limit)
             .finish_non_exhaustive()
     }
 }

@@ -394,7 +394,12 @@ pub struct ClientBuilder {
     reconcilers: Reconcilers,
     redirects: RedirectPolicy,
     key_in_spans: bool,
+    answer_read_limit: usize,
 }
+
+/// One mebibyte: an API's JSON answer is a few kilobytes, and this bounds what one operation
+/// holds in memory while streaming stays the rule for downloads and event streams.
+const DEFAULT_ANSWER_READ_LIMIT: usize = 1024 * 1024;
 
 impl fmt::Debug for ClientBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -411,6 +416,7 @@ impl fmt::Debug for ClientBuilder {
             .field("reconcilers", &self.reconcilers)
             .field("redirects", &self.redirects)
             .field("key_in_spans", &self.key_in_spans)
+            .field("answer_read_limit", &self.answer_read_limit)
             .finish_non_exhaustive()
     }
 }
@@ -441,6 +447,7 @@ impl ClientBuilder {
             reconcilers: Reconcilers::default(),
             redirects: RedirectPolicy::default(),
             key_in_spans: false,
+            answer_read_limit: DEFAULT_ANSWER_READ_LIMIT,
         }
     }
 
@@ -581,6 +588,23 @@ impl ClientBuilder {
     /// Default: off.
     pub fn key_in_spans(mut self, enabled: bool) -> Self {
         self.key_in_spans = enabled;
+        self
+    }
+
+    /// Reads an answer's body inside its attempt when its `Content-Length` is at most `bytes`,
+    /// so that a body cut midway (a reset, a proxy that drops the connection after the
+    /// headers) is a failed attempt, retried with the same key under the usual rules, instead
+    /// of an `Ok` whose body then fails to read. The body is read within the attempt's
+    /// timeout; `bytes()`, `text()` and `json()` then cost nothing more. An answer without a
+    /// length (chunked, server-sent events) or longer than this is streamed as it arrives;
+    /// when such a body fails midway, its error names the key and how to have the answer sent
+    /// again (`docs/sending.md`).
+    ///
+    /// Any value is accepted: 0 reads only empty bodies inside the operation.
+    ///
+    /// Default: 1 MiB.
+    pub fn answer_read_limit(mut self, bytes: usize) -> Self {
+        self.answer_read_limit = bytes;
         self
     }
 
@@ -808,6 +832,7 @@ impl ClientBuilder {
                 releases: Arc::default(),
             }),
             key_in_spans: self.key_in_spans,
+            answer_read_limit: self.answer_read_limit,
         }
     }
 

@@ -185,6 +185,15 @@ impl<'s> Attempts<'s> {
                     let send = transport.send_attempt(attempt, original.as_ref(), now, &mut wire);
                     (number, attempt_started, enforced, send)
                 };
+                // A bounded answer's body is read as part of the attempt, under its timeout: a
+                // body cut midway is this attempt's failure (`answer.rs`).
+                let limit = self.settings.answer_read_limit;
+                let send = async move {
+                    match send.await {
+                        Ok(response) => super::answer::read_bounded(response, limit).await,
+                        Err(err) => Err(err),
+                    }
+                };
                 let outcome = {
                     let sent = if enforced {
                         send.await
@@ -437,7 +446,7 @@ impl<'s> Attempts<'s> {
     }
 
     /// Hook point (success): the response is the answer.
-    fn finish_with_response<R: RetryResponse>(mut self, mut response: R, attempts: u32) -> R {
+    fn finish_with_response<R: RetryResponse>(mut self, response: R, attempts: u32) -> R {
         self.budget_tab.settle_success();
         metrics::budget_tokens(self.settings.budget.as_ref());
         log_final(
@@ -445,6 +454,11 @@ impl<'s> Attempts<'s> {
             self.report.idempotency_key(),
             self.minted_key,
             attempts,
+        );
+        let mut response = super::answer::note_streamed(
+            response,
+            self.report.idempotency_key(),
+            self.settings.answer_read_limit,
         );
         response.extensions_mut().insert(self.report);
         response

@@ -22,6 +22,7 @@
 //! recorded at the end by `telemetry/operation.rs`); each request on the wire gets a CLIENT
 //! span under it from the attempts stage (`telemetry/wire.rs`).
 
+mod answer;
 mod attempts;
 mod settle;
 

@@ -133,7 +133,10 @@ pub(crate) async fn claim<R: RetryResponse>(
         .settled(key.as_str(), options.call_timeout)
         .await;
     // A claim that could not be built or written: nothing was sent.
+    // How long this claim has waited for another run: measured on the client's clock from the
+    // first wait, so the reads between the waits count too.
     let mut waited = Duration::ZERO;
+    let mut wait_started = None;
     let report_of = |waited: Duration| {
         let mut report = RetryReport::new(Some(key.clone()));
         report.lease_wait = waited;
@@ -175,9 +178,11 @@ pub(crate) async fn claim<R: RetryResponse>(
         let cutoff = claim.window_cutoff;
         // Bounded by the ledger's call timeout inside, so that the task that finishes a claim
         // whose caller has gone ends too.
-        let claimed = claim_detached(handle, claim)
-            .await
-            .map_err(|source| claim_failed(source, waited))?;
+        let claimed = claim_detached(handle, claim).await;
+        if let Some(started) = wait_started {
+            waited = clock.now().saturating_duration_since(started);
+        }
+        let claimed = claimed.map_err(|source| claim_failed(source, waited))?;
         let existing = match claimed {
             Claimed::New(record) => {
                 return Ok(Begin::Proceed(LedgerRun::new(
@@ -307,8 +312,8 @@ pub(crate) async fn claim<R: RetryResponse>(
                     });
                 }
                 let step = poll.min(max_wait - waited);
+                wait_started.get_or_insert_with(|| clock.now());
                 sleeper.sleep(step).await;
-                waited = waited.saturating_add(step);
                 continue;
             }
             let wait_hint = match options.on_lease_held {

@@ -113,7 +113,8 @@ async fn a_process_killed_mid_request_is_taken_over_within_a_lease_with_the_defa
     let waited: u64 = said
         .split("waited_ms ")
         .nth(1)
-        .and_then(|rest| rest.trim().parse().ok())
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|number| number.parse().ok())
         .expect("the wait is printed");
     assert!(
         waited > 0,

@@ -11,6 +11,7 @@ mod budget;
 mod budget_soak;
 mod canonical_vectors;
 mod client;
+mod cut_answers;
 mod docs_defaults;
 mod execute;
 #[cfg(all(feature = "tower", feature = "middleware", feature = "sqlite"))]

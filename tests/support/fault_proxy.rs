@@ -34,8 +34,10 @@ pub enum ProxyFault {
     ResetOnAccept,
     /// The request is forwarded; the answer's first bytes are replaced by a reset.
     SwallowAnswer,
-    /// Part of the answer's first bytes (never all of them) is forwarded, then a reset.
-    CutAnswer,
+    /// The answer is gathered whole, then only its first bytes (this many thousandths of it,
+    /// at least one byte and never all of them) are forwarded, then a reset: the cut lands in
+    /// the head or anywhere in the body.
+    CutAnswer(u16),
     /// The answer is held back this long, then passed.
     DelayAnswer(Duration),
 }
@@ -46,7 +48,7 @@ impl ProxyFault {
             ProxyFault::Pass => "pass",
             ProxyFault::ResetOnAccept => "reset on accept",
             ProxyFault::SwallowAnswer => "answer swallowed",
-            ProxyFault::CutAnswer => "answer cut",
+            ProxyFault::CutAnswer(_) => "answer cut",
             ProxyFault::DelayAnswer(_) => "answer delayed",
         }
     }
@@ -211,7 +213,7 @@ impl State {
         } else if next(odds.swallow_answer) {
             ProxyFault::SwallowAnswer
         } else if next(odds.cut_answer) {
-            ProxyFault::CutAnswer
+            ProxyFault::CutAnswer(self.rng.random_range(1..1000))
         } else if next(odds.delay_answer) && !odds.max_delay.is_zero() {
             let millis = u64::try_from(odds.max_delay.as_millis()).unwrap_or(u64::MAX);
             ProxyFault::DelayAnswer(Duration::from_millis(self.rng.random_range(1..=millis)))
@@ -284,7 +286,7 @@ async fn proxy(mut client: TcpStream, upstream: SocketAddr, fault: ProxyFault) {
                 return;
             }
             Ok(Step::Down(Ok(n))) => {
-                let mut chunk = &down[..n];
+                let chunk = &down[..n];
                 if !answer_started {
                     answer_started = true;
                     match fault {
@@ -292,10 +294,21 @@ async fn proxy(mut client: TcpStream, upstream: SocketAddr, fault: ProxyFault) {
                             reset(client);
                             return;
                         }
-                        ProxyFault::CutAnswer => {
-                            // Never the whole chunk: at least one byte is lost.
-                            chunk = &chunk[..n / 2];
-                            let _ = client.write_all(chunk).await;
+                        ProxyFault::CutAnswer(thousandths) => {
+                            let mut whole = chunk.to_vec();
+                            let _ = tokio::time::timeout(IDLE_LIMIT, async {
+                                while let Ok(n) = server.read(&mut down).await {
+                                    if n == 0 {
+                                        break;
+                                    }
+                                    whole.extend_from_slice(&down[..n]);
+                                }
+                            })
+                            .await;
+                            // At least one byte, never all of them.
+                            let keep = (whole.len() * usize::from(thousandths) / 1000)
+                                .clamp(1, whole.len().saturating_sub(1).max(1));
+                            let _ = client.write_all(&whole[..keep]).await;
                             reset(client);
                             return;
                         }

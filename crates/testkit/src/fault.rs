@@ -148,6 +148,9 @@ pub enum Fault {
     /// Run normally (the side effect commits), then hold the answer this long before sending it;
     /// a client that hangs up meanwhile gets nothing.
     StallAfterCommit(Duration),
+    /// Run normally (the side effect commits), then send the answer's head and only the first
+    /// this many bytes of its body (never all of it), then close: the answer is cut mid-body.
+    CutBodyAfterCommit(usize),
 }
 
 impl Fault {
@@ -205,6 +208,9 @@ impl fmt::Display for Fault {
             Fault::SlowHandler(d) => write!(f, "slow handler ({}ms)", d.as_millis()),
             Fault::ResetAfterCommit => f.write_str("reset after commit"),
             Fault::StallAfterCommit(d) => write!(f, "stall {}ms after commit", d.as_millis()),
+            Fault::CutBodyAfterCommit(keep) => {
+                write!(f, "cut after {keep} bytes of the body, after commit")
+            }
         }
     }
 }

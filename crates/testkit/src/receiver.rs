@@ -479,6 +479,13 @@ async fn serve(serving: Arc<Serving>, stream: TcpStream) {
             shared.set_answer_fault(number, "then connection reset: answer lost".to_owned());
             wire::reset(stream);
         }
+        Some(Fault::CutBodyAfterCommit(keep)) => {
+            shared.set_answer_fault(
+                number,
+                format!("answer cut after {keep} bytes of its body: answer lost"),
+            );
+            wire::answer_cut(stream, answer.status, &answer.headers, &answer.body, keep).await;
+        }
         Some(Fault::StallAfterCommit(delay)) => {
             if wire::stall(&mut stream, delay).await {
                 shared.set_answer_fault(

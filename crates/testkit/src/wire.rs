@@ -238,14 +238,38 @@ pub async fn close(mut stream: TcpStream) {
 
 /// Writes an answer (`Content-Length` is `declared` or the body's length), then closes cleanly.
 /// Framing headers in `headers` are ignored; `head_only` leaves the body out (a `HEAD` request).
+/// The head and the body go out as two writes, as many servers send them (uvicorn, anything
+/// that flushes its headers first), so a cut can land between them or inside the body.
 pub async fn answer(
-    mut stream: TcpStream,
+    stream: TcpStream,
     status: u16,
     headers: &[(String, String)],
     body: &[u8],
     declared: Option<usize>,
     head_only: bool,
 ) {
+    let head = head(status, headers, declared.unwrap_or(body.len()));
+    let body = if head_only { &[][..] } else { body };
+    write_then_close(stream, &head, body).await;
+}
+
+/// Writes an answer's head (with the whole body's `Content-Length`) and then only the first
+/// `keep` bytes of its body (never all of them), as two writes, then closes cleanly: the
+/// answer is cut mid-body.
+pub async fn answer_cut(
+    stream: TcpStream,
+    status: u16,
+    headers: &[(String, String)],
+    body: &[u8],
+    keep: usize,
+) {
+    let declared = body.len().max(1);
+    let head = head(status, headers, declared);
+    write_then_close(stream, &head, &body[..keep.min(declared - 1)]).await;
+}
+
+/// An answer's head: the status line, `headers` without framing ones, and the framing.
+fn head(status: u16, headers: &[(String, String)], length: usize) -> String {
     let reason = http::StatusCode::from_u16(status)
         .ok()
         .and_then(|s| s.canonical_reason())
@@ -259,13 +283,20 @@ pub async fn answer(
             let _ = write!(head, "{name}: {value}\r\n");
         }
     }
-    let len = declared.unwrap_or(body.len());
-    let _ = write!(head, "Content-Length: {len}\r\nConnection: close\r\n\r\n");
-    let mut out = head.into_bytes();
-    if !head_only {
-        out.extend_from_slice(body);
+    let _ = write!(
+        head,
+        "Content-Length: {length}\r\nConnection: close\r\n\r\n"
+    );
+    head
+}
+
+/// `head`, flushed, then `body` (when not empty), then a clean close.
+async fn write_then_close(mut stream: TcpStream, head: &str, body: &[u8]) {
+    if stream.write_all(head.as_bytes()).await.is_err() || stream.flush().await.is_err() {
+        return;
     }
-    if stream.write_all(&out).await.is_ok() {
-        close(stream).await;
+    if !body.is_empty() && stream.write_all(body).await.is_err() {
+        return;
     }
+    close(stream).await;
 }
