@@ -267,9 +267,11 @@ impl RequestBuilder {
     /// Each error says whether the outcome is unknown and carries the key.
     ///
     /// Dropping the future stops the operation; with a [`Ledger`](crate::ledger::Ledger) the
-    /// claim is given back, so the next `send` under the key goes ahead at once. Decisions are
-    /// taken on the response head: reading a final response's body is the caller's, and a
-    /// failed read is not retried. Both in detail: `docs/sending.md`.
+    /// claim is given back, so the next `send` under the key goes ahead at once. An answer whose
+    /// `Content-Length` is at most [`ClientBuilder::answer_read_limit`](crate::ClientBuilder::answer_read_limit)
+    /// (1 MiB) is read before `send` returns: a body cut midway is retried with the key. A
+    /// longer or unbounded one streams; if it fails midway, its error names the key and says to
+    /// send the same request again with it. Both in detail: `docs/sending.md`.
     pub async fn send(self) -> Result<reqwest::Response, Error> {
         let (client, mut request, overrides) = self.into_parts()?;
         let copies = Copies::of_built(&mut request, &client.http);
