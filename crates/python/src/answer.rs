@@ -82,9 +82,23 @@ fn rows(report: &RetryReport) -> Vec<AttemptRow> {
         .collect()
 }
 
-/// The longest body read whole before the response is handed over; a longer one, or one of
-/// unknown length (chunked, server-sent events), is streamed.
-const READ_WHOLE: u64 = 256 * 1024;
+/// `err` and each of its causes that says more, joined with `: `: reqwest's own message for a
+/// body that failed ("error reading a body from connection") says nothing of the cause, and
+/// the engine's note on a streamed answer cut midway (its key, and how to have the answer
+/// again) is one of the causes.
+pub(crate) fn with_causes(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut next = err.source();
+    while let Some(cause) = next {
+        let said = cause.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        next = cause.source();
+    }
+    text
+}
 
 /// A response's head and body: read whole, or streamed (`rest`).
 #[derive(Debug)]
@@ -97,9 +111,15 @@ pub(crate) struct Received {
 }
 
 impl Received {
-    /// Reads `response`'s body to its end when its length is known and at most
-    /// [`READ_WHOLE`]; otherwise keeps the response to stream the body from.
-    pub(crate) async fn read(response: reqwest::Response) -> Result<Received, reqwest::Error> {
+    /// Reads `response`'s body to its end when its length is known and at most `limit`, the
+    /// engine's `answer_read_limit` (the engine read such a body inside its attempt, so it is
+    /// in memory already and cannot fail midway here); otherwise keeps the response to stream
+    /// the body from (no length, or a longer one: chunked answers, server-sent events,
+    /// downloads).
+    pub(crate) async fn read(
+        response: reqwest::Response,
+        limit: usize,
+    ) -> Result<Received, reqwest::Error> {
         let status = response.status().as_u16();
         let version = response.version();
         let headers = response
@@ -109,7 +129,7 @@ impl Received {
             .collect();
         let whole = response
             .content_length()
-            .is_some_and(|length| length <= READ_WHOLE);
+            .is_some_and(|length| u64::try_from(limit).map_or(true, |limit| length <= limit));
         let (body, rest) = if whole {
             (response.bytes().await?, None)
         } else {
@@ -156,7 +176,13 @@ async fn next_chunk(
     match response.chunk().await {
         Ok(Some(chunk)) => (Ok(Some(chunk)), Some(response)),
         Ok(None) => (Ok(None), None),
-        Err(err) => (Err(format!("the response's body was cut off: {err}")), None),
+        Err(err) => (
+            Err(format!(
+                "the response's body was cut off: {}",
+                with_causes(&err)
+            )),
+            None,
+        ),
     }
 }
 
@@ -260,9 +286,9 @@ pub(crate) struct Finished {
 }
 
 impl Finished {
-    /// A response and its report, its body read; a body cut off is a failure of its own, the
-    /// operation done (its answer's head came back).
-    pub(crate) async fn from_response(response: reqwest::Response) -> Finished {
+    /// A response and its report, its body read when it is at most `limit` long; a body cut
+    /// off is a failure of its own, the operation done (its answer's head came back).
+    pub(crate) async fn from_response(response: reqwest::Response, limit: usize) -> Finished {
         let report = RetryReport::of(&response).cloned();
         let history = report.as_ref().map(rows).unwrap_or_default();
         let (attempts, key, replayed, elapsed) =
@@ -280,7 +306,7 @@ impl Finished {
         let unrecorded = report
             .as_ref()
             .and_then(|r| r.unrecorded().map(str::to_owned));
-        match Received::read(response).await {
+        match Received::read(response, limit).await {
             Ok(received) => Finished {
                 received: Some(received),
                 attempts,
@@ -311,18 +337,20 @@ impl Finished {
                     "connection_closed"
                 }),
                 message: Some(format!(
-                    "the response's head arrived, then its body was cut off: {err}"
+                    "the response's head arrived, then its body was cut off: {}",
+                    with_causes(&err)
                 )),
                 history,
             },
         }
     }
 
-    /// An error, with the last attempt's response when it has one.
-    pub(crate) async fn from_error(mut err: Error) -> Finished {
+    /// An error, with the last attempt's response when it has one (its body read when it is
+    /// at most `limit` long).
+    pub(crate) async fn from_error(mut err: Error, limit: usize) -> Finished {
         let outcome = err.outcome().as_str();
         let received = match err.take_response() {
-            Some(response) => Received::read(response).await.ok(),
+            Some(response) => Received::read(response, limit).await.ok(),
             None => None,
         };
         Finished {

@@ -24,6 +24,9 @@ use crate::tls::Connection;
 const TRANSPORT: &str = "this transport";
 /// How long closing waits for an SQLite ledger to checkpoint its log.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
+/// The engine's `ClientBuilder::answer_read_limit` unless told otherwise: the crate's own
+/// default, 1 MiB, set here so that the transport's whole-body reads stop where the engine's do.
+const DEFAULT_ANSWER_READ_LIMIT: usize = 1024 * 1024;
 
 /// The ledger an engine opened, kept to close it.
 #[derive(Debug)]
@@ -36,16 +39,19 @@ enum Opened {
 /// One client of the engine: sends operations with one key each, retries what is safe to
 /// retry, and keeps them in a ledger when given one.
 ///
-/// Every argument but `ledger` and `key_header` is the `RetryPolicy` or `LedgerOptions`
-/// setting of the same name, in seconds for durations; `None` keeps the crate's default
-/// (5 attempts, 500 ms base delay, 30 s cap, 30 s attempt timeout, 24 h reconcile window,
-/// 60 s longest `Retry-After`; a 30 s lease slack; a lease held elsewhere fails at once).
+/// Every argument but `ledger`, `key_header` and `answer_read_limit` is the `RetryPolicy` or
+/// `LedgerOptions` setting of the same name, in seconds for durations; `None` keeps the
+/// crate's default (5 attempts, 500 ms base delay, 30 s cap, 30 s attempt timeout, 24 h
+/// reconcile window, 60 s longest `Retry-After`; a 30 s lease slack; a lease held elsewhere
+/// fails at once).
 #[pyclass(module = "idempotent_retry._native", frozen)]
 #[derive(Debug)]
 pub struct Engine {
     client: Client,
     key_header: HeaderName,
     scope: Option<String>,
+    /// The client's `answer_read_limit`: a body of known length up to this is read whole.
+    answer_read_limit: usize,
     opened: Mutex<Option<Opened>>,
     /// The process the client and its ledger were made in.
     born: Born,
@@ -117,6 +123,7 @@ struct Outgoing {
     key: Option<IdempotencyKey>,
     timeout: Option<Duration>,
     scope: Option<String>,
+    answer_read_limit: usize,
 }
 
 #[pymethods]
@@ -131,12 +138,16 @@ impl Engine {
     /// certificate; `ca_file` is a PEM file of the only roots trusted (default: the
     /// platform's); `cert_file` (with `key_file`, or holding the key too) is a PEM client
     /// certificate; `proxy` sends every request through that proxy (default: none).
+    /// `answer_read_limit` (bytes) is the client's `ClientBuilder::answer_read_limit`: an
+    /// answer whose `Content-Length` is at most this is read inside its attempt, so a body cut
+    /// midway is a failed attempt, retried with the same key (default: 1 MiB); a longer one,
+    /// or one without a length, is streamed.
     ///
     /// # Errors
     ///
-    /// `ValueError` for an invalid policy, duration, header name, PEM file or proxy URL;
-    /// `FileNotFoundError`/`OSError` for a TLS file that cannot be read; `RuntimeError` when
-    /// the ledger cannot be opened or the HTTP client cannot be built.
+    /// `ValueError` for an invalid policy, duration, header name, PEM file, proxy URL or
+    /// `answer_read_limit`; `FileNotFoundError`/`OSError` for a TLS file that cannot be read;
+    /// `RuntimeError` when the ledger cannot be opened or the HTTP client cannot be built.
     #[new]
     #[pyo3(signature = (
         *,
@@ -162,6 +173,7 @@ impl Engine {
         cert_file = None,
         key_file = None,
         proxy = None,
+        answer_read_limit = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -188,6 +200,7 @@ impl Engine {
         cert_file: Option<String>,
         key_file: Option<String>,
         proxy: Option<String>,
+        answer_read_limit: Option<i64>,
     ) -> PyResult<Engine> {
         let mut policy = RetryPolicy::default();
         if let Some(attempts) = max_attempts {
@@ -241,11 +254,21 @@ impl Engine {
             .apply(reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()))?
             .build()
             .map_err(|err| Connection::build_error(&err))?;
+        let answer_read_limit = match answer_read_limit {
+            None => DEFAULT_ANSWER_READ_LIMIT,
+            Some(bytes) => usize::try_from(bytes).map_err(|_| {
+                PyValueError::new_err(format!(
+                    "answer_read_limit: {bytes} is not a number of bytes; pass 0 or more \
+                     (default 1048576, 1 MiB)"
+                ))
+            })?,
+        };
         let mut builder = Client::builder()
             .http(http)
             .policy(policy)
             .key_header(key_header.clone())
             .redirects(RedirectPolicy::none())
+            .answer_read_limit(answer_read_limit)
             .ledger_options(options);
         let mut budget = RetryBudgetConfig::new();
         if let Some(tokens) = budget_capacity {
@@ -287,6 +310,7 @@ impl Engine {
             client,
             key_header,
             scope: ledger_scope,
+            answer_read_limit,
             opened: Mutex::new(opened),
             born: Born::here(),
         })
@@ -479,11 +503,13 @@ impl Engine {
             key,
             timeout,
             scope: self.scope.clone(),
+            answer_read_limit: self.answer_read_limit,
         })
     }
 }
 
-/// Runs one operation to its end, the response's body read.
+/// Runs one operation to its end, the response's body read when it is bounded (see
+/// `Received::read`).
 async fn operate(client: Client, outgoing: Outgoing) -> Finished {
     let Outgoing {
         method,
@@ -493,6 +519,7 @@ async fn operate(client: Client, outgoing: Outgoing) -> Finished {
         key,
         timeout,
         scope,
+        answer_read_limit,
     } = outgoing;
     let mut map = http::HeaderMap::with_capacity(headers.len());
     for (name, value) in headers {
@@ -512,7 +539,7 @@ async fn operate(client: Client, outgoing: Outgoing) -> Finished {
         request = request.ledger_scope(scope);
     }
     match request.send().await {
-        Ok(response) => Finished::from_response(response).await,
-        Err(err) => Finished::from_error(err).await,
+        Ok(response) => Finished::from_response(response, answer_read_limit).await,
+        Err(err) => Finished::from_error(err, answer_read_limit).await,
     }
 }

@@ -20,7 +20,13 @@ pub struct Receiver {
 }
 
 /// The fault named `fault` with its parameters.
-fn fault(fault: &str, status: u16, seconds: f64, retry_after: Option<u64>) -> PyResult<Fault> {
+fn fault(
+    fault: &str,
+    status: u16,
+    seconds: f64,
+    retry_after: Option<u64>,
+    keep_bytes: usize,
+) -> PyResult<Fault> {
     let duration = || {
         Duration::try_from_secs_f64(seconds)
             .map_err(|_| PyValueError::new_err(format!("{seconds} is not a number of seconds")))
@@ -35,10 +41,11 @@ fn fault(fault: &str, status: u16, seconds: f64, retry_after: Option<u64>) -> Py
         "slow_handler" => Fault::SlowHandler(duration()?),
         "reset_after_commit" => Fault::ResetAfterCommit,
         "stall_after_commit" => Fault::StallAfterCommit(duration()?),
+        "cut_body_after_commit" => Fault::CutBodyAfterCommit(keep_bytes),
         other => {
             return Err(PyValueError::new_err(format!(
                 "{other:?} is not a fault: reset_before_handler, close_without_reply, status, \
-                 slow_handler, reset_after_commit or stall_after_commit"
+                 slow_handler, reset_after_commit, stall_after_commit or cut_body_after_commit"
             )));
         }
     })
@@ -77,13 +84,15 @@ impl Receiver {
 
     /// Scripts `fault` for the `request`th arrival, or for the `attempt`th arrival with `key`.
     /// `status` and `retry_after` (seconds) are a canned answer's; `seconds` is how long a
-    /// slow handler or a stall lasts.
+    /// slow handler or a stall lasts; `keep_bytes` is how many bytes of the answer's body
+    /// `cut_body_after_commit` sends (after the whole head, its `Content-Length` the body's
+    /// full length) before it closes the connection: never the whole body.
     ///
     /// # Errors
     ///
     /// `ValueError` for an unknown fault, or when neither or both of `request` and `key` are
     /// given.
-    #[pyo3(signature = (fault_name, *, request = None, key = None, attempt = 1, status = 503, seconds = 0.0, retry_after = None))]
+    #[pyo3(signature = (fault_name, *, request = None, key = None, attempt = 1, status = 503, seconds = 0.0, retry_after = None, keep_bytes = 0))]
     #[allow(clippy::too_many_arguments)]
     fn inject(
         &self,
@@ -94,6 +103,7 @@ impl Receiver {
         status: u16,
         seconds: f64,
         retry_after: Option<u64>,
+        keep_bytes: usize,
     ) -> PyResult<()> {
         let when = match (request, key) {
             (Some(n), None) => When::request(n),
@@ -104,8 +114,10 @@ impl Receiver {
                 ));
             }
         };
-        self.inner
-            .inject(when, fault(fault_name, status, seconds, retry_after)?);
+        self.inner.inject(
+            when,
+            fault(fault_name, status, seconds, retry_after, keep_bytes)?,
+        );
         Ok(())
     }
 

@@ -21,6 +21,7 @@ from conftest import FAST
         {"lease": -1},
         {"lease_wait": -1},
         {"key_header": "not a header"},
+        {"answer_read_limit": -1},
     ],
 )
 def test_invalid_options_are_refused(options):

@@ -100,6 +100,7 @@ class Engine:
         cert_file: Optional[str] = None,
         key_file: Optional[str] = None,
         proxy: Optional[str] = None,
+        answer_read_limit: Optional[int] = None,
     ) -> Engine: ...
     @property
     def key_header(self) -> str:

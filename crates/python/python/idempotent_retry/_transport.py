@@ -329,9 +329,10 @@ def _proxy(proxy: object) -> Optional[str]:
 _OPTIONS_DOC = """
     Every option is keyword-only; ``ValueError`` for an invalid one (a zero ``max_attempts``,
     a ``base_delay`` above ``max_delay``, a negative duration, a bad header name, a TLS file
-    without a usable PEM certificate, a proxy that is not an http(s) URL), ``TypeError`` for a
-    ``verify``, ``cert`` or ``proxy`` of the wrong type, ``FileNotFoundError`` (``OSError``)
-    for a TLS file that cannot be read, ``RuntimeError`` when the ledger cannot be opened.
+    without a usable PEM certificate, a proxy that is not an http(s) URL, a negative
+    ``answer_read_limit``), ``TypeError`` for a ``verify``, ``cert`` or ``proxy`` of the wrong
+    type, ``FileNotFoundError`` (``OSError``) for a TLS file that cannot be read,
+    ``RuntimeError`` when the ledger cannot be opened.
 
     Args:
         max_attempts: attempts per operation, the first included. Default: 5.
@@ -384,6 +385,14 @@ _OPTIONS_DOC = """
             ignores the environment's proxies once a transport is given). ``ValueError`` for a
             URL that is not one.
             Default: none, a direct connection.
+        answer_read_limit: bytes. An answer whose ``Content-Length`` is at most this is read
+            whole inside its attempt, before the response is handed over: a body cut midway
+            (the head arrived, then the connection closed) is a failed attempt, retried with
+            the same key (the receiver answers again from its store) and counted in the
+            report. A longer answer, or one without a length (chunked, server-sent events), is
+            streamed to httpx as it arrives; if its body is cut midway, reading it raises
+            ``ReadError`` (outcome ``"done"``) whose message names the key: send the same
+            request again with that key to have the answer again. Default: 1048576 (1 MiB).
 """
 
 
@@ -418,6 +427,7 @@ class SyncEngineTransport:
         verify: Verify = True,
         cert: Optional[Cert] = None,
         proxy: Optional[str] = None,
+        answer_read_limit: Optional[int] = None,
     ) -> None:
         # None leaves an option at the engine's default.
         self._engine = _native.Engine(
@@ -439,6 +449,7 @@ class SyncEngineTransport:
             budget_timeout_cost=budget_timeout_cost,
             budget_success_reward=budget_success_reward,
             proxy=_proxy(proxy),
+            answer_read_limit=answer_read_limit,
             **_tls(verify, cert),
         )
 
