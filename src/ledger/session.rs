@@ -193,7 +193,22 @@ pub(crate) async fn claim<R: RetryResponse>(
                     (Exposure::default(), set_at, waited),
                 )));
             }
-            Claimed::TakenOver { record, previous } => {
+            Claimed::TakenOver {
+                mut record,
+                previous,
+            } => {
+                if previous == OperationStatus::InFlight {
+                    // A run that died (or lost its lease) holding the row: one of its attempts
+                    // started and was never counted, and it may have reached the receiver.
+                    reconcile::count_dead_runs_attempt(
+                        &*handle.ledger,
+                        &mut record,
+                        &owner,
+                        now,
+                        options.lease,
+                    )
+                    .await;
+                }
                 tracing::info!(
                     key = key.as_str(),
                     previous = previous.as_str(),
@@ -211,11 +226,6 @@ pub(crate) async fn claim<R: RetryResponse>(
                         waited,
                     ),
                 );
-                if previous == OperationStatus::InFlight {
-                    // A run that died (or lost its lease) holding the row: its last attempt
-                    // started and was never counted, and it may have reached the receiver.
-                    run.count_dead_runs_attempt().await;
-                }
                 return Ok(Begin::Proceed(run));
             }
             Claimed::Existing(record) => record,
@@ -551,19 +561,6 @@ impl LedgerRun {
             exposure,
             settled: false,
             uncounted: Mutex::new(None),
-        }
-    }
-
-    /// Counts the attempt a dead run left uncounted (see [`LedgerRun`]): one write, on a
-    /// take-over only. A failure is logged; the count is the only thing it would have changed.
-    async fn count_dead_runs_attempt(&self) {
-        let at = self.keeper.wall();
-        if let Err(err) = self.write_attempt(at).await {
-            tracing::warn!(
-                key = self.key.as_str(),
-                error = %err,
-                "could not count the attempt of the run whose lease lapsed"
-            );
         }
     }
 

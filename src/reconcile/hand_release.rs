@@ -107,7 +107,15 @@ pub async fn release_by_hand(
     }
     let claim = builder.build()?;
     let previous = match ledger.claim(&claim).await? {
-        Claimed::TakenOver { previous, .. } => previous,
+        Claimed::TakenOver {
+            mut record,
+            previous,
+        } => {
+            if previous == OperationStatus::InFlight {
+                super::count_dead_runs_attempt(ledger, &mut record, &owner, now, HOLD).await;
+            }
+            previous
+        }
         // Purged in between: the claim made a row of its own, which is released too.
         Claimed::New(_) => OperationStatus::NotSent,
         Claimed::Existing(row) => {

@@ -24,7 +24,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::key::IdempotencyKey;
 use crate::ledger::{
-    Claimed, Ledger, LedgerError, LedgerOptions, OperationRecord, OperationStatus, ReconcileClaim,
+    AttemptUpdate, Claimed, Ledger, LedgerError, LedgerOptions, OperationRecord, OperationStatus, ReconcileClaim,
     Resolve, later,
 };
 use crate::time::Clock;
@@ -159,12 +159,45 @@ async fn hold(
     let claim = ReconcileClaim::new(key, owner.clone(), now, later(now, lease))?;
     Ok(match ledger.claim_unresolved(&claim).await? {
         None => Err(Reconciled::Missing),
-        Some(Claimed::TakenOver { record, .. }) => Ok(Held { row: record, owner }),
+        Some(Claimed::TakenOver { mut record, previous }) => {
+            if previous == OperationStatus::InFlight {
+                count_dead_runs_attempt(ledger, &mut record, &owner, now, lease).await;
+            }
+            Ok(Held { row: record, owner })
+        }
         Some(Claimed::Existing(row)) if row.status == OperationStatus::InFlight => {
             Err(Reconciled::Busy)
         }
         Some(Claimed::Existing(row) | Claimed::New(row)) => Err(Reconciled::Settled(row.status)),
     })
+}
+
+/// Counts, under the hold of `owner`, the attempt a run that died holding `row` left
+/// uncounted (a run counts its first attempt when it finishes, its others as they start), so
+/// `attempts` is the requests that may have reached the receiver. A failure is logged: the count
+/// is the only thing it would have changed.
+pub(crate) async fn count_dead_runs_attempt(
+    ledger: &dyn Ledger,
+    row: &mut OperationRecord,
+    owner: &str,
+    now: SystemTime,
+    lease: Duration,
+) {
+    let counted = match AttemptUpdate::new(row.key.as_str(), owner, now, later(now, lease)) {
+        Ok(update) => ledger.record_attempt(&update).await,
+        Err(err) => Err(err),
+    };
+    match counted {
+        Ok(()) => {
+            row.attempts = row.attempts.saturating_add(1);
+            row.last_attempt_at = Some(now);
+        }
+        Err(err) => tracing::warn!(
+            key = row.key.as_str(),
+            error = %err,
+            "could not count the attempt of the run that died holding the operation"
+        ),
+    }
 }
 
 /// Writes `resolution` of the held row, recorded as by `by` at `at` with `reason`, keeping a

@@ -463,12 +463,16 @@ async fn a_send_dropped_after_the_response_head_is_recorded_as_outcome_unknown()
         let server = RawServer::start(Reply::trickle(200, 1_000, Duration::from_secs(10))).await;
         let key = key_for(kind, "after-head");
         let answered = Arc::new(Notify::new());
-        let front = kind.build(settings(ledger.clone(), LedgerOptions::new()).observer(
-            OnAttempt {
-                notify: Arc::clone(&answered),
-                fires: final_answer_arrived,
-            },
-        ));
+        // An answer the client streams (it reads none inside the attempt), so the drop lands
+        // while the ledger reads it.
+        let front = kind.build(
+            settings(ledger.clone(), LedgerOptions::new())
+                .answer_read_limit(0)
+                .observer(OnAttempt {
+                    notify: Arc::clone(&answered),
+                    fires: final_answer_arrived,
+                }),
+        );
         let call = Call::post(server.url("/v1/charges")).key(key.clone());
         drop_when(front.send(call.clone()), answered.notified()).await;
         let stored = released(&ledger, &key).await;

@@ -471,8 +471,9 @@ async fn a_head_that_never_ends_is_cut_off_and_retried() {
 }
 
 /// One byte every 10 ms of a body declared 1 MB long: it would take hours to arrive.
+/// A 200 whose body (longer than the client reads inside an attempt, so it streams) trickles.
 fn trickle() -> Reply {
-    Reply::trickle(200, 1_000_000, ms(10))
+    Reply::trickle(200, 2_000_000, ms(10))
 }
 
 /// 500 ms attempts: long enough that the head always arrives in time on a loaded machine.
@@ -504,6 +505,23 @@ async fn a_trickling_body_after_a_2xx_is_the_callers_read_bounded_by_the_attempt
     assert!(err.is_timeout(), "{err:?}");
     assert_eq!(server.hits(), 1);
     assert!(time.slept().is_empty());
+}
+
+#[tokio::test]
+async fn a_trickling_bounded_body_after_a_2xx_is_an_attempt_that_timed_out_and_is_retried() {
+    // 1 000 bytes: read inside each attempt, which its timeout ends.
+    let server = RawServer::start(Reply::trickle(200, 1_000, ms(10))).await;
+    let (client, _) = virtual_client(trickle_policy());
+    let k = key("bounded trickle");
+    let err = post_keyed("send", &client, server.url("/x"), &k)
+        .await
+        .expect_err("no attempt's body completes");
+    assert_eq!(err.kind(), ErrorKind::AttemptsExhausted, "{err}");
+    assert!(err.is_timeout(), "{err:?}");
+    assert!(err.is_outcome_unknown(), "the receiver answered 200 each time");
+    assert_eq!(err.idempotency_key(), Some(&k));
+    assert_eq!(server.hits(), 3);
+    assert_eq!(server.keys(), vec![Some(k.to_string()); 3]);
 }
 
 #[tokio::test]

@@ -304,6 +304,10 @@ async fn a_run_killed_after_the_charge_is_resolved_done_by_the_probe_and_replaye
         );
         assert_eq!(left.method.as_deref(), Some("POST"), "{name}");
         assert_eq!(
+            left.attempts, 0,
+            "{name}: a run counts its first attempt when it finishes"
+        );
+        assert_eq!(
             left.url.as_deref(),
             Some(receiver.url("/charges").as_str()),
             "{name}"
@@ -349,6 +353,10 @@ async fn a_run_killed_after_the_charge_is_resolved_done_by_the_probe_and_replaye
         assert_eq!(provider.lookups(key.as_str()), 1, "{name}: one lookup");
         let resolved = row(&ledger, &key).await;
         assert_eq!(resolved.status, OperationStatus::Succeeded, "{name}");
+        assert_eq!(
+            resolved.attempts, 1,
+            "{name}: the hold counted the dead run's request"
+        );
         let note = resolved.resolution.expect("the resolution is recorded");
         assert_eq!(note.kind, ResolutionKind::Done, "{name}");
         assert_eq!(note.by, "http-probe (worker next)", "{name}");

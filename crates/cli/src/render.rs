@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
 
-use idempotent_retry::ledger::OperationRecord;
+use idempotent_retry::ledger::{OperationRecord, OperationStatus};
 use serde_json::{Value, json};
 
 /// RFC 3339, to the second when the time has no milliseconds, else to the millisecond.
@@ -102,7 +102,21 @@ pub(crate) fn record(row: &OperationRecord, now: SystemTime) -> String {
             },
         ),
         ("fingerprint", row.fingerprint.clone()),
-        ("attempts", row.attempts.to_string()),
+        (
+            "attempts",
+            // A run counts its first attempt when it finishes: while the row is in flight,
+            // that attempt may be on the wire (or, after a crash, may have reached the
+            // receiver) without being counted yet.
+            if row.status == OperationStatus::InFlight {
+                format!(
+                    "{} recorded, and one more may be on the wire (counted when the run \
+                     finishes, or by the run that takes the row over)",
+                    row.attempts
+                )
+            } else {
+                row.attempts.to_string()
+            },
+        ),
         (
             "first attempt",
             format!(
