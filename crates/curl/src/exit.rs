@@ -11,7 +11,8 @@ pub(crate) enum Exit {
     Usage,
     /// A final answer of 400 or more, with `--fail` or `--fail-with-body` (curl's 22).
     HttpError,
-    /// A final answer arrived but writing it out failed (curl's 23); the ledger keeps it.
+    /// A final answer arrived but was not written out whole (curl's 23): writing it failed, or
+    /// its body was cut midway after the receiver answered (the effect stands).
     Write,
     /// The operation cannot have happened: safe to run again.
     NotDone,
@@ -62,8 +63,9 @@ pub(crate) const EXIT_STATUSES: &str = "\
 Exit status:
    0  done: a final answer (any status without -f), sent now or replayed from the ledger
   22  done, with -f or --fail-with-body: the answer's status is 400 or more
-  23  done, but the answer could not be read or written out whole: run again to have it
-      replayed
+  23  done, but the answer could not be read or written out whole (its body was cut midway,
+      or writing it failed): run it again with the same key (the report names it) to have
+      it again
    2  usage error: nothing was sent
   75  not done: it cannot have happened; safe to run again
   76  outcome unknown: it may have happened; run again only with the same key (the report

@@ -25,8 +25,10 @@ use crate::write_out::{Facts, WriteOut};
 const RELEASE_WAIT: Duration = Duration::from_secs(5);
 /// The longest wait for the ledger to close before the process exits.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
-/// The longest answer body saved for replay.
-const MAX_SAVED_BODY: usize = 1024 * 1024;
+/// The longest answer body saved for replay, and the longest read inside its attempt (a body
+/// cut midway is then a failed attempt, retried with the same key): one limit, so that every
+/// answer the ledger can replay whole was read whole before anything was written out.
+pub(crate) const MAX_SAVED_BODY: usize = 1024 * 1024;
 
 /// What the invocation sends, read and checked before anything goes out.
 struct Prepared {
@@ -315,7 +317,8 @@ async fn operate(invocation: &Invocation, slot: &mut Option<ledger::Opened>) -> 
         .http(prepared.http.clone())
         .policy(prepared.policy)
         .key_header(prepared.key_header.clone())
-        .redirects(prepared.redirects.clone());
+        .redirects(prepared.redirects.clone())
+        .answer_read_limit(MAX_SAVED_BODY);
     if matches!(invocation.report, crate::args::ReportFormat::Text) && !invocation.silent {
         builder = builder.observer(WaitNotice::default());
     }
@@ -362,7 +365,7 @@ async fn operate(invocation: &Invocation, slot: &mut Option<ledger::Opened>) -> 
                 report.unrecorded = retry.unrecorded().map(str::to_owned);
             }
             let written = tokio::select! {
-                report = answered(invocation, &mut prepared, response, report.clone()) => report,
+                report = answered(invocation, &mut prepared, response, report.clone(), true) => report,
                 () = cancelled() => {
                     report.exit = Exit::Write;
                     report.error = Some(
@@ -394,11 +397,23 @@ async fn operate(invocation: &Invocation, slot: &mut Option<ledger::Opened>) -> 
             }
             if let Some(response) = err.take_response() {
                 // The last attempt's answer, as curl would show it; the exit status is the
-                // operation's.
+                // operation's. An answer that could not be written out whole turns a done
+                // operation's status into 23, never one that may not have happened: that
+                // status (and its message) says what to do next, the write failure is added.
                 let exit = report.exit;
-                report = answered(invocation, &mut prepared, response, report).await;
+                let error = report.error.clone();
+                report = answered(invocation, &mut prepared, response, report, false).await;
                 if report.exit != Exit::Write {
                     report.exit = exit;
+                } else if matches!(exit, Exit::Unknown | Exit::NotDone) {
+                    report.exit = exit;
+                    report.body_cut = false;
+                    report.error = match (error, report.error.take()) {
+                        (Some(error), Some(unwritten)) => {
+                            Some(format!("{error}; and its last answer: {unwritten}"))
+                        }
+                        (error, unwritten) => error.or(unwritten),
+                    };
                 }
             }
             report
@@ -480,13 +495,74 @@ fn request(
     Ok(request)
 }
 
+/// Why an answer was not written out whole.
+enum Unwritten {
+    /// Its body was cut after `written` bytes (those were written out); `cause` is the
+    /// connection's own error.
+    Cut { written: u64, cause: String },
+    /// Writing it failed.
+    Write(String),
+}
+
+/// The deepest cause of `err`: what the connection itself said.
+fn deepest_cause(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut deepest = err;
+    while let Some(cause) = deepest.source() {
+        deepest = cause;
+    }
+    deepest.to_string()
+}
+
+/// What an answer whose body was cut after `written` of `total` bytes means, and how to have
+/// it again: the receiver answered `status` (a final answer when `done`), so a keyed
+/// operation's effect stands, and the same request sent with its key is answered again from
+/// the receiver's store. A ledger cannot replay it: an answer streamed out (longer than
+/// [`MAX_SAVED_BODY`], or of unknown length) was recorded without its body.
+fn cut_message(
+    report: &Report,
+    method: &Method,
+    (written, total): (u64, Option<u64>),
+    cause: &str,
+    done: bool,
+) -> String {
+    let of = total
+        .map(|total| format!(" of {total}"))
+        .unwrap_or_default();
+    let cut = format!(
+        "the answer's body was cut after {written}{of} bytes, which were written out ({cause})"
+    );
+    if !done {
+        return cut;
+    }
+    let status = report.status.unwrap_or(0);
+    let again = match &report.key {
+        Some(key) if report.ledger == "none" => format!(
+            "so its effect stands: run it again with --key {key} to have the whole answer \
+             again from the receiver's store"
+        ),
+        Some(key) => format!(
+            "so its effect stands: run it again with --key {key} --no-ledger to have the whole \
+             answer again from the receiver's store (the ledger saves no body over {} MiB: \
+             its replay would be empty)",
+            MAX_SAVED_BODY / (1024 * 1024)
+        ),
+        None if IdempotencyKey::is_minted_for(method) => "and it was sent without a key, so a \
+             re-run is a new operation: check with the server before sending it again"
+            .to_owned(),
+        None => format!("run it again to have it whole ({method} is safe to repeat)"),
+    };
+    format!("{cut}; the receiver answered {status}, {again}")
+}
+
 /// Writes a response out (head with `-i` or `-D`, body unless `--fail` refuses it, `-w`) and
-/// fills in the report.
+/// fills in the report. `done`: the response is the operation's final answer, not the last
+/// attempt's of an operation that ended without one.
 async fn answered(
     invocation: &Invocation,
     prepared: &mut Prepared,
     mut response: reqwest::Response,
     mut report: Report,
+    done: bool,
 ) -> Report {
     let status = response.status();
     report.status = Some(status.as_u16());
@@ -509,41 +585,52 @@ async fn answered(
     let failing = status.as_u16() >= 400 && invocation.fail != HttpErrors::Answer;
     report.exit = if failing { Exit::HttpError } else { Exit::Done };
     let head = output::head(response.version(), status, response.headers());
+    let total = response.content_length();
     let mut size = 0u64;
-    let written: Result<(), String> =
-        async {
-            if let Some(dump) = &mut prepared.dump {
-                dump.write(&head)
-                    .map_err(|err| format!("-D: cannot write: {err}"))?;
-                dump.finish()
-                    .map_err(|err| format!("-D: cannot write: {err}"))?;
-            }
-            if invocation.include {
-                prepared
-                    .out
-                    .write(&head)
-                    .map_err(|err| format!("cannot write the answer: {err}"))?;
-            }
-            if !(failing && invocation.fail == HttpErrors::Fail) {
-                while let Some(chunk) = response.chunk().await.map_err(|err| {
-                    format!("the answer's body was cut off after {size} bytes: {err}")
-                })? {
-                    size += chunk.len() as u64;
-                    prepared
-                        .out
-                        .write(&chunk)
-                        .map_err(|err| format!("cannot write the answer: {err}"))?;
-                }
-            }
-            prepared
-                .out
-                .finish()
-                .map_err(|err| format!("cannot write the answer: {err}"))
+    let written: Result<(), Unwritten> = async {
+        let write_error =
+            |err: std::io::Error| Unwritten::Write(format!("cannot write the answer: {err}"));
+        if let Some(dump) = &mut prepared.dump {
+            let dump_error = |err| Unwritten::Write(format!("-D: cannot write: {err}"));
+            dump.write(&head).map_err(dump_error)?;
+            dump.finish().map_err(dump_error)?;
         }
-        .await;
-    if let Err(message) = written {
-        report.exit = Exit::Write;
-        report.error = Some(message);
+        if invocation.include {
+            prepared.out.write(&head).map_err(write_error)?;
+        }
+        if !(failing && invocation.fail == HttpErrors::Fail) {
+            // A body up to MAX_SAVED_BODY was read inside its attempt (a cut one was retried):
+            // only a streamed one can fail here, after the receiver answered.
+            while let Some(chunk) = response.chunk().await.map_err(|err| Unwritten::Cut {
+                written: size,
+                cause: deepest_cause(&err),
+            })? {
+                size += chunk.len() as u64;
+                prepared.out.write(&chunk).map_err(write_error)?;
+            }
+        }
+        prepared.out.finish().map_err(write_error)
+    }
+    .await;
+    match written {
+        Ok(()) => {}
+        Err(Unwritten::Write(message)) => {
+            report.exit = Exit::Write;
+            report.error = Some(message);
+        }
+        Err(Unwritten::Cut { written, cause }) => {
+            // What arrived is written out; what was not, is not: flush it, and never exit 0.
+            let _ = prepared.out.finish();
+            report.exit = Exit::Write;
+            report.body_cut = true;
+            report.error = Some(cut_message(
+                &report,
+                &prepared.method,
+                (written, total),
+                &cause,
+                done,
+            ));
+        }
     }
     if let Some(format) = &prepared.write_out {
         let facts = Facts {

@@ -21,6 +21,9 @@ pub(crate) struct Report {
     pub(crate) replayed: bool,
     /// A replayed answer whose body was too long to save.
     pub(crate) body_missing: bool,
+    /// The answer's body was cut midway, after the receiver answered (exit 23): `error` says
+    /// how much was written out and how to have the answer again.
+    pub(crate) body_cut: bool,
     /// Why it did not end with a final answer, or what else went wrong.
     pub(crate) error: Option<String>,
     /// The ledger, as the report names it (`none` without one).
@@ -49,6 +52,7 @@ impl Report {
             key_source: KeySource::None,
             replayed: false,
             body_missing: false,
+            body_cut: false,
             error: Some(message),
             ledger: String::new(),
             window_ends: None,
@@ -115,6 +119,11 @@ impl Report {
         let key = self.key_phrase();
         match self.exit {
             Exit::Done | Exit::HttpError | Exit::Write => {
+                let done = if self.exit == Exit::Write {
+                    "done, answer incomplete"
+                } else {
+                    "done"
+                };
                 let status = self.status.unwrap_or(0);
                 let how = if self.replayed {
                     let missing = if self.body_missing {
@@ -135,11 +144,18 @@ impl Report {
                 };
                 let tail = match self.exit {
                     Exit::HttpError => "; exit 22 (--fail: status 400 or more)".to_owned(),
-                    Exit::Write => format!("; but {error}: run it again to have it replayed"),
+                    // The message says what was written and how to have the answer again.
+                    Exit::Write if self.body_cut => format!("; {error}"),
+                    Exit::Write => match &self.key {
+                        Some(key) => {
+                            format!("; {error}: run it again with --key {key} to have it replayed")
+                        }
+                        None => format!("; {error}: run it again to have it again"),
+                    },
                     _ => String::new(),
                 };
                 format!(
-                    "idemcurl: done: {status} from {} {}, {how}; {key}{tail}",
+                    "idemcurl: {done}: {status} from {} {}, {how}; {key}{tail}",
                     self.method, self.url
                 )
             }
@@ -204,6 +220,7 @@ impl Report {
             "sent": self.sent(),
             "replayed": self.replayed,
             "replayed_body_missing": self.body_missing,
+            "body_cut": self.body_cut,
             "cancelled": self.cancelled,
             "lease_wait_ms": u64::try_from(self.lease_wait.as_millis()).unwrap_or(u64::MAX),
             "unrecorded": self.unrecorded,
@@ -242,6 +259,7 @@ mod tests {
             key_source: KeySource::Fresh,
             replayed: false,
             body_missing: false,
+            body_cut: false,
             error: Some("gave up after 2 attempts".into()),
             ledger: "none".into(),
             window_ends: Some(SystemTime::UNIX_EPOCH + Duration::from_secs(86_400)),
@@ -249,6 +267,49 @@ mod tests {
             lease_wait: Duration::ZERO,
             unrecorded: None,
         }
+    }
+
+    #[test]
+    fn an_answer_cut_mid_body_is_never_said_to_be_whole() {
+        let mut cut = report(Exit::Write);
+        cut.status = Some(200);
+        cut.body_cut = true;
+        cut.error = Some(
+            "the answer's body was cut after 1000 of 2097152 bytes, which were written out \
+             (end of file); the receiver answered 200, so its effect stands: run it again with \
+             --key k-1 to have the whole answer again from the receiver's store"
+                .into(),
+        );
+        let text = cut.text();
+        assert!(
+            text.starts_with("idemcurl: done, answer incomplete: 200 from POST "),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("run it again with --key k-1 to have the whole answer again from the receiver's store"),
+            "{text}"
+        );
+        let json: serde_json::Value = serde_json::from_str(&cut.json()).expect("json");
+        assert_eq!(json["exit"], 23);
+        assert_eq!(json["outcome"], "done");
+        assert_eq!(json["body_cut"], true);
+        // A write that failed says so, with the key to run it again with.
+        let mut full = report(Exit::Write);
+        full.error = Some("cannot write the answer: No space left on device".into());
+        let text = full.text();
+        assert!(
+            text.starts_with("idemcurl: done, answer incomplete: 201 from POST "),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(
+                "cannot write the answer: No space left on device: run it again with --key k-1 \
+                 to have it replayed"
+            ),
+            "{text}"
+        );
+        let json: serde_json::Value = serde_json::from_str(&full.json()).expect("json");
+        assert_eq!(json["body_cut"], false);
     }
 
     #[test]
