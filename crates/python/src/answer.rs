@@ -112,10 +112,11 @@ pub(crate) struct Received {
 
 impl Received {
     /// Reads `response`'s body to its end when its length is known and at most `limit`, the
-    /// engine's `answer_read_limit` (the engine read such a body inside its attempt, so it is
-    /// in memory already and cannot fail midway here); otherwise keeps the response to stream
-    /// the body from (no length, or a longer one: chunked answers, server-sent events,
-    /// downloads).
+    /// engine's `answer_read_limit` (the engine reads a final answer's body of that length
+    /// inside its attempt, so it is in memory already and cannot fail midway here; the last
+    /// attempt's answer of an operation that stopped without a final one may still be on the
+    /// wire); otherwise keeps the response to stream the body from (no length, or a longer
+    /// one: chunked answers, server-sent events, downloads).
     pub(crate) async fn read(
         response: reqwest::Response,
         limit: usize,
@@ -346,7 +347,7 @@ impl Finished {
     }
 
     /// An error, with the last attempt's response when it has one (its body read when it is
-    /// at most `limit` long).
+    /// at most `limit` long; a response whose body is cut while it is read is left out).
     pub(crate) async fn from_error(mut err: Error, limit: usize) -> Finished {
         let outcome = err.outcome().as_str();
         let received = match err.take_response() {
