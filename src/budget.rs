@@ -141,8 +141,10 @@ impl RetryBudgetConfig {
     /// a retry after a failure of this kind.
     ///
     /// A 409 that says the operation's own first attempt is still running
-    /// ([`FailureKind::InProgress`]) costs nothing (why: `docs/budget.md`); those retries are
-    /// still bounded by the policy's attempts and reconcile window.
+    /// ([`FailureKind::InProgress`]) costs nothing (why: `docs/budget.md`); those waits are
+    /// bounded by the policy's
+    /// [`max_in_progress_wait`](crate::RetryPolicy::max_in_progress_wait) and reconcile window
+    /// instead.
     #[must_use]
     pub const fn cost_of(&self, failure: FailureKind) -> u32 {
         match failure {

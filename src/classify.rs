@@ -38,6 +38,11 @@ pub enum FailureKind {
     /// 429 Too Many Requests: the server refused the request without executing it.
     Throttled,
     /// 409 Conflict on a keyed request: the first attempt with this key is still running.
+    ///
+    /// Waited out, not counted as a failed attempt: it does not count toward
+    /// [`RetryPolicy::max_attempts`](crate::RetryPolicy::max_attempts), and the waits are
+    /// bounded by [`RetryPolicy::max_in_progress_wait`](crate::RetryPolicy::max_in_progress_wait)
+    /// and the reconcile window.
     InProgress,
     /// 408 Request Timeout: the server gave up waiting for the request before executing it.
     RequestTimeout,

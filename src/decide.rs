@@ -5,6 +5,13 @@
 //! has no I/O: the engine's attempt loop feeds it and carries out what it says. Classification
 //! lives in `classify.rs`, delays in `backoff.rs` and `retry_after.rs`, the window rule in
 //! `window.rs`; this file only combines them with the policy's limits.
+//!
+//! One rule lives here whole: an answer that says the operation is still in progress at the
+//! receiver ([`FailureKind::InProgress`]) is a wait for the live operation, not a failed
+//! attempt. It does not count toward `max_attempts`; its waits back off in a sequence of their
+//! own (or as the receiver's `Retry-After` asks) and are bounded by `max_in_progress_wait`,
+//! counted from the first such answer, and by the reconcile window. [`OperationState::after`]
+//! is how the engine carries a decision into the state the next one reads.
 
 use std::time::{Duration, SystemTime};
 
@@ -23,7 +30,9 @@ use crate::window;
 pub(crate) struct OperationState {
     /// When the first attempt started.
     pub(crate) started: Instant,
-    /// Attempts made so far, the one being decided on included.
+    /// Attempts counted toward `max_attempts` so far, the one being decided on included.
+    /// Answers that said the operation was in progress are not counted
+    /// ([`after`](Self::after) takes them back out).
     pub(crate) attempts: u32,
     /// Whether every attempt carries an idempotency key.
     pub(crate) keyed: bool,
@@ -31,6 +40,46 @@ pub(crate) struct OperationState {
     pub(crate) idempotent_method: bool,
     /// Whether the request can be sent again (its body can be cloned).
     pub(crate) replayable: bool,
+    /// In-progress answers waited out so far: the next such wait's backoff retry number.
+    pub(crate) in_progress_waits: u32,
+    /// When the first in-progress answer was decided on, if one was: the start of
+    /// `max_in_progress_wait`.
+    pub(crate) in_progress_since: Option<Instant>,
+}
+
+impl OperationState {
+    /// The state before the first attempt.
+    pub(crate) fn new(started: Instant, keyed: bool, idempotent_method: bool) -> Self {
+        OperationState {
+            started,
+            attempts: 0,
+            keyed,
+            idempotent_method,
+            replayable: true,
+            in_progress_waits: 0,
+            in_progress_since: None,
+        }
+    }
+
+    /// Carries `decision`, taken `at`, into the state: an attempt answered "in progress" is
+    /// taken back out of the attempts counted toward `max_attempts`, the first such answer
+    /// starts the `max_in_progress_wait` clock, and each one waited out advances the
+    /// in-progress backoff sequence. Every other decision leaves the state as it is.
+    pub(crate) fn after(&mut self, decision: &Decision, at: Instant) {
+        let (kind, waits) = match *decision {
+            Decision::Return => (None, false),
+            Decision::Retry { kind, .. } => (Some(kind), true),
+            Decision::Stop { kind, .. } => (kind, false),
+        };
+        if kind != Some(FailureKind::InProgress) {
+            return;
+        }
+        self.attempts = self.attempts.saturating_sub(1);
+        self.in_progress_since.get_or_insert(at);
+        if waits {
+            self.in_progress_waits = self.in_progress_waits.saturating_add(1);
+        }
+    }
 }
 
 /// What the last attempt produced.
@@ -80,6 +129,14 @@ pub(crate) enum Stop {
     Fatal,
     /// A retry was due but the client's retry budget refused it.
     BudgetExhausted,
+    /// The receiver still says the operation is in progress and `max_in_progress_wait` has
+    /// run out (`asked: None`), or it asked for a wait that would end past that limit.
+    InProgress {
+        /// Time since the operation's first in-progress answer.
+        waited: Duration,
+        /// The receiver's `Retry-After`, when it was what did not fit.
+        asked: Option<Duration>,
+    },
 }
 
 /// Decides what follows an attempt. Pure: same inputs, same decision.
@@ -127,7 +184,9 @@ pub(crate) fn decide<R: rand::Rng + ?Sized>(
             Observed::Failure(_) => stop(Stop::NotRetrySafe),
         };
     }
-    if state.attempts >= policy.max_attempts() {
+    // An answer that says the operation is in progress is a wait for it, not an attempt.
+    let in_progress = kind == FailureKind::InProgress;
+    if !in_progress && state.attempts >= policy.max_attempts() {
         return stop(Stop::Exhausted);
     }
     if !state.replayable {
@@ -139,13 +198,37 @@ pub(crate) fn decide<R: rand::Rng + ?Sized>(
     {
         return stop(Stop::RetryAfterTooLong { asked });
     }
-    let retry = state.attempts.saturating_sub(1);
+    // The backoff sequence this wait belongs to, and how long it may last at most.
+    let (retry, longest) = if in_progress {
+        let waited = now.saturating_duration_since(state.in_progress_since.unwrap_or(now));
+        let left = policy.max_in_progress_wait().saturating_sub(waited);
+        if left.is_zero() {
+            return stop(Stop::InProgress {
+                waited,
+                asked: None,
+            });
+        }
+        if let Some(asked) = asked
+            && asked > left
+        {
+            return stop(Stop::InProgress {
+                waited,
+                asked: Some(asked),
+            });
+        }
+        (state.in_progress_waits, left)
+    } else {
+        (state.attempts.saturating_sub(1), Duration::MAX)
+    };
+    // A backoff wait for an operation in progress is cut to end at the limit, so the last
+    // look at it comes when the limit runs out, not before.
     let drawn = backoff::full_jitter(
         retry,
         policy.base_delay(),
         policy.max_delay(),
         rng.next_u64(),
-    );
+    )
+    .min(longest);
     let (delay, reason) = match asked {
         Some(asked) if asked >= drawn => (asked, WaitReason::RetryAfter { asked }),
         _ => (
@@ -190,11 +273,8 @@ mod tests {
 
     fn state(attempts: u32, keyed: bool, idempotent: bool) -> OperationState {
         OperationState {
-            started: t0(),
             attempts,
-            keyed,
-            idempotent_method: idempotent,
-            replayable: true,
+            ..OperationState::new(t0(), keyed, idempotent)
         }
     }
 
@@ -545,7 +625,7 @@ mod tests {
             let mut rng = StdRng::seed_from_u64(seed);
             let started = t0();
             let mut now = started;
-            let mut st = OperationState { started, attempts: 0, keyed, idempotent_method: idempotent, replayable: true };
+            let mut st = OperationState::new(started, keyed, idempotent);
             for (code, failure, retry_after_ms) in outcomes {
                 // An attempt may only start inside the window.
                 prop_assert!(now < started + policy.reconcile_window());
@@ -562,7 +642,9 @@ mod tests {
                     (None, Some(kind)) => Observed::Failure(kind),
                     (None, None) => unreachable!(),
                 };
-                match decide(&policy, &st, observed, now, wall, &mut rng) {
+                let decision = decide(&policy, &st, observed, now, wall, &mut rng);
+                st.after(&decision, now);
+                match decision {
                     Decision::Retry { delay, reason, .. } => {
                         match reason {
                             WaitReason::Backoff { ceiling } => {
@@ -582,6 +664,352 @@ mod tests {
                     Decision::Return | Decision::Stop { .. } => break,
                 }
             }
+        }
+    }
+
+    fn in_progress(
+        state: &OperationState,
+        now: Instant,
+        headers: &HeaderMap,
+        word: u64,
+    ) -> Decision {
+        let policy = RetryPolicy::default().with_max_in_progress_wait(Duration::from_secs(10));
+        decide(
+            &policy,
+            state,
+            status(409, headers),
+            now,
+            wall,
+            &mut ConstRng(word),
+        )
+    }
+
+    #[test]
+    fn an_in_progress_answer_is_a_wait_not_a_counted_attempt() {
+        let policy = RetryPolicy::default().with_max_attempts(1);
+        let mut s = state(1, true, false);
+        let decision = run(&policy, &s, status(409, &NO_HEADERS));
+        assert_eq!(
+            decision,
+            Decision::Retry {
+                kind: FailureKind::InProgress,
+                delay: Duration::from_millis(500),
+                reason: WaitReason::Backoff {
+                    ceiling: Duration::from_millis(500)
+                },
+            }
+        );
+        let at = s.started + Duration::from_millis(20);
+        s.after(&decision, at);
+        assert_eq!(s.attempts, 0, "the in-progress answer is taken back out");
+        assert_eq!(s.in_progress_waits, 1);
+        assert_eq!(s.in_progress_since, Some(at));
+        // The clock starts at the first such answer only.
+        s.attempts += 1;
+        s.after(&decision, at + Duration::from_secs(1));
+        assert_eq!(s.in_progress_since, Some(at));
+        assert_eq!(s.in_progress_waits, 2);
+        // Any other decision leaves the state alone; a 503 still counts.
+        let before = s;
+        s.attempts += 1;
+        let other = run(&policy, &s, status(503, &NO_HEADERS));
+        assert_eq!(
+            other,
+            Decision::Stop {
+                kind: Some(FailureKind::ServerError),
+                stop: Stop::Exhausted
+            }
+        );
+        s.after(&other, at);
+        s.after(&Decision::Return, at);
+        assert_eq!(s.attempts, before.attempts + 1);
+        assert_eq!(s.in_progress_waits, before.in_progress_waits);
+    }
+
+    #[test]
+    fn in_progress_waits_back_off_in_a_sequence_of_their_own() {
+        let policy = RetryPolicy::default();
+        // Three waits so far: the ceiling is 500 ms * 2^3, whatever the attempts.
+        let mut s = state(1, true, false);
+        s.in_progress_waits = 3;
+        s.in_progress_since = Some(s.started);
+        match run(&policy, &s, status(409, &NO_HEADERS)) {
+            Decision::Retry { delay, reason, .. } => {
+                assert_eq!(delay, Duration::from_secs(4));
+                assert_eq!(
+                    reason,
+                    WaitReason::Backoff {
+                        ceiling: Duration::from_secs(4)
+                    }
+                );
+            }
+            other => panic!("expected a wait, got {other:?}"),
+        }
+        // A failed attempt after them backs off by the attempts alone.
+        s.attempts = 2;
+        s.in_progress_waits = 9;
+        match run(&policy, &s, status(503, &NO_HEADERS)) {
+            Decision::Retry { reason, .. } => assert_eq!(
+                reason,
+                WaitReason::Backoff {
+                    ceiling: Duration::from_secs(1)
+                }
+            ),
+            other => panic!("expected a retry, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_in_progress_limit_cuts_the_last_wait_then_stops() {
+        let mut s = state(1, true, false);
+        s.in_progress_since = Some(s.started);
+        s.in_progress_waits = 6; // a 30 s ceiling
+        // 9.8 s into a 10 s limit: the wait is cut to end at the limit.
+        let now = s.started + Duration::from_millis(9_800);
+        assert_eq!(
+            in_progress(&s, now, &NO_HEADERS, MAX),
+            Decision::Retry {
+                kind: FailureKind::InProgress,
+                delay: Duration::from_millis(200),
+                reason: WaitReason::Backoff {
+                    ceiling: Duration::from_secs(30)
+                },
+            }
+        );
+        // At the limit: still in progress, so the operation stops, outcome unknown.
+        let now = s.started + Duration::from_secs(10);
+        assert_eq!(
+            in_progress(&s, now, &NO_HEADERS, MAX),
+            Decision::Stop {
+                kind: Some(FailureKind::InProgress),
+                stop: Stop::InProgress {
+                    waited: Duration::from_secs(10),
+                    asked: None
+                }
+            }
+        );
+        // A zero limit waits for none.
+        let policy = RetryPolicy::default().with_max_in_progress_wait(Duration::ZERO);
+        assert_eq!(
+            run(&policy, &state(1, true, false), status(409, &NO_HEADERS)),
+            Decision::Stop {
+                kind: Some(FailureKind::InProgress),
+                stop: Stop::InProgress {
+                    waited: Duration::ZERO,
+                    asked: None
+                }
+            }
+        );
+    }
+
+    #[test]
+    fn retry_after_on_an_in_progress_answer_is_honoured_inside_the_limit() {
+        let s = state(1, true, false);
+        let h = headers(&[("retry-after", "3")]);
+        assert_eq!(
+            in_progress(&s, s.started, &h, 0),
+            Decision::Retry {
+                kind: FailureKind::InProgress,
+                delay: Duration::from_secs(3),
+                reason: WaitReason::RetryAfter {
+                    asked: Duration::from_secs(3)
+                },
+            }
+        );
+        // 8 s into a 10 s limit, a request for 3 s more would end past it.
+        let mut later = s;
+        later.in_progress_since = Some(s.started);
+        let now = s.started + Duration::from_secs(8);
+        assert_eq!(
+            in_progress(&later, now, &h, 0),
+            Decision::Stop {
+                kind: Some(FailureKind::InProgress),
+                stop: Stop::InProgress {
+                    waited: Duration::from_secs(8),
+                    asked: Some(Duration::from_secs(3))
+                }
+            }
+        );
+        // A backoff draw above the asked wait is cut to the limit, never below what was asked.
+        let h = headers(&[("retry-after-ms", "1500")]);
+        later.in_progress_waits = 8;
+        match in_progress(&later, now, &h, MAX) {
+            Decision::Retry { delay, .. } => assert_eq!(delay, Duration::from_secs(2)),
+            other => panic!("expected a wait, got {other:?}"),
+        }
+        // Past max_retry_after it is the usual refusal.
+        let h = headers(&[("retry-after", "61")]);
+        assert!(matches!(
+            in_progress(&s, s.started, &h, 0),
+            Decision::Stop {
+                stop: Stop::RetryAfterTooLong { .. },
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn the_window_bounds_in_progress_waits_too() {
+        let policy = RetryPolicy::default().with_reconcile_window(Duration::from_secs(5));
+        let s = state(1, true, false);
+        let now = s.started + Duration::from_millis(4_800);
+        assert_eq!(
+            decide(
+                &policy,
+                &s,
+                status(409, &NO_HEADERS),
+                now,
+                wall,
+                &mut ConstRng(MAX)
+            ),
+            Decision::Stop {
+                kind: Some(FailureKind::InProgress),
+                stop: Stop::Window
+            }
+        );
+    }
+
+    /// One answer of a receiver to a keyed request: in progress (with a `retry-after-ms`
+    /// perhaps), a 503, or the final 200.
+    fn keyed_answer() -> impl Strategy<Value = (u16, Option<u64>)> {
+        prop_oneof![
+            4 => prop::option::of(0u64..5_000).prop_map(|ms| (409u16, ms)),
+            1 => Just((503u16, None)),
+            1 => Just((200u16, None)),
+        ]
+    }
+
+    proptest! {
+        /// Whatever mix of in-progress answers, failures and Retry-After a receiver gives, the
+        /// attempts counted never pass max_attempts and an in-progress answer never uses one
+        /// up; every wait for an operation in progress ends within max_in_progress_wait of the
+        /// first in-progress answer (and within the window), is at most its own sequence's
+        /// ceiling or exactly what was asked; and the operation stops for the in-progress
+        /// limit only when that limit has run out or the receiver asked past it.
+        #[test]
+        fn in_progress_waits_keep_their_own_bound(
+            answers in prop::collection::vec(keyed_answer(), 1..60),
+            max_attempts in 1u32..6,
+            base_ms in 0u64..1_000,
+            cap_ms in 0u64..10_000,
+            limit_ms in 0u64..30_000,
+            window_ms in 1u64..120_000,
+            attempt_ms in 1u64..2_000,
+            seed in any::<u64>(),
+        ) {
+            let limit = Duration::from_millis(limit_ms);
+            let policy = RetryPolicy::default()
+                .with_max_attempts(max_attempts)
+                .with_base_delay(Duration::from_millis(base_ms.min(cap_ms)))
+                .with_max_delay(Duration::from_millis(cap_ms))
+                .with_reconcile_window(Duration::from_millis(window_ms))
+                .with_max_in_progress_wait(limit);
+            let mut rng = StdRng::seed_from_u64(seed);
+            let started = t0();
+            let end = started + policy.reconcile_window();
+            let mut now = started;
+            let mut st = OperationState::new(started, true, false);
+            let mut waited_in_progress = Duration::ZERO;
+            for (code, retry_after_ms) in answers {
+                prop_assert!(now < end);
+                st.attempts += 1;
+                prop_assert!(st.attempts <= max_attempts);
+                now += Duration::from_millis(attempt_ms).min(end.saturating_duration_since(now));
+                let mut h = HeaderMap::new();
+                if let Some(ms) = retry_after_ms {
+                    h.insert("retry-after-ms", HeaderValue::from(ms));
+                }
+                let decision = decide(&policy, &st, status(code, &h), now, wall, &mut rng);
+                let since = st.in_progress_since.unwrap_or(now);
+                let asked = retry_after_ms.map(Duration::from_millis);
+                match decision {
+                    Decision::Return => {
+                        prop_assert_eq!(code, 200);
+                        break;
+                    }
+                    Decision::Retry { kind, delay, reason } => {
+                        prop_assert!(now + delay < end, "the wait crosses the window");
+                        if kind == FailureKind::InProgress {
+                            prop_assert!(
+                                (now + delay).saturating_duration_since(since) <= limit,
+                                "a wait ends past the in-progress limit"
+                            );
+                            waited_in_progress += delay;
+                            match reason {
+                                WaitReason::Backoff { ceiling } => {
+                                    prop_assert_eq!(ceiling, backoff::ceiling(
+                                        st.in_progress_waits, policy.base_delay(), policy.max_delay()));
+                                    prop_assert!(delay <= ceiling);
+                                    prop_assert!(asked.is_none_or(|asked| asked <= delay));
+                                }
+                                WaitReason::RetryAfter { asked: told } => {
+                                    prop_assert_eq!(Some(told), asked);
+                                    prop_assert_eq!(delay, told);
+                                }
+                            }
+                        }
+                        st.after(&decision, now);
+                        now += delay;
+                    }
+                    Decision::Stop { kind, stop } => {
+                        match stop {
+                            Stop::InProgress { waited, asked: told } => {
+                                prop_assert_eq!(kind, Some(FailureKind::InProgress));
+                                prop_assert_eq!(waited, now.saturating_duration_since(since));
+                                match told {
+                                    None => prop_assert!(waited >= limit),
+                                    Some(told) => {
+                                        prop_assert_eq!(Some(told), asked);
+                                        prop_assert!(waited < limit && told > limit - waited);
+                                    }
+                                }
+                            }
+                            Stop::Exhausted => {
+                                prop_assert_ne!(kind, Some(FailureKind::InProgress));
+                                prop_assert!(st.attempts >= max_attempts);
+                            }
+                            Stop::Window | Stop::RetryAfterTooLong { .. } => {}
+                            other => prop_assert!(false, "unexpected stop {:?}", other),
+                        }
+                        break;
+                    }
+                }
+                prop_assert!(waited_in_progress <= limit);
+            }
+        }
+
+        /// A receiver that answers "in progress" any number of times, then the answer, gives
+        /// the answer under any attempt limit when the window and the in-progress limit are
+        /// long enough: the waits never use the attempts up.
+        #[test]
+        fn any_number_of_in_progress_answers_then_the_answer_completes(
+            waits in 0usize..200,
+            max_attempts in 1u32..4,
+            seed in any::<u64>(),
+        ) {
+            let policy = RetryPolicy::default()
+                .with_max_attempts(max_attempts)
+                .with_reconcile_window(Duration::MAX)
+                .with_max_in_progress_wait(Duration::MAX);
+            let mut rng = StdRng::seed_from_u64(seed);
+            let mut now = t0();
+            let mut st = OperationState::new(now, true, false);
+            for _ in 0..waits {
+                st.attempts += 1;
+                let decision = decide(&policy, &st, status(409, &NO_HEADERS), now, wall, &mut rng);
+                let Decision::Retry { kind: FailureKind::InProgress, delay, .. } = decision else {
+                    return Err(TestCaseError::fail(format!("{decision:?}")));
+                };
+                st.after(&decision, now);
+                now += delay;
+            }
+            st.attempts += 1;
+            prop_assert_eq!(st.attempts, 1);
+            prop_assert_eq!(st.in_progress_waits, u32::try_from(waits).unwrap());
+            prop_assert_eq!(
+                decide(&policy, &st, status(200, &NO_HEADERS), now, wall, &mut rng),
+                Decision::Return
+            );
         }
     }
 }

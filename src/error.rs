@@ -73,6 +73,14 @@ pub enum ErrorKind {
     /// Not retried (it would loop again). The outcome is reported unknown: the request reached
     /// at least one server, and a 303 answers a request that has run.
     TooManyRedirects,
+    /// The receiver still said the operation was in progress (a `409 Conflict` on a keyed
+    /// request: another request with the key, often one of this operation's own, is running
+    /// there) when [`RetryPolicy::max_in_progress_wait`](crate::RetryPolicy::max_in_progress_wait)
+    /// ran out, or it asked with `Retry-After` for a wait that would end past that limit
+    /// ([`retry_after`](Error::retry_after) says how long). The outcome is unknown: the live
+    /// operation may still complete. Send it again later with the same key (the receiver
+    /// then answers with its result), or reconcile; to wait longer, raise the limit.
+    StillInProgress,
 }
 
 impl ErrorKind {
@@ -93,6 +101,7 @@ impl ErrorKind {
             ErrorKind::LeaseHeld => "lease_held",
             ErrorKind::Ledger => "ledger",
             ErrorKind::TooManyRedirects => "too_many_redirects",
+            ErrorKind::StillInProgress => "still_in_progress",
         }
     }
 }
@@ -112,6 +121,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::LeaseHeld => "operation lease held by another run",
             ErrorKind::Ledger => "ledger failure",
             ErrorKind::TooManyRedirects => "too many redirects",
+            ErrorKind::StillInProgress => "operation still in progress at the receiver",
         })
     }
 }
@@ -140,6 +150,9 @@ struct Inner {
     status: Option<StatusCode>,
     retry_after: Option<Duration>,
     window: Option<Duration>,
+    /// For `StillInProgress`: the policy's limit, and the time since the first in-progress
+    /// answer.
+    in_progress: Option<InProgressWait>,
     message: Option<String>,
     /// For `KeyReuse`: the ledger's record of the key's operation.
     held: Option<HeldOperation>,
@@ -164,6 +177,7 @@ impl Error {
                 status: None,
                 retry_after: None,
                 window: None,
+                in_progress: None,
                 message: None,
                 held: None,
                 target: None,
@@ -288,6 +302,13 @@ impl Error {
         self
     }
 
+    /// For `StillInProgress`: the policy's `limit`, and how long since the first in-progress
+    /// answer the operation stopped.
+    pub(crate) fn with_in_progress(mut self, limit: Duration, waited: Duration) -> Self {
+        self.inner.in_progress = Some(InProgressWait { limit, waited });
+        self
+    }
+
     /// What went wrong.
     #[must_use]
     pub fn kind(&self) -> ErrorKind {
@@ -353,7 +374,8 @@ impl Error {
     }
 
     /// What the server asked to wait (`Retry-After` or `retry-after-ms`), for
-    /// [`ErrorKind::RetryAfterTooLong`].
+    /// [`ErrorKind::RetryAfterTooLong`], and for [`ErrorKind::StillInProgress`] when the wait
+    /// asked for would have ended past the limit on waiting. `None` otherwise.
     #[must_use]
     pub fn retry_after(&self) -> Option<Duration> {
         self.inner.retry_after
@@ -451,7 +473,16 @@ impl Error {
             }
             ErrorKind::AttemptsExhausted => {
                 write!(f, "gave up after {attempts} attempt{plural}")?;
+                let waits = inner.report.in_progress_waits();
+                if waits > 0 {
+                    write!(
+                        f,
+                        ", {waits} of them answered \"in progress\" and waited out (not counted \
+                         toward the limit)"
+                    )?;
+                }
             }
+            ErrorKind::StillInProgress => self.describe_in_progress(f)?,
             ErrorKind::ReconcileWindow => {
                 f.write_str("reconcile window")?;
                 if let Some(window) = inner.window {
@@ -518,7 +549,50 @@ impl Error {
     }
 }
 
+/// How long an operation waited for a receiver that reported it in progress, when it stopped.
+#[derive(Debug, Clone, Copy)]
+struct InProgressWait {
+    /// `RetryPolicy::max_in_progress_wait`.
+    limit: Duration,
+    /// Since the first in-progress answer.
+    waited: Duration,
+}
+
 impl Error {
+    /// `the receiver still reported the operation in progress after 1m (14 attempts): …`, or
+    /// why the wait it asked for was not taken.
+    fn describe_in_progress(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use crate::readable::duration;
+        let inner = &self.inner;
+        let attempts = inner.report.attempts();
+        let plural = if attempts == 1 { "" } else { "s" };
+        match (inner.in_progress, inner.retry_after) {
+            (Some(wait), Some(asked)) => write!(
+                f,
+                "the receiver still reported the operation in progress after {} and asked to \
+                 wait {} more, past the {} limit on waiting for it",
+                duration(wait.waited),
+                duration(asked),
+                duration(wait.limit)
+            )?,
+            (Some(wait), None) if wait.limit.is_zero() => f.write_str(
+                "the receiver reported the operation in progress, and waiting for it is off \
+                 (max_in_progress_wait is 0)",
+            )?,
+            (Some(wait), None) => write!(
+                f,
+                "the receiver still reported the operation in progress after {}",
+                duration(wait.limit)
+            )?,
+            (None, _) => f.write_str("the receiver still reported the operation in progress")?,
+        }
+        write!(
+            f,
+            " ({attempts} attempt{plural}): send it again later with the same key to get its \
+             result, or reconcile; RetryPolicy::with_max_in_progress_wait sets how long to wait"
+        )
+    }
+
     /// `idempotency key reused for a different request: key K is recorded as …; nothing was
     /// sent; the key's operation is done: …`, each fact once.
     fn describe_key_reuse(&self, f: &mut fmt::Formatter<'_>, held: &HeldOperation) -> fmt::Result {
@@ -700,6 +774,10 @@ mod tests {
             (ErrorKind::LeaseHeld, "operation lease held by another run"),
             (ErrorKind::Ledger, "ledger failure"),
             (ErrorKind::TooManyRedirects, "too many redirects"),
+            (
+                ErrorKind::StillInProgress,
+                "operation still in progress at the receiver",
+            ),
         ];
         for (kind, name) in kinds {
             assert_eq!(kind.to_string(), name);
@@ -740,6 +818,77 @@ mod tests {
              client used it up; if the service is healthy, size it with \
              RetryBudgetConfig::with_capacity (last failure: throttled); not executed; \
              idempotency key k_9"
+        );
+    }
+
+    #[test]
+    fn an_operation_still_in_progress_says_why_and_what_to_do() {
+        let key = IdempotencyKey::new("k_11").expect("valid key");
+        let mut report = RetryReport::new(Some(key));
+        report.attempts = 14;
+        let limit = Duration::from_secs(60);
+        let err = Error::operation(ErrorKind::StillInProgress, report.clone(), true)
+            .with_in_progress(limit, Duration::from_millis(60_250))
+            .with_failure(Some(FailureKind::InProgress))
+            .with_status(Some(StatusCode::CONFLICT));
+        assert_eq!(
+            err.to_string(),
+            "the receiver still reported the operation in progress after 1m (14 attempts): \
+             send it again later with the same key to get its result, or reconcile; \
+             RetryPolicy::with_max_in_progress_wait sets how long to wait (last status 409 \
+             Conflict); outcome unknown: it may have run; idempotency key k_11"
+        );
+        assert_eq!(err.kind().as_str(), "still_in_progress");
+        let asked = Error::operation(ErrorKind::StillInProgress, report.clone(), true)
+            .with_in_progress(limit, Duration::from_secs(40))
+            .with_retry_after(Duration::from_secs(30));
+        assert!(
+            asked.to_string().starts_with(
+                "the receiver still reported the operation in progress after 40s and asked to \
+                 wait 30s more, past the 1m limit on waiting for it (14 attempts): "
+            ),
+            "{asked}"
+        );
+        assert_eq!(asked.retry_after(), Some(Duration::from_secs(30)));
+        let off = Error::operation(ErrorKind::StillInProgress, report, true)
+            .with_in_progress(Duration::ZERO, Duration::ZERO);
+        assert!(
+            off.to_string()
+                .contains("waiting for it is off (max_in_progress_wait is 0)"),
+            "{off}"
+        );
+    }
+
+    #[test]
+    fn exhausted_attempts_say_how_many_were_waits() {
+        let mut report = RetryReport::new(None);
+        report.attempts = 5;
+        let row = |number, failure, waited: bool| crate::report::AttemptRecord {
+            number,
+            started: Duration::ZERO,
+            status: None,
+            failure: Some(failure),
+            wait: waited.then_some(crate::report::Wait {
+                delay: Duration::from_millis(1),
+                reason: crate::report::WaitReason::Backoff {
+                    ceiling: Duration::from_millis(1),
+                },
+            }),
+        };
+        report.history = vec![
+            row(1, FailureKind::ServerError, true),
+            row(2, FailureKind::InProgress, true),
+            row(3, FailureKind::InProgress, true),
+            row(4, FailureKind::ServerError, true),
+            row(5, FailureKind::ServerError, false),
+        ];
+        let err = Error::operation(ErrorKind::AttemptsExhausted, report, true)
+            .with_failure(Some(FailureKind::ServerError));
+        assert_eq!(
+            err.to_string(),
+            "gave up after 5 attempts, 2 of them answered \"in progress\" and waited out (not \
+             counted toward the limit) (last failure: server error); outcome unknown: it may \
+             have run"
         );
     }
 

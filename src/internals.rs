@@ -20,10 +20,12 @@ use crate::report::WaitReason;
 use crate::test_rng::ConstRng;
 use crate::time::{Clock, TokioClock};
 
-/// The operation as the engine sees it when one attempt has ended.
+/// The operation as the engine sees it when one attempt has ended, before any answer said
+/// the operation was in progress at the receiver (an in-progress answer decided here is the
+/// operation's first).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecideInput {
-    /// Attempts made so far, the one being decided on included.
+    /// Attempts counted toward `max_attempts` so far, the one being decided on included.
     pub attempts: u32,
     /// Whether every attempt carries an idempotency key.
     pub keyed: bool,
@@ -54,9 +56,11 @@ pub enum DecideStep {
         /// What went wrong with the last attempt, if it failed.
         kind: Option<FailureKind>,
         /// `exhausted`, `window`, `retry_after_too_long`, `not_replayable`, `not_retry_safe`,
-        /// `fatal` or `budget_exhausted`.
+        /// `fatal`, `budget_exhausted` or `in_progress` (the receiver's in-progress answers
+        /// outlasted `max_in_progress_wait`).
         why: &'static str,
-        /// For `retry_after_too_long`, what the server asked for.
+        /// For `retry_after_too_long`, what the server asked for; for `in_progress`, what it
+        /// asked for when that wait would have ended past the limit.
         asked: Option<Duration>,
     },
 }
@@ -79,11 +83,9 @@ pub fn decide(
     let started = TokioClock.now();
     let now = started.checked_add(input.elapsed)?;
     let state = OperationState {
-        started,
         attempts: input.attempts,
-        keyed: input.keyed,
-        idempotent_method: input.idempotent_method,
         replayable: input.replayable,
+        ..OperationState::new(started, input.keyed, input.idempotent_method)
     };
     let observed = match outcome {
         Ok((status, headers)) => Observed::Response { status, headers },
@@ -117,6 +119,7 @@ pub fn decide(
                     Stop::NotRetrySafe => ("not_retry_safe", None),
                     Stop::Fatal => ("fatal", None),
                     Stop::BudgetExhausted => ("budget_exhausted", None),
+                    Stop::InProgress { asked, .. } => ("in_progress", asked),
                 };
                 DecideStep::Stop { kind, why, asked }
             }

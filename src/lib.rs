@@ -66,7 +66,7 @@
 //! | 500, 502, 503, 504 and every other 5xx but 501 and 505 | yes | **unknown** |
 //! | an invalid status from 600 to 999 (handled as a 5xx, RFC 9110 section 15) | yes | **unknown** |
 //! | a status line hyper refuses (`000`, `099`, `1000`, no digits) | yes, as a connection closed before a full response | **unknown** |
-//! | 409 Conflict, on a request with a key (first attempt still running) | yes | **unknown** |
+//! | 409 Conflict, on a request with a key (first attempt still running) | yes, as a wait for it: not counted toward `max_attempts` (below) | **unknown** |
 //! | 429 Too Many Requests, honouring `Retry-After` | yes | no |
 //! | 408 Request Timeout | yes | no |
 //! | 501, 505, every other 4xx, 1xx-3xx | no: returned as `Ok(response)` | (final) |
@@ -92,6 +92,18 @@
 //!   zero. A request to wait longer than [`RetryPolicy::max_retry_after`], or than the window
 //!   has left, ends the operation at once with [`ErrorKind::RetryAfterTooLong`]: the client
 //!   never sleeps it. Every parsing rule: `docs/retry-after.md`.
+//! - **In progress.** An answer that says the operation is still in progress at the receiver
+//!   (a 409 on a keyed request: another request with the key, often one of this operation's
+//!   own that timed out or whose caller dropped it, is running there) is a wait for the live
+//!   operation, not a failed attempt. It does not count toward `max_attempts`; the waits back
+//!   off with the same capped full jitter in a sequence of their own (retry `n` being the
+//!   `n`-th such wait), or wait the receiver's `Retry-After`; and they are bounded by
+//!   [`RetryPolicy::max_in_progress_wait`], counted from the first in-progress answer (a
+//!   backoff wait is cut to end there), and by the reconcile window. When the limit runs out,
+//!   or the receiver asks for a wait past it, the error is [`ErrorKind::StillInProgress`]
+//!   ("the receiver still reported the operation in progress after 1m"), outcome unknown.
+//!   [`RetryReport::in_progress_waits`] and [`RetryReport::in_progress_wait`] count them apart
+//!   from the attempts; the retry budget charges nothing for them. Why: `docs/in-progress.md`.
 //! - **Stopping.** After `max_attempts` attempts the error is [`ErrorKind::AttemptsExhausted`],
 //!   with the last response ([`Error::take_response`]) or transport error (its `source()`). No
 //!   wait ends past the reconcile window and no attempt starts after it: when the next wait
@@ -129,6 +141,7 @@
 //! | [`RetryPolicy::with_reconcile_window`] | 24 h | Stripe v1 may prune a key after 24 h: a later retry would be a new request (keep it shorter than your receiver keeps keys; PayPal: 6 h) |
 //! | [`RetryPolicy::with_attempt_timeout`] | 30 s | each attempt, from connecting until the response body has been read |
 //! | [`RetryPolicy::with_max_retry_after`] | 60 s | the longest server-requested wait honoured, as in the Stainless SDKs |
+//! | [`RetryPolicy::with_max_in_progress_wait`] | 1 min | twice the attempt timeout: the live operation is most often this operation's own attempt that timed out after 30 s, and a receiver's handler seldom runs much longer than its callers wait; long enough for the handlers that take a few seconds, short enough that an operation lost at the receiver is reported, not waited on for the whole window |
 //! | [`RetryBudgetConfig::with_capacity`] | 500 tokens | the AWS SDKs' standard mode; the bucket starts full and pays for 100 retries that fail, the most an outage adds beyond one retry per operation in flight |
 //! | [`RetryBudgetConfig::with_retry_cost`] | 5 tokens | the AWS SDKs' standard mode, charged when the retry fails |
 //! | [`RetryBudgetConfig::with_timeout_cost`] | 10 tokens | a retry that timed out held the server for the whole timeout: those are cut first |
@@ -173,7 +186,8 @@
 //! Every retry also answers to a token bucket ([`RetryBudget`], [`RetryBudgetConfig`]) shared
 //! by a client's clones and the front ends built from its builder: a retry is sent while the
 //! bucket holds its cost and is charged only if it fails, a first-attempt success deposits, a
-//! 409 "still in progress" is free. A refused retry ends the operation with
+//! wait after a 409 "still in progress" is free (and bounded by
+//! [`RetryPolicy::max_in_progress_wait`] instead). A refused retry ends the operation with
 //! [`ErrorKind::BudgetExhausted`], key and outcome flag included, and is counted
 //! ([`RetryBudget::refused`], [`Observer::on_retry_refused`]). What it guarantees, why this
 //! design, and how to size it: `docs/budget.md`.
@@ -255,7 +269,10 @@
 //! | | status | error with `error.type` |
 //!
 //! Between two attempts, the operation span gets an `info` event "attempt failed, retrying with
-//! the same key" (`attempt`, `outcome`, `status`, `delay_ms`, `why`): the wait and its reason.
+//! the same key" (`attempt`, `outcome`, `status`, `delay_ms`, `why`): the wait and its reason;
+//! after an answer that says the operation is in progress at the receiver, the event is
+//! "operation in progress at the receiver, waiting for it with the same key", with the same
+//! fields.
 //! A failed operation ends with a `warn` event and a 422 under a caller's key with an `error`
 //! event, both naming the key. Bodies and headers other than the key are never logged. For
 //! code that reacts to events, an [`Observer`] ([`ClientBuilder::observer`], or a closure:

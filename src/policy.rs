@@ -45,6 +45,7 @@ pub struct RetryPolicy {
     reconcile_window: Duration,
     attempt_timeout: Duration,
     max_retry_after: Duration,
+    max_in_progress_wait: Duration,
 }
 
 impl Default for RetryPolicy {
@@ -63,6 +64,7 @@ impl RetryPolicy {
             reconcile_window: Duration::from_secs(24 * 3600),
             attempt_timeout: Duration::from_secs(30),
             max_retry_after: Duration::from_secs(60),
+            max_in_progress_wait: Duration::from_secs(60),
         }
     }
 
@@ -155,6 +157,34 @@ impl RetryPolicy {
         self
     }
 
+    /// How long an operation waits for a receiver that says the operation is still in progress
+    /// there: a `409 Conflict` on a keyed request
+    /// ([`FailureKind::InProgress`](crate::FailureKind::InProgress)), the answer of Stripe and
+    /// most idempotency middlewares while another request with the key (often one of this
+    /// operation's own attempts, timed out or dropped by its caller) is still running.
+    ///
+    /// Such an answer is a wait for the live operation, not a failed attempt: it does not
+    /// count toward [`max_attempts`](Self::max_attempts). Between two of them the operation
+    /// backs off with the usual capped full jitter, in a sequence of its own (the first wait
+    /// drawn below [`base_delay`](Self::base_delay), doubling up to
+    /// [`max_delay`](Self::max_delay)), or waits what the receiver's `Retry-After` asks (up to
+    /// [`max_retry_after`](Self::max_retry_after)). This limit is counted from the
+    /// operation's first in-progress answer: no wait for one ends past it (a backoff wait is
+    /// shortened to end there), and an in-progress answer at or after it, or one whose
+    /// `Retry-After` would end past it, ends the operation with
+    /// [`ErrorKind::StillInProgress`](crate::ErrorKind::StillInProgress), outcome unknown. The
+    /// [`reconcile_window`](Self::reconcile_window) bounds these waits too. Why: the
+    /// `docs/in-progress.md` page in the package.
+    ///
+    /// Zero waits for none: the first in-progress answer ends the operation.
+    /// `Duration::MAX` waits as long as the reconcile window allows.
+    ///
+    /// Default: 1 min.
+    pub const fn with_max_in_progress_wait(mut self, limit: Duration) -> Self {
+        self.max_in_progress_wait = limit;
+        self
+    }
+
     /// The configured maximum number of attempts
     /// (set with [`with_max_attempts`](Self::with_max_attempts)).
     #[must_use]
@@ -193,6 +223,13 @@ impl RetryPolicy {
     #[must_use]
     pub const fn max_retry_after(&self) -> Duration {
         self.max_retry_after
+    }
+
+    /// The configured limit on waiting for an operation the receiver reports in progress
+    /// (set with [`with_max_in_progress_wait`](Self::with_max_in_progress_wait)).
+    #[must_use]
+    pub const fn max_in_progress_wait(&self) -> Duration {
+        self.max_in_progress_wait
     }
 
     /// Checks that the settings make sense together.
@@ -256,8 +293,11 @@ mod tests {
             .with_max_delay(Duration::MAX)
             .with_reconcile_window(Duration::MAX)
             .with_attempt_timeout(Duration::MAX)
-            .with_max_retry_after(Duration::MAX);
+            .with_max_retry_after(Duration::MAX)
+            .with_max_in_progress_wait(Duration::MAX);
         assert!(extreme.validate().is_ok());
+        let no_waits = RetryPolicy::default().with_max_in_progress_wait(Duration::ZERO);
+        assert!(no_waits.validate().is_ok());
     }
 
     #[test]
@@ -268,13 +308,15 @@ mod tests {
             .with_max_delay(Duration::from_secs(4))
             .with_reconcile_window(Duration::from_secs(5))
             .with_attempt_timeout(Duration::from_secs(6))
-            .with_max_retry_after(Duration::from_secs(8));
+            .with_max_retry_after(Duration::from_secs(8))
+            .with_max_in_progress_wait(Duration::from_secs(9));
         assert_eq!(policy.max_attempts(), 7);
         assert_eq!(policy.base_delay(), Duration::from_millis(3));
         assert_eq!(policy.max_delay(), Duration::from_secs(4));
         assert_eq!(policy.reconcile_window(), Duration::from_secs(5));
         assert_eq!(policy.attempt_timeout(), Duration::from_secs(6));
         assert_eq!(policy.max_retry_after(), Duration::from_secs(8));
+        assert_eq!(policy.max_in_progress_wait(), Duration::from_secs(9));
         let defaults = RetryPolicy::default();
         assert_eq!(defaults.max_attempts(), 5);
         assert_eq!(defaults.base_delay(), Duration::from_millis(500));
@@ -282,5 +324,6 @@ mod tests {
         assert_eq!(defaults.reconcile_window(), Duration::from_secs(24 * 3600));
         assert_eq!(defaults.attempt_timeout(), Duration::from_secs(30));
         assert_eq!(defaults.max_retry_after(), Duration::from_secs(60));
+        assert_eq!(defaults.max_in_progress_wait(), Duration::from_secs(60));
     }
 }

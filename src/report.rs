@@ -76,10 +76,49 @@ impl RetryReport {
         }
     }
 
-    /// How many attempts were sent (or tried to be sent), the first one included.
+    /// How many attempts were sent (or tried to be sent), the first one included: every
+    /// request of the operation, those answered "in progress"
+    /// ([`in_progress_waits`](Self::in_progress_waits)) included. The policy's
+    /// [`max_attempts`](crate::RetryPolicy::max_attempts) bounds the others only.
     #[must_use]
     pub fn attempts(&self) -> u32 {
         self.attempts
+    }
+
+    /// How many answers said the operation was still in progress at the receiver (a
+    /// `409 Conflict` on a keyed request, [`FailureKind::InProgress`]) and were waited out.
+    ///
+    /// Each is a wait for the live operation, not a failed attempt: it is in
+    /// [`attempts`](Self::attempts) and in [`history`](Self::history) (its `failure` is
+    /// `InProgress`, its `wait` the wait that followed), but it does not count toward
+    /// [`max_attempts`](crate::RetryPolicy::max_attempts). An in-progress answer that ended the
+    /// operation ([`ErrorKind::StillInProgress`](crate::ErrorKind::StillInProgress)) was not
+    /// waited out and is not counted here. 0 when there was none.
+    #[must_use]
+    pub fn in_progress_waits(&self) -> u32 {
+        let waits = self.in_progress_history().count();
+        u32::try_from(waits).unwrap_or(u32::MAX)
+    }
+
+    /// The sum of the waits after in-progress answers
+    /// ([`in_progress_waits`](Self::in_progress_waits)): how long the operation slept waiting for
+    /// the live operation. Part of [`total_wait`](Self::total_wait) and
+    /// [`elapsed`](Self::elapsed); never more than
+    /// [`max_in_progress_wait`](crate::RetryPolicy::max_in_progress_wait). Zero when there was
+    /// none.
+    #[must_use]
+    pub fn in_progress_wait(&self) -> Duration {
+        self.in_progress_history()
+            .map(|wait| wait.delay)
+            .fold(Duration::ZERO, Duration::saturating_add)
+    }
+
+    /// The waits that followed an in-progress answer.
+    fn in_progress_history(&self) -> impl Iterator<Item = Wait> + '_ {
+        self.history
+            .iter()
+            .filter(|a| a.failure == Some(FailureKind::InProgress))
+            .filter_map(|a| a.wait)
     }
 
     /// The idempotency key every attempt carried, if the operation had one.
@@ -115,7 +154,8 @@ impl RetryReport {
         self.unrecorded.as_deref()
     }
 
-    /// The delays waited between attempts, in order.
+    /// The delays waited between attempts, in order (the waits after in-progress answers
+    /// included).
     #[must_use]
     pub fn delays(&self) -> Vec<Duration> {
         self.history
@@ -166,7 +206,9 @@ pub struct AttemptRecord {
     pub started: Duration,
     /// The response status, when a response arrived.
     pub status: Option<StatusCode>,
-    /// Why the attempt was not final, when it was not.
+    /// Why the attempt was not final, when it was not. [`FailureKind::InProgress`]: the
+    /// receiver said the operation was still in progress, and the attempt was a wait for it,
+    /// not counted toward `max_attempts`.
     pub failure: Option<FailureKind>,
     /// The wait that followed this attempt, when another attempt followed.
     pub wait: Option<Wait>,
@@ -213,5 +255,45 @@ impl std::fmt::Display for WaitReason {
             }
             WaitReason::RetryAfter { asked } => write!(f, "server asked for {asked:?}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(number: u32, failure: Option<FailureKind>, wait_ms: Option<u64>) -> AttemptRecord {
+        AttemptRecord {
+            number,
+            started: Duration::ZERO,
+            status: None,
+            failure,
+            wait: wait_ms.map(|ms| Wait {
+                delay: Duration::from_millis(ms),
+                reason: WaitReason::Backoff {
+                    ceiling: Duration::from_millis(ms),
+                },
+            }),
+        }
+    }
+
+    #[test]
+    fn in_progress_waits_are_counted_apart_from_attempts() {
+        let mut report = RetryReport::new(None);
+        assert_eq!(report.in_progress_waits(), 0);
+        assert_eq!(report.in_progress_wait(), Duration::ZERO);
+        report.attempts = 5;
+        report.history = vec![
+            row(1, Some(FailureKind::ServerError), Some(100)),
+            row(2, Some(FailureKind::InProgress), Some(40)),
+            row(3, Some(FailureKind::InProgress), Some(60)),
+            row(4, Some(FailureKind::Timeout), Some(300)),
+            // The in-progress answer that ended the operation was not waited out.
+            row(5, Some(FailureKind::InProgress), None),
+        ];
+        assert_eq!(report.attempts(), 5);
+        assert_eq!(report.in_progress_waits(), 2);
+        assert_eq!(report.in_progress_wait(), Duration::from_millis(100));
+        assert_eq!(report.total_wait(), Duration::from_millis(500));
     }
 }

@@ -7,8 +7,9 @@
 //! attempt takes a virtual time (clipped like the engine clips it to the timeout and the window);
 //! each retry's wait is added to the clock.
 //!
-//! Checked after every decision: it is deterministic; no attempt past `max_attempts` and none
-//! starting at or after the window's end; every wait ends strictly inside the window, so the
+//! Checked after every decision: it is deterministic; no attempt past `max_attempts` (an answer
+//! that says the operation is in progress is a wait, not counted) and none starting at or after
+//! the window's end; every wait ends strictly inside the window, so the
 //! sum of waits stays below it; a backoff wait is at most its ceiling, which is the documented
 //! `min(max_delay, base * 2^retry)`, and is longer than any smaller server request; a longer wait
 //! only ever comes from the server (exactly what it asked, within `max_retry_after`); a wait is
@@ -235,8 +236,12 @@ fuzz_target!(|input: Input| {
 
     let mut elapsed = Duration::ZERO;
     let mut waited = Duration::ZERO;
-    for (index, attempt) in input.attempts.iter().enumerate() {
-        let number = u32::try_from(index + 1).expect("fewer attempts than u32::MAX");
+    // Attempts counted toward max_attempts: the door decides each in-progress answer as the
+    // operation's first, which is not counted.
+    let mut number = 0u32;
+    let in_progress_limit = policy.max_in_progress_wait();
+    for attempt in &input.attempts {
+        number += 1;
         assert!(number <= max_attempts, "attempt {number} of {max_attempts}");
         assert!(
             elapsed < window,
@@ -288,6 +293,8 @@ fuzz_target!(|input: Input| {
         };
         let retry = number - 1;
         let ceiling = backoff::ceiling(retry, base, cap);
+        // An in-progress wait backs off in a sequence of its own: the door's first.
+        let wait_ceiling = backoff::ceiling(0, base, cap);
 
         // What must come back as the answer.
         if let Ok((status, _)) = outcome {
@@ -329,6 +336,9 @@ fuzz_target!(|input: Input| {
             } => {
                 match why {
                     "exhausted" => assert!(number >= max_attempts),
+                    "in_progress" => {
+                        assert!(stop_asked.is_some_and(|asked| asked > in_progress_limit));
+                    }
                     "retry_after_too_long" => {
                         let stop_asked = stop_asked.expect("the wait asked for");
                         assert_eq!(Some(stop_asked), asked);
@@ -349,7 +359,19 @@ fuzz_target!(|input: Input| {
                 delay,
                 reason,
             } => {
-                assert!(number < max_attempts, "retry after the last attempt");
+                let in_progress = kind == FailureKind::InProgress;
+                let ceiling = if in_progress {
+                    assert!(input.keyed, "in progress without a key");
+                    assert!(
+                        delay <= in_progress_limit,
+                        "a wait past the in-progress limit"
+                    );
+                    number -= 1;
+                    wait_ceiling
+                } else {
+                    assert!(number < max_attempts, "retry after the last attempt");
+                    ceiling
+                };
                 assert!(
                     input.replayable,
                     "retry of a body that cannot be sent again"

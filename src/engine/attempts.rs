@@ -12,7 +12,8 @@
 //!   finish; a run that lost its lease sends nothing more;
 //! - [`Attempts::attempt_ended`]: one attempt's outcome and the decision about it are known
 //!   (the report and the observers' `on_attempt`);
-//! - [`Attempts::retry_decided`]: a retry is about to wait;
+//! - [`Attempts::retry_decided`]: a retry is about to wait (an answer that said the operation is
+//!   in progress is a wait for it, not counted toward `max_attempts`: `decide.rs`);
 //! - `Attempts::finish_with_*`: the stage's result is final. The operation's end (the ledger's
 //!   finish, the observers' `on_operation`) belongs to the pipeline in `mod.rs`.
 
@@ -48,6 +49,9 @@ pub(super) struct Attempts<'s> {
     policy: RetryPolicy,
     attempt_timeout: Duration,
     state: OperationState,
+    /// Requests sent (or tried), in-progress answers included: the attempt number on the wire,
+    /// in the ledger and in the report.
+    sent: u32,
     report: RetryReport,
     /// Whether the key was minted at random for this operation (not the caller's).
     minted_key: bool,
@@ -84,14 +88,9 @@ impl<'s> Attempts<'s> {
             host,
             policy,
             attempt_timeout: settled.attempt_timeout,
-            state: OperationState {
-                started,
-                attempts: 0,
-                keyed: key.is_some(),
-                idempotent_method: is_idempotent_method(method),
-                // Until a clone fails: then the request goes out once, as it is.
-                replayable: true,
-            },
+            // Replayable until a clone fails: then the request goes out once, as it is.
+            state: OperationState::new(started, key.is_some(), is_idempotent_method(method)),
+            sent: 0,
             report: {
                 let mut report = RetryReport::new(key);
                 report.lease_wait = ledger.map_or(Duration::ZERO, |run| run.lease_wait);
@@ -170,8 +169,11 @@ impl<'s> Attempts<'s> {
                         }
                     };
                     let enforced = attempt.set_timeout(budget);
+                    // Counted toward `max_attempts` until its answer says the operation is in
+                    // progress (`OperationState::after` takes it back out).
                     self.state.attempts += 1;
-                    let number = self.state.attempts;
+                    self.sent += 1;
+                    let number = self.sent;
                     if let Some(name) = &self.settings.attempt_header {
                         attempt
                             .headers_mut()
@@ -232,6 +234,7 @@ impl<'s> Attempts<'s> {
                 let decided_at = self.settings.clock.now();
                 let decision = self.decide(&outcome, decided_at);
                 let decision = self.budget_tab.admit(decision);
+                self.state.after(&decision, decided_at);
                 metrics::budget_tokens(self.settings.budget.as_ref());
                 if let Decision::Stop {
                     kind: Some(kind),
@@ -367,7 +370,7 @@ impl<'s> Attempts<'s> {
             return Some(lost);
         }
         let at = self.settings.clock.wall();
-        run.attempt_starts(self.state.attempts + 1, at).await.err()
+        run.attempt_starts(self.sent + 1, at).await.err()
     }
 
     /// Hook point (failure): the next attempt could not be counted in the ledger, or the run
@@ -387,12 +390,12 @@ impl<'s> Attempts<'s> {
         let message = if lost || source.kind() == crate::ledger::LedgerErrorKind::LeaseLost {
             format!(
                 "the run lost its lease, so attempt {} was not sent",
-                self.state.attempts + 1
+                self.sent + 1
             )
         } else {
             format!(
                 "attempt {} could not be recorded, so it was not sent",
-                self.state.attempts + 1
+                self.sent + 1
             )
         };
         let unknown = self.exposure().is_unknown();
@@ -401,7 +404,7 @@ impl<'s> Attempts<'s> {
             .with_failure(failure);
         tracing::warn!(
             key = err.idempotency_key().map_or("", IdempotencyKey::as_str),
-            attempt = self.state.attempts,
+            attempt = self.sent,
             outcome_unknown = err.is_outcome_unknown(),
             error = %err,
             "operation stopped by the ledger"
@@ -435,14 +438,26 @@ impl<'s> Attempts<'s> {
         wait: Wait,
     ) {
         metrics::retry(kind);
-        tracing::info!(
-            attempt = number,
-            outcome = kind.as_str(),
-            status = status.map(|s| s.as_u16()),
-            delay_ms = u64::try_from(wait.delay.as_millis()).unwrap_or(u64::MAX),
-            why = %wait.reason,
-            "attempt failed, retrying with the same key"
-        );
+        let delay_ms = u64::try_from(wait.delay.as_millis()).unwrap_or(u64::MAX);
+        if kind == FailureKind::InProgress {
+            tracing::info!(
+                attempt = number,
+                outcome = kind.as_str(),
+                status = status.map(|s| s.as_u16()),
+                delay_ms,
+                why = %wait.reason,
+                "operation in progress at the receiver, waiting for it with the same key"
+            );
+        } else {
+            tracing::info!(
+                attempt = number,
+                outcome = kind.as_str(),
+                status = status.map(|s| s.as_u16()),
+                delay_ms,
+                why = %wait.reason,
+                "attempt failed, retrying with the same key"
+            );
+        }
     }
 
     /// Hook point (success): the response is the answer.
@@ -512,7 +527,7 @@ impl<'s> Attempts<'s> {
         .with_source(source);
         tracing::warn!(
             key = err.idempotency_key().map_or("", IdempotencyKey::as_str),
-            attempt = self.state.attempts,
+            attempt = self.sent,
             outcome_unknown = err.is_outcome_unknown(),
             error = %err,
             "the inner service cannot take another attempt; operation stopped"
@@ -541,6 +556,14 @@ fn stop_error(
         Stop::NotReplayable => Error::operation(ErrorKind::BodyNotReplayable, report, unknown),
         Stop::NotRetrySafe | Stop::Fatal => Error::operation(ErrorKind::Transport, report, unknown),
         Stop::BudgetExhausted => Error::operation(ErrorKind::BudgetExhausted, report, unknown),
+        Stop::InProgress { waited, asked } => {
+            let err = Error::operation(ErrorKind::StillInProgress, report, unknown)
+                .with_in_progress(policy.max_in_progress_wait(), waited);
+            match asked {
+                Some(asked) => err.with_retry_after(asked),
+                None => err,
+            }
+        }
     }
 }
 

@@ -20,6 +20,7 @@ const SETTINGS: &[&str] = &[
     "RetryPolicy::with_reconcile_window",
     "RetryPolicy::with_attempt_timeout",
     "RetryPolicy::with_max_retry_after",
+    "RetryPolicy::with_max_in_progress_wait",
     "RetryBudgetConfig::with_capacity",
     "RetryBudgetConfig::with_retry_cost",
     "RetryBudgetConfig::with_timeout_cost",
@@ -198,6 +199,16 @@ fn check(row: &Row) -> Result<(), String> {
         }
         "RetryPolicy::with_max_retry_after" => {
             expect(setting, duration(value)?, policy.max_retry_after())
+        }
+        "RetryPolicy::with_max_in_progress_wait" => {
+            expect(setting, duration(value)?, policy.max_in_progress_wait())?;
+            // The reason quotes the limit as a multiple of the attempt timeout.
+            let twice = row.why.starts_with("twice the attempt timeout");
+            expect(
+                "max_in_progress_wait is twice the attempt timeout",
+                twice,
+                policy.max_in_progress_wait() == policy.attempt_timeout() * 2,
+            )
         }
         "RetryBudgetConfig::with_capacity" => {
             expect(setting, tokens(value)?, budget.capacity())?;

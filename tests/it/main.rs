@@ -21,6 +21,7 @@ mod front_ends;
 #[cfg(feature = "internals")]
 mod hostile_input;
 mod hostile_server;
+mod in_progress;
 mod key_reuse;
 mod lease_races;
 mod lease_takeover;

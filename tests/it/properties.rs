@@ -178,10 +178,14 @@ fn run_operation(op: &Operation) -> Result<(), TestCaseError> {
     let mut rng = StdRng::seed_from_u64(op.seed);
     let mut elapsed = Duration::ZERO;
     let mut waited = Duration::ZERO;
+    // Attempts counted toward max_attempts: an answer that says the operation is in progress
+    // is a wait, not an attempt. The door decides each in-progress answer as the first one.
+    let mut counted = 0u32;
+    let in_progress_limit = policy.max_in_progress_wait();
 
-    for (index, (took, outcome)) in op.attempts.iter().enumerate() {
-        let number = u32::try_from(index + 1).expect("few attempts");
-        prop_assert!(number <= op.max_attempts);
+    for (took, outcome) in &op.attempts {
+        counted += 1;
+        prop_assert!(counted <= op.max_attempts);
         prop_assert!(elapsed < op.window, "attempt starts at the window's end");
         elapsed += (*took).min(op.timeout).min(op.window - elapsed);
         let Some(wall) = wall_start.checked_add(elapsed) else {
@@ -205,7 +209,7 @@ fn run_operation(op: &Operation) -> Result<(), TestCaseError> {
             Outcome::Failure(kind) => Err(*kind),
         };
         let input = DecideInput {
-            attempts: number,
+            attempts: counted,
             keyed: op.keyed,
             idempotent_method: op.idempotent_method,
             replayable: op.replayable,
@@ -252,7 +256,10 @@ fn run_operation(op: &Operation) -> Result<(), TestCaseError> {
                 ..
             } => {
                 match why {
-                    "exhausted" => prop_assert!(number >= op.max_attempts),
+                    "exhausted" => prop_assert!(counted >= op.max_attempts),
+                    "in_progress" => {
+                        prop_assert!(stop_asked.is_some_and(|asked| asked > in_progress_limit));
+                    }
                     "not_replayable" => prop_assert!(!op.replayable),
                     "not_retry_safe" => prop_assert!(!op.keyed && !op.idempotent_method),
                     "retry_after_too_long" => {
@@ -266,8 +273,22 @@ fn run_operation(op: &Operation) -> Result<(), TestCaseError> {
                 }
                 break;
             }
-            DecideStep::Retry { delay, reason, .. } => {
-                prop_assert!(number < op.max_attempts);
+            DecideStep::Retry {
+                kind,
+                delay,
+                reason,
+            } => {
+                // A wait for an operation in progress is not an attempt, and its backoff is a
+                // sequence of its own.
+                let retry = if kind == FailureKind::InProgress {
+                    prop_assert!(op.keyed);
+                    prop_assert!(delay <= in_progress_limit);
+                    counted -= 1;
+                    0
+                } else {
+                    prop_assert!(counted < op.max_attempts);
+                    counted - 1
+                };
                 prop_assert!(op.replayable);
                 let safe = op.keyed
                     || op.idempotent_method
@@ -276,7 +297,7 @@ fn run_operation(op: &Operation) -> Result<(), TestCaseError> {
                 prop_assert!(safe, "unsafe retry after {:?}", outcome);
                 match reason {
                     WaitReason::Backoff { ceiling } => {
-                        prop_assert_eq!(ceiling, backoff::ceiling(number - 1, op.base, op.cap));
+                        prop_assert_eq!(ceiling, backoff::ceiling(retry, op.base, op.cap));
                         prop_assert!(delay <= ceiling && ceiling <= op.cap);
                         if let Some(asked) = asked {
                             prop_assert!(asked < delay, "waited less than asked");

@@ -187,7 +187,10 @@ async fn check_guarantee(
         return Err(format!("an attempt carried another key: {keys:?}"));
     }
     let report = report_of(result);
-    let max = policy.max_attempts();
+    // Answers that said the operation was in progress were waits, not attempts.
+    let max = policy
+        .max_attempts()
+        .saturating_add(report.in_progress_waits());
     if report.attempts() > max || keys.len() as u64 > u64::from(max) {
         return Err(format!(
             "{} attempts, {} arrivals, policy allows {max}",

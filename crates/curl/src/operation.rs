@@ -362,6 +362,8 @@ async fn operate(invocation: &Invocation, slot: &mut Option<ledger::Opened>) -> 
                 report.elapsed = retry.elapsed();
                 report.replayed = retry.is_replayed();
                 report.lease_wait = retry.lease_wait();
+                report.in_progress_waits = retry.in_progress_waits();
+                report.in_progress_wait = retry.in_progress_wait();
                 report.unrecorded = retry.unrecorded().map(str::to_owned);
             }
             let written = tokio::select! {
@@ -387,6 +389,8 @@ async fn operate(invocation: &Invocation, slot: &mut Option<ledger::Opened>) -> 
             report.attempts = err.attempts();
             report.elapsed = err.elapsed();
             report.lease_wait = err.report().lease_wait();
+            report.in_progress_waits = err.report().in_progress_waits();
+            report.in_progress_wait = err.report().in_progress_wait();
             report.error = Some(err.message_with_cause());
             if let Some(key) = err.idempotency_key() {
                 report.key = Some(key.as_str().to_owned());

@@ -34,6 +34,11 @@ pub(crate) struct Report {
     pub(crate) cancelled: bool,
     /// How long it waited for another run holding the key (counted in `elapsed`).
     pub(crate) lease_wait: Duration,
+    /// Answers that said the operation was still in progress at the receiver, each waited out
+    /// (counted in `attempts`, not toward `--retry`).
+    pub(crate) in_progress_waits: u32,
+    /// The sum of those waits (counted in `elapsed`).
+    pub(crate) in_progress_wait: Duration,
     /// Why the answer was not recorded in the ledger as this run's, when it was not.
     pub(crate) unrecorded: Option<String>,
 }
@@ -58,6 +63,8 @@ impl Report {
             window_ends: None,
             cancelled: false,
             lease_wait: Duration::ZERO,
+            in_progress_waits: 0,
+            in_progress_wait: Duration::ZERO,
             unrecorded: None,
         }
     }
@@ -102,15 +109,29 @@ impl Report {
         )
     }
 
-    /// `, after waiting 8.21s for another run of the key`, when it waited.
+    /// ` (of which 8.21s waiting for another run of the key; 12 answered "in progress",
+    /// waited out for 2.90s)`, when it waited for either.
     fn waited_phrase(&self) -> String {
-        if self.lease_wait.is_zero() {
-            return String::new();
+        let mut parts = Vec::new();
+        if !self.lease_wait.is_zero() {
+            parts.push(format!(
+                "of which {} waiting for another run of the key",
+                readable(self.lease_wait)
+            ));
         }
-        format!(
-            " (of which {} waiting for another run of the key)",
-            readable(self.lease_wait)
-        )
+        if self.in_progress_waits > 0 && !self.replayed {
+            parts.push(format!(
+                "{} answered \"in progress\" by the receiver, waited out for {} (not counted \
+                 toward --retry)",
+                self.in_progress_waits,
+                readable(self.in_progress_wait)
+            ));
+        }
+        if parts.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", parts.join("; "))
+        }
     }
 
     /// The line for people, without its newline.
@@ -223,6 +244,8 @@ impl Report {
             "body_cut": self.body_cut,
             "cancelled": self.cancelled,
             "lease_wait_ms": u64::try_from(self.lease_wait.as_millis()).unwrap_or(u64::MAX),
+            "in_progress_waits": self.in_progress_waits,
+            "in_progress_wait_ms": u64::try_from(self.in_progress_wait.as_millis()).unwrap_or(u64::MAX),
             "unrecorded": self.unrecorded,
             "ledger": self.ledger,
             "window_ends": self.window_ends.map(|end| humantime::format_rfc3339_seconds(end).to_string()),
@@ -265,8 +288,54 @@ mod tests {
             window_ends: Some(SystemTime::UNIX_EPOCH + Duration::from_secs(86_400)),
             cancelled: false,
             lease_wait: Duration::ZERO,
+            in_progress_waits: 0,
+            in_progress_wait: Duration::ZERO,
             unrecorded: None,
         }
+    }
+
+    #[test]
+    fn in_progress_waits_are_said_apart_from_the_attempts() {
+        let mut waited = report(Exit::Done);
+        waited.attempts = 14;
+        waited.in_progress_waits = 12;
+        waited.in_progress_wait = Duration::from_millis(2900);
+        waited.elapsed = Duration::from_millis(3200);
+        let text = waited.text();
+        assert!(
+            text.contains(
+                "14 attempts in 3.20s (12 answered \"in progress\" by the receiver, waited out \
+                 for 2.90s (not counted toward --retry))"
+            ),
+            "{text}"
+        );
+        let json: serde_json::Value = serde_json::from_str(&waited.json()).expect("json");
+        assert_eq!(json["in_progress_waits"], 12);
+        assert_eq!(json["in_progress_wait_ms"], 2900);
+        assert_eq!(json["attempts"], 14);
+
+        // With a wait for another run as well, both are said.
+        waited.lease_wait = Duration::from_millis(500);
+        let text = waited.text();
+        assert!(
+            text.contains("(of which 500ms waiting for another run of the key; 12 answered"),
+            "{text}"
+        );
+        // An operation that ended still in progress says how long it waited, as unknown.
+        let mut unknown = report(Exit::Unknown);
+        unknown.in_progress_waits = 3;
+        unknown.in_progress_wait = Duration::from_millis(60_000);
+        let text = unknown.text();
+        assert!(
+            text.contains("3 answered \"in progress\" by the receiver, waited out for 1m"),
+            "{text}"
+        );
+        // None: the line is as before, and the JSON says zero.
+        let plain = report(Exit::Done);
+        assert!(!plain.text().contains("in progress"), "{}", plain.text());
+        let json: serde_json::Value = serde_json::from_str(&plain.json()).expect("json");
+        assert_eq!(json["in_progress_waits"], 0);
+        assert_eq!(json["in_progress_wait_ms"], 0);
     }
 
     #[test]
