@@ -81,6 +81,14 @@ pub enum ErrorKind {
     /// operation may still complete. Send it again later with the same key (the receiver
     /// then answers with its result), or reconcile; to wait longer, raise the limit.
     StillInProgress,
+    /// The ledger holds the operation as succeeded, but not its answer's body: it was longer
+    /// than [`LedgerOptions::max_body`](crate::ledger::LedgerOptions::max_body). Nothing was
+    /// sent, and no empty body is handed over as the answer. The outcome is done
+    /// ([`Error::status`] is the answer's status). Inside the reconcile window the client sends
+    /// it again with its key instead, unless
+    /// [`LedgerOptions::fetch_unsaved_answers`](crate::ledger::LedgerOptions::fetch_unsaved_answers)
+    /// is off; past it, look the answer up at the receiver under the key.
+    AnswerNotSaved,
 }
 
 impl ErrorKind {
@@ -102,6 +110,7 @@ impl ErrorKind {
             ErrorKind::Ledger => "ledger",
             ErrorKind::TooManyRedirects => "too_many_redirects",
             ErrorKind::StillInProgress => "still_in_progress",
+            ErrorKind::AnswerNotSaved => "answer_not_saved",
         }
     }
 }
@@ -122,6 +131,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::Ledger => "ledger failure",
             ErrorKind::TooManyRedirects => "too many redirects",
             ErrorKind::StillInProgress => "operation still in progress at the receiver",
+            ErrorKind::AnswerNotSaved => "the operation succeeded, but its answer was not saved",
         })
     }
 }
@@ -468,6 +478,17 @@ impl Error {
                 f.write_str("invalid idempotency key")?;
                 if let Some(message) = &inner.message {
                     write!(f, " ({message})")?;
+                }
+                return Ok(());
+            }
+            // Done, not "not executed": it ran, only its answer's body is missing.
+            ErrorKind::AnswerNotSaved => {
+                write!(f, "{}", inner.kind)?;
+                if let Some(message) = &inner.message {
+                    write!(f, ": {message}")?;
+                }
+                if let Some(key) = inner.report.idempotency_key() {
+                    write!(f, "; idempotency key {key}")?;
                 }
                 return Ok(());
             }

@@ -118,6 +118,15 @@ pub trait RetryResponse: Send + 'static {
         None
     }
 
+    /// The body's length when the response declares it (`Content-Length`). The default reads
+    /// the header.
+    fn body_length(&self) -> Option<u64> {
+        self.headers()
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|text| text.parse().ok())
+    }
+
     /// Rebuilds a response a [`Ledger`](crate::ledger::Ledger) saved, to answer an operation that
     /// already succeeded without sending it again. `None` when this type cannot be built from
     /// bytes: a front end with a ledger then refuses keyed requests with
@@ -232,6 +241,11 @@ impl RetryResponse for reqwest::Response {
 
     fn version(&self) -> Option<http::Version> {
         Some(reqwest::Response::version(self))
+    }
+
+    /// From the body's size hint, which hyper sets from `Content-Length`: no header lookup.
+    fn body_length(&self) -> Option<u64> {
+        self.content_length()
     }
 
     fn from_saved(saved: http::Response<Bytes>) -> Option<Self> {

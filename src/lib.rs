@@ -62,7 +62,7 @@
 //! |---|---|---|
 //! | DNS failure, connect error, connect timeout | yes, even without a key | no |
 //! | timeout after connecting | yes | **unknown** |
-//! | connection reset / aborted / closed before a full response | yes | **unknown** |
+//! | connection reset / aborted / closed before a full response, a bounded answer's body cut midway included | yes | **unknown** |
 //! | 500, 502, 503, 504 and every other 5xx but 501 and 505 | yes | **unknown** |
 //! | an invalid status from 600 to 999 (handled as a 5xx, RFC 9110 section 15) | yes | **unknown** |
 //! | a status line hyper refuses (`000`, `099`, `1000`, no digits) | yes, as a connection closed before a full response | **unknown** |
@@ -117,8 +117,13 @@
 //! - **Bodies.** Every attempt sends a clone of one request. A streamed body gets one attempt,
 //!   then [`ErrorKind::BodyNotReplayable`]: never a silent single attempt, never an empty body.
 //! - **Timeouts.** Each attempt runs under [`RetryPolicy::attempt_timeout`], shortened so that
-//!   no attempt outlives the window. Decisions are taken on the response head: reading a final
-//!   response's body is the caller's, and nothing is retried when that read fails
+//!   no attempt outlives the window.
+//! - **Answers' bodies.** An answer whose `Content-Length` is at most
+//!   [`ClientBuilder::answer_read_limit`] (1 MiB) is read inside its attempt, under its timeout:
+//!   a body cut midway is a failed attempt, retried with the key (the receiver answers from its
+//!   store), and the caller's `bytes()`, `text()` and `json()` cost nothing more. A longer answer,
+//!   or one without a length (chunked, server-sent events), streams as it arrives; if it fails
+//!   midway, the body's error names the key and says to send the same request again with it
 //!   ([`RequestBuilder::send`]).
 //! - **Redirects** are followed by the [`Client`] itself, inside one attempt, by its
 //!   [`RedirectPolicy`]: the key stays on the original origin unless allowed, never rides on a
@@ -159,7 +164,7 @@
 //! | [`LedgerOptions::lease`] | 10 s | renewed every third of it while the run lives: a dead run's key is taken over within 10 s, and a live run survives two failed renewals or a 6 s stall |
 //! | [`LedgerOptions::max_body`] | 64 KiB | an API's JSON answer; a longer body is passed through and not saved |
 //! | [`LedgerOptions::saved_headers`] | `Content-Type`, `Location` | what a replayed answer needs to be read |
-//! | [`LedgerOptions::on_lease_held`] | [`LeaseHeldPolicy::WAIT`] | every 100 ms for up to 3 min: a run that meets a live one gets its answer (a default run lasts at most about 2 min 40 s), and a dead one's key within a lease; the same default in Python and idemcurl |
+//! | [`LedgerOptions::on_lease_held`] | [`LeaseHeldPolicy::WAIT`] | every 100 ms for up to 4 min: a run that meets a live one gets its answer (a default run lasts at most about 3 min 40 s, in-progress waits included), and a dead one's key within a lease; the same default in Python and idemcurl |
 //! | [`LedgerOptions::worker`] | a random UUID | name it after a host or pod, so `lease_owner` says who holds a row |
 //! | [`LedgerOptions::call_timeout`] | 10 s | a thousand times a healthy commit and past SQLite's 5 s wait for another process's lock; a frozen database costs an operation this long, never forever |
 //!

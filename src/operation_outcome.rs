@@ -131,6 +131,11 @@ impl Error {
         if let Some(status) = self.held_operation().and_then(|held| held.final_answer()) {
             return Outcome::Done { key, status };
         }
+        if self.kind() == crate::ErrorKind::AnswerNotSaved
+            && let Some(status) = self.status()
+        {
+            return Outcome::Done { key, status };
+        }
         if self.is_outcome_unknown() {
             Outcome::Unknown { key }
         } else {

@@ -37,6 +37,8 @@ pub struct RetryReport {
     pub(crate) lease_wait: Duration,
     /// Why the answer was not recorded by this run, when it was not.
     pub(crate) unrecorded: Option<String>,
+    /// The ledger held the operation as succeeded without its body: it was sent again.
+    pub(crate) refetched: bool,
 }
 
 impl RetryReport {
@@ -73,6 +75,7 @@ impl RetryReport {
             replay_body_missing: false,
             lease_wait: Duration::ZERO,
             unrecorded: None,
+            refetched: false,
         }
     }
 
@@ -181,12 +184,23 @@ impl RetryReport {
         self.replayed
     }
 
-    /// Whether a replayed response lacks its body, because it was longer than the ledger
-    /// saves ([`LedgerOptions::max_body`](crate::ledger::LedgerOptions::max_body)): the status and
-    /// saved headers are the original's, the body is empty.
+    /// Whether a replayed response lacks its body. Always `false`: an answer whose body was
+    /// longer than the ledger saves
+    /// ([`LedgerOptions::max_body`](crate::ledger::LedgerOptions::max_body)) is fetched again
+    /// ([`is_refetched`](Self::is_refetched)) or refused with
+    /// [`ErrorKind::AnswerNotSaved`](crate::ErrorKind::AnswerNotSaved), never replayed empty.
     #[must_use]
     pub fn is_replay_body_missing(&self) -> bool {
         self.replay_body_missing
+    }
+
+    /// Whether the ledger held this operation as succeeded without its answer's body (longer
+    /// than [`LedgerOptions::max_body`](crate::ledger::LedgerOptions::max_body)), so it was
+    /// sent again with its key and this is the receiver's answer from its own store
+    /// ([`LedgerOptions::fetch_unsaved_answers`](crate::ledger::LedgerOptions::fetch_unsaved_answers)).
+    #[must_use]
+    pub fn is_refetched(&self) -> bool {
+        self.refetched
     }
 
     /// One record per attempt, in order.

@@ -12,9 +12,7 @@
 
 use std::sync::Arc;
 
-use http::header::CONTENT_LENGTH;
-
-use crate::classify::{FailureKind, classify_source_chain};
+use crate::classify::{FailureKind, StatusClass, classify_source_chain, classify_status};
 use crate::exchange::RetryResponse;
 use crate::key::IdempotencyKey;
 use crate::transport::SendError;
@@ -22,14 +20,13 @@ use crate::transport::SendError;
 /// Whether `response`'s body is bounded by `limit`: it declares a length no longer than that.
 fn bounded<R: RetryResponse>(response: &R, limit: usize) -> bool {
     response
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|text| text.parse::<u64>().ok())
+        .body_length()
         .is_some_and(|length| u64::try_from(limit).map_or(true, |limit| length <= limit))
 }
 
-/// `response` with its body read, when it is bounded by `limit`; otherwise as it came.
+/// `response` with its body read, when it is a final answer (one that is not retried: a
+/// retried answer is dropped unread) bounded by `limit`; otherwise as it came. `keyed` says
+/// whether the request carried a key (a 409 is final without one).
 ///
 /// # Errors
 ///
@@ -38,8 +35,10 @@ fn bounded<R: RetryResponse>(response: &R, limit: usize) -> bool {
 pub(super) async fn read_bounded<R: RetryResponse>(
     response: R,
     limit: usize,
+    keyed: bool,
 ) -> Result<R, SendError> {
-    if !bounded(&response, limit) {
+    let last = classify_status(response.status(), response.headers(), keyed) == StatusClass::Final;
+    if !last || !bounded(&response, limit) {
         return Ok(response);
     }
     let status = response.status();

@@ -104,6 +104,12 @@ impl<'s> Attempts<'s> {
         }
     }
 
+    /// The operation is sent again because the ledger did not keep its answer's body: the
+    /// report says so.
+    pub(super) fn refetching(&mut self) {
+        self.report.refetched = true;
+    }
+
     /// What is known of whether the operation ran: the ledger run's, when there is one, so an
     /// abandoned run records it.
     fn exposure(&self) -> &Exposure {
@@ -189,10 +195,10 @@ impl<'s> Attempts<'s> {
                 };
                 // A bounded answer's body is read as part of the attempt, under its timeout: a
                 // body cut midway is this attempt's failure (`answer.rs`).
-                let limit = self.settings.answer_read_limit;
+                let (limit, keyed) = (self.settings.answer_read_limit, self.state.keyed);
                 let send = async move {
                     match send.await {
-                        Ok(response) => super::answer::read_bounded(response, limit).await,
+                        Ok(response) => super::answer::read_bounded(response, limit, keyed).await,
                         Err(err) => Err(err),
                     }
                 };

@@ -199,6 +199,19 @@ where
     {
         Ok(Begin::Proceed(run)) => run,
         Ok(Begin::Replay(response)) => return (Ok(response), Some(LedgerVerdict::Replayed)),
+        Ok(Begin::Refetch { window_left }) => {
+            // Sent again with its key, without holding the row: the row keeps its record.
+            let mut attempts = Attempts::begin(
+                settings,
+                settled,
+                host,
+                Some(key),
+                settled.policy.with_reconcile_window(window_left),
+                None,
+            );
+            attempts.refetching();
+            return (attempts.run(request, transport).await, None);
+        }
         Err(err) => return refused(err),
     };
     // The window counts from the operation's first attempt, in earlier runs included: this

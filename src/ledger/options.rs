@@ -11,7 +11,7 @@ use crate::key::IdempotencyKey;
 
 /// What a run does when another live run holds the operation's lease.
 ///
-/// Default: [`LeaseHeldPolicy::WAIT`], a look every 100 ms for up to 3 minutes.
+/// Default: [`LeaseHeldPolicy::WAIT`], a look every 100 ms for up to 4 minutes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LeaseHeldPolicy {
@@ -35,14 +35,15 @@ pub enum LeaseHeldPolicy {
 }
 
 impl LeaseHeldPolicy {
-    /// The default: look again every 100 ms for up to 3 minutes. Three minutes outlast a live
+    /// The default: look again every 100 ms for up to 4 minutes. Four minutes outlast a live
     /// run under the default policy (five attempts of 30 s and their backoff waits, about
-    /// 2 min 40 s at most) plus the take-over of a dead one (one lease, 10 s), so a run that
-    /// meets another gets that run's answer, not an error; a tenth of a second is a small
-    /// delay beside the replayed request and one indexed read per look.
+    /// 2 min 40 s, plus up to 1 min of waiting out a receiver's "in progress") plus the take-over
+    /// of a dead one (one lease, 10 s), so a run that meets another gets that run's answer, not
+    /// an error; a tenth of a second is a small delay beside the replayed request and one
+    /// indexed read per look.
     pub const WAIT: LeaseHeldPolicy = LeaseHeldPolicy::Wait {
         poll: Duration::from_millis(100),
-        max_wait: Duration::from_secs(180),
+        max_wait: Duration::from_secs(240),
     };
 }
 
@@ -70,6 +71,7 @@ pub struct LedgerOptions {
     pub(crate) on_lease_held: LeaseHeldPolicy,
     pub(crate) worker: String,
     pub(crate) call_timeout: Duration,
+    pub(crate) fetch_unsaved_answers: bool,
 }
 
 impl fmt::Debug for LedgerOptions {
@@ -83,6 +85,7 @@ impl fmt::Debug for LedgerOptions {
             .field("on_lease_held", &self.on_lease_held)
             .field("worker", &self.worker)
             .field("call_timeout", &self.call_timeout)
+            .field("fetch_unsaved_answers", &self.fetch_unsaved_answers)
             .finish()
     }
 }
@@ -117,6 +120,7 @@ impl LedgerOptions {
             saved_headers: vec![CONTENT_TYPE, LOCATION],
             on_lease_held: LeaseHeldPolicy::WAIT,
             worker: IdempotencyKey::random().into_string(),
+            fetch_unsaved_answers: true,
         }
     }
 
@@ -169,9 +173,10 @@ impl LedgerOptions {
 
     /// The longest response body saved for replay, and the most of a final response's body
     /// that `send` reads before returning. A longer body is returned to the caller as usual
-    /// (the bytes read so far, then the rest, unread) but not saved: a replay of that operation
-    /// then has the status and headers and an empty body, and its report says the body was
-    /// not saved.
+    /// (the bytes read so far, then the rest, unread) but not saved (its `Content-Length` is
+    /// kept with the saved headers, when it had one): a later run with the key fetches it
+    /// again or says so ([`fetch_unsaved_answers`](Self::fetch_unsaved_answers)), never
+    /// replays an empty body.
     ///
     /// Any value is accepted: 0 saves empty bodies only (`send` stops reading at the first
     /// non-empty chunk); `usize::MAX` reads and saves every final body whole, however long the
@@ -194,7 +199,7 @@ impl LedgerOptions {
     /// What to do when another live run holds the lease: wait for its answer (and replay
     /// it), or for its lease to lapse (and take it over), or fail at once.
     ///
-    /// Default: [`LeaseHeldPolicy::WAIT`] (every 100 ms, for up to 3 minutes).
+    /// Default: [`LeaseHeldPolicy::WAIT`] (every 100 ms, for up to 4 minutes).
     pub fn on_lease_held(mut self, policy: LeaseHeldPolicy) -> Self {
         self.on_lease_held = policy;
         self
@@ -234,6 +239,22 @@ impl LedgerOptions {
     /// Default: 10 s.
     pub fn call_timeout(mut self, limit: Duration) -> Self {
         self.call_timeout = limit;
+        self
+    }
+
+    /// What a run does when the ledger holds its operation as succeeded but not its answer's
+    /// body (longer than [`max_body`](Self::max_body)): with `true`, inside the operation's
+    /// reconcile window, it sends the operation again with its key, and the receiver answers
+    /// from its own store (the same bet every retry makes: the window must be shorter than
+    /// the receiver keeps keys); the report says so
+    /// ([`RetryReport::is_refetched`](crate::RetryReport::is_refetched)) and the row keeps
+    /// its record. With `false`, or past the window, the run fails with
+    /// [`ErrorKind::AnswerNotSaved`](crate::ErrorKind::AnswerNotSaved), naming the key, the
+    /// answer's size and the limit, and sends nothing. Never an empty body as the answer.
+    ///
+    /// Default: `true`.
+    pub fn fetch_unsaved_answers(mut self, fetch: bool) -> Self {
+        self.fetch_unsaved_answers = fetch;
         self
     }
 

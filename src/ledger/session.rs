@@ -55,6 +55,12 @@ pub(crate) enum Begin<R> {
     Proceed(LedgerRun),
     /// The operation already succeeded: its saved response, nothing sent.
     Replay(R),
+    /// The operation already succeeded, but its answer's body was not saved: send it again
+    /// with its key, inside its window (what is left of it), without holding the row.
+    Refetch {
+        /// What is left of the operation's reconcile window.
+        window_left: Duration,
+    },
 }
 
 /// What a claim needs to know of the operation.
@@ -250,6 +256,13 @@ pub(crate) async fn claim<R: RetryResponse>(
             return Err(Error::key_reuse(report, held));
         }
         if existing.status == OperationStatus::Succeeded {
+            if let Some(saved) = existing
+                .response
+                .as_ref()
+                .filter(|saved| saved.body.is_none())
+            {
+                return unsaved_answer(&existing, saved, options, (now, cutoff, window), report);
+            }
             return replay(&existing, &fingerprint, key, waited).map(Begin::Replay);
         }
         let unresolved = existing.status.is_unresolved();
@@ -440,6 +453,56 @@ async fn release_unused_claim(ledger: &dyn Ledger, claim: &Claim, claimed: &Clai
     if let Err(err) = written {
         tracing::warn!(key = claim.key.as_str(), error = %err, "could not release an abandoned claim; its lease will lapse");
     }
+}
+
+/// A succeeded operation whose answer's body was not saved (longer than `max_body`): sent
+/// again inside its window when the options allow it, refused with `AnswerNotSaved`
+/// otherwise. Never an empty body as the answer.
+fn unsaved_answer<R>(
+    row: &OperationRecord,
+    saved: &SavedResponse,
+    options: &LedgerOptions,
+    (now, cutoff, window): (SystemTime, SystemTime, Duration),
+    report: RetryReport,
+) -> Result<Begin<R>, Error> {
+    let open = window::is_open(row.first_attempt_at, cutoff);
+    if open && options.fetch_unsaved_answers {
+        tracing::info!(
+            key = row.key.as_str(),
+            status = saved.status,
+            "the ledger did not keep this succeeded operation's answer body: sending it again \
+             with its key, for the receiver to answer from its store"
+        );
+        return Ok(Begin::Refetch {
+            window_left: window::left_after_earlier_runs(window, row.first_attempt_at, now),
+        });
+    }
+    let size = saved
+        .headers
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case("content-length"))
+        .map_or_else(
+            || format!("over {} bytes", options.max_body),
+            |(_, length)| format!("{length} bytes"),
+        );
+    let how = if open {
+        "send it with LedgerOptions::fetch_unsaved_answers(true) to have the receiver answer \
+         it again under the key"
+            .to_owned()
+    } else {
+        format!(
+            "its reconcile window ended (first attempted at {}), so the receiver may have \
+             forgotten the key: look the answer up at the receiver under it",
+            rfc3339(row.first_attempt_at)
+        )
+    };
+    Err(Error::operation(ErrorKind::AnswerNotSaved, report, false)
+        .with_status(StatusCode::from_u16(saved.status).ok())
+        .with_message(format!(
+            "it succeeded ({}), but its answer's body ({size}) was longer than the ledger keeps \
+             ({} bytes, LedgerOptions::max_body); nothing was sent; {how}",
+            saved.status, options.max_body
+        )))
 }
 
 /// The lease holder as a person reads it: the worker's name (set with
@@ -687,21 +750,34 @@ impl LedgerRun {
             }
         };
         let headers = response.headers();
+        let mut kept: Vec<(String, String)> = self
+            .handle
+            .options
+            .saved_headers
+            .iter()
+            .flat_map(|name| {
+                headers.get_all(name).iter().filter_map(move |value| {
+                    value
+                        .to_str()
+                        .ok()
+                        .map(|value| (name.as_str().to_owned(), value.to_owned()))
+                })
+            })
+            .collect();
+        // A body too long to keep: its length is, so a later run can say how long it was.
+        if saved_body.is_none()
+            && !kept
+                .iter()
+                .any(|(name, _)| name.eq_ignore_ascii_case("content-length"))
+            && let Some(length) = headers
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|value| value.to_str().ok())
+        {
+            kept.push(("content-length".to_owned(), length.to_owned()));
+        }
         let saved = SavedResponse::new(
             status.as_u16(),
-            self.handle
-                .options
-                .saved_headers
-                .iter()
-                .flat_map(|name| {
-                    headers.get_all(name).iter().filter_map(move |value| {
-                        value
-                            .to_str()
-                            .ok()
-                            .map(|value| (name.as_str().to_owned(), value.to_owned()))
-                    })
-                })
-                .collect(),
+            kept,
             saved_body.map(|bytes| bytes.to_vec()),
         );
         let written = self.write_keeping(outcome_of(status), saved).await;

@@ -24,8 +24,8 @@ use std::time::{Duration, SystemTime};
 
 use crate::key::IdempotencyKey;
 use crate::ledger::{
-    AttemptUpdate, Claimed, Ledger, LedgerError, LedgerOptions, OperationRecord, OperationStatus, ReconcileClaim,
-    Resolve, later,
+    AttemptUpdate, Claimed, Ledger, LedgerError, LedgerOptions, OperationRecord, OperationStatus,
+    ReconcileClaim, Resolve, later,
 };
 use crate::time::Clock;
 
@@ -159,7 +159,10 @@ async fn hold(
     let claim = ReconcileClaim::new(key, owner.clone(), now, later(now, lease))?;
     Ok(match ledger.claim_unresolved(&claim).await? {
         None => Err(Reconciled::Missing),
-        Some(Claimed::TakenOver { mut record, previous }) => {
+        Some(Claimed::TakenOver {
+            mut record,
+            previous,
+        }) => {
             if previous == OperationStatus::InFlight {
                 count_dead_runs_attempt(ledger, &mut record, &owner, now, lease).await;
             }

@@ -215,19 +215,21 @@ async fn conflicting_or_invalid_keys_are_refused_before_sending() {
 // stays here.
 
 #[tokio::test]
-async fn a_body_cut_short_is_the_callers_error_after_one_attempt() {
-    let server =
-        TestServer::start_idempotent(vec![Action::partial_body("partial")], Action::ok("done"))
-            .await;
-    // The status arrived, so the attempt succeeded; the body error comes later, when the
-    // caller reads it.
+async fn a_body_cut_short_is_a_failed_attempt_retried_with_the_key() {
+    let server = TestServer::start(vec![Action::partial_body("partial")], Action::ok("done")).await;
+    // The head arrived, then the body was cut: the answer is lost, so the attempt failed and
+    // the retry, with the same key, gets the whole answer.
     let response = client(fast())
         .post(server.url("/charges"))
         .send()
         .await
-        .expect("status 200 arrived");
-    assert!(response.text().await.is_err());
-    assert_eq!(server.hits(), 1);
+        .expect("the retry's answer");
+    let report = RetryReport::of(&response).expect("report").clone();
+    assert_eq!(report.attempts(), 2);
+    assert_eq!(response.text().await.expect("whole body"), "done");
+    assert_eq!(server.hits(), 2);
+    let keys = server.keys();
+    assert!(keys[0].is_some() && keys[0] == keys[1], "one key: {keys:?}");
 }
 
 #[tokio::test]

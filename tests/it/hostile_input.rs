@@ -1454,15 +1454,16 @@ async fn ledger_options_at_zero() {
         };
         let response = send().await.expect("sent");
         assert_eq!(response.text().await.expect("body"), "body");
-        // Retention zero still keeps the row for twice the reconcile window: replayed, without
-        // the body a zero max_body could not save.
+        // Retention zero still keeps the row for twice the reconcile window: succeeded, without
+        // the body a zero max_body could not save, so the next run fetches it again with its
+        // key instead of replaying an empty body.
         assert_eq!(client.purge_expired(100).await.expect("purge"), 0);
-        let replay = send().await.expect("replayed");
-        let report = RetryReport::of(&replay).expect("report").clone();
-        assert!(report.is_replayed());
-        assert!(report.is_replay_body_missing());
-        assert_eq!(replay.text().await.expect("body"), "");
-        assert_eq!(server.hits(), 1);
+        let again = send().await.expect("fetched again");
+        let report = RetryReport::of(&again).expect("report").clone();
+        assert!(report.is_refetched() && !report.is_replayed());
+        assert_eq!(again.text().await.expect("body"), "body");
+        assert_eq!(server.hits(), 2);
+        assert_eq!(server.keys(), vec![Some(key.to_string()); 2]);
     })
     .await;
 }

@@ -518,7 +518,10 @@ async fn a_trickling_bounded_body_after_a_2xx_is_an_attempt_that_timed_out_and_i
         .expect_err("no attempt's body completes");
     assert_eq!(err.kind(), ErrorKind::AttemptsExhausted, "{err}");
     assert!(err.is_timeout(), "{err:?}");
-    assert!(err.is_outcome_unknown(), "the receiver answered 200 each time");
+    assert!(
+        err.is_outcome_unknown(),
+        "the receiver answered 200 each time"
+    );
     assert_eq!(err.idempotency_key(), Some(&k));
     assert_eq!(server.hits(), 3);
     assert_eq!(server.keys(), vec![Some(k.to_string()); 3]);

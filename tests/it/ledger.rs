@@ -145,7 +145,7 @@ async fn a_succeeded_operation_is_replayed_without_a_request() {
 }
 
 #[tokio::test]
-async fn a_body_over_the_limit_is_returned_but_replayed_empty() {
+async fn a_body_over_the_limit_is_returned_and_fetched_again_never_replayed_empty() {
     let server = TestServer::start(vec![], Action::ok("0123456789")).await;
     let ledger = MemoryLedger::new();
     let client = ledger_client(ledger.clone(), LedgerOptions::new().max_body(4), fast());
@@ -156,11 +156,12 @@ async fn a_body_over_the_limit_is_returned_but_replayed_empty() {
     assert_eq!(first.text().await.expect("body"), "0123456789");
     let again = post_keyed(&client, server.url("/x"), &k, "payload")
         .await
-        .expect("replayed");
-    assert_eq!(server.hits(), 1);
+        .expect("fetched again");
+    assert_eq!(server.hits(), 2, "sent again with its key");
+    assert_eq!(server.keys(), vec![Some(k.to_string()); 2]);
     let report = RetryReport::of(&again).expect("report").clone();
-    assert!(report.is_replayed() && report.is_replay_body_missing());
-    assert_eq!(again.text().await.expect("body"), "");
+    assert!(report.is_refetched() && !report.is_replayed());
+    assert_eq!(again.text().await.expect("body"), "0123456789");
 }
 
 #[tokio::test]

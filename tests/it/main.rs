@@ -43,3 +43,4 @@ mod testkit;
 mod torture;
 #[cfg(feature = "tower")]
 mod tower;
+mod unsaved_answers;

@@ -106,7 +106,7 @@ pub(crate) const DEFAULT_SCOPE: &str = "idemcurl";
 
 /// The default `--lease-wait`: the library's (`LeaseHeldPolicy::WAIT`), so idemcurl, Rust and
 /// Python wait as long for a run holding the key.
-const DEFAULT_LEASE_WAIT: &str = "3m";
+const DEFAULT_LEASE_WAIT: &str = "4m";
 
 /// The command's definition.
 pub(crate) fn command() -> Command {

@@ -355,7 +355,7 @@ _OPTIONS_DOC = """
             while the run lives; a killed process's key is taken over within this). Default: 10.
         lease_wait: seconds to wait for another run holding the key's lease (its answer is
             replayed, or its key taken over once its lease lapses) before raising
-            ``LeaseHeldError``; 0 raises at once. Default: 180 (3 min), the same as Rust and
+            ``LeaseHeldError``; 0 raises at once. Default: 240 (4 min), the same as Rust and
             idemcurl.
         worker: this process's name in the ledger's rows. Default: a random UUID.
         ledger_scope: the scope every operation is filed under. Default: the URL's host.
