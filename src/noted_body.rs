@@ -10,7 +10,9 @@ use std::task::{Context, Poll};
 
 use hyper::body::{Body, Bytes, Frame, SizeHint};
 
-use crate::transport::BoxError;
+/// A boxed error, as `http_body` and reqwest carry them (the same as `transport::BoxError`,
+/// spelled here so this module imports nothing of the engine's).
+type BoxError = Box<dyn StdError + Send + Sync>;
 
 /// `B`, whose errors carry `note`.
 pub(crate) struct NotedBody<B> {
