@@ -1362,12 +1362,18 @@ async fn a_run_stalled_past_its_lease_keeps_its_key_and_returns_its_answer() {
     assert_eq!(server.hits(), 1, "the second run sent nothing");
 }
 
-#[tokio::test]
-async fn an_answer_in_hand_is_returned_when_another_run_took_the_key() {
-    // The store refuses renewals, the run freezes before its finish, and another run takes
-    // the lapsed key over and sends it (the receiver replays). The first run's answer is
-    // still its caller's: returned, never an error, with the report saying it was not
-    // recorded as this run's.
+/// A run whose answer arrived and whose finish is stalled, on a store that refused its
+/// renewals until its 300 ms lease lapsed (a frozen VM): the lease is free for the taking.
+struct Frozen {
+    server: TestServer,
+    faulty: Faulty,
+    client: Client,
+    time: VirtualTime,
+    key: IdempotencyKey,
+    run: tokio::task::JoinHandle<Result<reqwest::Response, idempotent_retry::Error>>,
+}
+
+async fn frozen_past_its_lease(name: &str) -> Frozen {
     let server = TestServer::start_idempotent(vec![], Action::ok("charged")).await;
     let faulty = Faulty::default();
     faulty.fail_renew.store(true, Ordering::SeqCst);
@@ -1375,15 +1381,39 @@ async fn an_answer_in_hand_is_returned_when_another_run_took_the_key() {
         .lease(Duration::from_millis(300))
         .on_lease_held(LeaseHeldPolicy::Fail);
     let (client, time) = virtual_ledger_client(faulty.clone(), options, fast());
-    let k = key("taken-while-answered");
+    let key = key(name);
     faulty.pause.arm();
     let mut run = tokio::spawn({
-        let (client, url, k) = (client.clone(), server.url("/x"), k.clone());
-        async move { post_keyed(&client, url, &k, "").await }
+        let (client, url, key) = (client.clone(), server.url("/x"), key.clone());
+        async move { post_keyed(&client, url, &key, "").await }
     });
     faulty.pause.reached(&mut run).await;
     time.advance(Duration::from_secs(1));
     faulty.fail_renew.store(false, Ordering::SeqCst);
+    Frozen {
+        server,
+        faulty,
+        client,
+        time,
+        key,
+        run,
+    }
+}
+
+#[tokio::test]
+async fn an_answer_in_hand_is_returned_when_another_run_took_the_key() {
+    // The store refuses renewals, the run freezes before its finish, and another run takes
+    // the lapsed key over and sends it (the receiver replays). The first run's answer is
+    // still its caller's: returned, never an error, with the report saying it was not
+    // recorded as this run's.
+    let Frozen {
+        server,
+        faulty,
+        client,
+        key: k,
+        run,
+        ..
+    } = frozen_past_its_lease("taken-while-answered").await;
     let second = post_keyed(&client, server.url("/x"), &k, "")
         .await
         .expect("the lapsed key is taken over");
@@ -1416,22 +1446,14 @@ async fn an_answer_in_hand_is_recorded_when_the_row_has_no_outcome_yet() {
     // As above, but the run that took the key over gave it up (its caller dropped it after its
     // request left): the row is unknown, so the first run's answer is written as the
     // operation's resolution, and the next run replays it.
-    let server = TestServer::start_idempotent(vec![], Action::ok("charged")).await;
-    let faulty = Faulty::default();
-    faulty.fail_renew.store(true, Ordering::SeqCst);
-    let options = LedgerOptions::new()
-        .lease(Duration::from_millis(300))
-        .on_lease_held(LeaseHeldPolicy::Fail);
-    let (client, time) = virtual_ledger_client(faulty.clone(), options, fast());
-    let k = key("answered-unknown");
-    faulty.pause.arm();
-    let mut run = tokio::spawn({
-        let (client, url, k) = (client.clone(), server.url("/x"), k.clone());
-        async move { post_keyed(&client, url, &k, "").await }
-    });
-    faulty.pause.reached(&mut run).await;
-    time.advance(Duration::from_secs(1));
-    faulty.fail_renew.store(false, Ordering::SeqCst);
+    let Frozen {
+        server,
+        faulty,
+        client,
+        time,
+        key: k,
+        run,
+    } = frozen_past_its_lease("answered-unknown").await;
     // Another run takes the key over, and is written off as unknown: what a run dropped
     // mid-attempt leaves.
     let owner = "other-worker/run";
