@@ -15,6 +15,11 @@ use std::task::{Context, Poll};
 
 use hyper::body::{Body, Bytes, Frame, SizeHint};
 
+/// The bytes of an answer's body that the attempts stage read inside its attempt, kept in the
+/// response's extensions when a ledger will save them (its finish then reads nothing again).
+#[derive(Debug, Clone)]
+pub(crate) struct ReadBody(pub(crate) Bytes);
+
 /// A body read up to a cap.
 pub(crate) enum Capped<B> {
     /// The whole body, no longer than the cap.

@@ -12,6 +12,7 @@
 
 use std::sync::Arc;
 
+use crate::body::ReadBody;
 use crate::classify::{FailureKind, StatusClass, classify_source_chain, classify_status};
 use crate::exchange::RetryResponse;
 use crate::key::IdempotencyKey;
@@ -24,7 +25,8 @@ fn bounded<R: RetryResponse>(response: &R, limit: usize) -> bool {
         .is_some_and(|length| u64::try_from(limit).map_or(true, |limit| length <= limit))
 }
 
-/// `response` with its body read, when it is a final answer (one that is not retried: a
+/// `response` with its body read (and, with `keep`, its bytes in its extensions as
+/// [`ReadBody`] for the ledger), when it is a final answer (one that is not retried: a
 /// retried answer is dropped unread) bounded by `limit`; otherwise as it came. `keyed` says
 /// whether the request carried a key (a 409 is final without one).
 ///
@@ -36,6 +38,7 @@ pub(super) async fn read_bounded<R: RetryResponse>(
     response: R,
     limit: usize,
     keyed: bool,
+    keep: bool,
 ) -> Result<R, SendError> {
     let last = classify_status(response.status(), response.headers(), keyed) == StatusClass::Final;
     if !last || !bounded(&response, limit) {
@@ -43,7 +46,13 @@ pub(super) async fn read_bounded<R: RetryResponse>(
     }
     let status = response.status();
     match response.read_to_save(limit).await {
-        Ok((response, _)) => Ok(response),
+        Ok((mut response, bytes)) => {
+            // The ledger's finish saves these instead of reading the body a second time.
+            if keep && let Some(bytes) = bytes {
+                response.extensions_mut().insert(ReadBody(bytes));
+            }
+            Ok(response)
+        }
         Err(source) => {
             let kind = match source.downcast_ref::<reqwest::Error>() {
                 Some(err) if err.is_timeout() => FailureKind::Timeout,

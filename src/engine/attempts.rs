@@ -195,10 +195,16 @@ impl<'s> Attempts<'s> {
                 };
                 // A bounded answer's body is read as part of the attempt, under its timeout: a
                 // body cut midway is this attempt's failure (`answer.rs`).
-                let (limit, keyed) = (self.settings.answer_read_limit, self.state.keyed);
+                let (limit, keyed, keep) = (
+                    self.settings.answer_read_limit,
+                    self.state.keyed,
+                    self.ledger.is_some(),
+                );
                 let send = async move {
                     match send.await {
-                        Ok(response) => super::answer::read_bounded(response, limit, keyed).await,
+                        Ok(response) => {
+                            super::answer::read_bounded(response, limit, keyed, keep).await
+                        }
                         Err(err) => Err(err),
                     }
                 };

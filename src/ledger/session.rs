@@ -734,7 +734,14 @@ impl LedgerRun {
             .unwrap_or_else(|| RetryReport::new(Some(self.key.clone())));
         let status = response.status();
         let max_body = self.handle.options.max_body;
-        let (mut response, saved_body) = match response.read_to_save(max_body).await {
+        // A body the attempt already read: saved from those bytes, not read again.
+        let read = match response.extensions_mut().remove::<crate::body::ReadBody>() {
+            Some(crate::body::ReadBody(bytes)) => {
+                Ok((response, (bytes.len() <= max_body).then_some(bytes)))
+            }
+            None => response.read_to_save(max_body).await,
+        };
+        let (mut response, saved_body) = match read {
             Ok(read) => read,
             Err(source) => {
                 // The server answered, but the answer was cut or stalled: it may well have run.
