@@ -93,6 +93,13 @@ pub(super) fn note_streamed<R: RetryResponse>(
     response.note_body_errors(note)
 }
 
+/// The status of the answer whose body was cut, when `source` is such a failure.
+pub(super) fn cut_status(source: &(dyn std::error::Error + 'static)) -> Option<http::StatusCode> {
+    source
+        .downcast_ref::<CutAnswer>()
+        .and_then(|cut| http::StatusCode::from_u16(cut.status).ok())
+}
+
 /// A bounded answer whose body failed midway: the attempt's failure.
 #[derive(Debug)]
 struct CutAnswer {

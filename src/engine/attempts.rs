@@ -239,7 +239,11 @@ impl<'s> Attempts<'s> {
                         }
                     };
                     Attempted {
-                        status: result.as_ref().ok().map(RetryResponse::status),
+                        // An answer whose body was cut still had a status: the history says so.
+                        status: match &result {
+                            Ok(response) => Some(response.status()),
+                            Err((_, source)) => super::answer::cut_status(&**source),
+                        },
                         result,
                     }
                 };

@@ -46,6 +46,12 @@ async fn a_bounded_answer_cut_mid_body_is_retried_and_whole_on_every_front_end()
             "{}: {first:?}",
             front.name()
         );
+        assert_eq!(
+            first.status.map(|status| status.as_u16()),
+            Some(200),
+            "{}: the cut answer's status is in the history",
+            front.name()
+        );
         assert_eq!(receiver.effects_for(key.as_str()), 1, "{}", front.name());
     }
 }
