@@ -12,8 +12,9 @@ use std::time::Duration;
 use crate::support::front::{Call, Kind};
 use crate::support::*;
 use idempotent_retry::ledger::{
-    LeaseHeldPolicy, Ledger, LedgerOptions, MemoryLedger, OperationRecord, OperationStatus,
-    SqliteLedger,
+    AttemptUpdate, Claim, Claimed, Finish, LeaseHeldPolicy, Ledger, LedgerError, LedgerFuture,
+    LedgerOptions, ListFilter, MemoryLedger, OperationRecord, OperationStatus, ReconcileClaim,
+    Renew, Resolve, SqliteLedger,
 };
 use idempotent_retry::observe::{AttemptEvent, LedgerVerdict, OperationEvent};
 use idempotent_retry::time::{Sleep, Sleeper};
@@ -21,6 +22,8 @@ use idempotent_retry::{
     Client, ClientBuilder, ErrorKind, IdempotencyKey, Observer, RetryBudget, RetryPolicy,
 };
 use idempotent_retry_testkit::{Fault, Receiver, When};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::SystemTime;
 use tokio::sync::Notify;
 
 /// Millisecond backoff, many attempts: enough to outlast a receiver still running the first
@@ -631,5 +634,117 @@ async fn a_scope_given_per_request_names_the_row() {
             .await
             .expect("sent");
         assert_eq!(row(&ledger, &key).await.scope, "stripe.charge", "{kind:?}");
+    }
+}
+
+/// A memory ledger whose renewals fail and whose first finish waits for the test: a run
+/// frozen with its answer in hand, past a lease nobody renews.
+#[derive(Debug, Clone)]
+struct FrozenFinish {
+    inner: MemoryLedger,
+    reached: Arc<Notify>,
+    release: Arc<tokio::sync::Semaphore>,
+    held: Arc<AtomicBool>,
+}
+
+impl FrozenFinish {
+    fn new() -> Self {
+        FrozenFinish {
+            inner: MemoryLedger::new(),
+            reached: Arc::new(Notify::new()),
+            release: Arc::new(tokio::sync::Semaphore::new(0)),
+            held: Arc::new(AtomicBool::new(false)),
+        }
+    }
+}
+
+impl Ledger for FrozenFinish {
+    fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
+        self.inner.claim(claim)
+    }
+    fn record_attempt<'a>(&'a self, update: &'a AttemptUpdate) -> LedgerFuture<'a, ()> {
+        self.inner.record_attempt(update)
+    }
+    fn renew<'a>(&'a self, _: &'a Renew) -> LedgerFuture<'a, ()> {
+        Box::pin(async { Err(LedgerError::unavailable("the store is frozen")) })
+    }
+    fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
+        Box::pin(async move {
+            if !self.held.swap(true, Ordering::SeqCst) {
+                self.reached.notify_one();
+                self.release.acquire().await.expect("open").forget();
+            }
+            self.inner.finish(finish).await
+        })
+    }
+    fn get<'a>(&'a self, key: &'a str) -> LedgerFuture<'a, Option<OperationRecord>> {
+        self.inner.get(key)
+    }
+    fn purge_batch(&self, now: SystemTime, limit: u32) -> LedgerFuture<'_, u64> {
+        self.inner.purge_batch(now, limit)
+    }
+    fn claim_unresolved<'a>(
+        &'a self,
+        claim: &'a ReconcileClaim,
+    ) -> LedgerFuture<'a, Option<Claimed>> {
+        self.inner.claim_unresolved(claim)
+    }
+    fn resolve<'a>(&'a self, resolve: &'a Resolve) -> LedgerFuture<'a, ()> {
+        self.inner.resolve(resolve)
+    }
+    fn list<'a>(&'a self, filter: &'a ListFilter) -> LedgerFuture<'a, Vec<OperationRecord>> {
+        self.inner.list(filter)
+    }
+}
+
+#[tokio::test]
+async fn an_answer_in_hand_is_returned_by_every_front_end_when_another_run_took_the_key() {
+    for kind in Kind::LEDGERED {
+        let server = TestServer::start_idempotent(vec![], Action::ok("charged")).await;
+        let ledger = FrozenFinish::new();
+        let key = key_for(kind, "answer-in-hand");
+        let front = kind.build(settings(
+            ledger.clone(),
+            LedgerOptions::new().lease(Duration::from_millis(200)),
+        ));
+        let call = Call::post(server.url("/v1/charges")).key(key.clone());
+        // The first run gets its answer, then freezes before its finish.
+        let mut frozen = front.send(call.clone());
+        tokio::select! {
+            () = ledger.reached.notified() => {}
+            done = &mut frozen => panic!("{kind:?}: finished before its finish froze: {:?}", done.map(|r| r.status)),
+        }
+        // Another worker waits out the lapsed lease (nobody renews it), takes the key over and
+        // gets the receiver's stored answer.
+        let other = settings(ledger.inner.clone(), LedgerOptions::new())
+            .build()
+            .expect("client");
+        let taken = other
+            .post(server.url("/v1/charges"))
+            .idempotency_key(key.clone())
+            .send()
+            .await
+            .unwrap_or_else(|err| panic!("{kind:?}: the other worker takes over: {err}"));
+        assert_eq!(taken.status(), 200, "{kind:?}");
+        // The frozen run wakes: its answer is its caller's, not an error.
+        ledger.release.add_permits(1);
+        let reply = frozen
+            .await
+            .unwrap_or_else(|err| panic!("{kind:?}: the answer in hand is returned: {err}"));
+        assert_eq!(reply.status, 200, "{kind:?}");
+        assert_eq!(reply.body, "charged", "{kind:?}");
+        let why = reply
+            .report
+            .unrecorded()
+            .unwrap_or_else(|| panic!("{kind:?}: the report says it was not recorded"));
+        assert!(why.contains("lease lost"), "{kind:?}: {why}");
+        assert_eq!(server.effects(), 1, "{kind:?}: one charge");
+        let row = ledger
+            .inner
+            .get(key.as_str())
+            .await
+            .expect("read")
+            .expect("row");
+        assert_eq!(row.status, OperationStatus::Succeeded, "{kind:?}");
     }
 }
