@@ -45,6 +45,18 @@ pub struct Answer {
     /// (another run took the key over while the answer arrived); the response is still the
     /// operation's. `None` when it was recorded, or without a ledger.
     pub unrecorded: Option<String>,
+    /// Answers that said the operation was still in progress at the receiver (a keyed 409),
+    /// each waited out: counted in `attempts`, not toward `max_attempts`.
+    pub in_progress_waits: u32,
+    /// Seconds spent waiting those out (counted in `elapsed`).
+    pub in_progress_wait: f64,
+    /// Whether the ledger held the operation as succeeded without its answer's body (longer
+    /// than `max_saved_body`), so it was sent again with its key and this is the receiver's
+    /// answer from its own store.
+    pub refetched: bool,
+    /// The status the error names when there is no response to carry it: the saved answer's
+    /// of an `answer_not_saved` (outcome done). `None` with a response, or without a status.
+    pub error_status: Option<u16>,
     /// `"done"`, `"not_done"` or `"unknown"`.
     pub outcome: &'static str,
     /// Why the operation stopped without a final answer (`attempts_exhausted`, `transport`,
@@ -279,6 +291,10 @@ pub(crate) struct Finished {
     pub(crate) elapsed: f64,
     pub(crate) lease_wait: f64,
     pub(crate) unrecorded: Option<String>,
+    pub(crate) in_progress_waits: u32,
+    pub(crate) in_progress_wait: f64,
+    pub(crate) refetched: bool,
+    pub(crate) error_status: Option<u16>,
     pub(crate) outcome: &'static str,
     pub(crate) error_kind: Option<&'static str>,
     pub(crate) failure: Option<&'static str>,
@@ -307,6 +323,14 @@ impl Finished {
         let unrecorded = report
             .as_ref()
             .and_then(|r| r.unrecorded().map(str::to_owned));
+        let (in_progress_waits, in_progress_wait, refetched) =
+            report.as_ref().map_or((0, 0.0, false), |r| {
+                (
+                    r.in_progress_waits(),
+                    r.in_progress_wait().as_secs_f64(),
+                    r.is_refetched(),
+                )
+            });
         match Received::read(response, limit).await {
             Ok(received) => Finished {
                 received: Some(received),
@@ -316,6 +340,10 @@ impl Finished {
                 elapsed,
                 lease_wait,
                 unrecorded,
+                in_progress_waits,
+                in_progress_wait,
+                refetched,
+                error_status: None,
                 outcome: "done",
                 error_kind: None,
                 failure: None,
@@ -330,6 +358,10 @@ impl Finished {
                 elapsed,
                 lease_wait,
                 unrecorded,
+                in_progress_waits,
+                in_progress_wait,
+                refetched,
+                error_status: None,
                 outcome: "done",
                 error_kind: Some("body"),
                 failure: Some(if err.is_timeout() {
@@ -354,6 +386,11 @@ impl Finished {
             Some(response) => Received::read(response, limit).await.ok(),
             None => None,
         };
+        let error_status = if received.is_none() {
+            err.status().map(|status| status.as_u16())
+        } else {
+            None
+        };
         Finished {
             received,
             attempts: err.attempts(),
@@ -362,6 +399,10 @@ impl Finished {
             elapsed: err.elapsed().as_secs_f64(),
             lease_wait: err.report().lease_wait().as_secs_f64(),
             unrecorded: err.report().unrecorded().map(str::to_owned),
+            in_progress_waits: err.report().in_progress_waits(),
+            in_progress_wait: err.report().in_progress_wait().as_secs_f64(),
+            refetched: err.report().is_refetched(),
+            error_status,
             outcome,
             error_kind: Some(err.kind().as_str()),
             failure: err.failure().map(FailureKind::as_str),
@@ -412,6 +453,10 @@ impl Finished {
             elapsed: self.elapsed,
             lease_wait: self.lease_wait,
             unrecorded: self.unrecorded,
+            in_progress_waits: self.in_progress_waits,
+            in_progress_wait: self.in_progress_wait,
+            refetched: self.refetched,
+            error_status: self.error_status,
             outcome: self.outcome,
             error_kind: self.error_kind,
             failure: self.failure,

@@ -39,11 +39,12 @@ enum Opened {
 /// One client of the engine: sends operations with one key each, retries what is safe to
 /// retry, and keeps them in a ledger when given one.
 ///
-/// Every argument but `ledger`, `key_header` and `answer_read_limit` is the `RetryPolicy` or
-/// `LedgerOptions` setting of the same name, in seconds for durations; `None` keeps the
-/// crate's default (5 attempts, 500 ms base delay, 30 s cap, 30 s attempt timeout, 24 h
-/// reconcile window, 60 s longest `Retry-After`; a 30 s lease slack; a lease held elsewhere
-/// fails at once).
+/// Every argument but `ledger`, `key_header`, `answer_read_limit` and `max_saved_body` is the
+/// `RetryPolicy` or `LedgerOptions` setting of the same name, in seconds for durations; `None`
+/// keeps the crate's default (5 attempts, 500 ms base delay, 30 s cap, 30 s attempt timeout,
+/// 24 h reconcile window, 60 s longest `Retry-After`, 1 min of waiting out a receiver's "in
+/// progress"; a 10 s lease; a lease held elsewhere waited for up to 4 min; answers saved up to
+/// 64 KiB, a longer one fetched again with its key).
 #[pyclass(module = "idempotent_retry._native", frozen)]
 #[derive(Debug)]
 pub struct Engine {
@@ -141,13 +142,20 @@ impl Engine {
     /// `answer_read_limit` (bytes) is the client's `ClientBuilder::answer_read_limit`: an
     /// answer whose `Content-Length` is at most this is read inside its attempt, so a body cut
     /// midway is a failed attempt, retried with the same key (default: 1 MiB); a longer one,
-    /// or one without a length, is streamed.
+    /// or one without a length, is streamed. `max_in_progress_wait` (seconds) is
+    /// `RetryPolicy::with_max_in_progress_wait`: how long a receiver's "in progress" (a keyed
+    /// 409) is waited out, apart from the attempts (default 60; 0 stops at the first).
+    /// `max_saved_body` (bytes) is `LedgerOptions::max_body`, the longest answer body the
+    /// ledger keeps (default 65536, 64 KiB); `fetch_unsaved_answers` is
+    /// `LedgerOptions::fetch_unsaved_answers`: a succeeded operation whose body was longer is
+    /// sent again with its key inside its window (`True`, the default), or refused with
+    /// `answer_not_saved` (`False`).
     ///
     /// # Errors
     ///
-    /// `ValueError` for an invalid policy, duration, header name, PEM file, proxy URL or
-    /// `answer_read_limit`; `FileNotFoundError`/`OSError` for a TLS file that cannot be read;
-    /// `RuntimeError` when the ledger cannot be opened or the HTTP client cannot be built.
+    /// `ValueError` for an invalid policy, duration, header name, PEM file, proxy URL,
+    /// `answer_read_limit` or `max_saved_body`; `FileNotFoundError`/`OSError` for a TLS file
+    /// that cannot be read; `RuntimeError` when the ledger cannot be opened or the HTTP client cannot be built.
     #[new]
     #[pyo3(signature = (
         *,
@@ -174,6 +182,9 @@ impl Engine {
         key_file = None,
         proxy = None,
         answer_read_limit = None,
+        max_in_progress_wait = None,
+        max_saved_body = None,
+        fetch_unsaved_answers = true,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -201,6 +212,9 @@ impl Engine {
         key_file: Option<String>,
         proxy: Option<String>,
         answer_read_limit: Option<i64>,
+        max_in_progress_wait: Option<f64>,
+        max_saved_body: Option<i64>,
+        fetch_unsaved_answers: bool,
     ) -> PyResult<Engine> {
         let mut policy = RetryPolicy::default();
         if let Some(attempts) = max_attempts {
@@ -220,6 +234,9 @@ impl Engine {
         }
         if let Some(value) = max_retry_after {
             policy = policy.with_max_retry_after(seconds("max_retry_after", value)?);
+        }
+        if let Some(value) = max_in_progress_wait {
+            policy = policy.with_max_in_progress_wait(seconds("max_in_progress_wait", value)?);
         }
         policy
             .validate()
@@ -243,6 +260,15 @@ impl Engine {
         if let Some(name) = worker {
             options = options.worker(name);
         }
+        if let Some(bytes) = max_saved_body {
+            options = options.max_body(usize::try_from(bytes).map_err(|_| {
+                PyValueError::new_err(format!(
+                    "max_saved_body: {bytes} is not a number of bytes; pass 0 or more \
+                     (default 65536, 64 KiB)"
+                ))
+            })?);
+        }
+        options = options.fetch_unsaved_answers(fetch_unsaved_answers);
         let connection = Connection {
             verify,
             ca_file,

@@ -73,6 +73,46 @@ def test_409_in_progress_is_waited_out_then_replayed(receiver):
     assert receiver.effects_for("k-409") == 1
 
 
+def test_409_in_progress_answers_are_waits_not_attempts(receiver):
+    for attempt in (1, 2, 3):
+        receiver.inject("status", key="k-409-wait", attempt=attempt, status=409)
+    response = charge(client(max_attempts=2), receiver, "k-409-wait")
+    assert response.status_code == 200
+    assert report(response).attempts == 4
+    assert report(response).in_progress_waits == 3
+    assert report(response).in_progress_wait > 0
+    assert report(response).stopped is None
+    assert receiver.keys() == ["k-409-wait"] * 4
+    assert receiver.effects_for("k-409-wait") == 1
+
+
+def test_still_in_progress_past_max_in_progress_wait_is_outcome_unknown(receiver):
+    for attempt in range(1, 200):
+        receiver.inject("status", key="k-409-long", attempt=attempt, status=409)
+    response = charge(client(max_in_progress_wait=0.2), receiver, "k-409-long")
+    # The last answer, as for attempts that ran out, with why the waits stopped.
+    assert response.status_code == 409
+    stop = report(response)
+    assert stop.stopped == "still_in_progress"
+    assert stop.outcome == "unknown"
+    assert stop.in_progress_waits == stop.attempts - 1
+    assert 0 < stop.in_progress_wait <= 0.2 + 1e-6
+    assert "still reported the operation in progress after 200ms" in stop.message
+    assert "max_in_progress_wait=SECONDS sets how long to wait" in stop.message
+    assert "RetryPolicy" not in stop.message
+    assert set(receiver.keys()) == {"k-409-long"}
+    assert receiver.effects() == 0
+
+    # 0: the first "in progress" ends it.
+    receiver.inject("status", key="k-409-zero", attempt=1, status=409)
+    response = charge(client(max_in_progress_wait=0), receiver, "k-409-zero")
+    assert response.status_code == 409
+    assert report(response).stopped == "still_in_progress"
+    assert report(response).attempts == 1
+    assert "(max_in_progress_wait=0)" in report(response).message
+    assert receiver.keys().count("k-409-zero") == 1
+
+
 def test_429_with_retry_after_is_honoured(receiver):
     receiver.inject("status", key="k-429", attempt=1, status=429, retry_after=1)
     started = time.monotonic()

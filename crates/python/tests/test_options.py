@@ -22,6 +22,8 @@ from conftest import FAST
         {"lease_wait": -1},
         {"key_header": "not a header"},
         {"answer_read_limit": -1},
+        {"max_saved_body": -1},
+        {"max_in_progress_wait": -1},
     ],
 )
 def test_invalid_options_are_refused(options):

@@ -13,6 +13,7 @@ unknown) and an optional durable ledger shared with Rust processes.
 """
 
 from ._errors import (
+    AnswerNotSavedError,
     Attempt,
     BodyNotReplayable,
     ConnectError,
@@ -39,6 +40,7 @@ from ._transport import (
 )
 
 __all__ = [
+    "AnswerNotSavedError",
     "AsyncTransport",
     "Attempt",
     "BodyNotReplayable",

@@ -25,6 +25,7 @@ __all__ = [
     "KeyReuseError",
     "LeaseHeldError",
     "LedgerError",
+    "AnswerNotSavedError",
     "InvalidRequest",
     "ErrorTypes",
     "HTTPX",
@@ -79,12 +80,13 @@ class OperationError(Exception):
         outcome: ``"unknown"`` when the receiver may have run the operation and no answer says
             whether (look it up by ``key``, or send it again later with the same key);
             ``"not_done"`` when it certainly did not run; ``"done"`` when it has an answer
-            (a key reused for another request that succeeded, or a body cut off after the
-            head arrived).
+            (a key reused for another request that succeeded, a body cut off after the head
+            arrived, or an answer the ledger did not keep: ``AnswerNotSavedError``).
         key: the operation's idempotency key, or ``None`` if it had none.
         attempts: how many attempts this run sent.
         kind: why it stopped, as the engine names it (``attempts_exhausted``, ``transport``,
-            ``reconcile_window``, ``key_reuse``, ``lease_held``, ``ledger``, ...).
+            ``reconcile_window``, ``still_in_progress``, ``key_reuse``, ``lease_held``,
+            ``ledger``, ``answer_not_saved``, ...).
         failure: how the last attempt failed (``connect``, ``timeout``, ``connection_reset``,
             ``connection_closed``, ...), or ``None``.
         elapsed: a ``datetime.timedelta``, from the start of the first attempt to the end of
@@ -95,6 +97,9 @@ class OperationError(Exception):
         lease_wait: a ``datetime.timedelta``, how long the operation waited, before anything
             was sent, for another run holding its key in the ledger (zero without a wait; for
             a ``LeaseHeldError``, the whole ``lease_wait=`` it was allowed).
+        status: the status of the operation's answer when the exception has no response to
+            carry it: for ``AnswerNotSavedError``, the saved answer's (outcome ``"done"``);
+            otherwise ``None``.
     """
 
     outcome: str
@@ -105,6 +110,7 @@ class OperationError(Exception):
     elapsed: datetime.timedelta
     history: Tuple[Attempt, ...]
     lease_wait: datetime.timedelta
+    status: Optional[int]
 
     def _annotate(
         self,
@@ -116,6 +122,7 @@ class OperationError(Exception):
         elapsed: float = 0.0,
         history: Tuple[Attempt, ...] = (),
         lease_wait: float = 0.0,
+        status: Optional[int] = None,
     ) -> None:
         self.outcome = outcome
         self.key = key
@@ -125,6 +132,7 @@ class OperationError(Exception):
         self.elapsed = datetime.timedelta(seconds=elapsed)
         self.history = history
         self.lease_wait = datetime.timedelta(seconds=lease_wait)
+        self.status = status
 
     @property
     def is_outcome_unknown(self) -> bool:
@@ -156,7 +164,9 @@ class RemoteProtocolError(OperationError, httpx.RemoteProtocolError):
 
 class TransportError(OperationError, httpx.TransportError):
     """Any other stop without an answer (the retry budget, the reconcile window, a server's
-    ``Retry-After`` too long, a failing body stream)."""
+    ``Retry-After`` too long, a failing body stream, a receiver still "in progress" past
+    ``max_in_progress_wait=`` when its last answer could not be read), as for attempts that
+    ran out (``kind`` says which)."""
 
 
 class BodyNotReplayable(OperationError, httpx.TransportError):
@@ -170,12 +180,22 @@ class KeyReuseError(OperationError, httpx.TransportError):
 
 class LeaseHeldError(OperationError, httpx.TransportError):
     """Another run holds this key's lease in the ledger and is sending it, and the transport's
-    ``lease_wait=`` (3 minutes by default) ran out first: nothing was sent; try again later
+    ``lease_wait=`` (4 minutes by default) ran out first: nothing was sent; try again later
     with the same key, or pass a longer ``lease_wait=``."""
 
 
 class LedgerError(OperationError, httpx.TransportError):
     """The ledger could not be read or written (``outcome`` says whether it may have run)."""
+
+
+class AnswerNotSavedError(OperationError, httpx.TransportError):
+    """The ledger holds this operation as succeeded, but not its answer's body: it was longer
+    than ``max_saved_body=``. Nothing was sent, and no empty body is handed over as the
+    answer. ``outcome`` is ``"done"`` (its effect stands; do not send it under a new key) and
+    ``status`` the saved answer's status. Raised with ``fetch_unsaved_answers=False``, or past
+    the operation's reconcile window; inside the window a transport with
+    ``fetch_unsaved_answers=True`` (the default) sends it again with its key and returns the
+    receiver's answer instead (``Report.refetched``)."""
 
 
 class InvalidRequest(OperationError, httpx.RequestError):
@@ -194,6 +214,27 @@ _RUST_WAIT_HINT = re.compile(
 #: (``lease_wait=0``).
 _LEASE_WAIT_HINT = "; pass lease_wait=SECONDS to the transport to wait longer for it"
 _LEASE_NO_WAIT_HINT = "; pass lease_wait=SECONDS to the transport to wait for it"
+
+#: The Rust crate's names for the options a message advises, and the transport's keywords.
+_RUST_OPTIONS = (
+    (
+        "send it with LedgerOptions::fetch_unsaved_answers(true) to have the receiver answer "
+        "it again under the key",
+        "send it through a transport with fetch_unsaved_answers=True (the default) to have "
+        "the receiver answer it again under the key",
+    ),
+    ("LedgerOptions::max_body", "max_saved_body="),
+    ("RetryPolicy::with_max_in_progress_wait", "max_in_progress_wait=SECONDS"),
+    ("(max_in_progress_wait is 0)", "(max_in_progress_wait=0)"),
+)
+
+
+def python_message(message: str) -> str:
+    """The engine's message with the Rust crate's option names turned into the transport's
+    keywords."""
+    for rust, python in _RUST_OPTIONS:
+        message = message.replace(rust, python)
+    return message
 
 
 #: One exception class of an httpx flavour, as ``ErrorTypes`` calls it: ``cls(message,
@@ -217,6 +258,7 @@ class ErrorTypes:
         key_reuse: ErrorClass,
         lease_held: ErrorClass,
         ledger: ErrorClass,
+        answer_not_saved: ErrorClass,
         invalid: ErrorClass,
     ) -> None:
         self.by_failure = {
@@ -232,6 +274,10 @@ class ErrorTypes:
             "key_reuse": key_reuse,
             "lease_held": lease_held,
             "ledger": ledger,
+            "answer_not_saved": answer_not_saved,
+            # As for attempts that ran out: a response when the last one could be read (the
+            # 409, ``Report.stopped``), else this.
+            "still_in_progress": other,
             "builder": invalid,
             "invalid_key": invalid,
         }
@@ -244,7 +290,7 @@ class ErrorTypes:
         by_kind = None if kind is None else self.by_kind.get(kind)
         by_failure = None if answer.failure is None else self.by_failure.get(answer.failure)
         cls = by_kind or by_failure or self.other
-        message = answer.message or "the operation stopped without an answer"
+        message = python_message(answer.message or "the operation stopped without an answer")
         if kind == "lease_held":
             message = _RUST_WAIT_HINT.sub("", message)
         key = answer.key
@@ -266,6 +312,7 @@ class ErrorTypes:
             answer.elapsed,
             history_of(answer.history),
             answer.lease_wait,
+            answer.error_status,
         )
         return error
 
@@ -288,5 +335,6 @@ HTTPX = ErrorTypes(
     key_reuse=KeyReuseError,
     lease_held=LeaseHeldError,
     ledger=LedgerError,
+    answer_not_saved=AnswerNotSavedError,
     invalid=InvalidRequest,
 )

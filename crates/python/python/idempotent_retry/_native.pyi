@@ -58,6 +58,10 @@ class Answer:
     elapsed: float
     lease_wait: float
     unrecorded: Optional[str]
+    in_progress_waits: int
+    in_progress_wait: float
+    refetched: bool
+    error_status: Optional[int]
     outcome: str
     error_kind: Optional[str]
     failure: Optional[str]
@@ -101,6 +105,9 @@ class Engine:
         key_file: Optional[str] = None,
         proxy: Optional[str] = None,
         answer_read_limit: Optional[int] = None,
+        max_in_progress_wait: Optional[float] = None,
+        max_saved_body: Optional[int] = None,
+        fetch_unsaved_answers: bool = True,
     ) -> Engine: ...
     @property
     def key_header(self) -> str:

@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator, Dict, Iterator, List, Optional, Sequence,
 import httpx
 
 from . import _native
-from ._errors import HTTPX, Attempt, ErrorTypes, history_of
+from ._errors import HTTPX, Attempt, ErrorTypes, history_of, python_message
 
 __all__ = [
     "Transport",
@@ -83,8 +83,10 @@ class Report:
             retries stopped on this response (a 503 after the last attempt, a 429 asking for
             too long a wait): it is the last attempt's answer, not the operation's.
         stopped: why the retries stopped on this response (``attempts_exhausted``,
-            ``retry_after_too_long``, ``reconcile_window``, ``budget_exhausted``), or ``None``
-            for a final answer.
+            ``retry_after_too_long``, ``reconcile_window``, ``budget_exhausted``,
+            ``still_in_progress``: the receiver still answered 409 "in progress" when
+            ``max_in_progress_wait=`` ran out, outcome ``"unknown"``), or ``None`` for a final
+            answer.
         message: the engine's explanation when ``stopped`` is set.
         history: one ``Attempt`` per attempt sent by this run, in order (empty for a replayed
             response): each one's status or failure, when it started, the wait after it.
@@ -95,6 +97,15 @@ class Report:
             when it was not (another run took the key over while the answer arrived); the
             response is still the operation's answer. ``None`` when it was recorded, or
             without a ledger.
+        in_progress_waits: answers that said the operation was still in progress at the
+            receiver (a keyed 409: often this operation's own earlier attempt, still running
+            there), each waited out. Counted in ``attempts``, not toward ``max_attempts``.
+        in_progress_wait: seconds spent waiting those out (counted in ``elapsed``); at most
+            ``max_in_progress_wait=``.
+        refetched: whether the ledger held this operation as succeeded without its answer's
+            body (longer than ``max_saved_body=``), so it was sent again with its key and this
+            is the receiver's answer from its own store (``fetch_unsaved_answers=``); the
+            receiver still holds the key inside the reconcile window, so no second effect.
     """
 
     attempts: int
@@ -107,6 +118,9 @@ class Report:
     history: Tuple[Attempt, ...] = ()
     lease_wait: float = 0.0
     unrecorded: Optional[str] = None
+    in_progress_waits: int = 0
+    in_progress_wait: float = 0.0
+    refetched: bool = False
 
 
 def _timeout(request: Any) -> Optional[float]:
@@ -234,10 +248,13 @@ def _response(hx: Any, answer: Any, request: Any, errors: ErrorTypes, sync: bool
         elapsed=answer.elapsed,
         outcome=answer.outcome,
         stopped=answer.error_kind,
-        message=answer.message,
+        message=None if answer.message is None else python_message(answer.message),
         history=history_of(answer.history),
         lease_wait=answer.lease_wait,
         unrecorded=answer.unrecorded,
+        in_progress_waits=answer.in_progress_waits,
+        in_progress_wait=answer.in_progress_wait,
+        refetched=answer.refetched,
     )
     extensions = {REPORT_EXTENSION: report}
     if answer.http_version:
@@ -330,7 +347,7 @@ _OPTIONS_DOC = """
     Every option is keyword-only; ``ValueError`` for an invalid one (a zero ``max_attempts``,
     a ``base_delay`` above ``max_delay``, a negative duration, a bad header name, a TLS file
     without a usable PEM certificate, a proxy that is not an http(s) URL, a negative
-    ``answer_read_limit``), ``TypeError`` for a ``verify``, ``cert`` or ``proxy`` of the wrong
+    ``answer_read_limit`` or ``max_saved_body``), ``TypeError`` for a ``verify``, ``cert`` or ``proxy`` of the wrong
     type, ``FileNotFoundError`` (``OSError``) for a TLS file that cannot be read,
     ``RuntimeError`` when the ledger cannot be opened.
 
@@ -346,6 +363,14 @@ _OPTIONS_DOC = """
             sent again (the receiver may have forgotten the key). Default: 86400.
         max_retry_after: the longest ``Retry-After`` honoured, in seconds; a longer one ends the
             operation. Default: 60.
+        max_in_progress_wait: seconds to wait out a receiver that answers that the operation
+            is still in progress (a keyed ``409 Conflict``, as Stripe and idempotency
+            middlewares answer while a request with the key runs: often this operation's own
+            attempt that timed out). Those answers are waits, not attempts: they do not count
+            toward ``max_attempts`` (``Report.in_progress_waits``). When this runs out, the
+            last 409 is returned with ``Report.stopped`` ``"still_in_progress"`` and outcome
+            ``"unknown"`` (send it again later with the same key). 0 stops at the first such
+            answer. Default: 60.
         key_header: the idempotency key's header. Default: ``Idempotency-Key``.
         ledger: an SQLite file's path (created if missing) or a ``postgres://`` URL: every keyed
             operation is claimed there before its first attempt, and a succeeded one is
@@ -357,6 +382,19 @@ _OPTIONS_DOC = """
             replayed, or its key taken over once its lease lapses) before raising
             ``LeaseHeldError``; 0 raises at once. Default: 240 (4 min), the same as Rust and
             idemcurl.
+        max_saved_body: bytes. The longest answer body the ledger keeps for a replay; a longer
+            one is handed over whole but saved without its body (the row keeps its status,
+            headers and ``Content-Length``). Default: 65536 (64 KiB, the Rust crate's: an API's
+            JSON answer with room to spare, and a row every process on the ledger can read
+            quickly); a longer answer is fetched again, not lost (``fetch_unsaved_answers``).
+        fetch_unsaved_answers: what a later run does with a succeeded operation whose body
+            the ledger did not keep. ``True``: inside the operation's reconcile window it sends
+            it again with its key and returns the receiver's answer from its own store
+            (``Report.refetched``); this cannot repeat the effect, for the reason a retry
+            cannot: the receiver still holds the key inside the window. ``False``, or past
+            the window: ``AnswerNotSavedError`` (outcome ``"done"``, ``status`` the saved
+            answer's; its message names the key, the size and the limit), nothing sent. Never
+            an empty body as the answer. Default: ``True``.
         worker: this process's name in the ledger's rows. Default: a random UUID.
         ledger_scope: the scope every operation is filed under. Default: the URL's host.
         retry_budget: whether a token bucket limits retries across the transport. Default: on.
@@ -428,6 +466,9 @@ class SyncEngineTransport:
         cert: Optional[Cert] = None,
         proxy: Optional[str] = None,
         answer_read_limit: Optional[int] = None,
+        max_in_progress_wait: Optional[float] = None,
+        max_saved_body: Optional[int] = None,
+        fetch_unsaved_answers: bool = True,
     ) -> None:
         # None leaves an option at the engine's default.
         self._engine = _native.Engine(
@@ -450,6 +491,9 @@ class SyncEngineTransport:
             budget_success_reward=budget_success_reward,
             proxy=_proxy(proxy),
             answer_read_limit=answer_read_limit,
+            max_in_progress_wait=max_in_progress_wait,
+            max_saved_body=max_saved_body,
+            fetch_unsaved_answers=fetch_unsaved_answers,
             **_tls(verify, cert),
         )
 

@@ -27,6 +27,7 @@ __all__ = [
     "KeyReuseError",
     "LeaseHeldError",
     "LedgerError",
+    "AnswerNotSavedError",
     "InvalidRequest",
 ]
 
@@ -68,6 +69,12 @@ class LedgerError(OperationError, httpx2.TransportError):
     """The ledger could not be read or written."""
 
 
+class AnswerNotSavedError(OperationError, httpx2.TransportError):
+    """The ledger holds this operation as succeeded, but not its answer's body (longer than
+    ``max_saved_body=``): nothing was sent; ``outcome`` ``"done"``, ``status`` the saved
+    answer's (``idempotent_retry.AnswerNotSavedError``, for httpx2)."""
+
+
 class InvalidRequest(OperationError, httpx2.RequestError):
     """The request or its key was refused before anything was sent."""
 
@@ -82,6 +89,7 @@ _ERRORS = ErrorTypes(
     key_reuse=KeyReuseError,
     lease_held=LeaseHeldError,
     ledger=LedgerError,
+    answer_not_saved=AnswerNotSavedError,
     invalid=InvalidRequest,
 )
 
