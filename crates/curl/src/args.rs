@@ -98,6 +98,9 @@ pub(crate) struct Invocation {
     pub(crate) reconcile_window: Option<Duration>,
     pub(crate) ledger: LedgerArg,
     pub(crate) lease_wait: Duration,
+    pub(crate) in_progress_wait: Duration,
+    pub(crate) max_saved_body: usize,
+    pub(crate) refetch: bool,
     pub(crate) report: ReportFormat,
 }
 
@@ -107,6 +110,16 @@ pub(crate) const DEFAULT_SCOPE: &str = "idemcurl";
 /// The default `--lease-wait`: the library's (`LeaseHeldPolicy::WAIT`), so idemcurl, Rust and
 /// Python wait as long for a run holding the key.
 const DEFAULT_LEASE_WAIT: &str = "4m";
+
+/// The default `--in-progress-wait`: the library's (`RetryPolicy::max_in_progress_wait`), so
+/// idemcurl, Rust and Python wait as long for a receiver that says "in progress".
+const DEFAULT_IN_PROGRESS_WAIT: &str = "1m";
+
+/// The default `--max-saved-body`: 1 MiB, the size of the answers idemcurl reads whole inside
+/// their attempt. A command line's answers are often documents or reports larger than an
+/// API's JSON (the library's 64 KiB), and one limit for both means every answer the ledger
+/// can replay was read whole before anything was written out.
+pub(crate) const DEFAULT_MAX_SAVED_BODY: usize = 1024 * 1024;
 
 /// The command's definition.
 pub(crate) fn command() -> Command {
@@ -171,6 +184,9 @@ pub(crate) fn command() -> Command {
         .arg(value("postgres", "postgres", "URL").conflicts_with("no-ledger").help("A PostgreSQL ledger shared by a fleet (postgres://user@host/db)"))
         .arg(flag("no-ledger", "no-ledger").help("Keep no ledger: retries in this run are safe, a re-run sends again"))
         .arg(value("lease-wait", "lease-wait", "DURATION").default_value(DEFAULT_LEASE_WAIT).help("How long to wait for another run sending the same key to finish"))
+        .arg(value("in-progress-wait", "in-progress-wait", "DURATION").default_value(DEFAULT_IN_PROGRESS_WAIT).help("How long to wait out a receiver that answers \"in progress\" (a keyed 409: another request with the key, often an earlier attempt, still runs there); those answers are waits, not counted toward --retry; then exit 76, outcome unknown (0s: stop at the first)"))
+        .arg(value("max-saved-body", "max-saved-body", "SIZE").default_value("1MiB").help("The longest answer body the ledger keeps for a re-run (bytes, or 64KiB, 1MiB, 8MiB). Default 1 MiB: what idemcurl reads whole inside an attempt, so an answer it replays was read whole first, with room for documents larger than an API's JSON. A longer answer is written out whole but not kept: a re-run sends it again with its key, for the receiver to answer from its store"))
+        .arg(flag("no-refetch", "no-refetch").help("On a re-run of an operation whose answer was longer than --max-saved-body, send nothing and exit 79 instead of sending it again with its key (for a receiver that does not answer a key from its store)"))
         .arg(value("report", "report", "FORMAT").value_parser(["text", "json"]).default_value("text").help("The report on stderr: a line of text, or a JSON object for programs"))
 }
 
@@ -270,6 +286,15 @@ pub(crate) fn invocation(matches: &ArgMatches) -> Result<Invocation, String> {
             "--lease-wait",
             &text("lease-wait").unwrap_or_else(|| DEFAULT_LEASE_WAIT.to_owned()),
         )?,
+        in_progress_wait: duration(
+            "--in-progress-wait",
+            &text("in-progress-wait").unwrap_or_else(|| DEFAULT_IN_PROGRESS_WAIT.to_owned()),
+        )?,
+        max_saved_body: match text("max-saved-body") {
+            Some(value) => size("--max-saved-body", &value)?,
+            None => DEFAULT_MAX_SAVED_BODY,
+        },
+        refetch: !matches.get_flag("no-refetch"),
         report: if text("report").as_deref() == Some("json") {
             ReportFormat::Json
         } else {
@@ -295,6 +320,33 @@ fn seconds(flag: &str, value: &str) -> Result<Duration, String> {
 fn duration(flag: &str, value: &str) -> Result<Duration, String> {
     humantime::parse_duration(value)
         .map_err(|err| format!("{flag} {value:?} is not a duration (90s, 2h, 1day): {err}"))
+}
+
+/// A number of bytes as humans write it: `4096`, `64KiB`, `1MiB` (`K`, `KB`, `M`, `MB`, `G`,
+/// `GB` are the same powers of 1024).
+fn size(flag: &str, value: &str) -> Result<usize, String> {
+    let refused = || {
+        format!(
+            "{flag} {value:?} is not a size: give bytes, or a number with KiB, MiB or GiB (4096, 64KiB, 1MiB)"
+        )
+    };
+    let text = value.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let number: u64 = digits.parse().map_err(|_| refused())?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1024,
+        "m" | "mb" | "mib" => 1024 * 1024,
+        "g" | "gb" | "gib" => 1024 * 1024 * 1024,
+        _ => return Err(refused()),
+    };
+    number
+        .checked_mul(scale)
+        .and_then(|bytes| usize::try_from(bytes).ok())
+        .ok_or_else(|| format!("{flag} {value:?} is too large"))
 }
 
 #[cfg(test)]
@@ -357,5 +409,43 @@ mod tests {
         assert!(err.contains("--key"), "{err}");
         let err = parse(&["http://h/", "http://i/"]).expect_err("two urls");
         assert!(err.contains("http://i/"), "{err}");
+        let err = parse(&["--in-progress-wait", "soon", "http://h/"]).expect_err("text");
+        assert!(
+            err.contains("--in-progress-wait") && err.contains("not a duration"),
+            "{err}"
+        );
+        for bad in ["-1", "lots", "2TiB", "1.5MiB"] {
+            let err = parse(&["--max-saved-body", bad, "http://h/"]).expect_err(bad);
+            assert!(err.contains("--max-saved-body"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_in_progress_wait_and_the_saved_body_limit_read_as_written() {
+        let run = parse(&["http://h/"]).expect("parses");
+        assert_eq!(run.in_progress_wait, Duration::from_secs(60));
+        assert_eq!(run.max_saved_body, 1024 * 1024);
+        assert!(run.refetch);
+        let run = parse(&[
+            "--in-progress-wait",
+            "0s",
+            "--max-saved-body",
+            "64KiB",
+            "--no-refetch",
+            "http://h/",
+        ])
+        .expect("parses");
+        assert_eq!(run.in_progress_wait, Duration::ZERO);
+        assert_eq!(run.max_saved_body, 64 * 1024);
+        assert!(!run.refetch);
+        for (text, bytes) in [
+            ("4096", 4096),
+            ("2M", 2 << 20),
+            ("1 GiB", 1 << 30),
+            ("0", 0),
+        ] {
+            let run = parse(&["--max-saved-body", text, "http://h/"]).expect(text);
+            assert_eq!(run.max_saved_body, bytes, "{text}");
+        }
     }
 }

@@ -22,6 +22,10 @@ pub(crate) enum Exit {
     KeyReused,
     /// The ledger could not be opened, read or written.
     Ledger,
+    /// Done, but the ledger did not keep the answer's body (longer than `--max-saved-body`)
+    /// and did not fetch it again (`--no-refetch`, or past the reconcile window): nothing was
+    /// sent, nothing written out.
+    AnswerNotSaved,
 }
 
 impl Exit {
@@ -36,13 +40,14 @@ impl Exit {
             Exit::Unknown => 76,
             Exit::KeyReused => 77,
             Exit::Ledger => 78,
+            Exit::AnswerNotSaved => 79,
         }
     }
 
     /// The word the JSON report and `%{outcome}` give.
     pub(crate) fn outcome(self) -> &'static str {
         match self {
-            Exit::Done | Exit::HttpError | Exit::Write => "done",
+            Exit::Done | Exit::HttpError | Exit::Write | Exit::AnswerNotSaved => "done",
             Exit::Usage => "usage_error",
             Exit::NotDone => "not_done",
             Exit::Unknown => "unknown",
@@ -73,6 +78,11 @@ Exit status:
   77  refused: the key belongs to a different request; nothing was sent
   78  ledger error: the ledger could not be opened, read or written (the report says whether
       anything was sent)
+  79  done, but its answer was not kept: the ledger holds the operation as done without the
+      answer's body (longer than --max-saved-body), and --no-refetch or the end of the
+      reconcile window kept it from being sent again; nothing was sent or written out: run
+      it again without --no-refetch inside the window, or look the answer up at the receiver
+      under the key (the report names it)
 
 The key: --key, --key-from, an Idempotency-Key header, else derived from
 IDEMPOTENT_RETRY_RUN (and IDEMPOTENT_RETRY_STEP) with the request, else fresh for this
@@ -94,6 +104,7 @@ mod tests {
             Exit::Unknown,
             Exit::KeyReused,
             Exit::Ledger,
+            Exit::AnswerNotSaved,
         ] {
             let row = format!("{:>4}  ", exit.code());
             assert_eq!(

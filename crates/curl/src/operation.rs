@@ -25,10 +25,10 @@ use crate::write_out::{Facts, WriteOut};
 const RELEASE_WAIT: Duration = Duration::from_secs(5);
 /// The longest wait for the ledger to close before the process exits.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
-/// The longest answer body saved for replay, and the longest read inside its attempt (a body
-/// cut midway is then a failed attempt, retried with the same key): one limit, so that every
-/// answer the ledger can replay whole was read whole before anything was written out.
-pub(crate) const MAX_SAVED_BODY: usize = 1024 * 1024;
+/// The longest answer body read inside its attempt (a body cut midway is then a failed
+/// attempt, retried with the same key) unless `--max-saved-body` is larger: then that, so that
+/// every answer the ledger can replay whole was read whole before anything was written out.
+const ANSWER_READ_LIMIT: usize = crate::args::DEFAULT_MAX_SAVED_BODY;
 
 /// What the invocation sends, read and checked before anything goes out.
 struct Prepared {
@@ -173,6 +173,7 @@ fn prepare(invocation: &Invocation) -> Result<Prepared, String> {
     if let Some(window) = invocation.reconcile_window {
         policy = policy.with_reconcile_window(window);
     }
+    policy = policy.with_max_in_progress_wait(invocation.in_progress_wait);
     policy.validate().map_err(|err| err.to_string())?;
     let redirects = if invocation.location {
         match invocation.max_redirs {
@@ -263,6 +264,7 @@ async fn operate(invocation: &Invocation, slot: &mut Option<ledger::Opened>) -> 
     report.method = prepared.method.to_string();
     report.url = shown(&prepared.url);
     report.ledger = "none".to_owned();
+    report.max_saved_body = invocation.max_saved_body;
 
     let keyed_method = IdempotencyKey::is_minted_for(&prepared.method);
     let identity =
@@ -304,7 +306,8 @@ async fn operate(invocation: &Invocation, slot: &mut Option<ledger::Opened>) -> 
         }
     };
     let options = LedgerOptions::new()
-        .max_body(MAX_SAVED_BODY)
+        .max_body(invocation.max_saved_body)
+        .fetch_unsaved_answers(invocation.refetch)
         .on_lease_held(match LeaseHeldPolicy::WAIT {
             LeaseHeldPolicy::Wait { poll, .. } => LeaseHeldPolicy::Wait {
                 poll,
@@ -318,7 +321,7 @@ async fn operate(invocation: &Invocation, slot: &mut Option<ledger::Opened>) -> 
         .policy(prepared.policy)
         .key_header(prepared.key_header.clone())
         .redirects(prepared.redirects.clone())
-        .answer_read_limit(MAX_SAVED_BODY);
+        .answer_read_limit(invocation.max_saved_body.max(ANSWER_READ_LIMIT));
     if matches!(invocation.report, crate::args::ReportFormat::Text) && !invocation.silent {
         builder = builder.observer(WaitNotice::default());
     }
@@ -383,6 +386,8 @@ async fn operate(invocation: &Invocation, slot: &mut Option<ledger::Opened>) -> 
                 ErrorKind::Builder | ErrorKind::InvalidKey => Exit::Usage,
                 ErrorKind::KeyReuse => Exit::KeyReused,
                 ErrorKind::Ledger => Exit::Ledger,
+                // Done: the ledger holds it as succeeded, without the answer's body.
+                ErrorKind::AnswerNotSaved => Exit::AnswerNotSaved,
                 _ if err.is_outcome_unknown() => Exit::Unknown,
                 _ => Exit::NotDone,
             };
@@ -391,7 +396,11 @@ async fn operate(invocation: &Invocation, slot: &mut Option<ledger::Opened>) -> 
             report.lease_wait = err.report().lease_wait();
             report.in_progress_waits = err.report().in_progress_waits();
             report.in_progress_wait = err.report().in_progress_wait();
-            report.error = Some(err.message_with_cause());
+            report.error = Some(command_line_hints(&err.message_with_cause()));
+            if report.exit == Exit::AnswerNotSaved {
+                // The saved answer's status: the operation is done.
+                report.status = err.status().map(|status| status.as_u16());
+            }
             if let Some(key) = err.idempotency_key() {
                 report.key = Some(key.as_str().to_owned());
             }
@@ -423,6 +432,28 @@ async fn operate(invocation: &Invocation, slot: &mut Option<ledger::Opened>) -> 
             report
         }
     }
+}
+
+/// The library's message with the options it names (Rust's) turned into idemcurl's flags.
+fn command_line_hints(message: &str) -> String {
+    [
+        (
+            "send it with LedgerOptions::fetch_unsaved_answers(true) to have the receiver \
+             answer it again under the key",
+            "run it again without --no-refetch to have the receiver answer it again under the \
+             key",
+        ),
+        ("LedgerOptions::max_body", "--max-saved-body"),
+        (
+            "RetryPolicy::with_max_in_progress_wait",
+            "--in-progress-wait",
+        ),
+        ("(max_in_progress_wait is 0)", "(--in-progress-wait is 0)"),
+    ]
+    .iter()
+    .fold(message.to_owned(), |message, (rust, flag)| {
+        message.replace(rust, flag)
+    })
 }
 
 /// The request as the invocation asks it, on `client`.
@@ -521,9 +552,11 @@ fn deepest_cause(err: &(dyn std::error::Error + 'static)) -> String {
 /// it again: the receiver answered `status` (a final answer when `done`), so a keyed
 /// operation's effect stands, and the same request sent with its key is answered again from
 /// the receiver's store. A ledger cannot replay it: an answer streamed out (longer than
-/// [`MAX_SAVED_BODY`], or of unknown length) was recorded without its body.
+/// `max_saved_body`, or of unknown length) was recorded without its body, and a re-run with
+/// the key sends it again.
 fn cut_message(
     report: &Report,
+    invocation: &Invocation,
     method: &Method,
     (written, total): (u64, Option<u64>),
     cause: &str,
@@ -544,11 +577,17 @@ fn cut_message(
             "so its effect stands: run it again with --key {key} to have the whole answer \
              again from the receiver's store"
         ),
+        Some(key) if invocation.refetch => format!(
+            "so its effect stands: run it again with --key {key} to have the whole answer \
+             again from the receiver's store (the ledger keeps no body over {} bytes: it \
+             sends the request again under the key)",
+            invocation.max_saved_body
+        ),
         Some(key) => format!(
-            "so its effect stands: run it again with --key {key} --no-ledger to have the whole \
-             answer again from the receiver's store (the ledger saves no body over {} MiB: \
-             its replay would be empty)",
-            MAX_SAVED_BODY / (1024 * 1024)
+            "so its effect stands: run it again with --key {key} (without --no-refetch) to \
+             have the whole answer again from the receiver's store (the ledger keeps no body \
+             over {} bytes)",
+            invocation.max_saved_body
         ),
         None if IdempotencyKey::is_minted_for(method) => "and it was sent without a key, so a \
              re-run is a new operation: check with the server before sending it again"
@@ -577,7 +616,7 @@ async fn answered(
         .map(str::to_owned);
     if let Some(retry) = RetryReport::of(&response) {
         report.replayed = retry.is_replayed();
-        report.body_missing = retry.is_replay_body_missing();
+        report.refetched = retry.is_refetched();
         report.attempts = retry.attempts();
         report.elapsed = retry.elapsed();
         if let Some(key) = retry.idempotency_key() {
@@ -603,7 +642,7 @@ async fn answered(
             prepared.out.write(&head).map_err(write_error)?;
         }
         if !(failing && invocation.fail == HttpErrors::Fail) {
-            // A body up to MAX_SAVED_BODY was read inside its attempt (a cut one was retried):
+            // A body up to the answer read limit was read inside its attempt (a cut one was retried):
             // only a streamed one can fail here, after the receiver answered.
             while let Some(chunk) = response.chunk().await.map_err(|err| Unwritten::Cut {
                 written: size,
@@ -629,6 +668,7 @@ async fn answered(
             report.body_cut = true;
             report.error = Some(cut_message(
                 &report,
+                invocation,
                 &prepared.method,
                 (written, total),
                 &cause,

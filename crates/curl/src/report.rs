@@ -19,8 +19,12 @@ pub(crate) struct Report {
     pub(crate) key: Option<String>,
     pub(crate) key_source: KeySource,
     pub(crate) replayed: bool,
-    /// A replayed answer whose body was too long to save.
-    pub(crate) body_missing: bool,
+    /// The ledger held the operation as done without the answer's body (longer than
+    /// `--max-saved-body`): it was sent again with its key, and this is the receiver's answer
+    /// from its store.
+    pub(crate) refetched: bool,
+    /// `--max-saved-body`: the longest answer body the ledger keeps.
+    pub(crate) max_saved_body: usize,
     /// The answer's body was cut midway, after the receiver answered (exit 23): `error` says
     /// how much was written out and how to have the answer again.
     pub(crate) body_cut: bool,
@@ -56,7 +60,8 @@ impl Report {
             key: None,
             key_source: KeySource::None,
             replayed: false,
-            body_missing: false,
+            refetched: false,
+            max_saved_body: 0,
             body_cut: false,
             error: Some(message),
             ledger: String::new(),
@@ -139,6 +144,13 @@ impl Report {
         let error = self.error.as_deref().unwrap_or("no answer");
         let key = self.key_phrase();
         match self.exit {
+            Exit::AnswerNotSaved => format!(
+                "idemcurl: done, answer not kept: {}{error}; nothing was sent or written out; \
+                 {key}",
+                self.status
+                    .map(|status| format!("{status} from {} {}; ", self.method, self.url))
+                    .unwrap_or_default(),
+            ),
             Exit::Done | Exit::HttpError | Exit::Write => {
                 let done = if self.exit == Exit::Write {
                     "done, answer incomplete"
@@ -147,14 +159,16 @@ impl Report {
                 };
                 let status = self.status.unwrap_or(0);
                 let how = if self.replayed {
-                    let missing = if self.body_missing {
-                        " (its body was too long to save: the body is empty)"
-                    } else {
-                        ""
-                    };
                     format!(
-                        "replayed from the ledger{missing}, nothing sent{}",
+                        "replayed from the ledger, nothing sent{}",
                         self.waited_phrase()
+                    )
+                } else if self.refetched {
+                    format!(
+                        "fetched again from the receiver under its key: the ledger keeps answers \
+                         up to {} bytes; {}",
+                        self.max_saved_body,
+                        self.attempts_phrase()
                     )
                 } else {
                     format!("sent, {}", self.attempts_phrase())
@@ -240,7 +254,7 @@ impl Report {
             "key_source": self.key_source.name(),
             "sent": self.sent(),
             "replayed": self.replayed,
-            "replayed_body_missing": self.body_missing,
+            "refetched": self.refetched,
             "body_cut": self.body_cut,
             "cancelled": self.cancelled,
             "lease_wait_ms": u64::try_from(self.lease_wait.as_millis()).unwrap_or(u64::MAX),
@@ -281,7 +295,8 @@ mod tests {
             key: Some("k-1".into()),
             key_source: KeySource::Fresh,
             replayed: false,
-            body_missing: false,
+            refetched: false,
+            max_saved_body: 1024 * 1024,
             body_cut: false,
             error: Some("gave up after 2 attempts".into()),
             ledger: "none".into(),
@@ -379,6 +394,49 @@ mod tests {
         );
         let json: serde_json::Value = serde_json::from_str(&full.json()).expect("json");
         assert_eq!(json["body_cut"], false);
+    }
+
+    #[test]
+    fn an_answer_fetched_again_or_not_kept_is_said_so() {
+        let mut fetched = report(Exit::Done);
+        fetched.status = Some(200);
+        fetched.attempts = 1;
+        fetched.elapsed = Duration::from_millis(12);
+        fetched.refetched = true;
+        let text = fetched.text();
+        assert!(
+            text.starts_with(
+                "idemcurl: done: 200 from POST http://127.0.0.1:1/v1/charges, fetched again \
+                 from the receiver under its key: the ledger keeps answers up to 1048576 \
+                 bytes; 1 attempt in 12ms; "
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("empty"), "{text}");
+        let json: serde_json::Value = serde_json::from_str(&fetched.json()).expect("json");
+        assert_eq!(json["refetched"], true);
+        assert_eq!(json["sent"], true);
+        assert_eq!(json["replayed"], false);
+
+        let mut kept = report(Exit::AnswerNotSaved);
+        kept.status = Some(200);
+        kept.attempts = 0;
+        kept.error =
+            Some("its answer's body (2097152 bytes) was longer than the ledger keeps".into());
+        let text = kept.text();
+        assert!(
+            text.starts_with(
+                "idemcurl: done, answer not kept: 200 from POST http://127.0.0.1:1/v1/charges; \
+                 its answer's body (2097152 bytes) was longer than the ledger keeps; nothing \
+                 was sent or written out; key k-1"
+            ),
+            "{text}"
+        );
+        let json: serde_json::Value = serde_json::from_str(&kept.json()).expect("json");
+        assert_eq!(json["exit"], 79);
+        assert_eq!(json["outcome"], "done");
+        assert_eq!(json["status"], 200);
+        assert_eq!(json["sent"], false);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! (a `Content-Length` up to 1 MiB) is a failed attempt, retried with the same key, and written
 //! out whole; a streamed one (longer, or without a length) ends with exit 23 and a report
 //! that says what was written and the `--key` to run it again with, and that re-run gets the
-//! whole answer.
+//! whole answer (through the ledger too: it sends an answer it did not keep again).
 
 use idempotent_retry_testkit::{Delivery, Fault, Receiver, Reply, When};
 
@@ -207,19 +207,25 @@ async fn with_a_ledger_a_streamed_answer_cut_past_what_it_saves_names_the_rerun_
         "{said}"
     );
     assert!(
-        said.contains("run it again with --key cut-ledger --no-ledger to have the whole answer"),
+        said.contains(
+            "run it again with --key cut-ledger to have the whole answer again from the \
+             receiver's store (the ledger keeps no body over 1048576 bytes: it sends the \
+             request again under the key)"
+        ),
         "{said}"
     );
+    // The re-run it names, through the same ledger: sent again with the key, written whole.
     let again = run(charge(
         &scratch,
         &receiver,
         "cut-ledger",
-        false,
+        true,
         &["--report", "json"],
     ))
     .await;
     assert_eq!(again.code, 0, "{again:?}");
     assert_eq!(again.stdout.len(), LONG);
+    assert_eq!(again.report()["refetched"], true, "{again:?}");
     assert_eq!(receiver.effects_for("cut-ledger"), 1);
     assert_eq!(receiver.arrivals(), 2);
 }

@@ -6,3 +6,4 @@ mod parity;
 mod process;
 mod support;
 mod tls;
+mod unsaved_answers;

@@ -616,3 +616,64 @@ async fn an_answer_that_cannot_be_written_is_kept_and_replayed_by_the_rerun() {
     assert_eq!(receiver.effects_for("full-1"), 1);
     assert_eq!(receiver.arrivals(), 1);
 }
+
+#[tokio::test]
+async fn in_progress_answers_are_waited_out_apart_from_retry_then_bounded_by_in_progress_wait() {
+    let receiver = Receiver::start().await.expect("receiver");
+    let scratch = Scratch::new();
+    // Three "in progress" answers, then the answer: more than --retry 1 allows as attempts.
+    for attempt in 1..=3 {
+        receiver.inject(When::key_attempt("busy-1", attempt), Fault::status(409));
+    }
+    let ran = run(charge(
+        &scratch,
+        &receiver,
+        &["--key", "busy-1", "--retry", "1"],
+    ))
+    .await;
+    assert_eq!(ran.code, 0, "{ran:?}");
+    let report = ran.report();
+    assert_eq!(report["status"], 200, "{report}");
+    assert_eq!(report["attempts"], 4, "{report}");
+    assert_eq!(report["in_progress_waits"], 3, "{report}");
+    assert_eq!(receiver.keys(), vec![Some("busy-1".to_owned()); 4]);
+    assert_eq!(receiver.effects_for("busy-1"), 1);
+
+    // Still in progress when --in-progress-wait runs out: outcome unknown, exit 76, and the
+    // message names the flag that waits longer.
+    for attempt in 1..=200 {
+        receiver.inject(When::key_attempt("busy-2", attempt), Fault::status(409));
+    }
+    let ran = run(charge_text(
+        &scratch,
+        &receiver,
+        &["--key", "busy-2", "--in-progress-wait", "300ms"],
+    ))
+    .await;
+    assert_eq!(ran.code, 76, "{ran:?}");
+    let said = ran.stderr.lines().last().unwrap_or_default();
+    for part in [
+        "idemcurl: outcome unknown: ",
+        "the receiver still reported the operation in progress after 300ms",
+        "--in-progress-wait sets how long to wait",
+        "run it again only with --key busy-2",
+    ] {
+        assert!(said.contains(part), "{part:?} in {said}");
+    }
+    assert!(!said.contains("RetryPolicy"), "{said}");
+    assert_eq!(receiver.effects_for("busy-2"), 0);
+
+    // 0s: the first "in progress" ends it.
+    receiver.inject(When::key_attempt("busy-3", 1), Fault::status(409));
+    let ran = run(charge(
+        &scratch,
+        &receiver,
+        &["--key", "busy-3", "--in-progress-wait", "0s"],
+    ))
+    .await;
+    assert_eq!(ran.code, 76, "{ran:?}");
+    let report = ran.report();
+    assert_eq!(report["attempts"], 1, "{report}");
+    let error = report["error"].as_str().expect("an error");
+    assert!(error.contains("(--in-progress-wait is 0)"), "{error}");
+}
