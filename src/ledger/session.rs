@@ -499,8 +499,8 @@ fn unsaved_answer<R>(
     Err(Error::operation(ErrorKind::AnswerNotSaved, report, false)
         .with_status(StatusCode::from_u16(saved.status).ok())
         .with_message(format!(
-            "it succeeded ({}), but its answer's body ({size}) was longer than the ledger keeps \
-             ({} bytes, LedgerOptions::max_body); nothing was sent; {how}",
+            "status {}; its answer's body ({size}) was longer than the ledger keeps ({} bytes, \
+             LedgerOptions::max_body); nothing was sent; {how}",
             saved.status, options.max_body
         )))
 }

@@ -153,7 +153,22 @@ pub(crate) fn record(row: &OperationRecord, now: SystemTime) -> String {
             || "none".to_owned(),
             |saved| match &saved.body {
                 Some(body) => format!("{}, {} bytes saved", saved.status, body.len()),
-                None => format!("{}, body not saved (over the limit)", saved.status),
+                None => match saved
+                    .headers
+                    .iter()
+                    .find(|(name, _)| name.eq_ignore_ascii_case("content-length"))
+                {
+                    Some((_, length)) => format!(
+                        "{}, body of {length} bytes not saved (over the limit: the next run \
+                         fetches it again with the key inside its window)",
+                        saved.status
+                    ),
+                    None => format!(
+                        "{}, body not saved (over the limit: the next run fetches it again \
+                         with the key inside its window)",
+                        saved.status
+                    ),
+                },
             },
         ),
     ));
@@ -269,6 +284,14 @@ fn hex(bytes: &[u8], separator: &str) -> String {
 fn describe_status(row: &OperationRecord) -> String {
     use idempotent_retry::ledger::OperationStatus::*;
     let meaning = match row.status {
+        Succeeded
+            if row
+                .response
+                .as_ref()
+                .is_some_and(|saved| saved.body.is_none()) =>
+        {
+            "done: its body was not kept, so the next run fetches it again with the key"
+        }
         Succeeded => "done: replayed from the ledger",
         FailedFinal => "not done, or refused: the next run sends it again",
         Unknown => "outcome unknown: it may have run",

@@ -340,13 +340,17 @@ async fn show_takes_a_unique_key_prefix_and_refuses_an_ambiguous_one() {
 
 /// A ledger file with a response whose body is `body` under `key`.
 async fn ledger_with_body(path: &Path, key: &str, body: Vec<u8>) {
+    ledger_with_answer(path, key, SavedResponse::new(200, Vec::new(), Some(body))).await;
+}
+
+/// A succeeded row of `key` with the saved answer `saved`.
+async fn ledger_with_answer(path: &Path, key: &str, saved: SavedResponse) {
     let ledger = SqliteLedger::open(path).await.expect("open");
     let claimed = ledger
         .claim(&claim(key, "exports", "f-body", 0))
         .await
         .expect("claim");
     assert!(matches!(claimed, Claimed::New(_)), "{claimed:?}");
-    let saved = SavedResponse::new(200, Vec::new(), Some(body));
     ledger
         .finish(
             &Finish::new(
@@ -362,6 +366,30 @@ async fn ledger_with_body(path: &Path, key: &str, body: Vec<u8>) {
         .expect("finish");
     drop(ledger);
     closed(path).await;
+}
+
+#[tokio::test]
+async fn show_says_how_long_an_answer_the_ledger_did_not_keep_was() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("unsaved.db");
+    let saved = SavedResponse::new(
+        200,
+        vec![("content-length".to_owned(), "2097152".to_owned())],
+        None,
+    );
+    ledger_with_answer(&path, "export-big", saved).await;
+    let shown = ok(&run(&path, &["show", "export-big"]));
+    assert!(
+        shown.contains(
+            "status:        succeeded (done: its body was not kept, so the next run fetches it \
+             again with the key)"
+        ),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("response:      200, body of 2097152 bytes not saved (over the limit"),
+        "{shown}"
+    );
 }
 
 #[tokio::test]
