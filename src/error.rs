@@ -625,9 +625,10 @@ impl Error {
         }
         write!(f, "{held}; nothing was sent; ")?;
         match (held.status, held.answered) {
-            (OperationStatus::Succeeded, _) => {
-                f.write_str("the key's operation is done: do not send it again under a new key")
-            }
+            (OperationStatus::Succeeded, _) => f.write_str(
+                "the key's operation is done: do not send that operation again under a new \
+                     key; a different operation needs a key of its own",
+            ),
             (OperationStatus::FailedFinal, Some(answered)) => write!(
                 f,
                 "the key's operation was answered {}: act on that answer before sending \
@@ -638,8 +639,8 @@ impl Error {
                 "the key's operation cannot have run: a new key for this request is safe",
             ),
             _ => f.write_str(
-                "the key's operation may have run: reconcile it by this key, do not send it \
-                 under a new key",
+                "the key's operation may have run: reconcile it by this key, do not send that \
+                 operation under a new key; a different operation needs a key of its own",
             ),
         }
     }

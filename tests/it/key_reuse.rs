@@ -108,7 +108,8 @@ async fn a_charged_order_sent_to_another_origin_is_reported_done_never_not_done(
     let expected_end = format!(
         "(scope 127.0.0.1); this request goes to another origin, {} (a key belongs to one \
          receiver: the fingerprint includes the origin); nothing was sent; the key's operation \
-         is done: do not send it again under a new key",
+         is done: do not send that operation again under a new key; a different operation \
+         needs a key of its own",
         origin.trim_end_matches('/')
     );
     assert!(text.ends_with(&expected_end), "{text}");
@@ -214,8 +215,8 @@ async fn each_stored_status_gives_its_own_truth() {
             Outcome::Unknown {
                 key: Some(lost.clone()),
             },
-            "the key's operation may have run: reconcile it by this key, do not send it under \
-             a new key",
+            "the key's operation may have run: reconcile it by this key, do not send that \
+             operation under a new key; a different operation needs a key of its own",
         ),
         (
             &held,
@@ -223,8 +224,8 @@ async fn each_stored_status_gives_its_own_truth() {
             Outcome::Unknown {
                 key: Some(held.clone()),
             },
-            "the key's operation may have run: reconcile it by this key, do not send it under \
-             a new key",
+            "the key's operation may have run: reconcile it by this key, do not send that \
+             operation under a new key; a different operation needs a key of its own",
         ),
     ];
     for (key, status, outcome, verdict) in cases {

@@ -123,6 +123,8 @@ pub(crate) fn command(name: &'static str) -> Command {
             .value_parser(clap::builder::NonEmptyStringValueParser::new())
     };
     Command::new(name)
+        // The usage lines name the command as it is typed (`idemcurl ledger resolve ...`).
+        .bin_name(name)
         .about("Inspect and settle the operations an idempotent-retry ledger records")
         .long_about(
             "Inspect and settle the operations an idempotent-retry ledger records: list them, \

@@ -74,8 +74,10 @@ Exit status:
    2  usage error: nothing was sent
   75  not done: it cannot have happened; safe to run again
   76  outcome unknown: it may have happened; run again only with the same key (the report
-      names it), or settle it with `idemcurl ledger resolve`
-  77  refused: the key belongs to a different request; nothing was sent
+      names it), or settle it with `idemcurl ledger resolve KEY --operator NAME --reason
+      TEXT --done` (or --not-done, or --send-again)
+  77  refused: the key belongs to a different request; nothing was sent (the same
+      operation must keep its key; a different operation needs a key of its own)
   78  ledger error: the ledger could not be opened, read or written (the report says whether
       anything was sent)
   79  done, but its answer was not kept: the ledger holds the operation as done without the

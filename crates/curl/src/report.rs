@@ -74,6 +74,23 @@ impl Report {
         }
     }
 
+    /// The `idemcurl ledger` options that name this invocation's ledger, so a printed command
+    /// reads the same one: ` --sqlite PATH` (quoted when it needs it), ` --postgres URL` (the
+    /// URL left out: it may hold a password), or nothing.
+    fn ledger_args(&self) -> String {
+        match self.ledger.as_str() {
+            "" | "none" => String::new(),
+            "postgres" => " --postgres URL".to_owned(),
+            path if path
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "/._-+=:@,".contains(c)) =>
+            {
+                format!(" --sqlite {path}")
+            }
+            path => format!(" --sqlite '{}'", path.replace('\'', r"'\''")),
+        }
+    }
+
     /// Whether anything went to the server in this invocation.
     fn sent(&self) -> bool {
         self.attempts > 0 && !self.replayed
@@ -217,8 +234,9 @@ impl Report {
                             ),
                             _ => format!("run it again only with --key {key}{window}"),
                         };
+                        let on = self.ledger_args();
                         format!(
-                            "{again}, or look it up with `idemcurl ledger show {key}` and settle it with `idemcurl ledger resolve {key}`"
+                            "{again}, or look it up with `idemcurl ledger{on} show {key}` and settle it with `idemcurl ledger{on} resolve {key} --operator NAME --reason TEXT --done` (or `--not-done`, or `--send-again`)"
                         )
                     }
                     None => "check with the server before sending it again".to_owned(),

@@ -330,11 +330,37 @@ async fn past_the_window_a_killed_run_is_refused_and_the_report_says_how_to_reco
     let late = run(text).await;
     assert_eq!(late.code, 76, "{late:?}");
     assert!(late.stderr.contains("outcome unknown"), "{}", late.stderr);
+    // The command the report prints runs as printed, once its placeholders are filled.
+    let printed = late
+        .stderr
+        .split("settle it with `")
+        .nth(1)
+        .and_then(|rest| rest.split('`').next())
+        .unwrap_or_else(|| panic!("a resolve command: {}", late.stderr));
     assert!(
-        late.stderr.contains("idemcurl ledger resolve late-1"),
-        "{}",
-        late.stderr
+        printed.starts_with("idemcurl ledger --sqlite ")
+            && printed.ends_with("resolve late-1 --operator NAME --reason TEXT --done"),
+        "{printed}"
     );
+    let filled = printed
+        .replace("NAME", "ops")
+        .replace("TEXT", "checked-at-the-receiver");
+    // The dead run's lease (10 s) is still live: the command says so and changes nothing,
+    // then goes through once it lapses.
+    let resolved = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let mut resolve = idemcurl(scratch.dir.path());
+            resolve.args(filled.split_whitespace().skip(1));
+            let resolved = run(resolve).await;
+            if resolved.code != 1 || !resolved.stderr.contains("a live lease holds it") {
+                return resolved;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    })
+    .await
+    .expect("the dead run's lease lapses");
+    assert_eq!(resolved.code, 0, "{printed}: {resolved:?}");
     assert_eq!(receiver.arrivals(), 1, "nothing sent past the window");
     // The operators' command in the same binary reads the same ledger.
     let mut show = idemcurl(scratch.dir.path());
@@ -344,9 +370,22 @@ async fn past_the_window_a_killed_run_is_refused_and_the_report_says_how_to_reco
     let shown = run(show).await;
     assert_eq!(shown.code, 0, "{shown:?}");
     assert!(
-        shown.stdout_text().contains("late-1"),
+        shown
+            .stdout_text()
+            .contains("resolution:    done by operator ops"),
         "{}",
         shown.stdout_text()
+    );
+    // Its help names it as it is typed.
+    let mut help = idemcurl(scratch.dir.path());
+    help.args(["ledger", "resolve", "--help"]);
+    let help = run(help).await;
+    assert_eq!(help.code, 0, "{help:?}");
+    assert!(
+        help.stdout_text()
+            .contains("Usage: idemcurl ledger resolve"),
+        "{}",
+        help.stdout_text()
     );
 }
 
