@@ -39,6 +39,15 @@ fn main() -> ExitCode {
     }
     let matches = match args::command().try_get_matches_from(arguments) {
         Ok(matches) => matches,
+        // A flag idemcurl does not take: clap's own tip ("to pass '-k' as a value, use
+        // '-- -k'") would make it the URL. Say what it is instead.
+        Err(err) if err.kind() == clap::error::ErrorKind::UnknownArgument => {
+            let flag = err
+                .get(clap::error::ContextKind::InvalidArg)
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            return usage(unknown_flag(&flag), args::ReportFormat::Text);
+        }
         // `--help` and `--version` print to stdout and exit 0; usage errors exit 2.
         Err(err) => err.exit(),
     };
@@ -59,6 +68,14 @@ fn main() -> ExitCode {
 }
 
 /// Reports a usage error found before anything was sent.
+/// What a flag idemcurl does not take is, and where the ones it takes are listed.
+fn unknown_flag(flag: &str) -> String {
+    format!(
+        "{flag} is not a flag idemcurl takes (it takes a subset of curl's: `idemcurl --help` \
+         lists them, docs/idemcurl.md says how each differs from curl's)"
+    )
+}
+
 fn usage(message: String, format: args::ReportFormat) -> ExitCode {
     let report = Report::usage(message);
     eprintln!(

@@ -716,3 +716,24 @@ async fn in_progress_answers_are_waited_out_apart_from_retry_then_bounded_by_in_
     let error = report["error"].as_str().expect("an error");
     assert!(error.contains("(--in-progress-wait is 0)"), "{error}");
 }
+
+#[tokio::test]
+async fn a_curl_flag_idemcurl_does_not_take_is_named_as_such_and_nothing_is_sent() {
+    let scratch = Scratch::new();
+    let mut command = idemcurl(scratch.dir.path());
+    command.args(["-k", "https://127.0.0.1:1/v1/charges"]);
+    let ran = run(command).await;
+    assert_eq!(ran.code, 2, "{ran:?}");
+    assert!(
+        ran.stderr.contains(
+            "-k is not a flag idemcurl takes (it takes a subset of curl's: `idemcurl --help` \
+             lists them"
+        ) && ran.stderr.contains("nothing was sent"),
+        "{}",
+        ran.stderr
+    );
+    assert!(
+        !ran.stderr.contains("'-- -k'"),
+        "no tip to pass it as a value"
+    );
+}
