@@ -36,6 +36,7 @@ mod metrics;
 mod multipart;
 #[cfg(feature = "internals")]
 mod properties;
+mod quick_start_wal;
 mod reconcile;
 mod replay_proof;
 mod support_selftest;

@@ -79,14 +79,40 @@ pub struct SqliteLedger {
 
 #[derive(Debug)]
 struct Inner {
-    /// Declared first, so closed first: the write connection, closing last, checkpoints the
-    /// WAL into the file and removes it, which a read-only connection cannot.
-    reader: Arc<Mutex<Connection>>,
+    /// Closed first (`Drop`): the write connection, closing last, checkpoints the WAL into
+    /// the file and removes it, which a read-only connection cannot. `None` only once dropping.
+    reader: Option<Arc<Mutex<Connection>>>,
     /// `None` when the ledger was opened read-only.
     writer: Option<Writer>,
     /// The writer thread, for [`SqliteLedger::close`] to wait for.
     thread: Option<std::thread::JoinHandle<()>>,
     path: PathBuf,
+}
+
+/// How long dropping the last handle waits for the writer thread to checkpoint the WAL into
+/// the file and close it (milliseconds, as a rule): long enough that a process which exits
+/// right after (the end of `main`) leaves no WAL behind, short enough to hold nobody up.
+const CLOSE_ON_DROP: Duration = Duration::from_secs(1);
+
+impl Drop for Inner {
+    /// The last handle: the reader closed, then the writer thread told to close (it checkpoints
+    /// the WAL into the file and removes it) and waited for, at most [`CLOSE_ON_DROP`].
+    /// [`SqliteLedger::close`] waits as long as its caller says instead.
+    fn drop(&mut self) {
+        drop(self.reader.take());
+        let Some(writer) = self.writer.take() else {
+            return;
+        };
+        // `close` takes the thread to wait for it itself: then nothing is waited for here.
+        if self.thread.is_none() {
+            return;
+        }
+        if writer.end(CLOSE_ON_DROP)
+            && let Some(thread) = self.thread.take()
+        {
+            let _ = thread.join();
+        }
+    }
 }
 
 impl SqliteLedger {
@@ -128,7 +154,7 @@ impl SqliteLedger {
         let reader = blocking(move || open_reader(&opened)).await?;
         Ok(SqliteLedger {
             inner: Arc::new(Inner {
-                reader: Arc::new(Mutex::new(reader)),
+                reader: Some(Arc::new(Mutex::new(reader))),
                 writer: Some(writer),
                 thread: Some(thread),
                 path,
@@ -188,7 +214,7 @@ impl SqliteLedger {
         .await?;
         Ok(SqliteLedger {
             inner: Arc::new(Inner {
-                reader: Arc::new(Mutex::new(reader)),
+                reader: Some(Arc::new(Mutex::new(reader))),
                 writer: None,
                 thread: None,
                 path,
@@ -201,9 +227,9 @@ impl SqliteLedger {
     /// most `limit`; returns `true` once the file is closed, `false` when another clone still
     /// holds the ledger (it closes when the last one is dropped) or `limit` passed first.
     ///
-    /// Dropping the last handle closes the file too, on the writer thread, without waiting: a
-    /// process that exits right after (a command) should call this first, or the next process
-    /// to open the file replays its WAL, and the WAL grows with every run.
+    /// Dropping the last handle closes the file too, waiting up to a second for the writer
+    /// thread to checkpoint it, so a process that ends right after (the end of `main`) leaves
+    /// no WAL behind; call this to wait longer, or to know that it closed.
     pub async fn close(self, limit: std::time::Duration) -> bool {
         let Ok(mut inner) = Arc::try_unwrap(self.inner) else {
             return false;
@@ -314,7 +340,12 @@ impl SqliteLedger {
         &self,
         f: impl FnOnce(&Connection) -> Result<T, LedgerError> + Send + 'static,
     ) -> Result<T, LedgerError> {
-        let reader = Arc::clone(&self.inner.reader);
+        let reader = Arc::clone(
+            self.inner
+                .reader
+                .as_ref()
+                .expect("the reader is open while a handle lives"),
+        );
         blocking(move || {
             // A panic inside a read leaves no transaction open (a statement resets when it is
             // dropped), so a poisoned lock is still usable.

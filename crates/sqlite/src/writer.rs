@@ -53,6 +53,9 @@ pub(super) type BeforeCommit = Box<dyn FnMut(usize) + Send>;
 #[derive(Debug)]
 pub(super) struct Writer {
     jobs: mpsc::Sender<Job>,
+    /// Disconnected once the writer thread has ended (its connection closed, the WAL
+    /// checkpointed into the file and removed).
+    ended: std::sync::Mutex<mpsc::Receiver<()>>,
 }
 
 impl Writer {
@@ -107,13 +110,38 @@ impl Writer {
     fn start(mut batcher: Batcher) -> Result<(Writer, std::thread::JoinHandle<()>), LedgerError> {
         let (jobs, queue) = mpsc::channel();
         batcher.jobs = Some(queue);
+        let (ending, ended) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("idempotent-retry-sqlite-writer".into())
-            .spawn(move || batcher.run())
+            .spawn(move || {
+                // Dropped when the thread ends, after the batcher's connection is closed.
+                let _ending = ending;
+                batcher.run();
+            })
             .map_err(|err| {
                 LedgerError::unavailable("cannot start the ledger's writer thread").with_source(err)
             })?;
-        Ok((Writer { jobs }, thread))
+        Ok((
+            Writer {
+                jobs,
+                ended: std::sync::Mutex::new(ended),
+            },
+            thread,
+        ))
+    }
+
+    /// Stops taking writes and waits, at most `limit`, for the thread to end; `true` once it
+    /// has. The writes already queued run first.
+    pub(super) fn end(self, limit: std::time::Duration) -> bool {
+        drop(self.jobs);
+        let ended = self
+            .ended
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        matches!(
+            ended.recv_timeout(limit),
+            Err(mpsc::RecvTimeoutError::Disconnected)
+        )
     }
 
     /// Runs `write` in the next batch and answers once the batch committed: its own result
