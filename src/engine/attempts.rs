@@ -137,23 +137,16 @@ impl<'s> Attempts<'s> {
                 if let Err(source) = transport.ready().await {
                     return Err(self.finish_not_ready(source));
                 }
+                // No attempt is counted (a ledger write) that the window would not let start.
+                if self.attempt_budget().is_none() {
+                    return Err(self.finish_window_closed());
+                }
                 if let Some(source) = self.attempt_starts().await {
                     return Err(self.finish_unrecorded(source));
                 }
                 let now = self.settings.clock.now();
-                let Some(budget) = window::attempt_budget(
-                    self.policy.reconcile_window(),
-                    self.attempt_timeout,
-                    self.state.started,
-                    now,
-                ) else {
-                    self.report.elapsed = now.saturating_duration_since(self.state.started);
-                    return Err(Error::operation(
-                        ErrorKind::ReconcileWindow,
-                        self.report.clone(),
-                        self.exposure().is_unknown(),
-                    )
-                    .with_window(self.policy.reconcile_window()));
+                let Some(budget) = self.attempt_budget() else {
+                    return Err(self.finish_window_closed());
                 };
                 // The attempt's request and the results before `outcome` live in blocks of
                 // their own: a local that was borrowed keeps its place in the future's state
@@ -374,6 +367,32 @@ impl<'s> Attempts<'s> {
             failure,
             wait,
         });
+    }
+
+    /// How long the next attempt may take, from now: its timeout, cut to what is left of the
+    /// window; `None` when the window leaves it no time.
+    fn attempt_budget(&self) -> Option<Duration> {
+        window::attempt_budget(
+            self.policy.reconcile_window(),
+            self.attempt_timeout,
+            self.state.started,
+            self.settings.clock.now(),
+        )
+    }
+
+    /// Hook point (failure): the window ended before the next attempt could start.
+    fn finish_window_closed(&mut self) -> Error {
+        self.report.elapsed = self
+            .settings
+            .clock
+            .now()
+            .saturating_duration_since(self.state.started);
+        Error::operation(
+            ErrorKind::ReconcileWindow,
+            self.report.clone(),
+            self.exposure().is_unknown(),
+        )
+        .with_window(self.policy.reconcile_window())
     }
 
     /// Hook point: the next attempt is about to start. With a ledger, a run that lost its

@@ -101,7 +101,8 @@ impl LeaseKeeper {
         if self.lease.is_zero() {
             return std::future::pending().await;
         }
-        let every = self.lease / 3;
+        // Never more often than every millisecond, however short the lease.
+        let every = (self.lease / 3).max(Duration::from_millis(1));
         let retry_every = (self.lease / 10).max(Duration::from_millis(1));
         loop {
             // A lease too long for the clock (`Duration::MAX`) never needs renewing.
