@@ -449,6 +449,14 @@ fn command_line_hints(message: &str) -> String {
             "--in-progress-wait",
         ),
         ("(max_in_progress_wait is 0)", "(--in-progress-wait is 0)"),
+        (
+            " (LedgerOptions::on_lease_held), wait longer with a larger max_wait",
+            ", wait longer with a larger --lease-wait",
+        ),
+        (
+            "LedgerOptions::on_lease_held(LeaseHeldPolicy::WAIT) waits for it",
+            "--lease-wait DURATION waits for it",
+        ),
     ]
     .iter()
     .fold(message.to_owned(), |message, (rust, flag)| {
@@ -779,5 +787,29 @@ impl idempotent_retry::Observer for WaitNotice {
             "idemcurl: waiting for run {run} of worker {worker}, lease until {} (--lease-wait)",
             humantime::format_rfc3339_millis(event.lease_until)
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::command_line_hints;
+
+    #[test]
+    fn the_library_s_options_are_named_as_idemcurl_s_flags() {
+        let waited = "held by worker w (run r) until 2026-01-01T00:00:10Z (9s from now); nothing \
+                      was sent; waited 4m (LedgerOptions::on_lease_held), wait longer with a \
+                      larger max_wait";
+        assert_eq!(
+            command_line_hints(waited),
+            "held by worker w (run r) until 2026-01-01T00:00:10Z (9s from now); nothing was \
+             sent; waited 4m, wait longer with a larger --lease-wait"
+        );
+        let at_once = "nothing was sent; LedgerOptions::on_lease_held(LeaseHeldPolicy::WAIT) \
+                       waits for it";
+        assert_eq!(
+            command_line_hints(at_once),
+            "nothing was sent; --lease-wait DURATION waits for it"
+        );
+        assert!(!command_line_hints(waited).contains("LedgerOptions"));
     }
 }
