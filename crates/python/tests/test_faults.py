@@ -89,27 +89,31 @@ def test_409_in_progress_answers_are_waits_not_attempts(receiver):
 def test_still_in_progress_past_max_in_progress_wait_is_outcome_unknown(receiver):
     for attempt in range(1, 200):
         receiver.inject("status", key="k-409-long", attempt=attempt, status=409)
-    response = charge(client(max_in_progress_wait=0.2), receiver, "k-409-long")
-    # The last answer, as for attempts that ran out, with why the waits stopped.
-    assert response.status_code == 409
-    stop = report(response)
+    with pytest.raises(ir.HTTPStatusError) as raised:
+        charge(client(max_in_progress_wait=0.2), receiver, "k-409-long")
+    # Raised with the last answer, as for attempts that ran out, and why the waits stopped.
+    error = raised.value
+    assert error.response.status_code == 409
+    assert error.kind == "still_in_progress"
+    assert error.outcome == "unknown"
+    stop = report(error.response)
     assert stop.stopped == "still_in_progress"
-    assert stop.outcome == "unknown"
-    assert stop.in_progress_waits == stop.attempts - 1
+    assert stop.in_progress_waits == stop.attempts - 1 == error.attempts - 1
     assert 0 < stop.in_progress_wait <= 0.2 + 1e-6
-    assert "still reported the operation in progress after 200ms" in stop.message
-    assert "max_in_progress_wait=SECONDS sets how long to wait" in stop.message
-    assert "RetryPolicy" not in stop.message
+    assert "still reported the operation in progress after 200ms" in str(error)
+    assert "max_in_progress_wait=SECONDS sets how long to wait" in str(error)
+    assert "RetryPolicy" not in str(error)
     assert set(receiver.keys()) == {"k-409-long"}
     assert receiver.effects() == 0
 
     # 0: the first "in progress" ends it.
     receiver.inject("status", key="k-409-zero", attempt=1, status=409)
-    response = charge(client(max_in_progress_wait=0), receiver, "k-409-zero")
-    assert response.status_code == 409
-    assert report(response).stopped == "still_in_progress"
-    assert report(response).attempts == 1
-    assert "(max_in_progress_wait=0)" in report(response).message
+    with pytest.raises(ir.HTTPStatusError) as raised:
+        charge(client(max_in_progress_wait=0), receiver, "k-409-zero")
+    assert raised.value.response.status_code == 409
+    assert raised.value.kind == "still_in_progress"
+    assert raised.value.attempts == 1
+    assert "(max_in_progress_wait=0)" in str(raised.value)
     assert receiver.keys().count("k-409-zero") == 1
 
 
@@ -159,14 +163,16 @@ def test_no_listener_raises_connect_error_not_done():
     assert raised.value.attempts == 2
 
 
-def test_every_attempt_503_returns_the_last_answer_with_the_stop_reported(receiver):
+def test_every_attempt_503_raises_with_the_last_answer_and_the_stop_reported(receiver):
     for attempt in (1, 2, 3):
         receiver.inject("status", key="k-down", attempt=attempt, status=503)
-    response = charge(client(max_attempts=3), receiver, "k-down")
-    assert response.status_code == 503
-    assert report(response).stopped == "attempts_exhausted"
-    assert report(response).outcome == "unknown"
-    assert report(response).attempts == 3
+    with pytest.raises(httpx.HTTPStatusError) as raised:
+        charge(client(max_attempts=3), receiver, "k-down")
+    error = raised.value
+    assert error.response.status_code == 503
+    assert error.kind == report(error.response).stopped == "attempts_exhausted"
+    assert error.outcome == "unknown"
+    assert error.attempts == 3
     assert receiver.keys() == ["k-down"] * 3
     assert receiver.effects() == 0
 
@@ -198,13 +204,14 @@ def test_a_streamed_body_is_not_sent_twice(receiver):
         yield b"part one, "
         yield b"part two"
 
-    response = client().post(
-        receiver.url("/v1/charges"), content=chunks(), headers={"Idempotency-Key": "k-once"}
-    )
+    with pytest.raises(ir.HTTPStatusError) as raised:
+        client().post(
+            receiver.url("/v1/charges"), content=chunks(), headers={"Idempotency-Key": "k-once"}
+        )
     # The one attempt's answer, with the reason the retry due was not made.
-    assert response.status_code == 503
-    assert report(response).stopped == "body_not_replayable"
-    assert report(response).attempts == 1
+    assert raised.value.response.status_code == 503
+    assert raised.value.kind == "body_not_replayable"
+    assert raised.value.attempts == 1
     assert receiver.keys() == ["k-once"]
 
 
@@ -240,9 +247,11 @@ def test_headers_and_body_arrive_as_sent_and_come_back_in_order(receiver):
 def test_every_attempt_503_has_its_history_in_the_report(receiver):
     for attempt in (1, 2):
         receiver.inject("status", key="k-hist", attempt=attempt, status=503)
-    response = charge(client(max_attempts=2), receiver, "k-hist")
-    got = report(response)
-    assert response.status_code == 503 and got.outcome == "unknown"
+    with pytest.raises(ir.HTTPStatusError) as raised:
+        charge(client(max_attempts=2), receiver, "k-hist")
+    got = report(raised.value.response)
+    assert raised.value.response.status_code == 503 and got.outcome == "unknown"
+    assert raised.value.history == got.history
     assert [(a.number, a.status, a.failure) for a in got.history] == [
         (1, 503, "server_error"),
         (2, 503, "server_error"),

@@ -63,3 +63,38 @@ def test_concurrent_keyed_posts_through_the_httpx2_async_transport(receiver):
     responses = asyncio.run(main())
     assert [r.status_code for r in responses] == [200] * 50
     assert all(receiver.effects_for(key) == 1 for key in keys)
+
+
+def test_every_attempt_503_raises_httpx2s_http_status_error_sync_and_async(receiver):
+    for key in ("k2-down", "k2-adown"):
+        for attempt in (1, 2):
+            receiver.inject("status", key=key, attempt=attempt, status=503)
+
+    def sync():
+        with httpx2.Client(transport=ir2.Transport(max_attempts=2, **FAST)) as client:
+            client.post(
+                receiver.url("/v1/charges"), content=b"x", headers={"Idempotency-Key": "k2-down"}
+            )
+
+    async def main():
+        async with httpx2.AsyncClient(transport=ir2.AsyncTransport(max_attempts=2, **FAST)) as c:
+            await c.post(
+                receiver.url("/v1/charges"), content=b"x", headers={"Idempotency-Key": "k2-adown"}
+            )
+
+    for key, run in (("k2-down", sync), ("k2-adown", lambda: asyncio.run(main()))):
+        with pytest.raises(httpx2.HTTPStatusError) as raised:
+            run()
+        error = raised.value
+        assert isinstance(error, ir2.HTTPStatusError)
+        assert isinstance(error, ir.OperationError)
+        assert error.outcome == "unknown"
+        assert error.key == key
+        assert error.attempts == 2
+        assert [a.status for a in error.history] == [503, 503]
+        assert isinstance(error.response, httpx2.Response)
+        assert error.response.status_code == 503
+        assert isinstance(error.response.content, bytes)
+        assert error.response.extensions["idempotent_retry"].key == key
+        assert receiver.keys().count(key) == 2
+    assert receiver.effects() == 0

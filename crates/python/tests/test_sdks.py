@@ -50,10 +50,10 @@ COMPLETION = {
 
 
 class FakeChat:
-    """A chat-completions endpoint on loopback that answers 503 to its first request, then
-    the completion; it records each request's path and idempotency key."""
+    """A chat-completions endpoint on loopback that answers 503 to its first `failures`
+    requests, then the completion; it records each request's path and idempotency key."""
 
-    def __init__(self):
+    def __init__(self, failures=1):
         self.seen = []
         fake = self
 
@@ -62,7 +62,7 @@ class FakeChat:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = json.loads(self.rfile.read(length))
                 fake.seen.append((self.path, self.headers.get("Idempotency-Key"), body["model"]))
-                if len(fake.seen) == 1:
+                if len(fake.seen) <= failures:
                     self.send_response(503)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
@@ -112,6 +112,38 @@ def test_openai_one_key_across_both_attempts_with_its_own_retries_off(fake_chat)
     assert path1 == path2 == "/v1/chat/completions"
     # The SDK's own per-call key, sent on both of our attempts.
     assert key1 and key1 == key2
+
+
+def test_openai_a_503_on_every_attempt_reaches_the_caller_with_the_outcome():
+    fake = FakeChat(failures=2)
+    try:
+        client = openai.OpenAI(
+            api_key="sk-test",
+            base_url=fake.url("/v1"),
+            max_retries=0,
+            http_client=openai_httpx.Client(
+                transport=openai_ir.Transport(max_attempts=2, **FAST)
+            ),
+        )
+        with pytest.raises(Exception) as raised:
+            client.chat.completions.create(
+                model="gpt-test", messages=[{"role": "user", "content": "hi"}]
+            )
+    finally:
+        fake.close()
+    # openai-python 3 lets the transport's exception through; 2.x wraps it in
+    # APIConnectionError, ours its cause.
+    error = raised.value
+    if not isinstance(error, ir.OperationError):
+        assert isinstance(error, openai.APIConnectionError)
+        error = error.__cause__
+    assert isinstance(error, openai_ir.HTTPStatusError)
+    assert isinstance(error, openai_httpx.HTTPStatusError)
+    assert error.outcome == "unknown"
+    assert error.attempts == 2
+    assert error.response.status_code == 503
+    (_, key1, _), (_, key2, _) = fake.seen
+    assert error.key == key1 == key2
 
 
 def test_openai_async_under_a_key_of_our_own(fake_chat):

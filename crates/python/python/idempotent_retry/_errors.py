@@ -27,6 +27,7 @@ __all__ = [
     "LedgerError",
     "AnswerNotSavedError",
     "InvalidRequest",
+    "HTTPStatusError",
     "ErrorTypes",
     "HTTPX",
 ]
@@ -97,9 +98,9 @@ class OperationError(Exception):
         lease_wait: a ``datetime.timedelta``, how long the operation waited, before anything
             was sent, for another run holding its key in the ledger (zero without a wait; for
             a ``LeaseHeldError``, the whole ``lease_wait=`` it was allowed).
-        status: the status of the operation's answer when the exception has no response to
-            carry it: for ``AnswerNotSavedError``, the saved answer's (outcome ``"done"``);
-            otherwise ``None``.
+        status: the status the exception names: for ``HTTPStatusError``, its response's
+            (the last attempt's); for ``AnswerNotSavedError``, the saved answer's (outcome
+            ``"done"``); otherwise ``None``.
     """
 
     outcome: str
@@ -198,6 +199,18 @@ class AnswerNotSavedError(OperationError, httpx.TransportError):
     receiver's answer instead (``Report.refetched``)."""
 
 
+class HTTPStatusError(OperationError, httpx.HTTPStatusError):
+    """The retries stopped on a response that is not a final answer (the last attempt's 503,
+    a 429 whose ``Retry-After`` is too long, a 409 "in progress" past
+    ``max_in_progress_wait=``, a spent retry budget, the reconcile window's end): ``outcome``
+    is ``"unknown"`` (the receiver may have run it: send it again later with the same
+    ``key``) or ``"not_done"``, ``kind`` says why it stopped. ``response`` is that last
+    response, its body already read, its ``Report`` at
+    ``response.extensions["idempotent_retry"]``; ``status`` its status. Raised for a keyed
+    operation unless the transport has ``raise_on_unknown=False`` (which returns the response
+    instead), and for a keyless one only with ``raise_on_unknown=True``."""
+
+
 class InvalidRequest(OperationError, httpx.RequestError):
     """The request or its key was refused before anything was sent (a bad URL, header or
     key): ``outcome`` is ``"not_done"``."""
@@ -224,6 +237,7 @@ _RUST_OPTIONS = (
         "the receiver answer it again under the key",
     ),
     ("LedgerOptions::max_body", "max_saved_body="),
+    ("RetryBudgetConfig::with_capacity", "budget_capacity="),
     ("RetryPolicy::with_max_in_progress_wait", "max_in_progress_wait=SECONDS"),
     ("(max_in_progress_wait is 0)", "(max_in_progress_wait=0)"),
 )
@@ -260,6 +274,7 @@ class ErrorTypes:
         ledger: ErrorClass,
         answer_not_saved: ErrorClass,
         invalid: ErrorClass,
+        status: ErrorClass,
     ) -> None:
         self.by_failure = {
             "dns": connect,
@@ -283,6 +298,7 @@ class ErrorTypes:
         }
         self.other = other
         self.invalid = invalid
+        self.status_class = status
 
     def error_for(self, answer: _native.Answer, request: Any) -> OperationError:
         """The exception for an answer without a response."""
@@ -316,6 +332,33 @@ class ErrorTypes:
         )
         return error
 
+    def status_error(self, answer: _native.Answer, response: Any) -> OperationError:
+        """The exception for an operation whose retries stopped on ``response`` (the last
+        attempt's, its body read): httpx's ``HTTPStatusError`` with the outcome."""
+        status = response.status_code
+        kind = answer.error_kind
+        label = "Client error" if status < 500 else "Server error"
+        message = f"{label} '{status} {response.reason_phrase}' for url '{response.request.url}': "
+        message += python_message(answer.message or f"the retries stopped on it ({kind})")
+        key = answer.key
+        if key is not None and key not in message:
+            message = f"{message} [outcome {answer.outcome}, key {key}]"
+        elif "outcome" not in message:
+            message = f"{message} [outcome {answer.outcome}]"
+        error = self.status_class(message, request=response.request, response=response)
+        error._annotate(
+            answer.outcome,
+            key,
+            answer.attempts,
+            kind,
+            answer.failure,
+            answer.elapsed,
+            history_of(answer.history),
+            answer.lease_wait,
+            status,
+        )
+        return error
+
     def refused(self, error: ValueError, request: Any) -> OperationError:
         """The exception for a request the engine refused to read (a bad method, header or
         key)."""
@@ -337,4 +380,5 @@ HTTPX = ErrorTypes(
     ledger=LedgerError,
     answer_not_saved=AnswerNotSavedError,
     invalid=InvalidRequest,
+    status=HTTPStatusError,
 )

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
+import datetime
 import json
 import os
 import ssl
@@ -81,7 +82,9 @@ class Report:
             included.
         outcome: ``"done"`` for a final answer; ``"unknown"`` or ``"not_done"`` when the
             retries stopped on this response (a 503 after the last attempt, a 429 asking for
-            too long a wait): it is the last attempt's answer, not the operation's.
+            too long a wait): it is the last attempt's answer, not the operation's. Such a
+            response is raised as ``HTTPStatusError`` (this report in its response's
+            extensions) unless ``raise_on_unknown=False``, or the request is keyless.
         stopped: why the retries stopped on this response (``attempts_exhausted``,
             ``retry_after_too_long``, ``reconcile_window``, ``budget_exhausted``,
             ``still_in_progress``: the receiver still answered 409 "in progress" when
@@ -240,8 +243,8 @@ def _streams(hx: Any, errors: ErrorTypes) -> Tuple[type, type]:
     return SyncBody, AsyncBody
 
 
-def _response(hx: Any, answer: Any, request: Any, errors: ErrorTypes, sync: bool) -> Any:
-    report = Report(
+def _report(answer: Any) -> Report:
+    return Report(
         attempts=answer.attempts,
         key=answer.key,
         replayed=answer.replayed,
@@ -256,11 +259,24 @@ def _response(hx: Any, answer: Any, request: Any, errors: ErrorTypes, sync: bool
         in_progress_wait=answer.in_progress_wait,
         refetched=answer.refetched,
     )
+
+
+def _response(
+    hx: Any,
+    answer: Any,
+    request: Any,
+    errors: ErrorTypes,
+    sync: bool,
+    body: Optional[bytes] = None,
+) -> Any:
+    """The httpx response of an answer: its body streamed on from the engine, or ``body``
+    when it was read already."""
+    report = _report(answer)
     extensions = {REPORT_EXTENSION: report}
     if answer.http_version:
         extensions["http_version"] = answer.http_version.encode("ascii")
-    if answer.rest is None:
-        stream = hx.ByteStream(answer.body or b"")
+    if body is not None or answer.rest is None:
+        stream = hx.ByteStream(body if body is not None else (answer.body or b""))
     else:
         sync_body, async_body = _streams(hx, errors)
         stream = (sync_body if sync else async_body)(
@@ -275,10 +291,59 @@ def _response(hx: Any, answer: Any, request: Any, errors: ErrorTypes, sync: bool
     )
 
 
+def _raises(raise_on_unknown: Optional[bool], answer: Any) -> bool:
+    """Whether an answer whose retries stopped on a response is raised: ``raise_on_unknown=``
+    when it is set, else for a keyed operation only (a keyless request keeps httpx's habit of
+    returning the response)."""
+    if answer.status is None or answer.error_kind is None:
+        return False
+    if raise_on_unknown is None:
+        return answer.key is not None
+    return raise_on_unknown
+
+
+def _drain(answer: Any) -> bytes:
+    """The whole body of the last response of an operation whose retries stopped on it, read
+    before it is raised (a connection cut in it ends it where it was cut)."""
+    parts = [answer.body or b""]
+    rest = answer.rest
+    if rest is not None:
+        try:
+            while True:
+                chunk = rest.read_chunk()
+                if chunk is None:
+                    break
+                parts.append(chunk)
+        except OSError:
+            pass
+        finally:
+            rest.close()
+    return b"".join(parts)
+
+
+def _status_error(hx: Any, errors: ErrorTypes, answer: Any, request: Any, body: bytes) -> Any:
+    """httpx's ``HTTPStatusError`` with the outcome, over the last response: read, its
+    ``elapsed`` the operation's, its ``Report`` in its extensions."""
+    response = _response(hx, answer, request, errors, sync=True, body=body)
+    response.read()
+    response.elapsed = datetime.timedelta(seconds=answer.elapsed)
+    return errors.status_error(answer, response)
+
+
 def _finish(hx: Any, errors: ErrorTypes, answer: Any, request: Any, sync: bool) -> Any:
     if answer.status is None:
         raise errors.error_for(answer, request)
     return _response(hx, answer, request, errors, sync)
+
+
+def _raise_on_unknown(value: object) -> Optional[bool]:
+    if value is None or isinstance(value, bool):
+        return value
+    raise TypeError(
+        f"raise_on_unknown: {type(value).__name__} is not a setting; pass None (the default: "
+        "raise for a keyed operation, return the response of a keyless one), True (raise for "
+        "every request) or False (return the last response, as before 0.2)"
+    )
 
 
 #: What ``verify=`` takes: a bool, or the path of a PEM file of CA certificates.
@@ -368,9 +433,10 @@ _OPTIONS_DOC = """
             middlewares answer while a request with the key runs: often this operation's own
             attempt that timed out). Those answers are waits, not attempts: they do not count
             toward ``max_attempts`` (``Report.in_progress_waits``). When this runs out, the
-            last 409 is returned with ``Report.stopped`` ``"still_in_progress"`` and outcome
-            ``"unknown"`` (send it again later with the same key). 0 stops at the first such
-            answer. Default: 60.
+            operation stops on the last 409: ``HTTPStatusError`` with ``kind``
+            ``"still_in_progress"`` and outcome ``"unknown"`` (send it again later with the
+            same key; see ``raise_on_unknown``). 0 stops at the first such answer.
+            Default: 60.
         key_header: the idempotency key's header. Default: ``Idempotency-Key``.
         ledger: an SQLite file's path (created if missing) or a ``postgres://`` URL: every keyed
             operation is claimed there before its first attempt, and a succeeded one is
@@ -431,6 +497,23 @@ _OPTIONS_DOC = """
             streamed to httpx as it arrives; if its body is cut midway, reading it raises
             ``ReadError`` (outcome ``"done"``) whose message names the key: send the same
             request again with that key to have the answer again. Default: 1048576 (1 MiB).
+        raise_on_unknown: what an operation whose retries stopped on a response that is not a
+            final answer gives (every attempt answered 503, a 429 whose ``Retry-After`` is
+            longer than ``max_retry_after``, a 409 "in progress" past
+            ``max_in_progress_wait``, a spent retry budget, the reconcile window's end: the
+            outcome ``"unknown"``, or ``"not_done"``). ``None`` (the default): a keyed
+            operation (every ``POST`` and ``PATCH``, and any request under a key) raises
+            ``HTTPStatusError`` (``httpx.HTTPStatusError`` and ``OperationError``: ``outcome``,
+            ``key``, ``attempts``, ``kind``, ``history``, and ``response``, the last
+            response, its body read, its ``Report`` in its extensions), as the Rust client
+            returns an error and idemcurl exits 76; a keyless request (``GET``, ``PUT``,
+            ``DELETE``, ... without a key) returns that response, as httpx does: its method
+            makes a repeat safe, so there is no operation to settle, only a status to check
+            (``response.raise_for_status()``). ``True``: raise for keyless requests too.
+            ``False``: return the response for every request, its ``Report.stopped`` and
+            ``Report.outcome`` saying why (the behaviour before 0.2). A final answer (2xx, a
+            4xx such as 400) is always returned. ``TypeError`` for anything but ``None`` or a
+            bool.
 """
 
 
@@ -441,6 +524,7 @@ class SyncEngineTransport:
     _hx: Any = httpx
     _errors: ErrorTypes = HTTPX
     _engine: _native.Engine
+    _raise_on_unknown: Optional[bool]
 
     def __init__(
         self,
@@ -469,7 +553,9 @@ class SyncEngineTransport:
         max_in_progress_wait: Optional[float] = None,
         max_saved_body: Optional[int] = None,
         fetch_unsaved_answers: bool = True,
+        raise_on_unknown: Optional[bool] = None,
     ) -> None:
+        self._raise_on_unknown = _raise_on_unknown(raise_on_unknown)
         # None leaves an option at the engine's default.
         self._engine = _native.Engine(
             max_attempts=max_attempts,
@@ -516,6 +602,8 @@ class SyncEngineTransport:
             )
         except ValueError as error:
             raise self._errors.refused(error, request) from None
+        if _raises(self._raise_on_unknown, answer):
+            raise _status_error(self._hx, self._errors, answer, request, _drain(answer))
         return _finish(self._hx, self._errors, answer, request, sync=True)
 
     def close(self) -> None:
@@ -531,7 +619,9 @@ class Transport(SyncEngineTransport, httpx.BaseTransport):
     ``ledger=``, a durable record that answers a repeat from the saved response.
 
     A failure without an answer raises httpx's own exception types, subclassed with the
-    outcome (``OperationError``); a response carries a ``Report`` in
+    outcome (``OperationError``); so does a keyed operation whose retries stopped on a
+    response that is not a final answer (``HTTPStatusError``, with that response:
+    ``raise_on_unknown=``). A response carries a ``Report`` in
     ``response.extensions["idempotent_retry"]``. Requests wait with the GIL released, on one
     runtime shared by every transport of the process. Redirects are left to httpx
     (``follow_redirects``).
@@ -571,6 +661,7 @@ class AsyncEngineTransport:
     _hx: Any = httpx
     _errors: ErrorTypes = HTTPX
     _engine: _native.Engine
+    _raise_on_unknown: Optional[bool]
 
     __init__ = SyncEngineTransport.__init__
 
@@ -619,6 +710,12 @@ class AsyncEngineTransport:
         finally:
             if feeder is not None and not feeder.done():
                 feeder.cancel()
+        if _raises(self._raise_on_unknown, answer):
+            if answer.rest is None:
+                body = answer.body or b""
+            else:
+                body = await loop.run_in_executor(None, _drain, answer)
+            raise _status_error(self._hx, self._errors, answer, request, body)
         return _finish(self._hx, self._errors, answer, request, sync=False)
 
     async def aclose(self) -> None:

@@ -29,6 +29,7 @@ __all__ = [
     "LedgerError",
     "AnswerNotSavedError",
     "InvalidRequest",
+    "HTTPStatusError",
 ]
 
 
@@ -79,6 +80,11 @@ class InvalidRequest(OperationError, httpx2.RequestError):
     """The request or its key was refused before anything was sent."""
 
 
+class HTTPStatusError(OperationError, httpx2.HTTPStatusError):
+    """The retries stopped on a response that is not a final answer (``response``, read):
+    ``idempotent_retry.HTTPStatusError``, for httpx2."""
+
+
 _ERRORS = ErrorTypes(
     connect=ConnectError,
     timeout=ReadTimeout,
@@ -91,6 +97,7 @@ _ERRORS = ErrorTypes(
     ledger=LedgerError,
     answer_not_saved=AnswerNotSavedError,
     invalid=InvalidRequest,
+    status=HTTPStatusError,
 )
 
 
