@@ -12,9 +12,8 @@ use std::time::Duration;
 use crate::support::front::{Call, Kind};
 use crate::support::*;
 use idempotent_retry::ledger::{
-    AttemptUpdate, Claim, Claimed, Finish, LeaseHeldPolicy, Ledger, LedgerError, LedgerFuture,
-    LedgerOptions, ListFilter, MemoryLedger, OperationRecord, OperationStatus, ReconcileClaim,
-    Renew, Resolve, SqliteLedger,
+    LeaseHeldPolicy, Ledger, LedgerOptions, MemoryLedger, OperationRecord, OperationStatus,
+    SqliteLedger,
 };
 use idempotent_retry::observe::{AttemptEvent, LedgerVerdict, OperationEvent};
 use idempotent_retry::time::{Sleep, Sleeper};
@@ -22,8 +21,6 @@ use idempotent_retry::{
     Client, ClientBuilder, ErrorKind, IdempotencyKey, Observer, RetryBudget, RetryPolicy,
 };
 use idempotent_retry_testkit::{Fault, Receiver, When};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::SystemTime;
 use tokio::sync::Notify;
 
 /// Millisecond backoff, many attempts: enough to outlast a receiver still running the first
@@ -637,71 +634,15 @@ async fn a_scope_given_per_request_names_the_row() {
     }
 }
 
-/// A memory ledger whose renewals fail and whose first finish waits for the test: a run
-/// frozen with its answer in hand, past a lease nobody renews.
-#[derive(Debug, Clone)]
-struct FrozenFinish {
-    inner: MemoryLedger,
-    reached: Arc<Notify>,
-    release: Arc<tokio::sync::Semaphore>,
-    held: Arc<AtomicBool>,
-}
-
-impl FrozenFinish {
-    fn new() -> Self {
-        FrozenFinish {
-            inner: MemoryLedger::new(),
-            reached: Arc::new(Notify::new()),
-            release: Arc::new(tokio::sync::Semaphore::new(0)),
-            held: Arc::new(AtomicBool::new(false)),
-        }
-    }
-}
-
-impl Ledger for FrozenFinish {
-    fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
-        self.inner.claim(claim)
-    }
-    fn record_attempt<'a>(&'a self, update: &'a AttemptUpdate) -> LedgerFuture<'a, ()> {
-        self.inner.record_attempt(update)
-    }
-    fn renew<'a>(&'a self, _: &'a Renew) -> LedgerFuture<'a, ()> {
-        Box::pin(async { Err(LedgerError::unavailable("the store is frozen")) })
-    }
-    fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
-        Box::pin(async move {
-            if !self.held.swap(true, Ordering::SeqCst) {
-                self.reached.notify_one();
-                self.release.acquire().await.expect("open").forget();
-            }
-            self.inner.finish(finish).await
-        })
-    }
-    fn get<'a>(&'a self, key: &'a str) -> LedgerFuture<'a, Option<OperationRecord>> {
-        self.inner.get(key)
-    }
-    fn purge_batch(&self, now: SystemTime, limit: u32) -> LedgerFuture<'_, u64> {
-        self.inner.purge_batch(now, limit)
-    }
-    fn claim_unresolved<'a>(
-        &'a self,
-        claim: &'a ReconcileClaim,
-    ) -> LedgerFuture<'a, Option<Claimed>> {
-        self.inner.claim_unresolved(claim)
-    }
-    fn resolve<'a>(&'a self, resolve: &'a Resolve) -> LedgerFuture<'a, ()> {
-        self.inner.resolve(resolve)
-    }
-    fn list<'a>(&'a self, filter: &'a ListFilter) -> LedgerFuture<'a, Vec<OperationRecord>> {
-        self.inner.list(filter)
-    }
-}
-
 #[tokio::test]
 async fn an_answer_in_hand_is_returned_by_every_front_end_when_another_run_took_the_key() {
     for kind in Kind::LEDGERED {
         let server = TestServer::start_idempotent(vec![], Action::ok("charged")).await;
-        let ledger = FrozenFinish::new();
+        // A run frozen with its answer in hand, past a lease nobody renews.
+        let gate = Arc::new(Gate::default());
+        let ledger = ClaimHook::new(MemoryLedger::new(), |_, claimed| Ok(claimed))
+            .renewals_fail()
+            .finish_gate(Arc::clone(&gate));
         let key = key_for(kind, "answer-in-hand");
         let front = kind.build(settings(
             ledger.clone(),
@@ -711,7 +652,7 @@ async fn an_answer_in_hand_is_returned_by_every_front_end_when_another_run_took_
         // The first run gets its answer, then freezes before its finish.
         let mut frozen = front.send(call.clone());
         tokio::select! {
-            () = ledger.reached.notified() => {}
+            () = gate.reached.notified() => {}
             done = &mut frozen => panic!("{kind:?}: finished before its finish froze: {:?}", done.map(|r| r.status)),
         }
         // Another worker waits out the lapsed lease (nobody renews it), takes the key over and
@@ -727,7 +668,7 @@ async fn an_answer_in_hand_is_returned_by_every_front_end_when_another_run_took_
             .unwrap_or_else(|err| panic!("{kind:?}: the other worker takes over: {err}"));
         assert_eq!(taken.status(), 200, "{kind:?}");
         // The frozen run wakes: its answer is its caller's, not an error.
-        ledger.release.add_permits(1);
+        gate.open();
         let reply = frozen
             .await
             .unwrap_or_else(|err| panic!("{kind:?}: the answer in hand is returned: {err}"));

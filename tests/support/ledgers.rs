@@ -1,4 +1,5 @@
-//! Test doubles of a [`Ledger`]: an in-memory ledger whose claims pass through a hook.
+//! Test doubles of a [`Ledger`]: an in-memory ledger whose claims pass through a hook, and
+//! whose renewals and first finish can be made to fail or to wait for the test.
 
 use std::fmt;
 use std::sync::Arc;
@@ -21,6 +22,35 @@ pub struct ClaimHook {
     delay: Duration,
     /// How long each finish takes before it reaches the inner ledger (real time).
     finish_delay: Duration,
+    /// Every renewal fails (the store is unreachable for them).
+    renewals_fail: bool,
+    /// The first finish waits here until the test lets it go.
+    finish_gate: Option<Arc<Gate>>,
+}
+
+/// Where a finish stops until the test lets it go: `reached` once it is there.
+#[derive(Debug)]
+pub struct Gate {
+    pub reached: tokio::sync::Notify,
+    open: tokio::sync::Semaphore,
+    used: std::sync::atomic::AtomicBool,
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Gate {
+            reached: tokio::sync::Notify::new(),
+            open: tokio::sync::Semaphore::new(0),
+            used: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+}
+
+impl Gate {
+    /// Lets the finish waiting at the gate go on.
+    pub fn open(&self) {
+        self.open.add_permits(1);
+    }
 }
 
 impl fmt::Debug for ClaimHook {
@@ -41,7 +71,21 @@ impl ClaimHook {
             hook: Arc::new(hook),
             delay: Duration::ZERO,
             finish_delay: Duration::ZERO,
+            renewals_fail: false,
+            finish_gate: None,
         }
+    }
+
+    /// Every renewal fails, as when the store is unreachable: a lease nobody else renews lapses.
+    pub fn renewals_fail(mut self) -> Self {
+        self.renewals_fail = true;
+        self
+    }
+
+    /// The first finish stops at `gate` (a run frozen with its answer in hand).
+    pub fn finish_gate(mut self, gate: Arc<Gate>) -> Self {
+        self.finish_gate = Some(gate);
+        self
     }
 
     /// Every finish first waits `delay`.
@@ -71,10 +115,19 @@ impl Ledger for ClaimHook {
         self.inner.record_attempt(update)
     }
     fn renew<'a>(&'a self, renew: &'a Renew) -> LedgerFuture<'a, ()> {
+        if self.renewals_fail {
+            return Box::pin(async { Err(LedgerError::unavailable("the store is unreachable")) });
+        }
         self.inner.renew(renew)
     }
     fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
         Box::pin(async move {
+            if let Some(gate) = &self.finish_gate
+                && !gate.used.swap(true, std::sync::atomic::Ordering::SeqCst)
+            {
+                gate.reached.notify_one();
+                gate.open.acquire().await.expect("open").forget();
+            }
             if !self.finish_delay.is_zero() {
                 tokio::time::sleep(self.finish_delay).await;
             }
