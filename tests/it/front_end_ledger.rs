@@ -215,6 +215,10 @@ async fn racing_workers_on_one_sqlite_file_send_a_key_once() {
 }
 
 #[cfg(feature = "postgres")]
+#[cfg_attr(
+    no_postgres_server,
+    ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+)]
 #[tokio::test]
 async fn racing_workers_on_one_postgres_table_send_a_key_once() {
     for kind in Kind::LEDGERED {

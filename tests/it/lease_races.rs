@@ -87,6 +87,10 @@ async fn eight_racers_on_sqlite_wait_for_the_live_winner_and_replay_its_answer()
     race(workers, "sqlite").await;
 }
 
+#[cfg_attr(
+    no_postgres_server,
+    ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_racers_on_postgres_wait_for_the_live_winner_and_replay_its_answer() {
     let Some(base) = postgres_server_url() else {

@@ -45,6 +45,10 @@ async fn worker(url: &str, name: &str, on_lease_held: LeaseHeldPolicy) -> Client
         .expect("valid policy")
 }
 
+#[cfg_attr(
+    no_postgres_server,
+    ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn of_eight_workers_racing_for_one_key_exactly_one_sends() {
     let Some(base) = postgres_server_url() else {
@@ -100,6 +104,10 @@ async fn of_eight_workers_racing_for_one_key_exactly_one_sends() {
     assert_eq!(server.effects(), 1);
 }
 
+#[cfg_attr(
+    no_postgres_server,
+    ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_workers_get_the_winner_s_response_without_sending() {
     let Some(base) = postgres_server_url() else {
@@ -157,6 +165,10 @@ async fn terminate(admin: &tokio_postgres::Client, app: &str) -> i64 {
         .get(0)
 }
 
+#[cfg_attr(
+    no_postgres_server,
+    ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_lost_mid_operation_is_reopened_or_reported_never_lost() {
     let Some(base) = postgres_server_url() else {
@@ -291,6 +303,10 @@ HAVING (status = 'succeeded' AND count(*) > 1)
     OR status IN ('unknown', 'in_flight')
 ORDER BY first_seen";
 
+#[cfg_attr(
+    no_postgres_server,
+    ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+)]
 #[tokio::test]
 async fn the_incident_query_finds_double_charges_and_unresolved_operations() {
     let Some(base) = postgres_server_url() else {
@@ -380,6 +396,10 @@ async fn version_rows(client: &tokio_postgres::Client) -> Vec<(i32, String)> {
         .collect()
 }
 
+#[cfg_attr(
+    no_postgres_server,
+    ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+)]
 #[tokio::test]
 async fn a_new_database_is_at_schema_version_3_and_migrating_again_changes_nothing() {
     let Some(base) = postgres_server_url() else {
@@ -409,6 +429,10 @@ async fn a_new_database_is_at_schema_version_3_and_migrating_again_changes_nothi
     assert_eq!(other.schema_version().await.expect("version"), 3);
 }
 
+#[cfg_attr(
+    no_postgres_server,
+    ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+)]
 #[tokio::test]
 async fn a_database_never_migrated_is_named_with_the_fix_and_nothing_is_sent() {
     let Some(base) = postgres_server_url() else {
@@ -438,6 +462,10 @@ async fn a_database_never_migrated_is_named_with_the_fix_and_nothing_is_sent() {
 
 /// A claim made at a time finer than a millisecond returns the row as the database keeps it:
 /// what a later read gives, new row or take-over, times and all.
+#[cfg_attr(
+    no_postgres_server,
+    ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+)]
 #[tokio::test]
 async fn a_claim_returns_its_row_as_stored_to_the_millisecond() {
     let Some(base) = postgres_server_url() else {
@@ -496,6 +524,10 @@ fn one_attempt_client(ledger: impl Ledger, time: &VirtualTime) -> Client {
 
 /// The row a 0.1 worker left (outcome unknown after a 503) is still the same operation after
 /// the upgrade: the next run claims it under the same key and window and finishes it.
+#[cfg_attr(
+    no_postgres_server,
+    ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+)]
 #[tokio::test]
 async fn a_database_made_by_the_0_1_migrate_is_upgraded_and_its_row_claimed_and_finished() {
     let Some(base) = postgres_server_url() else {
@@ -575,6 +607,10 @@ async fn a_database_made_by_the_0_1_migrate_is_upgraded_and_its_row_claimed_and_
     assert_eq!(server.effects(), 1);
 }
 
+#[cfg_attr(
+    no_postgres_server,
+    ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+)]
 #[tokio::test]
 async fn a_database_from_a_newer_release_is_refused_with_both_versions_and_left_as_it_was() {
     let Some(base) = postgres_server_url() else {
@@ -624,6 +660,10 @@ async fn a_database_from_a_newer_release_is_refused_with_both_versions_and_left_
     assert_eq!(rows, 1, "the row kept");
 }
 
+#[cfg_attr(
+    no_postgres_server,
+    ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_migrating_a_new_database_at_once_all_succeed_and_leave_one_version_row() {
     let Some(base) = postgres_server_url() else {
@@ -706,6 +746,10 @@ fn claim_of(key: &str, owner: &str) -> idempotent_retry::ledger::Claim {
         .expect("valid claim")
 }
 
+#[cfg_attr(
+    no_postgres_server,
+    ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_conformance_suite_passes_over_a_small_pool_the_caller_s_pool_and_tls() {
     use idempotent_retry_testkit::ledger_conformance;
@@ -782,6 +826,10 @@ fn rustls_connector(ca: &str) -> tokio_postgres_rustls::MakeRustlsConnect {
 }
 
 #[cfg(feature = "postgres-rustls")]
+#[cfg_attr(
+    no_postgres_server,
+    ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+)]
 #[tokio::test]
 async fn over_tls_the_connection_is_encrypted_from_a_config_and_the_caller_s_connector() {
     let Some(base) = postgres_server_url() else {
@@ -836,6 +884,10 @@ async fn over_tls_the_connection_is_encrypted_from_a_config_and_the_caller_s_con
 }
 
 #[cfg(feature = "postgres-rustls")]
+#[cfg_attr(
+    no_postgres_server,
+    ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+)]
 #[tokio::test]
 async fn a_certificate_from_an_untrusted_ca_fails_the_build_with_a_typed_error() {
     let Some((tls_url, _)) = tls_settings() else {
@@ -875,6 +927,10 @@ async fn a_certificate_from_an_untrusted_ca_fails_the_build_with_a_typed_error()
     assert_eq!(err.kind(), LedgerErrorKind::InvalidInput, "{err}");
 }
 
+#[cfg_attr(
+    no_postgres_server,
+    ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_of_64_keys_at_once_all_land_and_32_claims_of_one_key_have_one_winner() {
     let Some(base) = postgres_server_url() else {
@@ -938,6 +994,10 @@ async fn claims_of_64_keys_at_once_all_land_and_32_claims_of_one_key_have_one_wi
     assert_eq!(row.lease_owner, winners[0], "the row is the winner's");
 }
 
+#[cfg_attr(
+    no_postgres_server,
+    ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_waiting_on_one_key_s_lock_holds_up_no_other_key() {
     let Some(base) = postgres_server_url() else {
@@ -1010,6 +1070,10 @@ async fn session_pids(admin: &tokio_postgres::Client, app: &str) -> Vec<i32> {
     pids
 }
 
+#[cfg_attr(
+    no_postgres_server,
+    ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_connection_fails_at_most_the_call_that_notices_and_is_replaced() {
     let Some(base) = postgres_server_url() else {
@@ -1061,6 +1125,10 @@ async fn a_killed_connection_fails_at_most_the_call_that_notices_and_is_replaced
     assert!(ledger.get("after3").await.expect("read").is_some());
 }
 
+#[cfg_attr(
+    no_postgres_server,
+    ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_of_one_serves_16_operations_at_once_in_turn() {
     let Some(base) = postgres_server_url() else {
@@ -1201,6 +1269,10 @@ async fn send_until_taken_over(
     panic!("the lease on {key} never lapsed");
 }
 
+#[cfg_attr(
+    no_postgres_server,
+    ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_database_bounds_every_stage_and_the_thaw_needs_no_restart() {
     use idempotent_retry_testkit::{Receiver, Reply};

@@ -1482,6 +1482,10 @@ async fn open_sqlite(path: &Path) -> SqliteLedger {
 /// PostgreSQL: workers on one database, as for SQLite. Needs `IDEMPOTENT_RETRY_PG_URL`
 /// (skipped without it, except under `CI`, where it fails).
 #[cfg(feature = "postgres")]
+#[cfg_attr(
+    no_postgres_server,
+    ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_ledger_keeps_its_promises_through_kills_and_faults() {
     if let Some(spec) = worker_spec() {

@@ -583,6 +583,10 @@ mod tests {
     /// A call that finds the group idle goes out from the caller's task: no dispatcher is
     /// started for it. One that finds another in flight waits for a batch, and the count of
     /// calls in hand falls back to zero once both are answered, or when a caller gives up.
+    #[cfg_attr(
+        no_postgres_server,
+        ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+    )]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_idle_group_sends_a_call_alone_and_counts_every_call_out() {
         let Some(base) = server_url() else { return };
@@ -624,6 +628,10 @@ mod tests {
 
     /// One batch of inserts and finishes, a key twice among them and a finish whose lease is
     /// someone else's: every call gets its own answer, as its single statement would give.
+    #[cfg_attr(
+        no_postgres_server,
+        ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+    )]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_batch_answers_each_call_with_its_own_row() {
         let Some(base) = server_url() else { return };
@@ -685,6 +693,10 @@ mod tests {
     /// open): the batch holding that key gives up after its lock timeout, and the other keys
     /// of the batch are claimed while the lock is still held; the held key is claimed once
     /// the lock is gone.
+    #[cfg_attr(
+        no_postgres_server,
+        ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+    )]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_key_whose_lock_is_held_holds_up_no_other_key_of_its_batch() {
         let Some(base) = server_url() else { return };
@@ -729,6 +741,10 @@ mod tests {
     /// A batch whose statement fails gives every call the error, and its connection is
     /// closed rather than pooled inside an aborted transaction: on a pool of one, the next
     /// batch gets a new connection and runs.
+    #[cfg_attr(
+        no_postgres_server,
+        ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+    )]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failed_batch_fails_every_call_and_leaves_no_transaction_in_the_pool() {
         let Some(base) = server_url() else { return };

@@ -408,6 +408,10 @@ mod tests {
         (url, client)
     }
 
+    #[cfg_attr(
+        no_postgres_server,
+        ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+    )]
     #[tokio::test]
     async fn a_new_database_gets_one_version_row_and_a_second_migrate_keeps_it() {
         let Some(base) = server_url() else { return };
@@ -431,6 +435,10 @@ mod tests {
         );
     }
 
+    #[cfg_attr(
+        no_postgres_server,
+        ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+    )]
     #[tokio::test]
     async fn a_version_table_without_exactly_one_valid_row_is_corrupt() {
         let Some(base) = server_url() else { return };
@@ -456,6 +464,10 @@ mod tests {
         }
     }
 
+    #[cfg_attr(
+        no_postgres_server,
+        ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+    )]
     #[tokio::test]
     async fn a_newer_version_is_refused_and_the_database_left_as_it_was() {
         let Some(base) = server_url() else { return };

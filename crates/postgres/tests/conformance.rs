@@ -7,6 +7,10 @@ use idempotent_retry_testkit::ledger_conformance;
 
 /// Every case on a new database of its own, with the claims of the concurrent case
 /// racing on two threads, each on a pooled connection of its own.
+#[cfg_attr(
+    no_postgres_server,
+    ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_ledger_conforms() {
     let Some(base) = server_url() else { return };
