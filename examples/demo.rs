@@ -26,15 +26,21 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use idempotent_retry::{Client, IdempotencyKey, RetryPolicy, RetryReport};
-use idempotent_retry_testkit::{self as testkit, Arrival, Fault, Receiver, When};
+use idempotent_retry_testkit::{self as testkit, Arrival, Delivery, Fault, Receiver, Reply, When};
 use serde_json::json;
 
 const CONVERSATION: &str = "conv_42";
 
 #[tokio::main]
 async fn main() -> Result<ExitCode, Box<dyn StdError>> {
+    // The receiver answers each email it sends with that email's id (the n-th email it sent
+    // is `email_n`): an id, not a count, beside the count of emails sent for each key below.
     let server = Receiver::builder()
         .scope("agent.send_email")
+        .handler(|delivery: Delivery| async move {
+            let n = delivery.record_effect();
+            Reply::json(200, &json!({ "id": format!("email_{n}") }))
+        })
         .start()
         .await?;
     let url = server.url("/v1/emails");

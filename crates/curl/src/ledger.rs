@@ -103,6 +103,14 @@ pub(crate) async fn open(arg: &LedgerArg) -> Result<Option<Opened>, String> {
         )?,
         LedgerArg::Postgres(url) => return open_postgres(url).await,
     };
+    if path.is_dir() {
+        return Err(format!(
+            "the ledger {} is a directory: give --ledger the path of a file in it (created if \
+             missing), such as {}",
+            path.display(),
+            path.join("ledger.sqlite3").display()
+        ));
+    }
     make_directory(&path).map_err(|err| {
         format!(
             "cannot make the ledger's directory for {}: {err}; give --ledger PATH, or --no-ledger",

@@ -737,3 +737,25 @@ async fn a_curl_flag_idemcurl_does_not_take_is_named_as_such_and_nothing_is_sent
         "no tip to pass it as a value"
     );
 }
+
+#[tokio::test]
+async fn a_directory_given_as_the_ledger_is_named_as_one_and_nothing_is_sent() {
+    let scratch = Scratch::new();
+    let mut command = idemcurl(scratch.dir.path());
+    command.arg("--ledger").arg(scratch.dir.path()).args([
+        "--key",
+        "dir-1",
+        "-d",
+        "{}",
+        "http://127.0.0.1:1/v1/charges",
+    ]);
+    let ran = run(command).await;
+    assert_eq!(ran.code, 78, "{ran:?}");
+    assert!(
+        ran.stderr
+            .contains("is a directory: give --ledger the path of a file in it")
+            && ran.stderr.contains("nothing was sent"),
+        "{}",
+        ran.stderr
+    );
+}
