@@ -229,7 +229,8 @@ async fn open(
 fn no_postgres() -> LedgerError {
     LedgerError::new(
         LedgerErrorKind::InvalidInput,
-        "this build has no PostgreSQL support: build with --features cli,postgres",
+        "this build has no PostgreSQL support: install it with its default features \
+         (`cargo install idempotent-retry-cli`), or build it with --features postgres",
     )
 }
 

@@ -721,7 +721,7 @@ impl Finish {
 ///
 /// [`MemoryLedger`] is the reference implementation; `SqliteLedger` and `PostgresLedger`
 /// keep the same contract in SQL. Another store implements this trait and is proved with
-/// `testkit::ledger_conformance` (feature `testkit`); `examples/map_ledger.rs` is a complete
+/// `idempotent_retry_testkit::ledger_conformance`; `examples/map_ledger.rs` is a complete
 /// implementation over a `HashMap`.
 ///
 /// # The contract
