@@ -91,6 +91,22 @@ impl Report {
         }
     }
 
+    /// The library's message without what the report line says itself: the outcome (`;
+    /// outcome unknown: it may have run`, `; not executed`) and the key (`; idempotency key K`),
+    /// so neither is said twice.
+    fn untold(&self, error: &str) -> String {
+        let mut told = vec![
+            "; outcome unknown: it may have run".to_owned(),
+            "; not executed".to_owned(),
+        ];
+        if let Some(key) = &self.key {
+            told.push(format!("; idempotency key {key}"));
+        }
+        told.iter().fold(error.to_owned(), |error, said| {
+            error.replacen(said.as_str(), "", 1)
+        })
+    }
+
     /// Whether anything went to the server in this invocation.
     fn sent(&self) -> bool {
         self.attempts > 0 && !self.replayed
@@ -213,7 +229,8 @@ impl Report {
             }
             Exit::Usage => format!("idemcurl: {error} (nothing was sent)"),
             Exit::NotDone => format!(
-                "idemcurl: not done: {error}; it cannot have happened, so it is safe to run again; {}; {key}",
+                "idemcurl: not done: {}; it cannot have happened, so it is safe to run again; {}; {key}",
+                self.untold(error),
                 self.attempts_phrase()
             ),
             Exit::Unknown => {
@@ -242,7 +259,8 @@ impl Report {
                     None => "check with the server before sending it again".to_owned(),
                 };
                 format!(
-                    "idemcurl: outcome unknown: {error}; it may have happened; {}; {key}; {next}",
+                    "idemcurl: outcome unknown: {}; it may have happened; {}; {key}; {next}",
+                    self.untold(error),
                     self.attempts_phrase()
                 )
             }
@@ -472,6 +490,34 @@ mod tests {
         let json: serde_json::Value = serde_json::from_str(&waited.json()).expect("json");
         assert_eq!(json["lease_wait_ms"], 8210);
         assert_eq!(json["elapsed_ms"], 9460);
+    }
+
+    #[test]
+    fn the_outcome_and_the_key_are_said_once() {
+        let mut unknown = report(Exit::Unknown);
+        unknown.error = Some(
+            "POST http://127.0.0.1:1/v1/charges: gave up after 2 attempts (last status 503 \
+             Service Unavailable); outcome unknown: it may have run; idempotency key k-1"
+                .into(),
+        );
+        let text = unknown.text();
+        assert_eq!(text.matches("outcome unknown").count(), 1, "{text}");
+        assert!(!text.contains("it may have run"), "{text}");
+        assert!(!text.contains("idempotency key k-1"), "{text}");
+        assert!(
+            text.contains("(last status 503 Service Unavailable); it may have happened"),
+            "{text}"
+        );
+        let mut not_done = report(Exit::NotDone);
+        not_done.error = Some(
+            "gave up after 2 attempts (last failure: connect); not executed; idempotency key k-1"
+                .into(),
+        );
+        let text = not_done.text();
+        assert!(
+            text.contains("(last failure: connect); it cannot have happened"),
+            "{text}"
+        );
     }
 
     #[test]
