@@ -25,6 +25,12 @@ A circle is a strongly connected component of more than one file. The count
 line `N circles among M modules, E arrows` counts every module file (M) and
 every non-structural arrow, one per ordered pair of files (E).
 
+Layers: when a folder directly under src/ says in its mod.rs docs which folders it may import
+(a line `//! May import: a, b.` or `//! May import: nothing.`), every folder there must say it,
+and an arrow from a file in one folder (subfolders included) to a file in another must name a
+folder on that list; no folder may import a file directly under src/ (lib.rs, a front end
+beside the folders), and the lists themselves must not form a circle. A violation exits 1.
+
 Run from the repository root: `python3 scripts/module_graph.py` prints the
 circles and the count line; `--edges` every arrow `from -> to: names`;
 `--dot` Graphviz (circle arrows red, count line on stderr); `--root DIR`
@@ -223,6 +229,40 @@ def circles(nodes, edges):
     return sorted((list(c) for c in comps if len(c) > 1), key=lambda c: (-len(c), c))
 
 
+MAY_IMPORT = re.compile(r"^//!\s*May import:\s*(.*?)\.?\s*$", re.M)
+
+
+def layers(root, plain):
+    """The folder rule (see the module docs): (declared lists, violations as text)."""
+    src = Path(root) / "src"
+    folders = sorted(d.name for d in src.iterdir() if (d / "mod.rs").is_file())
+    declared = {}
+    for name in folders:
+        head = "\n".join(line for line in (src / name / "mod.rs").read_text(encoding="utf-8").splitlines()
+                         if line.startswith("//!"))
+        if m := MAY_IMPORT.search(head):
+            items = [x.strip() for x in m[1].split(",") if x.strip()]
+            declared[name] = set() if items == ["nothing"] else set(items)
+    if not declared:
+        return {}, []
+    bad = [f"src/{name}/mod.rs does not say which folders it may import (`//! May import: ...`)"
+           for name in folders if name not in declared]
+    bad += [f"src/{name}/mod.rs may import `{x}`, which is no folder under src/"
+            for name, allowed in declared.items() for x in sorted(allowed) if x not in folders]
+    folder = lambda f: f.split("/")[1] if f.count("/") >= 2 else None
+    for (a, b), names in sorted(plain.items()):
+        fa, fb = folder(a), folder(b)
+        if fa is None or fa == fb:
+            continue
+        if fb is None:
+            bad.append(f"{a} -> {b} ({', '.join(sorted(names))}): a folder imports a file beside the folders")
+        elif fb not in declared.get(fa, set()):
+            bad.append(f"{a} -> {b} ({', '.join(sorted(names))}): src/{fa}/ may not import src/{fb}/")
+    arrows = {(a, b) for a, allowed in declared.items() for b in allowed if b in declared}
+    bad += [f"the folders' lists form a circle: {', '.join(c)}" for c in circles(declared, arrows)]
+    return declared, bad
+
+
 def analyse(root):
     crate = Crate(root)
     edges, structural = crate.arrows()
@@ -249,6 +289,12 @@ def workspace(root):
             print(f"{name}: circle {k} ({len(comp)} modules): {', '.join(comp)}")
         print(f"{name}: {len(comps)} circles among {len(crate.files)} modules, {len(plain)} arrows")
         status |= 1 if comps else 0
+        declared, bad = layers(crate_root, plain)
+        for line in bad:
+            print(f"{name}: layer: {line}")
+        if declared:
+            print(f"{name}: {len(declared)} folders by layer, {len(bad)} imports against their order")
+        status |= 1 if bad else 0
     for a, b in sorted(arrows):
         print(f"crate {a} -> {b}")
     crate_circles = circles(members, arrows)
@@ -296,7 +342,13 @@ def main(argv=None):
                 print("  two-way: " + "; ".join(two_way))
     print(f"{len(comps)} circles among {len(crate.files)} modules, {len(plain)} arrows",
           file=sys.stderr if args.dot else sys.stdout)
-    return 1 if comps else 0
+    declared, bad = layers(args.root, plain)
+    for line in bad:
+        print(f"layer: {line}", file=sys.stderr if args.dot else sys.stdout)
+    if declared:
+        print(f"{len(declared)} folders by layer, {len(bad)} imports against their order",
+              file=sys.stderr if args.dot else sys.stdout)
+    return 1 if comps or bad else 0
 
 
 SYNTHETIC = {  # a <-> b is the one circle; every other file tests one rule
@@ -326,6 +378,23 @@ def self_test():
         short = lambda p: f"{p[0][4:]}>{p[1][4:]}"
         return {short(p): ",".join(sorted(n)) for p, n in edges.items()}, set(map(short, structural)), comps
 
+    def run_layers(files):
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, text in files.items():
+                (Path(tmp) / "src" / name).parent.mkdir(parents=True, exist_ok=True)
+                (Path(tmp) / "src" / name).write_text(text)
+            _, _, _, plain, _ = analyse(tmp)
+            return layers(tmp, plain)[1]
+
+    layered = {
+        "lib.rs": "mod low;\nmod high;\n",
+        "low/mod.rs": "//! The bottom.\n//!\n//! May import: nothing.\npub(crate) mod a;\n",
+        "low/a.rs": "pub struct A;\n",
+        "high/mod.rs": "//! May import: low.\npub(crate) mod b;\n",
+        "high/b.rs": "use crate::low::a::A;\npub struct B;\n",
+    }
+    up = {**layered, "low/a.rs": "use crate::high::b::B;\npub struct A;\n"}
+    undeclared = {**layered, "high/mod.rs": "//! Says nothing.\npub(crate) mod b;\n"}
     e, structural, comps = run(SYNTHETIC)
     e2, _, comps2 = run({**SYNTHETIC, "b.rs": "pub struct Beta;\n"})
     cases = {
@@ -342,6 +411,11 @@ def self_test():
         and "lib.rs>a.rs" in structural,
         "a circle is found": comps == [["src/a.rs", "src/b.rs"]],
         "no circle": comps2 == [] and "a.rs>b.rs" in e2,
+        "folders importing down their lists pass": run_layers(layered) == [],
+        "an import up the folders' order fails": any("src/low/ may not import src/high/" in v
+                                                     for v in run_layers(up)),
+        "every folder must say what it may import": any("src/high/mod.rs does not say" in v
+                                                        for v in run_layers(undeclared)),
     }
     for case, ok in cases.items():
         print(("ok    " if ok else "FAIL  ") + case)

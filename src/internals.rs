@@ -6,18 +6,18 @@
 //!
 //! Behind the `internals` feature, hidden from the docs and not covered by semver: it mirrors
 //! the engine's internal shape, which may change in any release. The randomness is one word
-//! per call, as [`backoff::full_jitter`](crate::backoff::full_jitter) takes it, so a caller
+//! per call, as [`backoff::full_jitter`](crate::rules::backoff::full_jitter) takes it, so a caller
 //! replays a decision by passing the same word and needs no generator of ours.
 
 use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, StatusCode};
 
-use crate::classify::FailureKind;
-use crate::decide::{self, Decision, Observed, OperationState, Stop};
-use crate::policy::RetryPolicy;
-use crate::report::WaitReason;
-use crate::test_rng::ConstRng;
+use crate::decision::decide::{self, Decision, Observed, OperationState, Stop};
+use crate::decision::policy::RetryPolicy;
+use crate::outcome::report::WaitReason;
+use crate::rules::classify::FailureKind;
+use crate::rules::const_rng::ConstRng;
 use crate::time::{Clock, TokioClock};
 
 /// The operation as the engine sees it when one attempt has ended, before any answer said
@@ -131,8 +131,8 @@ pub fn decide(
 /// only the crate's front ends make: for tests and simulations that drain or refill a bucket
 /// by hand. Each is the budget's own method, as the front ends call it.
 pub mod budget {
-    use crate::budget::RetryBudget;
-    use crate::classify::FailureKind;
+    use crate::decision::budget::RetryBudget;
+    use crate::rules::classify::FailureKind;
 
     /// May a retry after a failure of this kind be sent? `true` when the level is at least
     /// what the retry would cost if it failed; nothing is taken either way, and a refusal is

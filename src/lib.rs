@@ -210,12 +210,12 @@
 //! | for a different request (method, URL **with its origin**, or canonical body) | [`ErrorKind::KeyReuse`], nothing sent; [`Error::held_operation`] names what differs and what the ledger holds, and [`Error::outcome`] is that operation's (`Done` when it succeeded: never "not done" while it may have run) |
 //! | succeeded | the saved response, [`RetryReport::is_replayed`], nothing sent |
 //! | under another run's live lease | [`ErrorKind::LeaseHeld`], nothing sent (or waits: [`LeaseHeldPolicy`](crate::ledger::LeaseHeldPolicy)) |
-//! | first attempted longer ago than the reconcile window | [`ErrorKind::ReconcileWindow`], nothing sent; but an unresolved row is first settled by the scope's [`Reconciler`](crate::reconcile::Reconciler), if one is set (below) |
+//! | first attempted longer ago than the reconcile window | [`ErrorKind::ReconcileWindow`], nothing sent; but an unresolved row is first settled by the scope's [`Reconciler`](crate::ledger::reconcile::Reconciler), if one is set (below) |
 //! | otherwise (unknown, failed, or a lapsed lease left by a crash) | sends with the same key, inside the original window |
 //!
 //! The fingerprint includes the URL's origin (why, and how to move operations to a new base
 //! URL: `docs/ledger.md`); an operator frees a key by hand with
-//! [`release_by_hand`](crate::reconcile::release_by_hand) (`idempotent-retry-ledger release`).
+//! [`release_by_hand`](crate::ledger::reconcile::release_by_hand) (`idempotent-retry-ledger release`).
 //!
 //! [`MemoryLedger`](crate::ledger::MemoryLedger) serves one process, `SqliteLedger` (feature `sqlite`) one machine,
 //! `PostgresLedger` (feature `postgres`) a fleet sharing one table. A ledger failure is
@@ -227,16 +227,16 @@
 //! # Reconciling unknown outcomes
 //!
 //! Inside the window, sending again with the same key is the reconcile: the receiver replays
-//! what ran. After it, a [`Reconciler`](crate::reconcile::Reconciler) finds out what happened ([`HttpProbe`](crate::reconcile::HttpProbe) asks the
-//! receiver with a `GET` built from the row, [`reconcile_fn`](crate::reconcile::reconcile_fn) runs your own lookup,
-//! [`SendAgain`](crate::reconcile::SendAgain) trusts a receiver that keeps keys longer than the window) and answers a
-//! [`Resolution`](crate::reconcile::Resolution): `Done` (the response to replay), `NotDone` (send it in a new window) or
+//! what ran. After it, a [`Reconciler`](crate::ledger::reconcile::Reconciler) finds out what happened ([`HttpProbe`](crate::ledger::reconcile::HttpProbe) asks the
+//! receiver with a `GET` built from the row, [`reconcile_fn`](crate::ledger::reconcile::reconcile_fn) runs your own lookup,
+//! [`SendAgain`](crate::ledger::reconcile::SendAgain) trusts a receiver that keeps keys longer than the window) and answers a
+//! [`Resolution`](crate::ledger::reconcile::Resolution): `Done` (the response to replay), `NotDone` (send it in a new window) or
 //! `Unknown`. It runs under the row's lease, as a run does, and the row records who resolved
 //! it and when: when a run finds the row past its window
 //! ([`ClientBuilder::reconciler`], [`ClientBuilder::reconciler_for_scope`]), on demand
 //! ([`Client::reconcile`]), and in sweeps of unresolved rows
 //! ([`Client::reconcile_unresolved`]). Operators settle rows by hand with
-//! [`resolve_by_hand`](crate::reconcile::resolve_by_hand), or with the `idempotent-retry-ledger` command (crate `idempotent-retry-cli`); the
+//! [`resolve_by_hand`](crate::ledger::reconcile::resolve_by_hand), or with the `idempotent-retry-ledger` command (crate `idempotent-retry-cli`); the
 //! README's "After outcome unknown" says what to do when.
 //!
 //! # Testing
@@ -338,106 +338,77 @@
     allow(rustdoc::broken_intra_doc_links)
 )]
 
-pub mod backoff;
-mod body;
-mod budget;
-pub mod canonical;
-mod classify;
+// The folders by layer, bottom first; each one's `mod.rs` says what it holds and which folders
+// below it it may import (`scripts/module_graph.py` checks it), and `docs/ARCHITECTURE.md`
+// draws them.
 mod client;
-mod decide;
+mod decision;
 mod engine;
-mod error;
-mod exchange;
-mod exposure;
-mod extension;
-mod fingerprint;
-mod held;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals;
-mod key;
-mod keyed;
+mod keys;
 pub mod ledger;
+mod message;
 #[cfg(feature = "middleware")]
 mod middleware;
-mod noted_body;
-pub mod observe;
-mod operation_outcome;
-mod policy;
-mod readable;
-pub mod reconcile;
-pub mod report;
-pub mod retry_after;
+mod outcome;
+mod rules;
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod service;
-mod settings;
 mod telemetry;
 pub mod time;
-mod transport;
-mod window;
+
+pub use decision::budget::{RetryBudget, RetryBudgetConfig};
+pub use keys::canonical;
+pub use outcome::{observe, report};
+pub use rules::{backoff, retry_after};
+
+pub mod reconcile {
+    //! Settling operations whose outcome is unknown: a [`Reconciler`] per scope (an
+    //! [`HttpProbe`] that asks the receiver, or your own [`reconcile_fn`]), asked by
+    //! [`Client::reconcile`](crate::Client::reconcile) for one key and
+    //! [`Client::reconcile_unresolved`](crate::Client::reconcile_unresolved) for a sweep; and an
+    //! operator's answer by hand, [`resolve_by_hand`] and [`release_by_hand`].
+    //!
+    //! Each row is held under a lease while it is reconciled (as a run holds it), the scope's
+    //! reconciler is asked, its [`Resolution`] written, and the lease released. A run's claim
+    //! (`ledger/session.rs`) and both client methods come here.
+
+    pub use crate::ledger::reconcile::{
+        HttpProbe, ReconcileFn, ReconcileFuture, Reconciled, Reconciler, Released, Resolution,
+        ResolutionKind, ResolutionNote, SendAgain, SweepReport, reconcile_fn, release_by_hand,
+        resolve_by_hand,
+    };
+}
 
 /// Where a redirect may lead: the hops a [`RedirectPolicy`] followed and why it stopped.
 pub mod redirect {
     pub use crate::client::{RedirectChain, RedirectHop, RedirectStop};
 }
 
-pub use budget::{RetryBudget, RetryBudgetConfig};
-pub use classify::FailureKind;
 #[cfg(feature = "multipart")]
 pub use client::multipart;
 pub use client::{Client, ClientBuilder, IDEMPOTENCY_KEY, RedirectPolicy, RequestBuilder};
-pub use error::{Error, ErrorKind};
-pub use exchange::{RetryRequest, RetryResponse};
-pub use extension::{LedgerScope, WithoutIdempotencyKey};
-pub use fingerprint::RequestFingerprint;
-pub use held::{HeldOperation, RequestPart};
-pub use key::{IdempotencyKey, InvalidKey, InvalidKeyReason};
-pub use keyed::{DerivationSecret, InvalidSecret};
+pub use decision::policy::RetryPolicy;
+pub use engine::extension::{LedgerScope, WithoutIdempotencyKey};
+pub use keys::fingerprint::RequestFingerprint;
+pub use keys::key::{IdempotencyKey, InvalidKey, InvalidKeyReason};
+pub use keys::keyed::{DerivationSecret, InvalidSecret};
+pub use message::exchange::{RetryRequest, RetryResponse};
 #[cfg(feature = "middleware")]
 #[cfg_attr(docsrs, doc(cfg(feature = "middleware")))]
 pub use middleware::IdempotentRetryMiddleware;
-pub use observe::Observer;
-pub use operation_outcome::Outcome;
-pub use policy::RetryPolicy;
-pub use report::RetryReport;
+pub use outcome::error::{Error, ErrorKind};
+pub use outcome::held::{HeldOperation, RequestPart};
+pub use outcome::observe::Observer;
+pub use outcome::operation_outcome::Outcome;
+pub use outcome::report::RetryReport;
+pub use rules::classify::FailureKind;
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub use service::{IdempotentRetry, IdempotentRetryLayer};
-
-/// Deterministic generators for the unit tests and the `internals` door.
-#[cfg(any(test, feature = "internals"))]
-mod test_rng {
-    use std::convert::Infallible;
-
-    use rand::TryRng;
-
-    /// A generator that returns the same word forever: all ones draws the top of every range,
-    /// zero the bottom.
-    #[derive(Debug)]
-    pub(crate) struct ConstRng(pub(crate) u64);
-
-    impl TryRng for ConstRng {
-        type Error = Infallible;
-
-        fn try_next_u32(&mut self) -> Result<u32, Infallible> {
-            // Truncation keeps all-ones as all-ones and zero as zero.
-            Ok(self.0 as u32)
-        }
-
-        fn try_next_u64(&mut self) -> Result<u64, Infallible> {
-            Ok(self.0)
-        }
-
-        fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Infallible> {
-            for chunk in dst.chunks_mut(8) {
-                let bytes = self.0.to_le_bytes();
-                chunk.copy_from_slice(&bytes[..chunk.len()]);
-            }
-            Ok(())
-        }
-    }
-}
 
 /// Compiles and runs every `rust` block of the README as a doc test, so its examples keep
 /// building against the crate.

@@ -9,9 +9,9 @@ use reqwest_middleware::Next;
 
 use crate::client::{Client, ClientBuilder, warn_if_inner_redirected};
 use crate::engine;
-use crate::error::Error;
-use crate::settings::{Overrides, Settings};
-use crate::transport::{SendError, Transport, reqwest_send_error, send_error};
+use crate::engine::settings::{Overrides, Settings};
+use crate::engine::transport::{SendError, Transport, reqwest_send_error, send_error};
+use crate::outcome::error::Error;
 
 /// A `reqwest-middleware` [`Middleware`](reqwest_middleware::Middleware) that sends each request
 /// as one logical operation: one key, settled before the first attempt; the middleware below

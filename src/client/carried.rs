@@ -1,7 +1,7 @@
 //! What a built `reqwest::Request` carries of its [`RequestBuilder`](crate::RequestBuilder)'s
 //! options, so that `client.execute(builder.build()?)` runs exactly as `builder.send()`: the
 //! key, the policy, the ledger scope and the no-key mark in its extensions (the forms the tower
-//! and middleware front ends read, `extension.rs`), the per-attempt timeout as the request's own
+//! and middleware front ends read, `engine/extension.rs`), the per-attempt timeout as the request's own
 //! `timeout()`.
 //!
 //! `reqwest::Request` keeps its extensions to itself: they are reached through a round trip to
@@ -11,8 +11,8 @@
 
 use http::Extensions;
 
-use crate::error::Error;
-use crate::settings::Overrides;
+use crate::engine::settings::Overrides;
+use crate::outcome::error::Error;
 
 /// Writes `overrides` into `request`, for [`carried`] to read back.
 ///
@@ -92,8 +92,8 @@ mod tests {
     use http::{Method, Version};
 
     use super::*;
-    use crate::key::IdempotencyKey;
-    use crate::policy::RetryPolicy;
+    use crate::decision::policy::RetryPolicy;
+    use crate::keys::key::IdempotencyKey;
 
     fn request() -> reqwest::Request {
         let mut request = reqwest::Request::new(

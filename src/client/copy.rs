@@ -24,7 +24,7 @@ use std::task::{Context, Poll, Waker};
 use bytes::Bytes;
 use hyper::body::Body as _;
 
-use crate::body::Read;
+use crate::message::body::Read;
 
 /// How the copies of one operation's request are made.
 pub(super) enum Copies {

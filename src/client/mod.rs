@@ -4,6 +4,8 @@
 //! carries, `carried.rs`) run through the engine's pipeline with the reqwest transport
 //! (`transport.rs`), which follows redirects by the client's own rules (`redirect/`).
 //! Multipart forms that know whether they can be sent again are in `multipart.rs`.
+//!
+//! May import: time, keys, rules, message, outcome, decision, telemetry, ledger, engine.
 
 mod carried;
 mod copy;
@@ -24,15 +26,17 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use reqwest::IntoUrl;
 
-use crate::budget::RetryBudget;
-use crate::error::Error;
-use crate::ledger::{Bounded, Ledger, LedgerError, LedgerHandle, LedgerOptions};
-use crate::observe::{AttemptEvent, Chain, Observer, OnAttempt, OnOperation, OperationEvent};
-use crate::policy::RetryPolicy;
-use crate::reconcile::{
+use crate::decision::budget::RetryBudget;
+use crate::decision::policy::RetryPolicy;
+use crate::engine::settings::{Jitter, Settings};
+use crate::ledger::reconcile::{
     Context as ReconcileContext, Reconciled, Reconciler, Reconcilers, SweepReport,
 };
-use crate::settings::{Jitter, Settings};
+use crate::ledger::{Bounded, Ledger, LedgerError, LedgerHandle, LedgerOptions};
+use crate::outcome::error::Error;
+use crate::outcome::observe::{
+    AttemptEvent, Chain, Observer, OnAttempt, OnOperation, OperationEvent,
+};
 use crate::time::{Clock, Sleeper, TokioClock, TokioSleeper};
 
 use copy::Copies;
@@ -237,7 +241,7 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub async fn reconcile(&self, key: &str) -> Result<Reconciled, LedgerError> {
-        crate::reconcile::reconcile(self.reconcile_context()?, key).await
+        crate::ledger::reconcile::reconcile(self.reconcile_context()?, key).await
     }
 
     /// One batch of a sweep of unresolved operations: at most `limit` rows whose reconcile
@@ -253,8 +257,8 @@ impl Client {
     /// [`SweepReport::failed`] and the sweep goes on.
     pub async fn reconcile_unresolved(&self, limit: u32) -> Result<SweepReport, LedgerError> {
         let cx = self.reconcile_context()?;
-        let older_than = crate::window::cutoff(cx.clock.wall(), cx.window);
-        crate::reconcile::sweep(cx, limit, older_than).await
+        let older_than = crate::rules::window::cutoff(cx.clock.wall(), cx.window);
+        crate::ledger::reconcile::sweep(cx, limit, older_than).await
     }
 
     /// Runs a `reqwest::Request` as one logical operation, by the same rules as

@@ -34,7 +34,7 @@ use bytes::{Bytes, BytesMut};
 use futures_core::Stream;
 use http::HeaderMap;
 
-use crate::error::Error;
+use crate::outcome::error::Error;
 
 /// A `multipart/form-data` body: reqwest's `multipart::Form`, with a record of which parts
 /// are in memory.

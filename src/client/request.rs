@@ -15,10 +15,10 @@ use super::copy::Copies;
 use super::multipart;
 use super::shared::ClientRef;
 use super::transport::execute;
-use crate::error::Error;
-use crate::key::IdempotencyKey;
-use crate::policy::RetryPolicy;
-use crate::settings::Overrides;
+use crate::decision::policy::RetryPolicy;
+use crate::engine::settings::Overrides;
+use crate::keys::key::IdempotencyKey;
+use crate::outcome::error::Error;
 
 /// A request being built; [`send`](Self::send) runs it as one logical operation.
 ///

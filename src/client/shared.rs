@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::redirect::RedirectPolicy;
-use crate::settings::Settings;
+use crate::engine::settings::Settings;
 
 pub(crate) struct ClientRef {
     pub(crate) http: reqwest::Client,

@@ -8,10 +8,10 @@ use super::copy::Copies;
 use super::redirect::follow;
 use super::shared::ClientRef;
 use crate::engine;
-use crate::error::Error;
-use crate::settings::Overrides;
+use crate::engine::settings::Overrides;
+use crate::engine::transport::{SendError, Transport};
+use crate::outcome::error::Error;
 use crate::telemetry::WireTrace;
-use crate::transport::{SendError, Transport};
 
 /// Runs `request` as one logical operation with `overrides`, through the engine's pipeline:
 /// what [`RequestBuilder::send`](crate::RequestBuilder::send) and

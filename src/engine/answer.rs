@@ -12,11 +12,11 @@
 
 use std::sync::Arc;
 
-use crate::body::ReadBody;
-use crate::classify::{FailureKind, StatusClass, classify_source_chain, classify_status};
-use crate::exchange::RetryResponse;
-use crate::key::IdempotencyKey;
-use crate::transport::SendError;
+use crate::engine::transport::SendError;
+use crate::keys::key::IdempotencyKey;
+use crate::message::body::ReadBody;
+use crate::message::exchange::RetryResponse;
+use crate::rules::classify::{FailureKind, StatusClass, classify_source_chain, classify_status};
 
 /// Whether `response`'s body is bounded by `limit`: it declares a length no longer than that.
 fn bounded<R: RetryResponse>(response: &R, limit: usize) -> bool {
@@ -104,7 +104,7 @@ pub(super) fn cut_status(source: &(dyn std::error::Error + 'static)) -> Option<h
 #[derive(Debug)]
 struct CutAnswer {
     status: u16,
-    source: crate::transport::BoxError,
+    source: crate::engine::transport::BoxError,
 }
 
 impl std::fmt::Display for CutAnswer {

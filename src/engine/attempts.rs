@@ -23,21 +23,21 @@ use http::header::HeaderValue;
 use http::{Method, StatusCode};
 use tokio::time::Instant;
 
-use crate::budget::BudgetTab;
-use crate::classify::FailureKind;
-use crate::decide::{Decision, Observed, OperationState, Stop, decide};
-use crate::error::{Error, ErrorKind};
-use crate::exchange::{RetryRequest, RetryResponse};
-use crate::exposure::Exposure;
-use crate::key::{IdempotencyKey, is_idempotent_method};
+use crate::decision::budget::BudgetTab;
+use crate::decision::decide::{Decision, Observed, OperationState, Stop, decide};
+use crate::decision::policy::RetryPolicy;
+use crate::engine::settings::{Jitter, Settings};
+use crate::engine::transport::{BoxError, SendError, Transport};
+use crate::keys::key::{IdempotencyKey, is_idempotent_method};
 use crate::ledger::{LedgerError, LedgerRun};
-use crate::observe::{AttemptEvent, RetryRefusedEvent};
-use crate::policy::RetryPolicy;
-use crate::report::{AttemptRecord, RetryReport, Wait};
-use crate::settings::{Jitter, Settings};
+use crate::message::exchange::{RetryRequest, RetryResponse};
+use crate::outcome::error::{Error, ErrorKind};
+use crate::outcome::exposure::Exposure;
+use crate::outcome::observe::{AttemptEvent, RetryRefusedEvent};
+use crate::outcome::report::{AttemptRecord, RetryReport, Wait};
+use crate::rules::classify::FailureKind;
+use crate::rules::window;
 use crate::telemetry::{WireTrace, metrics};
-use crate::transport::{BoxError, SendError, Transport};
-use crate::window;
 
 use super::settle::Settled;
 

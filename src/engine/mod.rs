@@ -21,25 +21,30 @@
 //! Every stage runs inside the operation's `idempotent_request` span (INTERNAL; its attributes
 //! recorded at the end by `telemetry/operation.rs`); each request on the wire gets a CLIENT
 //! span under it from the attempts stage (`telemetry/wire.rs`).
+//!
+//! May import: time, keys, rules, message, outcome, decision, telemetry, ledger.
 
 mod answer;
 mod attempts;
+pub(crate) mod extension;
+pub(crate) mod settings;
 mod settle;
+pub(crate) mod transport;
 
 use std::time::Duration;
 
 use http::Method;
 use tracing::Instrument;
 
-use crate::error::{Error, Target};
-use crate::exchange::{self, RetryRequest, RetryResponse};
-use crate::key::IdempotencyKey;
+use crate::engine::settings::{Overrides, Settings};
+use crate::engine::transport::Transport;
+use crate::keys::key::IdempotencyKey;
 use crate::ledger::{self, Begin, LedgerHandle};
-use crate::observe::{LedgerVerdict, OperationEvent};
-use crate::report::RetryReport;
-use crate::settings::{Overrides, Settings};
+use crate::message::exchange::{self, RetryRequest, RetryResponse};
+use crate::outcome::error::{Error, Target};
+use crate::outcome::observe::{LedgerVerdict, OperationEvent};
+use crate::outcome::report::RetryReport;
 use crate::telemetry::operation;
-use crate::transport::Transport;
 
 use attempts::Attempts;
 use settle::Settled;

@@ -7,11 +7,11 @@ use std::time::Duration;
 use http::Method;
 use http::header::{Entry, HeaderMap, HeaderName};
 
-use crate::error::Error;
-use crate::exchange::RetryRequest;
-use crate::key::{IdempotencyKey, is_idempotent_method};
-use crate::policy::RetryPolicy;
-use crate::settings::{Overrides, Settings};
+use crate::decision::policy::RetryPolicy;
+use crate::engine::settings::{Overrides, Settings};
+use crate::keys::key::{IdempotencyKey, is_idempotent_method};
+use crate::message::exchange::RetryRequest;
+use crate::outcome::error::Error;
 use crate::telemetry::operation;
 
 /// One operation, settled: nothing about it changes from here on.

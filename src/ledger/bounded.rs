@@ -17,7 +17,7 @@ use super::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, ListFilter,
     OperationRecord, ReconcileClaim, Renew, Resolve,
 };
-use crate::readable::duration as human;
+use crate::time::readable::duration as human;
 use crate::time::{Sleeper, TokioSleeper};
 
 /// `call`, or an `Unavailable` error naming `what` once `limit` has passed on `sleeper`. The

@@ -23,9 +23,12 @@
 //! # drop(client);
 //! # Ok::<(), idempotent_retry::Error>(())
 //! ```
+//!
+//! May import: time, keys, rules, message, outcome, decision, telemetry.
 
 mod bounded;
 mod options;
+pub(crate) mod reconcile;
 mod release;
 mod renewal;
 mod session;

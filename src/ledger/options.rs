@@ -7,7 +7,7 @@ use std::time::Duration;
 use http::HeaderName;
 use http::header::{CONTENT_TYPE, LOCATION};
 
-use crate::key::IdempotencyKey;
+use crate::keys::key::IdempotencyKey;
 
 /// What a run does when another live run holds the operation's lease.
 ///

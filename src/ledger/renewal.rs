@@ -21,8 +21,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Ledger, LedgerError, LedgerErrorKind, Renew, later};
-use crate::readable::duration as human;
 use crate::time::Clock;
+use crate::time::readable::duration as human;
 
 /// Now on tokio's clock, the keeper's timer (not the client's injected one: see the module's
 /// docs).

@@ -17,19 +17,19 @@ use super::{
     AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerOptions, OperationRecord,
     OperationStatus, SavedResponse, later,
 };
-use crate::classify::FailureKind;
-use crate::error::{Error, ErrorKind};
-use crate::exchange::RetryResponse;
-use crate::exposure::Exposure;
-use crate::fingerprint::RequestFingerprint;
-use crate::held::HeldOperation;
-use crate::key::IdempotencyKey;
-use crate::readable::{duration as human, rfc3339};
-use crate::reconcile::{self, Context, Reconciled, Reconcilers};
-use crate::report::RetryReport;
-use crate::telemetry::without_credentials;
+use crate::keys::fingerprint::RequestFingerprint;
+use crate::keys::key::IdempotencyKey;
+use crate::ledger::reconcile::{self, Context, Reconciled, Reconcilers};
+use crate::message::exchange::RetryResponse;
+use crate::message::url::without_credentials;
+use crate::outcome::error::{Error, ErrorKind};
+use crate::outcome::exposure::Exposure;
+use crate::outcome::held::HeldOperation;
+use crate::outcome::report::RetryReport;
+use crate::rules::classify::FailureKind;
+use crate::rules::window;
+use crate::time::readable::{duration as human, rfc3339};
 use crate::time::{Clock, Sleeper};
-use crate::window;
 
 use super::renewal::LeaseKeeper;
 
@@ -116,7 +116,7 @@ pub(crate) async fn claim<R: RetryResponse>(
     handle: &LedgerHandle,
     clocks: &Arc<dyn Clock>,
     sleeper: &dyn Sleeper,
-    observer: Option<&dyn crate::observe::Observer>,
+    observer: Option<&dyn crate::outcome::observe::Observer>,
     operation: Operation<'_>,
 ) -> Result<Begin<R>, Error> {
     let clock = &**clocks;
@@ -327,7 +327,7 @@ pub(crate) async fn claim<R: RetryResponse>(
                 && !poll.is_zero()
             {
                 if let Some(observer) = observer {
-                    observer.on_lease_wait(&crate::observe::LeaseWaitEvent {
+                    observer.on_lease_wait(&crate::outcome::observe::LeaseWaitEvent {
                         key,
                         holder: existing.lease_owner.as_deref(),
                         lease_until: until,
@@ -735,8 +735,11 @@ impl LedgerRun {
         let status = response.status();
         let max_body = self.handle.options.max_body;
         // A body the attempt already read: saved from those bytes, not read again.
-        let read = match response.extensions_mut().remove::<crate::body::ReadBody>() {
-            Some(crate::body::ReadBody(bytes)) => {
+        let read = match response
+            .extensions_mut()
+            .remove::<crate::message::body::ReadBody>()
+        {
+            Some(crate::message::body::ReadBody(bytes)) => {
                 Ok((response, (bytes.len() <= max_body).then_some(bytes)))
             }
             None => response.read_to_save(max_body).await,
@@ -747,7 +750,7 @@ impl LedgerRun {
                 // The server answered, but the answer was cut or stalled: it may well have run.
                 let failure = match source.downcast_ref::<reqwest::Error>() {
                     Some(err) if err.is_timeout() => FailureKind::Timeout,
-                    _ => crate::classify::classify_source_chain(&*source)
+                    _ => crate::rules::classify::classify_source_chain(&*source)
                         .unwrap_or(FailureKind::ConnectionClosed),
                 };
                 let err = Error::operation(ErrorKind::Transport, report, true)

@@ -13,7 +13,7 @@ use http_body_util::BodyExt;
 use http_body_util::combinators::BoxBody;
 use hyper::body::Body;
 
-use crate::transport::BoxError;
+use crate::engine::transport::BoxError;
 
 /// Wraps a service in [`BoxResponseBody`]: its responses' bodies boxed as
 /// `BoxBody<Bytes, Box<dyn Error + Send + Sync>>`.
@@ -128,7 +128,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exchange::RetryResponse;
+    use crate::message::exchange::RetryResponse;
     use tower::{Layer, Service};
 
     #[derive(Clone)]

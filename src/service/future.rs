@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use crate::error::Error;
+use crate::outcome::error::Error;
 
 /// The response future of [`IdempotentRetry`](crate::IdempotentRetry): the whole operation,
 /// every attempt and wait included.

@@ -10,8 +10,8 @@ use super::IdempotentRetry;
 use super::boxed::BoxResponseBodyLayer;
 use super::scope::{SCOPE_HEADER, ScopeRules};
 use crate::client::{Client, ClientBuilder};
-use crate::error::Error;
-use crate::settings::Settings;
+use crate::engine::settings::Settings;
+use crate::outcome::error::Error;
 
 /// Wraps a service in [`IdempotentRetry`]: one key per logical request, the crate's retry
 /// rules for every attempt.

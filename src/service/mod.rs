@@ -4,6 +4,8 @@
 //! service only sends attempts; keys, classification, backoff and windows are the engine's.
 //! Beside them: `scope.rs`, the ledger scope of a request that carries no extensions, and
 //! `boxed.rs`, the layer that boxes a response body a ledger could not rebuild.
+//!
+//! May import: time, keys, rules, message, outcome, decision, telemetry, ledger, engine, client.
 
 mod boxed;
 mod future;
@@ -18,10 +20,10 @@ use std::task::{Context, Poll};
 
 use crate::client::warn_if_inner_redirected;
 use crate::engine;
-use crate::error::{Error, Target};
-use crate::exchange::{RetryRequest, RetryResponse};
-use crate::settings::{Overrides, Settings};
-use crate::transport::{BoxError, SendError, Transport, send_error};
+use crate::engine::settings::{Overrides, Settings};
+use crate::engine::transport::{BoxError, SendError, Transport, send_error};
+use crate::message::exchange::{RetryRequest, RetryResponse};
+use crate::outcome::error::{Error, Target};
 use scope::ScopeRules;
 
 pub use boxed::{BoxResponseBody, BoxResponseBodyLayer};

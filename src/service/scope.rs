@@ -6,9 +6,9 @@
 use http::HeaderName;
 use http::header::{Entry, HeaderMap};
 
-use crate::error::Error;
-use crate::exchange::RetryRequest;
-use crate::extension::LedgerScope;
+use crate::engine::extension::LedgerScope;
+use crate::message::exchange::RetryRequest;
+use crate::outcome::error::Error;
 
 /// The header the layer reads a request's ledger scope from.
 pub(crate) const SCOPE_HEADER: HeaderName = HeaderName::from_static("idempotent-retry-scope");

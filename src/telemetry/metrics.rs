@@ -12,8 +12,8 @@ use http::StatusCode;
 #[cfg(feature = "metrics")]
 use metrics::Label;
 
-use crate::budget::RetryBudget;
-use crate::classify::FailureKind;
+use crate::decision::budget::RetryBudget;
+use crate::rules::classify::FailureKind;
 
 /// Histogram, seconds: each request on the wire.
 #[cfg(feature = "metrics")]

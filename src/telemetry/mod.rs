@@ -7,13 +7,13 @@
 //! trace context (`propagate.rs`). The attribute table is in the crate docs
 //! ([`crate#traces`]). With the feature `metrics`, the same points record metrics through the
 //! `metrics` facade (`metrics.rs`, table in [`crate#metrics`]).
+//!
+//! May import: time, keys, rules, message, outcome, decision.
 
 pub(crate) mod metrics;
 pub(crate) mod operation;
 #[cfg(feature = "opentelemetry")]
 mod propagate;
-mod url;
 mod wire;
 
-pub(crate) use url::{strip_credentials, without_credentials};
 pub(crate) use wire::WireTrace;

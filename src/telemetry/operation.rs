@@ -6,12 +6,12 @@
 use http::Method;
 use tracing::field::Empty;
 
-use crate::error::Error;
-use crate::exchange::RetryResponse;
-use crate::key::IdempotencyKey;
-use crate::observe::LedgerVerdict;
-use crate::operation_outcome::Outcome;
-use crate::report::RetryReport;
+use crate::keys::key::IdempotencyKey;
+use crate::message::exchange::RetryResponse;
+use crate::outcome::error::Error;
+use crate::outcome::observe::LedgerVerdict;
+use crate::outcome::operation_outcome::Outcome;
+use crate::outcome::report::RetryReport;
 
 use super::metrics;
 

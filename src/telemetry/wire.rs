@@ -14,8 +14,8 @@ use tracing::field::Empty;
 
 #[cfg(feature = "metrics")]
 use super::metrics::RequestTimer;
-use super::url::Redacted;
-use crate::exchange::RetryRequest;
+use crate::message::exchange::RetryRequest;
+use crate::message::url::Redacted;
 use crate::time::Clock;
 
 /// The spans of one operation's requests on the wire, children of its operation span.

@@ -1,5 +1,5 @@
 """Keys: the derivations are byte for byte the Rust crate's (its golden vectors, from
-src/key.rs), and the key a request goes out under."""
+src/keys/key.rs), and the key a request goes out under."""
 
 from __future__ import annotations
 

@@ -19,10 +19,10 @@ use super::chain::{
 use super::policy::{
     RedirectPolicy, RedirectStop, Rewrite, resolve_location, rewrite, same_origin,
 };
-use crate::classify::FailureKind;
-use crate::settings::Settings;
+use crate::engine::settings::Settings;
+use crate::engine::transport::{SendError, reqwest_send_error};
+use crate::rules::classify::FailureKind;
 use crate::telemetry::WireTrace;
-use crate::transport::{SendError, reqwest_send_error};
 
 /// What is kept of a request while it is sent: a full copy for the next hop, one without its
 /// streamed body, or (when no redirect is followed) only its URL.

@@ -9,7 +9,7 @@ use http::header::{HeaderMap, LOCATION};
 use http::{Method, StatusCode};
 use reqwest::Url;
 
-use crate::error::Error;
+use crate::outcome::error::Error;
 
 /// The default number of redirects followed in one attempt (reqwest's default too).
 const DEFAULT_MAX_HOPS: u32 = 10;

@@ -25,8 +25,8 @@ use http_body_util::combinators::{BoxBody, UnsyncBoxBody};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Body;
 
-use crate::body::{Capped, read_capped};
-use crate::fingerprint::RequestFingerprint;
+use crate::keys::fingerprint::RequestFingerprint;
+use crate::message::body::{Capped, read_capped};
 
 type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
@@ -265,7 +265,7 @@ impl RetryResponse for reqwest::Response {
     fn note_body_errors(self, note: std::sync::Arc<str>) -> Self {
         let url = self.url().clone();
         let (parts, body) = http::Response::<reqwest::Body>::from(self).into_parts();
-        let body = reqwest::Body::wrap(crate::noted_body::NotedBody { inner: body, note });
+        let body = reqwest::Body::wrap(crate::message::noted_body::NotedBody { inner: body, note });
         rebuilt(url, parts, body)
     }
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::error::Error;
+use crate::outcome::error::Error;
 /// How long and how often to retry one logical operation.
 ///
 /// # Default
@@ -246,8 +246,8 @@ impl RetryPolicy {
         if self.base_delay > self.max_delay {
             return Err(Error::builder(format!(
                 "base_delay ({}) exceeds max_delay ({})",
-                crate::readable::duration(self.base_delay),
-                crate::readable::duration(self.max_delay)
+                crate::time::readable::duration(self.base_delay),
+                crate::time::readable::duration(self.max_delay)
             )));
         }
         if self.reconcile_window.is_zero() {

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use http::StatusCode;
 
-use crate::classify::FailureKind;
-use crate::key::IdempotencyKey;
+use crate::keys::key::IdempotencyKey;
+use crate::rules::classify::FailureKind;
 
 /// The account of one logical operation.
 ///

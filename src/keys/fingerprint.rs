@@ -3,7 +3,7 @@
 use http::{HeaderValue, Method};
 use sha2::{Digest, Sha256};
 
-use crate::key::push_hex;
+use crate::keys::key::push_hex;
 
 /// Domain tag, so a fingerprint never hashes the same bytes as a derived key.
 const TAG: &[u8] = b"idempotent-retry:request:v1";
@@ -119,7 +119,7 @@ fn canonical_body(content_type: Option<&HeaderValue>, bytes: &[u8]) -> Option<Ve
         return None;
     }
     let value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
-    Some(crate::canonical::to_string(&value).into_bytes())
+    Some(crate::keys::canonical::to_string(&value).into_bytes())
 }
 
 /// A multipart body with every delimiter (`--` and the boundary) spelled with one fixed
@@ -154,7 +154,7 @@ mod tests {
     use http::header::CONTENT_TYPE;
 
     use super::*;
-    use crate::exchange::RetryRequest;
+    use crate::message::exchange::RetryRequest;
 
     fn request_fingerprint(request: &reqwest::Request) -> Option<String> {
         request.fingerprint().map(RequestFingerprint::into_string)

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use sha2::digest::Update;
 use sha2::{Digest, Sha256};
 
-use crate::canonical;
+use crate::keys::canonical;
 
 /// Domain-separation tag of [`IdempotencyKey::derive`]. Part of the compatibility promise.
 const DERIVE_TAG: &[u8] = b"idempotent-retry:derive:v1";
@@ -145,7 +145,7 @@ impl IdempotencyKey {
     ///
     /// Meant for agents: the same tool called with the same arguments gets the same key, so a
     /// call repeated after a crash or a model retry is deduplicated by the server. The arguments
-    /// are normalized with RFC 8785 ([`canonical::to_string`](crate::canonical::to_string)) first, so member
+    /// are normalized with RFC 8785 ([`canonical::to_string`](crate::keys::canonical::to_string)) first, so member
     /// order, whitespace, escapes and number spelling do not matter: `{"a":1,"b":2}` and
     /// `{"b":2,"a":1.0}` give the same key.
     ///
@@ -589,7 +589,7 @@ mod tests {
             "items": (0..200).map(|i| json!({ "n": i, "s": "ü" })).collect::<Vec<_>>(),
             "\u{1f600}": "\u{e000}",
         });
-        let text = crate::canonical::to_string(&args);
+        let text = crate::keys::canonical::to_string(&args);
         let mut hasher = Sha256::new();
         Digest::update(&mut hasher, TOOL_CALL_TAG);
         for part in ["send_email".as_bytes(), text.as_bytes()] {

@@ -1,10 +1,4 @@
-//! Clocks and sleepers: the crate's only contact with time.
-//!
-//! The retry loop never reads a clock or sleeps directly. It asks a [`Clock`] for the monotonic
-//! time (to measure the reconcile window) and the wall-clock time (only to turn an HTTP-date
-//! `Retry-After` into a delay), and a [`Sleeper`] to wait between attempts. The defaults use
-//! tokio, so `tokio::time::pause` works; tests substitute a recording sleeper and a manual clock
-//! to assert exact delays without waiting for them.
+//! The clock and sleeper traits, and tokio's implementations of them.
 
 use std::fmt;
 use std::future::Future;

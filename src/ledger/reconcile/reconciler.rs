@@ -13,7 +13,7 @@ use crate::ledger::{OperationRecord, Resolution};
 pub type ReconcileFuture<'a> = Pin<Box<dyn Future<Output = Resolution> + Send + 'a>>;
 
 /// Finds out what happened to an operation whose outcome is unknown: asks the receiver (an
-/// HTTP lookup, [`HttpProbe`](crate::reconcile::HttpProbe)), another system, or a person, and answers
+/// HTTP lookup, [`HttpProbe`](crate::ledger::reconcile::HttpProbe)), another system, or a person, and answers
 /// with a [`Resolution`].
 ///
 /// It is consulted while the operation's row is held under a lease, as a run holds it, so no

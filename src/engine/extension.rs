@@ -14,9 +14,9 @@
 
 use http::Extensions;
 
-use crate::key::IdempotencyKey;
-use crate::policy::RetryPolicy;
-use crate::settings::Overrides;
+use crate::decision::policy::RetryPolicy;
+use crate::engine::settings::Overrides;
+use crate::keys::key::IdempotencyKey;
 
 /// Marks one request as taking no automatic key: the extension form of
 /// [`RequestBuilder::without_idempotency_key`](crate::RequestBuilder::without_idempotency_key),

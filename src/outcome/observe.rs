@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 
-use crate::classify::FailureKind;
-use crate::error::ErrorKind;
-use crate::key::IdempotencyKey;
+use crate::keys::key::IdempotencyKey;
+use crate::outcome::error::ErrorKind;
+use crate::rules::classify::FailureKind;
 
 /// Receives an event after each attempt, at the end of each operation, and when the retry
 /// budget refuses a retry.

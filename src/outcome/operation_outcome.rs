@@ -5,10 +5,10 @@ use std::fmt;
 
 use http::StatusCode;
 
-use crate::error::Error;
-use crate::exchange::RetryResponse;
-use crate::key::IdempotencyKey;
-use crate::report::RetryReport;
+use crate::keys::key::IdempotencyKey;
+use crate::message::exchange::RetryResponse;
+use crate::outcome::error::Error;
+use crate::outcome::report::RetryReport;
 
 /// What a caller knows about an operation once `send` has returned: the answer to "did it
 /// happen?", with the key every attempt carried.
@@ -147,7 +147,7 @@ impl Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::ErrorKind;
+    use crate::outcome::error::ErrorKind;
 
     #[test]
     fn a_response_is_done_and_an_error_is_unknown_or_not_done() {

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::key::IdempotencyKey;
+use crate::keys::key::IdempotencyKey;
 use crate::ledger::{
     Claim, Claimed, Ledger, LedgerError, OperationRecord, OperationStatus, ResolutionKind,
     ResolutionNote, Resolve, later, require,

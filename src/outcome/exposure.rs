@@ -9,8 +9,8 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::classify::FailureKind;
-use crate::error::Error;
+use crate::outcome::error::Error;
+use crate::rules::classify::FailureKind;
 
 /// What is known, so far, of whether one operation may have been executed.
 ///

@@ -6,7 +6,7 @@ use std::fmt;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
-use crate::key::{IdempotencyKey, encode_derive, encode_tool_call};
+use crate::keys::key::{IdempotencyKey, encode_derive, encode_tool_call};
 
 /// Domain-separation tag of [`DerivationSecret::derive`]. Part of the compatibility promise.
 const KEYED_DERIVE_TAG: &[u8] = b"idempotent-retry:hmac-derive:v1";
@@ -132,7 +132,7 @@ impl DerivationSecret {
 
     /// The secret-keyed counterpart of [`IdempotencyKey::for_tool_call`].
     ///
-    /// The arguments are normalized with RFC 8785 ([`canonical::to_string`](crate::canonical::to_string))
+    /// The arguments are normalized with RFC 8785 ([`canonical::to_string`](crate::keys::canonical::to_string))
     /// first, so member order, whitespace and number spelling do not matter. The key is 64
     /// lowercase hex characters, HMAC-SHA-256 behind the tag
     /// `idempotent-retry:hmac-tool-call:v1` (the bytes: `docs/keys.md`). Like

@@ -19,9 +19,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use crate::classify::FailureKind;
-use crate::decide::{Decision, Stop};
-use crate::error::Error;
+use crate::decision::decide::{Decision, Stop};
+use crate::outcome::error::Error;
+use crate::rules::classify::FailureKind;
 
 /// The numbers a [`RetryBudget`] runs on. `Copy`; validated by [`RetryBudget::with_config`].
 ///
@@ -437,7 +437,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::report::WaitReason;
+    use crate::outcome::report::WaitReason;
 
     fn retry(kind: FailureKind) -> Decision {
         Decision::Retry {

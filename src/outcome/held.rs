@@ -7,8 +7,8 @@ use std::time::SystemTime;
 
 use http::StatusCode;
 
-use crate::ledger::OperationStatus;
-use crate::readable::rfc3339;
+use crate::time::readable::rfc3339;
+use idempotent_retry_ledger::OperationStatus;
 
 /// The part of a request that differs from the one the ledger holds under its key.
 ///

@@ -14,12 +14,12 @@ use http::{Method, StatusCode};
 use reqwest::Url;
 use sync_wrapper::SyncWrapper;
 
-use crate::classify::FailureKind;
-use crate::exchange::RetryRequest;
-use crate::held::HeldOperation;
-use crate::key::{IdempotencyKey, InvalidKey};
-use crate::report::RetryReport;
-use crate::telemetry::strip_credentials;
+use crate::keys::key::{IdempotencyKey, InvalidKey};
+use crate::message::exchange::RetryRequest;
+use crate::message::url::strip_credentials;
+use crate::outcome::held::HeldOperation;
+use crate::outcome::report::RetryReport;
+use crate::rules::classify::FailureKind;
 
 type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
@@ -507,7 +507,7 @@ impl Error {
             ErrorKind::ReconcileWindow => {
                 f.write_str("reconcile window")?;
                 if let Some(window) = inner.window {
-                    write!(f, " of {}", crate::readable::duration(window))?;
+                    write!(f, " of {}", crate::time::readable::duration(window))?;
                 }
                 write!(
                     f,
@@ -520,7 +520,7 @@ impl Error {
             ErrorKind::RetryAfterTooLong => {
                 f.write_str("server asked to wait")?;
                 if let Some(asked) = inner.retry_after {
-                    write!(f, " {}", crate::readable::duration(asked))?;
+                    write!(f, " {}", crate::time::readable::duration(asked))?;
                 }
                 write!(f, ", longer than allowed, after {attempts} attempt{plural}")?;
             }
@@ -583,7 +583,7 @@ impl Error {
     /// `the receiver still reported the operation in progress after 1m (14 attempts): …`, or
     /// why the wait it asked for was not taken.
     fn describe_in_progress(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        use crate::readable::duration;
+        use crate::time::readable::duration;
         let inner = &self.inner;
         let attempts = inner.report.attempts();
         let plural = if attempts == 1 { "" } else { "s" };
@@ -617,7 +617,7 @@ impl Error {
     /// `idempotency key reused for a different request: key K is recorded as …; nothing was
     /// sent; the key's operation is done: …`, each fact once.
     fn describe_key_reuse(&self, f: &mut fmt::Formatter<'_>, held: &HeldOperation) -> fmt::Result {
-        use crate::ledger::OperationStatus;
+        use idempotent_retry_ledger::OperationStatus;
         let inner = &self.inner;
         f.write_str("idempotency key reused for a different request: ")?;
         if let Some(key) = inner.report.idempotency_key() {
@@ -688,7 +688,7 @@ impl Error {
         report: RetryReport,
         outcome_unknown: bool,
         message: impl Into<String>,
-        source: crate::ledger::LedgerError,
+        source: idempotent_retry_ledger::LedgerError,
     ) -> Self {
         // The ledger's own words in the message too: "table ... is missing: run migrate()"
         // must reach a person who prints the error, not only one who walks its sources.
@@ -885,14 +885,14 @@ mod tests {
     fn exhausted_attempts_say_how_many_were_waits() {
         let mut report = RetryReport::new(None);
         report.attempts = 5;
-        let row = |number, failure, waited: bool| crate::report::AttemptRecord {
+        let row = |number, failure, waited: bool| crate::outcome::report::AttemptRecord {
             number,
             started: Duration::ZERO,
             status: None,
             failure: Some(failure),
-            wait: waited.then_some(crate::report::Wait {
+            wait: waited.then_some(crate::outcome::report::Wait {
                 delay: Duration::from_millis(1),
-                reason: crate::report::WaitReason::Backoff {
+                reason: crate::outcome::report::WaitReason::Backoff {
                     ceiling: Duration::from_millis(1),
                 },
             }),

@@ -18,12 +18,12 @@ use std::time::{Duration, SystemTime};
 use http::{HeaderMap, StatusCode};
 use tokio::time::Instant;
 
-use crate::backoff;
-use crate::classify::{FailureKind, StatusClass, classify_status, should_retry_hint};
-use crate::policy::RetryPolicy;
-use crate::report::WaitReason;
-use crate::retry_after::requested_delay;
-use crate::window;
+use crate::decision::policy::RetryPolicy;
+use crate::outcome::report::WaitReason;
+use crate::rules::backoff;
+use crate::rules::classify::{FailureKind, StatusClass, classify_status, should_retry_hint};
+use crate::rules::retry_after::requested_delay;
+use crate::rules::window;
 
 /// One logical operation's state, as the decision engine sees it.
 #[derive(Debug, Clone, Copy)]
@@ -258,7 +258,7 @@ mod tests {
 
     use super::*;
 
-    use crate::test_rng::ConstRng;
+    use crate::rules::const_rng::ConstRng;
 
     const MAX: u64 = u64::MAX;
     static NO_HEADERS: std::sync::LazyLock<HeaderMap> = std::sync::LazyLock::new(HeaderMap::new);

@@ -10,11 +10,11 @@ use std::time::Duration;
 use http::HeaderName;
 use rand::rngs::StdRng;
 
-use crate::budget::RetryBudget;
-use crate::key::IdempotencyKey;
+use crate::decision::budget::RetryBudget;
+use crate::decision::policy::RetryPolicy;
+use crate::keys::key::IdempotencyKey;
 use crate::ledger::LedgerHandle;
-use crate::observe::Observer;
-use crate::policy::RetryPolicy;
+use crate::outcome::observe::Observer;
 use crate::time::{Clock, Sleeper};
 
 /// Where jitter comes from: the thread-local RNG, or one seeded RNG shared by all clones.

@@ -1,12 +1,8 @@
-//! Settling operations whose outcome is unknown: a [`Reconciler`] per scope (an
-//! [`HttpProbe`] that asks the receiver, or your own [`reconcile_fn`]), asked by
-//! [`Client::reconcile`](crate::Client::reconcile) for one key and
-//! [`Client::reconcile_unresolved`](crate::Client::reconcile_unresolved) for a sweep; and an
-//! operator's answer by hand, [`resolve_by_hand`] and [`release_by_hand`].
-//!
-//! Each row is held under a lease while it is reconciled (as a run holds it), the scope's
-//! reconciler is asked, its [`Resolution`] written, and the lease released. A run's claim
-//! (`ledger/session.rs`) and both client methods come here.
+//! Settling operations whose outcome is unknown (the public face is the crate's
+//! [`reconcile`](crate::reconcile) module): reconcilers per scope, the hold a reconciler takes
+//! on a row, sweeps, and resolutions and releases by hand. Here rather than above the ledger
+//! session because a run's claim that meets an unknown outcome past its window asks the scope's
+//! reconciler before it answers.
 
 mod hand_release;
 mod probe;
@@ -22,7 +18,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::key::IdempotencyKey;
+use crate::keys::key::IdempotencyKey;
 use crate::ledger::{
     AttemptUpdate, Claimed, Ledger, LedgerError, LedgerOptions, OperationRecord, OperationStatus,
     ReconcileClaim, Resolve, later,

@@ -7,12 +7,13 @@ use std::future::Future;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::message::exchange::{RetryRequest, RetryResponse};
+use crate::message::url::strip_credentials;
+use crate::outcome::error::Error;
 #[cfg(any(feature = "tower", feature = "middleware"))]
-use crate::classify::classify_source_chain;
-use crate::classify::{FailureKind, classify_reqwest_error};
-use crate::error::Error;
-use crate::exchange::{RetryRequest, RetryResponse};
-use crate::telemetry::{WireTrace, strip_credentials};
+use crate::rules::classify::classify_source_chain;
+use crate::rules::classify::{FailureKind, classify_reqwest_error};
+use crate::telemetry::WireTrace;
 
 pub(crate) type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
