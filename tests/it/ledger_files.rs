@@ -49,7 +49,7 @@ fn the_files_are_owner_only_whatever_the_umask() {
     let me = std::env::current_exe().expect("this test binary");
     for umask in ["022", "000", "077"] {
         let dir = tempfile::tempdir().expect("temp dir");
-        let status = std::process::Command::new("sh")
+        let child = std::process::Command::new("sh")
             .arg("-c")
             .arg(format!("umask {umask} && exec \"$0\" --exact \"$1\""))
             .arg(&me)
@@ -58,9 +58,16 @@ fn the_files_are_owner_only_whatever_the_umask() {
                 "the_files_are_owner_only_whatever_the_umask",
             ))
             .env(CHILD, dir.path())
-            .status()
+            // Captured, so the child's own test summary does not join this run's.
+            .output()
             .expect("run the child");
-        assert!(status.success(), "umask {umask}: {status}");
+        assert!(
+            child.status.success(),
+            "umask {umask}: {}\n{}{}",
+            child.status,
+            String::from_utf8_lossy(&child.stdout),
+            String::from_utf8_lossy(&child.stderr)
+        );
         assert_eq!(mode(&dir.path().join("ops.db")), 0o600, "umask {umask}");
     }
 }
