@@ -404,7 +404,7 @@ async fn failed_operations_say_unknown_or_not_done_and_why_they_stopped() {
 /// `url.full` never carries the credentials a URL may hold, nor its query values. (reqwest moves
 /// a URL's user name and password into an `Authorization` header before the request exists;
 /// the `REDACTED:REDACTED` form for a URL that keeps them is unit-tested in
-/// `src/telemetry/url.rs`.)
+/// `src/message/url.rs`.)
 #[tokio::test]
 async fn url_full_is_redacted() {
     let server = TestServer::start(vec![], Action::ok("done")).await;

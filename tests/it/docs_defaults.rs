@@ -348,8 +348,11 @@ fn is_uuid_v4(text: &str) -> bool {
 
 /// The source files of the types whose setters the table names.
 const SETTER_SOURCES: &[(&str, &str)] = &[
-    ("RetryPolicy", include_str!("../../src/policy.rs")),
-    ("RetryBudgetConfig", include_str!("../../src/budget.rs")),
+    ("RetryPolicy", include_str!("../../src/decision/policy.rs")),
+    (
+        "RetryBudgetConfig",
+        include_str!("../../src/decision/budget.rs"),
+    ),
     ("ClientBuilder", include_str!("../../src/client/mod.rs")),
     ("LedgerOptions", include_str!("../../src/ledger/options.rs")),
 ];
