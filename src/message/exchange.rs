@@ -271,23 +271,21 @@ impl RetryResponse for reqwest::Response {
 }
 
 /// A `reqwest::Response` from a response's parts and a new body. The URL is the one part the
-/// conversion to an `http::Response` drops; the status, headers and extensions (the report, the
-/// redirect chain) move across as they are.
+/// conversion to an `http::Response` drops, and it rides back in an extension only reqwest's
+/// `ResponseBuilderExt::url` can write: that one extension is moved from an otherwise unused
+/// builder into the parts, whose status, headers and extensions (the report, the redirect
+/// chain) move across as they are.
 fn rebuilt(
     url: reqwest::Url,
-    parts: http::response::Parts,
+    mut parts: http::response::Parts,
     body: reqwest::Body,
 ) -> reqwest::Response {
     use reqwest::ResponseBuilderExt as _;
-    let mut rebuilt = http::Response::builder()
-        .url(url)
-        .body(body)
-        .expect("an empty builder with a URL is a valid response");
-    *rebuilt.status_mut() = parts.status;
-    *rebuilt.version_mut() = parts.version;
-    *rebuilt.headers_mut() = parts.headers;
-    rebuilt.extensions_mut().extend(parts.extensions);
-    reqwest::Response::from(rebuilt)
+    let mut carrier = http::response::Builder::new().url(url);
+    if let Some(url) = carrier.extensions_mut() {
+        parts.extensions.extend(std::mem::take(url));
+    }
+    reqwest::Response::from(http::Response::from_parts(parts, body))
 }
 
 impl<B: Clone + Send + 'static> RetryRequest for http::Request<B> {
