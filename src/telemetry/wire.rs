@@ -110,6 +110,17 @@ impl WireTrace {
         )
     }
 
+    /// Drops the open span of a request that never went out (a redirect it was answered with
+    /// before the operation stands in for its answer): the next `open` is not a resend.
+    pub(crate) fn unsent(&mut self) {
+        self.sent = self.sent.saturating_sub(1);
+        #[cfg(feature = "metrics")]
+        {
+            self.timer = None;
+        }
+        self.current = None;
+    }
+
     /// The open request's span, for the front end to run its I/O in (a disabled span when
     /// none is open).
     pub(crate) fn span(&self) -> tracing::Span {
