@@ -303,7 +303,9 @@ impl Engine {
         let redirects = allow_key_to
             .unwrap_or_default()
             .into_iter()
-            .fold(RedirectPolicy::none(), |policy, origin| policy.allow_key_to(&origin));
+            .fold(RedirectPolicy::none(), |policy, origin| {
+                policy.allow_key_to(&origin)
+            });
         let mut builder = Client::builder()
             .http(http)
             .policy(policy)
