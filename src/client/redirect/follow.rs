@@ -352,6 +352,7 @@ pub(crate) fn follow(
                 }
                 Step::Follow(follow) => {
                     let (next, hop) = *follow;
+                    let (status, version) = (response.status(), response.version());
                     tracing::debug!(
                         key = key_text(key.as_ref()),
                         status = hop.status.as_u16(),
@@ -362,16 +363,16 @@ pub(crate) fn follow(
                         "following a redirect"
                     );
                     chain.hops.push(hop);
-                    if replayed.is_some() {
-                        // The span opened for a request that never went out.
-                        wire.unsent();
-                    } else {
-                        wire.answered(response.status(), Some(response.version()));
-                    }
                     // Release the redirect's connection before the next hop.
                     drop(response);
                     request = next;
-                    wire.open(&mut request);
+                    if replayed.is_some() {
+                        // The span opened for a request that never went out is this one's.
+                        wire.retarget(&mut request);
+                    } else {
+                        wire.answered(status, Some(version));
+                        wire.open(&mut request);
+                    }
                 }
             }
         }
