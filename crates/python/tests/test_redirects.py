@@ -106,7 +106,9 @@ FLAVOURS = [(httpx, ir), (httpx2, ir2)]
 FLAVOUR_IDS = ["httpx", "httpx2"]
 
 
-def post(hx: Any, flavour: Any, url: str, key: str, sync: bool, follow: bool = True, **options: Any) -> Any:
+def post(
+    hx: Any, flavour: Any, url: str, key: str, sync: bool, follow: bool = True, **options: Any
+) -> Any:
     """One keyed POST through a client of `hx` on the transport of `flavour`, sync or async;
     the transport closed after it."""
     headers = {**HEADERS, "Idempotency-Key": key}
@@ -197,7 +199,8 @@ def test_a_cross_origin_307_is_followed_without_the_key(
     row = ledger_row(tmp_path / "ops.sqlite3", "k-307")
     assert row["status"] == "failed_final", row
     assert row["response"]["status"] == 307, row
-    assert ["location", b.url("/charge/")] in [list(pair) for pair in row["response"]["headers"]], row
+    saved = [list(pair) for pair in row["response"]["headers"]]
+    assert ["location", b.url("/charge/")] in saved, row
 
 
 @pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])

@@ -537,7 +537,7 @@ def _proxy(proxy: object) -> Optional[str]:
 
 def _origins(origins: object) -> List[str]:
     """The engine's ``allow_key_to`` for the transports' ``allow_key_to=``."""
-    if isinstance(origins, (str, bytes)) or not isinstance(origins, (list, tuple, frozenset, set)):
+    if not isinstance(origins, (list, tuple, frozenset, set)):
         raise TypeError(
             f"allow_key_to: {type(origins).__name__} is not a list of origins; pass a list "
             'such as ["https://api-eu.example.com"]'
@@ -555,7 +555,8 @@ _OPTIONS_DOC = """
     Every option is keyword-only; ``ValueError`` for an invalid one (a zero ``max_attempts``,
     a ``base_delay`` above ``max_delay``, a negative duration, a bad header name, a TLS file
     without a usable PEM certificate, a proxy that is not an http(s) URL, a negative
-    ``answer_read_limit`` or ``max_saved_body``), ``TypeError`` for a ``verify``, ``cert`` or ``proxy`` of the wrong
+    ``answer_read_limit`` or ``max_saved_body``, an ``allow_key_to`` entry that is not an
+    origin), ``TypeError`` for a ``verify``, ``cert``, ``proxy`` or ``allow_key_to`` of the wrong
     type, ``FileNotFoundError`` (``OSError``) for a TLS file that cannot be read,
     ``RuntimeError`` when the ledger cannot be opened.
 
