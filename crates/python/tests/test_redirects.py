@@ -33,7 +33,8 @@ HEADERS = {"Content-Type": "application/json"}
 class Origin:
     """A loopback server: `routes` maps (method, path) to (status, Location or None); any
     other request is the operation's effect, answered 200 with the effect's number. Every
-    request is recorded as (method, path, key, body)."""
+    request is recorded as (method, path, key, body); the body is read by its
+    `Content-Length`, so a body sent as a stream (chunked) is recorded empty."""
 
     def __init__(self, routes: Optional[Dict[Tuple[str, str], Tuple[int, str]]] = None):
         self.routes = routes or {}
