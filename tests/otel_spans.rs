@@ -314,6 +314,36 @@ async fn a_redirect_hop_is_a_client_span_and_a_resend() {
     );
 }
 
+/// An operation continued after a redirect its caller followed sends only the hop: one CLIENT
+/// span, for the hop's URL, not a resend.
+#[tokio::test]
+async fn a_continued_operation_has_one_client_span_for_the_hop() {
+    let server = TestServer::start(vec![], Action::ok("done")).await;
+    client()
+        .post(server.url("/v1/charges"))
+        .idempotency_key(key("otel_after_redirect"))
+        .body("{}")
+        .after_redirect(
+            http::StatusCode::PERMANENT_REDIRECT,
+            server.url("/v1/charges/").parse().expect("url"),
+        )
+        .send()
+        .await
+        .expect("the hop answers");
+    let [op] = &operations("otel_after_redirect")[..] else {
+        panic!("one operation span");
+    };
+    let [hop] = &op.requests[..] else {
+        panic!("one CLIENT span: {:#?}", op.requests);
+    };
+    assert_request_span(hop, &server, "/v1/charges/");
+    assert_eq!(attr(hop, "http.request.resend_count"), None);
+    assert_eq!(
+        attr(hop, "http.response.status_code").as_deref(),
+        Some("200")
+    );
+}
+
 /// A replay from the ledger sends nothing: an operation span, and no CLIENT span.
 #[tokio::test]
 async fn a_ledger_replay_has_no_client_span() {

@@ -1230,3 +1230,183 @@ async fn redirect_logs_carry_the_key_and_origins_but_no_path_body_or_credentials
     })
     .await;
 }
+
+/// A caller above the client that follows redirects itself (httpx's `follow_redirects`) got
+/// a 308 from `/v1/charges` and re-issues the hop: the operation goes on from there, under
+/// a policy that follows no live redirect.
+#[tokio::test]
+async fn an_operation_continued_after_a_redirect_sends_only_the_hop_with_its_key_and_body() {
+    bounded(async {
+        let a = TestServer::start(vec![], Action::ok("charged")).await;
+        let response = client(RedirectPolicy::none())
+            .post(a.url("/v1/charges"))
+            .idempotency_key(key("k_after_308"))
+            .header("Content-Type", "application/json")
+            .body(BODY)
+            .after_redirect(
+                StatusCode::PERMANENT_REDIRECT,
+                a.url("/v1/charges/").parse().expect("valid test url"),
+            )
+            .send()
+            .await
+            .expect("the hop's answer");
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.url().as_str(), a.url("/v1/charges/"));
+        let chain = chain(&response);
+        assert_eq!(chain.hops().len(), 1);
+        assert_eq!(chain.hops()[0].from.as_str(), a.url("/v1/charges"));
+        assert!(chain.hops()[0].key_sent);
+        assert_eq!(report(&response).attempts(), 1);
+
+        let requests = a.requests();
+        assert_eq!(requests.len(), 1, "the answered request is not sent again");
+        assert_eq!(requests[0].method, "POST");
+        assert_eq!(requests[0].path, "/v1/charges/");
+        assert_eq!(requests[0].body_str(), BODY);
+        assert_eq!(a.keys(), vec![Some("k_after_308".into())]);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_continued_operation_hands_a_further_redirect_back_under_redirect_policy_none() {
+    bounded(async {
+        let a = TestServer::start(vec![], redirect(307, "/v1/third")).await;
+        let response = client(RedirectPolicy::none())
+            .post(a.url("/v1/charges"))
+            .idempotency_key(key("k_after_twice"))
+            .body(BODY)
+            .after_redirect(
+                StatusCode::PERMANENT_REDIRECT,
+                a.url("/v1/second").parse().expect("valid test url"),
+            )
+            .send()
+            .await
+            .expect("the second redirect is the answer");
+        assert_eq!(response.status(), StatusCode::TEMPORARY_REDIRECT);
+        assert_eq!(response.url().as_str(), a.url("/v1/second"));
+        assert_eq!(chain(&response).stopped(), Some(RedirectStop::Disabled));
+        assert_eq!(a.hits(), 1);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_continued_hop_the_key_may_not_take_ends_on_the_answered_redirect_unsent() {
+    bounded(async {
+        let b = TestServer::start(vec![], Action::ok("elsewhere")).await;
+        let a = TestServer::start(vec![], Action::ok("here")).await;
+        let response = client(RedirectPolicy::none())
+            .post(a.url("/v1/charges"))
+            .idempotency_key(key("k_after_cross"))
+            .body(BODY)
+            .after_redirect(
+                StatusCode::TEMPORARY_REDIRECT,
+                b.url("/v1/charges").parse().expect("valid test url"),
+            )
+            .send()
+            .await
+            .expect("the answered 307 is final");
+        assert_eq!(response.status(), StatusCode::TEMPORARY_REDIRECT);
+        assert_eq!(
+            chain(&response).stopped(),
+            Some(RedirectStop::KeyToOtherOrigin)
+        );
+        assert_eq!((a.hits(), b.hits()), (0, 0), "nothing was sent");
+
+        // Allowed there, the hop goes with its key.
+        let response = client(RedirectPolicy::none().allow_key_to(&origin(&b)))
+            .post(a.url("/v1/charges"))
+            .idempotency_key(key("k_after_cross"))
+            .body(BODY)
+            .after_redirect(
+                StatusCode::TEMPORARY_REDIRECT,
+                b.url("/v1/charges").parse().expect("valid test url"),
+            )
+            .send()
+            .await
+            .expect("the other origin's answer");
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(b.keys(), vec![Some("k_after_cross".into())]);
+        assert_eq!(a.hits(), 0);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn after_redirect_refuses_what_is_not_a_redirect_and_cannot_be_built() {
+    let client = client(RedirectPolicy::none());
+    let to: reqwest::Url = "http://127.0.0.1:9/x".parse().expect("valid test url");
+    let err = client
+        .post("http://127.0.0.1:9/")
+        .after_redirect(StatusCode::OK, to.clone())
+        .send()
+        .await
+        .expect_err("200 is not a redirect");
+    assert_eq!(err.kind(), ErrorKind::Builder);
+    let err = client
+        .post("http://127.0.0.1:9/")
+        .after_redirect(StatusCode::FOUND, to)
+        .build()
+        .expect_err("a reqwest::Request cannot carry the hops");
+    assert!(
+        err.to_string()
+            .contains("send it with RequestBuilder::send"),
+        "{err}"
+    );
+}
+
+/// The ledger's row is the operation's: the request as first sent, its answer the hop's.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn a_continued_operation_is_recorded_under_the_first_request_and_replayed() {
+    use idempotent_retry::ledger::SqliteLedger;
+    bounded(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ledger = SqliteLedger::open(dir.path().join("ops.db"))
+            .await
+            .expect("open the ledger");
+        capture_log();
+        let client = Client::builder()
+            .policy(fast())
+            .redirects(RedirectPolicy::none())
+            .ledger(ledger)
+            .build()
+            .expect("valid client");
+        let a = TestServer::start(vec![redirect(308, "/v1/charges/")], Action::ok("charged")).await;
+        let first = client
+            .post(a.url("/v1/charges"))
+            .idempotency_key(key("k_after_ledger"))
+            .body(BODY)
+            .send()
+            .await
+            .expect("the 308");
+        assert_eq!(first.status(), StatusCode::PERMANENT_REDIRECT);
+        let hop = client
+            .post(a.url("/v1/charges"))
+            .idempotency_key(key("k_after_ledger"))
+            .body(BODY)
+            .after_redirect(
+                StatusCode::PERMANENT_REDIRECT,
+                a.url("/v1/charges/").parse().expect("valid test url"),
+            )
+            .send()
+            .await
+            .expect("the hop's answer, not a key reuse");
+        assert_eq!(hop.status(), StatusCode::OK);
+        assert_eq!(hop.text().await.expect("body"), "charged");
+
+        let again = client
+            .post(a.url("/v1/charges"))
+            .idempotency_key(key("k_after_ledger"))
+            .body(BODY)
+            .send()
+            .await
+            .expect("replayed");
+        assert_eq!(again.status(), StatusCode::OK);
+        assert!(report(&again).is_replayed());
+        assert_eq!(again.text().await.expect("body"), "charged");
+        assert_eq!(a.hits(), 2, "the 308 and the hop; the replay sent nothing");
+    })
+    .await;
+}

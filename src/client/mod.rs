@@ -311,7 +311,7 @@ impl Client {
         let client = Arc::clone(&self.inner);
         async move {
             let (request, overrides) = carried::carried(request)?;
-            transport::execute(&client, request, overrides, Copies::Reqwest).await
+            transport::execute(&client, request, overrides, Copies::Reqwest, &[]).await
         }
     }
 

@@ -13,6 +13,7 @@ use super::carried::carry;
 use super::copy::Copies;
 #[cfg(feature = "multipart")]
 use super::multipart;
+use super::redirect::AnsweredRedirect;
 use super::shared::ClientRef;
 use super::transport::execute;
 use crate::decision::policy::RetryPolicy;
@@ -33,6 +34,8 @@ pub struct RequestBuilder {
     policy: Option<RetryPolicy>,
     timeout: Option<Duration>,
     scope: Option<String>,
+    /// The redirects the request was answered with before, followed by the caller.
+    answered: Vec<AnsweredRedirect>,
     /// An error found by a method that `reqwest::RequestBuilder` cannot hold (a multipart form
     /// that failed to encode), reported by `send` and `build`.
     deferred: Option<Error>,
@@ -47,6 +50,7 @@ impl fmt::Debug for RequestBuilder {
             .field("policy", &self.policy)
             .field("timeout", &self.timeout)
             .field("scope", &self.scope)
+            .field("answered", &self.answered)
             .field("deferred", &self.deferred)
             .finish_non_exhaustive()
     }
@@ -63,6 +67,7 @@ impl RequestBuilder {
             policy: None,
             timeout: None,
             scope: None,
+            answered: Vec::new(),
             deferred: None,
         }
     }
@@ -234,6 +239,37 @@ impl RequestBuilder {
         self
     }
 
+    /// Continues an operation whose request was answered with this redirect, and that the
+    /// caller follows itself: an HTTP library above the client that follows redirects and
+    /// re-issues the hop (httpx's `follow_redirects`, `fetch`'s `redirect: 'follow'`). Build
+    /// the request as it was first sent (its URL, method, body and key: the same operation,
+    /// and the same row in a [`Ledger`](crate::ledger::Ledger)); `location` is the URL the
+    /// redirect's `Location` names, resolved. Call it once per hop, in order.
+    ///
+    /// Every attempt follows these hops by the client's
+    /// [`RedirectPolicy`](crate::RedirectPolicy) rules, whatever its limit, without sending
+    /// the requests they answer, and sends the last one: the key and the body go on a hop that
+    /// resends the operation to an origin the key may go to, and a hop the policy would not
+    /// follow ends each attempt on that redirect. Later redirects are the policy's to follow.
+    ///
+    /// # Errors
+    ///
+    /// [`send`](Self::send) fails with [`ErrorKind::Builder`](crate::ErrorKind::Builder) for a
+    /// status other than 301, 302, 303, 307 and 308 or a location that is not an `http` or
+    /// `https` URL; [`build`](Self::build) always does, as a `reqwest::Request` cannot carry
+    /// the hops.
+    ///
+    /// Default: none; the first attempt goes to the request's URL.
+    pub fn after_redirect(mut self, status: http::StatusCode, location: reqwest::Url) -> Self {
+        match AnsweredRedirect::new(status, location) {
+            Ok(answered) => self.answered.push(answered),
+            Err(err) => {
+                self.deferred.get_or_insert(err);
+            }
+        }
+        self
+    }
+
     /// Sends the request as one logical operation: one key, as many attempts as the policy
     /// allows.
     ///
@@ -273,9 +309,9 @@ impl RequestBuilder {
     /// longer or unbounded one streams; if it fails midway, its error names the key and says to
     /// send the same request again with it. Both in detail: `docs/sending.md`.
     pub async fn send(self) -> Result<reqwest::Response, Error> {
-        let (client, mut request, overrides) = self.into_parts()?;
+        let (client, mut request, overrides, answered) = self.into_parts()?;
         let copies = Copies::of_built(&mut request, &client.http);
-        execute(&client, request, overrides, copies).await
+        execute(&client, request, overrides, copies, &answered).await
     }
 
     /// Builds the `reqwest::Request`, carrying this builder's options for
@@ -317,7 +353,13 @@ impl RequestBuilder {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn build(self) -> Result<reqwest::Request, Error> {
-        let (_, request, overrides) = self.into_parts()?;
+        let (_, request, overrides, answered) = self.into_parts()?;
+        if !answered.is_empty() {
+            return Err(Error::builder(
+                "a request continued after_redirect cannot be built into a reqwest::Request; \
+                 send it with RequestBuilder::send",
+            ));
+        }
         carry(request, overrides)
     }
 
@@ -338,13 +380,15 @@ impl RequestBuilder {
             policy: self.policy,
             timeout: self.timeout,
             scope: self.scope.clone(),
+            answered: self.answered.clone(),
             deferred: None,
         })
     }
 
-    /// The client, the request and its options, or the first error found while building.
+    /// The client, the request, its options and the redirects answered before, or the first
+    /// error found while building.
     #[inline]
-    fn into_parts(self) -> Result<(Arc<ClientRef>, reqwest::Request, Overrides), Error> {
+    fn into_parts(self) -> Result<Parts, Error> {
         let RequestBuilder {
             client,
             inner,
@@ -353,6 +397,7 @@ impl RequestBuilder {
             policy,
             timeout,
             scope,
+            answered,
             deferred,
         } = self;
         if let Some(err) = deferred {
@@ -366,6 +411,14 @@ impl RequestBuilder {
             timeout,
             scope,
         };
-        Ok((client, request, overrides))
+        Ok((client, request, overrides, answered))
     }
 }
+
+/// What [`RequestBuilder::into_parts`] gives.
+type Parts = (
+    Arc<ClientRef>,
+    reqwest::Request,
+    Overrides,
+    Vec<AnsweredRedirect>,
+);

@@ -5,7 +5,7 @@
 use tokio::time::Instant;
 
 use super::copy::Copies;
-use super::redirect::follow;
+use super::redirect::{AnsweredRedirect, follow};
 use super::shared::ClientRef;
 use crate::engine;
 use crate::engine::settings::Overrides;
@@ -20,19 +20,25 @@ use crate::telemetry::WireTrace;
 /// # Errors
 ///
 /// As [`RequestBuilder::send`](crate::RequestBuilder::send).
-/// `copies` says how each attempt's copy of `request` is made (`copy.rs`).
-pub(super) fn execute(
-    client: &ClientRef,
+/// `copies` says how each attempt's copy of `request` is made (`copy.rs`); `answered` are the
+/// redirects it was answered with before, that its caller followed (`redirect/answered.rs`).
+pub(super) fn execute<'a>(
+    client: &'a ClientRef,
     request: reqwest::Request,
     overrides: Overrides,
     copies: Copies,
+    answered: &'a [AnsweredRedirect],
 ) -> impl Future<Output = Result<reqwest::Response, Error>> {
     // The engine's future itself, not one more level of state around it.
     engine::execute(
         &client.settings,
         request,
         overrides,
-        ReqwestTransport { client, copies },
+        ReqwestTransport {
+            client,
+            copies,
+            answered,
+        },
     )
 }
 
@@ -41,6 +47,8 @@ struct ReqwestTransport<'a> {
     client: &'a ClientRef,
     /// How each attempt's copy of the request is made.
     copies: Copies,
+    /// The redirects every attempt replays before it sends.
+    answered: &'a [AnsweredRedirect],
 }
 
 impl Transport<reqwest::Request> for ReqwestTransport<'_> {
@@ -81,6 +89,7 @@ impl Transport<reqwest::Request> for ReqwestTransport<'_> {
             original,
             started,
             wire,
+            self.answered,
         )
     }
 }

@@ -25,6 +25,8 @@ pub(crate) struct WireTrace {
     /// Requests opened so far in this operation: the next one's resend count.
     sent: u32,
     current: Option<tracing::Span>,
+    /// The open span's request, recorded on it when it goes out or closes.
+    target: Option<Target>,
     /// Whether spans are opened, and the trace context goes into each request's headers
     /// (feature `opentelemetry`): `false` when the layer under the front end does both.
     traced: bool,
@@ -33,6 +35,15 @@ pub(crate) struct WireTrace {
     timer: Option<(RequestTimer, tokio::time::Instant)>,
     #[cfg(feature = "metrics")]
     clock: Arc<dyn Clock>,
+}
+
+/// What a CLIENT span says of its request: kept until it goes out, since the request it was
+/// opened for may be replaced before that (`WireTrace::retarget`).
+#[derive(Debug)]
+struct Target {
+    method: &'static str,
+    url: Option<reqwest::Url>,
+    resends: u32,
 }
 
 impl WireTrace {
@@ -46,6 +57,7 @@ impl WireTrace {
             parent,
             sent: 0,
             current: None,
+            target: None,
             traced,
             #[cfg(feature = "metrics")]
             timer: None,
@@ -64,31 +76,68 @@ impl WireTrace {
         } else {
             tracing::Span::none()
         };
+        self.current = Some(span);
+        self.describe(method, resends, request);
+    }
+
+    /// Makes the open span `request`'s: the request it was opened for never went out (a
+    /// redirect it was answered with before the operation stands in for its answer,
+    /// `client/redirect/answered.rs`), and `request` goes in its place, not as a resend. Opens
+    /// one when none is open.
+    pub(crate) fn retarget<Q: RetryRequest>(&mut self, request: &mut Q) {
+        let Some(span) = &self.current else {
+            return self.open(request);
+        };
+        let method = method_label(request.method());
+        if !span.is_disabled() {
+            span.record("otel.name", method);
+        }
+        self.describe(method, self.sent.saturating_sub(1), request);
+    }
+
+    /// Keeps `request`'s method and target for the open span (its `resends`-th resend),
+    /// recorded when it goes out ([`span`](Self::span)) or closes: a span describes the request
+    /// that went out, once. Carries the span's context in the request's headers and starts its
+    /// timer.
+    fn describe<Q: RetryRequest>(&mut self, method: &'static str, resends: u32, request: &mut Q) {
+        let span = self.current.as_ref().expect("describe follows open");
         let url = if !span.is_disabled() || cfg!(feature = "metrics") {
             request.url()
         } else {
             None
         };
         if !span.is_disabled() {
-            if let Some(url) = &url {
-                span.record("server.address", url.host_str().unwrap_or(""));
-                if let Some(port) = url.port_or_known_default() {
-                    span.record("server.port", port);
-                }
-                span.record("url.full", tracing::field::display(Redacted(url)));
-            }
-            // Recommended if and only if the request was resent, whatever the cause.
-            if resends > 0 {
-                span.record("http.request.resend_count", resends);
-            }
             #[cfg(feature = "opentelemetry")]
-            super::propagate::inject(&span, request.headers_mut());
+            super::propagate::inject(span, request.headers_mut());
+            self.target = Some(Target {
+                method,
+                url: url.clone(),
+                resends,
+            });
         }
         #[cfg(feature = "metrics")]
         {
             self.timer = Some((RequestTimer::new(method, url), self.clock.now()));
         }
-        self.current = Some(span);
+    }
+
+    /// Records the open span's request, kept by `describe`, on it.
+    fn record_target(&mut self) {
+        let (Some(span), Some(target)) = (&self.current, self.target.take()) else {
+            return;
+        };
+        span.record("http.request.method", target.method);
+        if let Some(url) = &target.url {
+            span.record("server.address", url.host_str().unwrap_or(""));
+            if let Some(port) = url.port_or_known_default() {
+                span.record("server.port", port);
+            }
+            span.record("url.full", tracing::field::display(Redacted(url)));
+        }
+        // Recommended if and only if the request was resent, whatever the cause.
+        if target.resends > 0 {
+            span.record("http.request.resend_count", target.resends);
+        }
     }
 
     /// A CLIENT span for a request with this method, its other attributes still empty.
@@ -99,7 +148,7 @@ impl WireTrace {
             otel.name = method,
             otel.kind = "client",
             otel.status_code = Empty,
-            http.request.method = method,
+            http.request.method = Empty,
             server.address = Empty,
             server.port = Empty,
             url.full = Empty,
@@ -112,13 +161,15 @@ impl WireTrace {
 
     /// The open request's span, for the front end to run its I/O in (a disabled span when
     /// none is open).
-    pub(crate) fn span(&self) -> tracing::Span {
+    pub(crate) fn span(&mut self) -> tracing::Span {
+        self.record_target();
         self.current.clone().unwrap_or_else(tracing::Span::none)
     }
 
     /// Closes the open span with the response's status and protocol version; a status of 400
     /// or more is an error (its `error.type` is the status code, as the conventions say).
     pub(crate) fn answered(&mut self, status: StatusCode, version: Option<Version>) {
+        self.record_target();
         let version = version.and_then(version_label);
         #[cfg(feature = "metrics")]
         if let Some((timer, started)) = self.timer.take() {
@@ -144,6 +195,7 @@ impl WireTrace {
     /// Closes the open span as failed, `error_type` a low-cardinality name of the failure
     /// (a [`FailureKind`](crate::FailureKind)'s `as_str`).
     pub(crate) fn failed(&mut self, error_type: &'static str) {
+        self.record_target();
         #[cfg(feature = "metrics")]
         if let Some((timer, started)) = self.timer.take() {
             timer.failed(

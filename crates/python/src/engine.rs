@@ -5,7 +5,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Method};
+use http::{HeaderName, HeaderValue, Method, StatusCode};
 use idempotent_retry::ledger::{LeaseHeldPolicy, LedgerOptions, SqliteLedger};
 use idempotent_retry::{
     Client, IDEMPOTENCY_KEY, IdempotencyKey, RedirectPolicy, RetryBudget, RetryBudgetConfig,
@@ -122,6 +122,11 @@ struct Outgoing {
     headers: Vec<(HeaderName, HeaderValue)>,
     body: Option<reqwest::Body>,
     key: Option<IdempotencyKey>,
+    /// Sent without a key, none minted.
+    keyless: bool,
+    /// The redirects the request was answered with, that httpx followed: the operation goes
+    /// on from the last one (`RequestBuilder::after_redirect`).
+    after: Vec<(StatusCode, reqwest::Url)>,
     timeout: Option<Duration>,
     scope: Option<String>,
     answer_read_limit: usize,
@@ -149,12 +154,14 @@ impl Engine {
     /// ledger keeps (default 65536, 64 KiB); `fetch_unsaved_answers` is
     /// `LedgerOptions::fetch_unsaved_answers`: a succeeded operation whose body was longer is
     /// sent again with its key inside its window (`True`, the default), or refused with
-    /// `answer_not_saved` (`False`).
+    /// `answer_not_saved` (`False`). `allow_key_to` are the origins besides a request's own
+    /// that the key may go to on a redirect httpx follows (`RedirectPolicy::allow_key_to`;
+    /// default: none).
     ///
     /// # Errors
     ///
     /// `ValueError` for an invalid policy, duration, header name, PEM file, proxy URL,
-    /// `answer_read_limit` or `max_saved_body`; `FileNotFoundError`/`OSError` for a TLS file
+    /// origin in `allow_key_to`, `answer_read_limit` or `max_saved_body`; `FileNotFoundError`/`OSError` for a TLS file
     /// that cannot be read; `RuntimeError` when the ledger cannot be opened or the HTTP client cannot be built.
     #[new]
     #[pyo3(signature = (
@@ -185,6 +192,7 @@ impl Engine {
         max_in_progress_wait = None,
         max_saved_body = None,
         fetch_unsaved_answers = true,
+        allow_key_to = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -215,6 +223,7 @@ impl Engine {
         max_in_progress_wait: Option<f64>,
         max_saved_body: Option<i64>,
         fetch_unsaved_answers: bool,
+        allow_key_to: Option<Vec<String>>,
     ) -> PyResult<Engine> {
         let mut policy = RetryPolicy::default();
         if let Some(attempts) = max_attempts {
@@ -289,11 +298,19 @@ impl Engine {
                 ))
             })?,
         };
+        // httpx follows redirects, or not (`follow_redirects`): the engine follows none live,
+        // and continues an operation on the hop httpx re-issues (`after` in `send`).
+        let redirects = allow_key_to
+            .unwrap_or_default()
+            .into_iter()
+            .fold(RedirectPolicy::none(), |policy, origin| {
+                policy.allow_key_to(&origin)
+            });
         let mut builder = Client::builder()
             .http(http)
             .policy(policy)
             .key_header(key_header.clone())
-            .redirects(RedirectPolicy::none())
+            .redirects(redirects)
             .answer_read_limit(answer_read_limit)
             .ledger_options(options);
         let mut budget = RetryBudgetConfig::new();
@@ -348,17 +365,37 @@ impl Engine {
         self.key_header.as_str()
     }
 
+    /// Whether a redirect of an operation first sent to `original` may carry its key to
+    /// `location`: the same origin, or one given in `allow_key_to`.
+    ///
+    /// # Errors
+    ///
+    /// `ValueError` when either is not an absolute URL.
+    fn redirect_keeps_key(&self, original: &str, location: &str) -> PyResult<bool> {
+        Ok(self
+            .client
+            .redirects()
+            .allows_key_to(&absolute(original)?, &absolute(location)?))
+    }
+
     /// Sends one operation and waits for its end, the GIL released meanwhile. `headers` are
     /// `(name, value)` byte pairs in order (the key header among them is the key, unless
     /// `key` is given); `body` is bytes, a `BodyStream` (sent once) or `None`; `timeout` is
-    /// the attempt timeout in seconds (`None`: the policy's).
+    /// the attempt timeout in seconds (`None`: the policy's). `keyless` sends it without a
+    /// key, none minted. `after` are the redirects (status, absolute `Location`) this request
+    /// was answered with and that httpx followed, in order: the operation, recorded under this
+    /// request as given, goes on from the last one (`RequestBuilder::after_redirect`).
     ///
     /// Never raises for the operation's failure: the `Answer` says how it ended.
     ///
     /// # Errors
     ///
-    /// Only if Python's objects cannot be read (a header that is not bytes).
-    #[pyo3(signature = (method, url, headers, body = None, key = None, timeout = None))]
+    /// Only if Python's objects cannot be read (a header that is not bytes), or `after` holds
+    /// a status that is not a redirect or a URL that is not absolute (`ValueError`).
+    #[pyo3(signature = (
+        method, url, headers, body = None, key = None, timeout = None, keyless = false,
+        after = None,
+    ))]
     #[allow(clippy::too_many_arguments)]
     fn send(
         &self,
@@ -369,9 +406,13 @@ impl Engine {
         body: Option<&Bound<'_, PyAny>>,
         key: Option<String>,
         timeout: Option<f64>,
+        keyless: bool,
+        after: Option<Vec<(u16, String)>>,
     ) -> PyResult<Answer> {
         self.born.check(TRANSPORT)?;
-        let outgoing = self.outgoing(method, url, headers, body, key, timeout)?;
+        let mut outgoing = self.outgoing(method, url, headers, body, key, timeout)?;
+        outgoing.keyless = keyless;
+        outgoing.after = answered(after)?;
         let client = self.client.clone();
         let runtime = runtime()?;
         let finished = py.detach(|| runtime.block_on(operate(client, outgoing)));
@@ -385,7 +426,10 @@ impl Engine {
     /// # Errors
     ///
     /// Only if Python's objects cannot be read.
-    #[pyo3(signature = (method, url, headers, done, body = None, key = None, timeout = None))]
+    #[pyo3(signature = (
+        method, url, headers, done, body = None, key = None, timeout = None, keyless = false,
+        after = None,
+    ))]
     #[allow(clippy::too_many_arguments)]
     fn start(
         &self,
@@ -396,9 +440,13 @@ impl Engine {
         body: Option<&Bound<'_, PyAny>>,
         key: Option<String>,
         timeout: Option<f64>,
+        keyless: bool,
+        after: Option<Vec<(u16, String)>>,
     ) -> PyResult<Pending> {
         self.born.check(TRANSPORT)?;
-        let outgoing = self.outgoing(method, url, headers, body, key, timeout)?;
+        let mut outgoing = self.outgoing(method, url, headers, body, key, timeout)?;
+        outgoing.keyless = keyless;
+        outgoing.after = answered(after)?;
         let client = self.client.clone();
         let task = runtime()?.spawn(async move {
             let finished = operate(client, outgoing).await;
@@ -527,11 +575,41 @@ impl Engine {
             headers: parsed,
             body,
             key,
+            keyless: false,
+            after: Vec::new(),
             timeout,
             scope: self.scope.clone(),
             answer_read_limit: self.answer_read_limit,
         })
     }
+}
+
+/// An absolute URL from Python.
+///
+/// # Errors
+///
+/// `ValueError` naming the text when it is not one.
+fn absolute(url: &str) -> PyResult<reqwest::Url> {
+    reqwest::Url::parse(url)
+        .map_err(|err| PyValueError::new_err(format!("{url:?} is not an absolute URL: {err}")))
+}
+
+/// The redirects of `send`'s `after`, checked.
+///
+/// # Errors
+///
+/// `ValueError` for a status that is not one, or a URL that is not absolute.
+fn answered(after: Option<Vec<(u16, String)>>) -> PyResult<Vec<(StatusCode, reqwest::Url)>> {
+    after
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(status, location)| {
+            let status = StatusCode::from_u16(status).map_err(|_| {
+                PyValueError::new_err(format!("after: {status} is not an HTTP status"))
+            })?;
+            Ok((status, absolute(&location)?))
+        })
+        .collect()
 }
 
 /// Runs one operation to its end, the response's body read when it is bounded (see
@@ -543,6 +621,8 @@ async fn operate(client: Client, outgoing: Outgoing) -> Finished {
         headers,
         body,
         key,
+        keyless,
+        after,
         timeout,
         scope,
         answer_read_limit,
@@ -557,6 +637,12 @@ async fn operate(client: Client, outgoing: Outgoing) -> Finished {
     }
     if let Some(key) = key {
         request = request.idempotency_key(key);
+    }
+    if keyless {
+        request = request.without_idempotency_key();
+    }
+    for (status, location) in after {
+        request = request.after_redirect(status, location);
     }
     if let Some(timeout) = timeout {
         request = request.timeout(timeout);

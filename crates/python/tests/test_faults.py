@@ -80,7 +80,7 @@ def test_409_in_progress_answers_are_waits_not_attempts(receiver):
     assert response.status_code == 200
     assert report(response).attempts == 4
     assert report(response).in_progress_waits == 3
-    assert report(response).in_progress_wait > 0
+    assert report(response).in_progress_wait > datetime.timedelta(0)
     assert report(response).stopped is None
     assert receiver.keys() == ["k-409-wait"] * 4
     assert receiver.effects_for("k-409-wait") == 1
@@ -99,7 +99,7 @@ def test_still_in_progress_past_max_in_progress_wait_is_outcome_unknown(receiver
     stop = report(error.response)
     assert stop.stopped == "still_in_progress"
     assert stop.in_progress_waits == stop.attempts - 1 == error.attempts - 1
-    assert 0 < stop.in_progress_wait <= 0.2 + 1e-6
+    assert datetime.timedelta(0) < stop.in_progress_wait <= datetime.timedelta(seconds=0.2, microseconds=1)
     assert "still reported the operation in progress after 200ms" in str(error)
     assert "max_in_progress_wait=SECONDS sets how long to wait" in str(error)
     assert "RetryPolicy" not in str(error)
@@ -260,7 +260,7 @@ def test_every_attempt_503_has_its_history_in_the_report(receiver):
     assert first.started < datetime.timedelta(seconds=0.1)
     assert first.wait is not None and second.wait is None
     assert second.started >= first.wait
-    assert got.elapsed >= second.started.total_seconds()
+    assert got.elapsed >= second.started
 
 
 def test_a_503_then_a_timeout_raises_with_elapsed_and_the_history(receiver):

@@ -169,7 +169,7 @@ def test_a_run_that_meets_no_other_run_reports_no_wait_and_a_recorded_answer(rec
     response = python_charge(receiver, tmp_path / "ledger.sqlite3", "k-alone")
     report = response.extensions["idempotent_retry"]
     assert response.status_code == 200
-    assert report.lease_wait == 0
+    assert report.lease_wait == datetime.timedelta(0)
     assert report.unrecorded is None
     assert report.attempts == 1
 
@@ -196,7 +196,8 @@ WORKER = textwrap.dedent(
     report = response.extensions["idempotent_retry"]
     print(json.dumps({"status": response.status_code, "attempts": report.attempts,
                       "replayed": report.replayed, "body": response.text,
-                      "lease_wait": report.lease_wait, "elapsed": report.elapsed,
+                      "lease_wait": report.lease_wait.total_seconds(),
+                      "elapsed": report.elapsed.total_seconds(),
                       "unrecorded": report.unrecorded, "started_at": started_at,
                       "started_wall": started_wall, "answered_at": answered_at}))
     transport.close()

@@ -51,9 +51,10 @@ COMPLETION = {
 
 class FakeChat:
     """A chat-completions endpoint on loopback that answers 503 to its first `failures`
-    requests, then the completion; it records each request's path and idempotency key."""
+    requests (or, with `redirect`, 308 to `/v1/chat/completions/` to its first), then the
+    completion; it records each request's path, idempotency key and model."""
 
-    def __init__(self, failures=1):
+    def __init__(self, failures=1, redirect=False):
         self.seen = []
         fake = self
 
@@ -62,6 +63,12 @@ class FakeChat:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = json.loads(self.rfile.read(length))
                 fake.seen.append((self.path, self.headers.get("Idempotency-Key"), body["model"]))
+                if redirect and len(fake.seen) == 1:
+                    self.send_response(308)
+                    self.send_header("Location", "/v1/chat/completions/")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if len(fake.seen) <= failures:
                     self.send_response(503)
                     self.send_header("Content-Length", "0")
@@ -165,6 +172,40 @@ def test_openai_async_under_a_key_of_our_own(fake_chat):
     key, completion = asyncio.run(main())
     assert completion.choices[0].message.content == "hello"
     assert [seen[1] for seen in fake_chat.seen] == [key, key]
+
+
+def test_openai_on_its_defaults_follows_a_308_as_one_operation_recorded_once(tmp_path):
+    # The SDK's own httpx client settings (follow_redirects=True among them) and retries.
+    default_client = getattr(openai, "DefaultHttpxClient", None) or (
+        lambda **options: openai_httpx.Client(follow_redirects=True, **options)
+    )
+    fake = FakeChat(failures=0, redirect=True)
+    transport = openai_ir.Transport(ledger=tmp_path / "ops.sqlite3", **FAST)
+    try:
+        client = openai.OpenAI(
+            api_key="sk-test",
+            base_url=fake.url("/v1"),
+            http_client=default_client(transport=transport),
+        )
+        with ir.idempotency_key("chat-turn-7"):
+            first = client.chat.completions.create(
+                model="gpt-test", messages=[{"role": "user", "content": "hi"}]
+            )
+            again = client.chat.completions.with_raw_response.create(
+                model="gpt-test", messages=[{"role": "user", "content": "hi"}]
+            )
+    finally:
+        transport.close()
+        fake.close()
+    assert first.choices[0].message.content == "hello"
+    assert fake.seen == [
+        ("/v1/chat/completions", "chat-turn-7", "gpt-test"),
+        ("/v1/chat/completions/", "chat-turn-7", "gpt-test"),
+    ]
+    # The re-run under the key is the recorded completion, nothing sent.
+    assert again.parse().choices[0].message.content == "hello"
+    assert again.http_response.extensions["idempotent_retry"].replayed
+    assert len(fake.seen) == 2
 
 
 class RetryingHTTPXClient(stripe.HTTPXClient):

@@ -13,6 +13,7 @@ use reqwest::Url;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::answered::AnsweredRedirect;
 use super::chain::{
     HopsTimedOut, RedirectChain, RedirectHop, TooManyRedirects, key_text, warn_if_inner_redirected,
 };
@@ -212,12 +213,21 @@ impl Kept<'_> {
 /// `wire` holds the first hop's open span (the engine opened it); each hop followed closes the
 /// span of the redirect it answers and opens its own, a resend by the conventions.
 ///
+/// `answered` are the redirects the request was answered with before the operation, followed by
+/// the caller (`answered.rs`): each attempt replays them through these rules without sending
+/// the requests they answer, even under a policy that follows no live redirect, and sends the
+/// last hop.
+///
 /// An `async` block rather than an `async fn`: an `async fn` keeps its arguments twice in its
 /// state (the request as passed, and as the local it moves into), and the engine moves this
 /// state whole into its own.
 #[allow(
     clippy::manual_async_fn,
     reason = "an async fn would keep its arguments twice in the future's state"
+)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "each comes from a different owner: the client, the engine, the attempt, the caller"
 )]
 pub(crate) fn follow(
     http: &reqwest::Client,
@@ -227,12 +237,21 @@ pub(crate) fn follow(
     original: Option<&reqwest::Request>,
     started: Instant,
     wire: &mut WireTrace,
+    answered: &[AnsweredRedirect],
 ) -> impl Future<Output = Result<reqwest::Response, SendError>> + Send {
     async move {
         let key_header = &settings.key_header;
         let budget = request.timeout().copied();
         let mut chain = RedirectChain::default();
+        // The answered hops are followed whatever the limit, and count toward it.
+        let replaying = (!answered.is_empty()).then(|| policy.with_answered(answered.len()));
         loop {
+            let replayed = answered.get(chain.hops.len());
+            // A policy that follows no live redirect hands the first live one back as it is.
+            let policy = match &replaying {
+                Some(replaying) if replayed.is_some() || policy.max_hops.is_some() => replaying,
+                _ => policy,
+            };
             let kept = match original {
                 Some(original) if chain.hops.is_empty() => Kept::Original {
                     request: original,
@@ -263,7 +282,12 @@ pub(crate) fn follow(
                 }
                 *request.timeout_mut() = Some(left);
             }
-            let response = match http.execute(request).instrument(wire.span()).await {
+            let sent = match replayed {
+                // Answered before the operation: nothing goes out for it.
+                Some(answered) => Ok(answered.response(kept.url())),
+                None => http.execute(request).instrument(wire.span()).await,
+            };
+            let response = match sent {
                 Ok(response) => response,
                 Err(err) => {
                     let mut failed = reqwest_send_error(err);
@@ -278,8 +302,8 @@ pub(crate) fn follow(
                     return Err(failed);
                 }
             };
-            chain.inner_client_redirected |=
-                warn_if_inner_redirected(kept.url(), response.url(), || {
+            chain.inner_client_redirected |= replayed.is_none()
+                && warn_if_inner_redirected(kept.url(), response.url(), || {
                     kept.key(copied_key.as_ref(), key_header)
                 });
             let mut key = None;
@@ -328,6 +352,7 @@ pub(crate) fn follow(
                 }
                 Step::Follow(follow) => {
                     let (next, hop) = *follow;
+                    let (status, version) = (response.status(), response.version());
                     tracing::debug!(
                         key = key_text(key.as_ref()),
                         status = hop.status.as_u16(),
@@ -338,11 +363,16 @@ pub(crate) fn follow(
                         "following a redirect"
                     );
                     chain.hops.push(hop);
-                    wire.answered(response.status(), Some(response.version()));
                     // Release the redirect's connection before the next hop.
                     drop(response);
                     request = next;
-                    wire.open(&mut request);
+                    if replayed.is_some() {
+                        // The span opened for a request that never went out is this one's.
+                        wire.retarget(&mut request);
+                    } else {
+                        wire.answered(status, Some(version));
+                        wire.open(&mut request);
+                    }
                 }
             }
         }

@@ -17,12 +17,16 @@
 //! `Cookie`, `Proxy-Authorization`, `WWW-Authenticate`) are removed as soon as a hop leaves the
 //! origin it was sent to, as reqwest does. The pure parts (origins, `Location`, the method
 //! rewrite) are plain functions with unit tests in `policy.rs`; `chain.rs` holds what the
-//! caller is told of the hops, `follow.rs` the loop.
+//! caller is told of the hops, `follow.rs` the loop, `answered.rs` the redirects a caller above
+//! the client followed itself before the operation
+//! ([`RequestBuilder::after_redirect`](crate::RequestBuilder::after_redirect)).
 
+mod answered;
 mod chain;
 mod follow;
 mod policy;
 
+pub(crate) use answered::AnsweredRedirect;
 #[cfg(any(feature = "tower", feature = "middleware"))]
 pub(crate) use chain::warn_if_inner_redirected;
 pub use chain::{RedirectChain, RedirectHop};

@@ -129,6 +129,16 @@ impl RedirectPolicy {
         self
     }
 
+    /// This policy with room for `answered` more hops: those a request was answered with
+    /// before its operation (`answered.rs`), followed even when this policy follows none.
+    pub(super) fn with_answered(&self, answered: usize) -> RedirectPolicy {
+        let answered = u32::try_from(answered).unwrap_or(u32::MAX);
+        RedirectPolicy {
+            max_hops: Some(self.max_hops.unwrap_or(0).saturating_add(answered)),
+            ..self.clone()
+        }
+    }
+
     /// How many redirects are followed per attempt; `None` when none are.
     #[must_use]
     pub fn max_hops(&self) -> Option<u32> {

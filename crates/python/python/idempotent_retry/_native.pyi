@@ -108,10 +108,14 @@ class Engine:
         max_in_progress_wait: Optional[float] = None,
         max_saved_body: Optional[int] = None,
         fetch_unsaved_answers: bool = True,
+        allow_key_to: Optional[Sequence[str]] = None,
     ) -> Engine: ...
     @property
     def key_header(self) -> str:
         """The key header's name, lowercase."""
+    def redirect_keeps_key(self, original: str, location: str) -> bool:
+        """Whether a redirect of an operation first sent to ``original`` may take its key to
+        ``location``; ``ValueError`` unless both are absolute URLs."""
     def send(
         self,
         method: str,
@@ -120,6 +124,8 @@ class Engine:
         body: Union[bytes, BodyStream, None] = None,
         key: Optional[str] = None,
         timeout: Optional[float] = None,
+        keyless: bool = False,
+        after: Optional[Sequence[Tuple[int, str]]] = None,
     ) -> Answer:
         """Sends one operation, the GIL released until it ends."""
     def start(
@@ -131,6 +137,8 @@ class Engine:
         body: Union[bytes, BodyStream, None] = None,
         key: Optional[str] = None,
         timeout: Optional[float] = None,
+        keyless: bool = False,
+        after: Optional[Sequence[Tuple[int, str]]] = None,
     ) -> Pending:
         """Starts one operation; ``done(answer)`` is called from a runtime thread."""
     def close(self) -> None:

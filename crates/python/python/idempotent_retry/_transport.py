@@ -78,8 +78,8 @@ class Report:
         attempts: attempts sent by this run (0 for a response replayed from the ledger).
         key: the operation's idempotency key, or ``None``.
         replayed: whether the response is the ledger's saved answer, nothing sent.
-        elapsed: seconds from the first attempt to the end of the last, ``lease_wait``
-            included.
+        elapsed: a ``datetime.timedelta``, from the first attempt to the end of the last,
+            ``lease_wait`` included: the same type as the exceptions' ``elapsed``.
         outcome: ``"done"`` for a final answer; ``"unknown"`` or ``"not_done"`` when the
             retries stopped on this response (a 503 after the last attempt, a 429 asking for
             too long a wait): it is the last attempt's answer, not the operation's. Such a
@@ -93,9 +93,9 @@ class Report:
         message: the engine's explanation when ``stopped`` is set.
         history: one ``Attempt`` per attempt sent by this run, in order (empty for a replayed
             response): each one's status or failure, when it started, the wait after it.
-        lease_wait: seconds waited, before anything was sent, for another run holding the key
-            in the ledger (its answer replayed, or its lapsed lease taken over); 0 without a
-            wait.
+        lease_wait: a ``datetime.timedelta``, waited before anything was sent for another run
+            holding the key in the ledger (its answer replayed, or its lapsed lease taken
+            over); zero without a wait.
         unrecorded: why the response was not recorded in the ledger as this run's outcome,
             when it was not (another run took the key over while the answer arrived); the
             response is still the operation's answer. ``None`` when it was recorded, or
@@ -103,8 +103,8 @@ class Report:
         in_progress_waits: answers that said the operation was still in progress at the
             receiver (a keyed 409: often this operation's own earlier attempt, still running
             there), each waited out. Counted in ``attempts``, not toward ``max_attempts``.
-        in_progress_wait: seconds spent waiting those out (counted in ``elapsed``); at most
-            ``max_in_progress_wait=``.
+        in_progress_wait: a ``datetime.timedelta``, spent waiting those out (counted in
+            ``elapsed``); at most ``max_in_progress_wait=``.
         refetched: whether the ledger held this operation as succeeded without its answer's
             body (longer than ``max_saved_body=``), so it was sent again with its key and this
             is the receiver's answer from its own store (``fetch_unsaved_answers=``); the
@@ -114,15 +114,15 @@ class Report:
     attempts: int
     key: Optional[str]
     replayed: bool
-    elapsed: float
+    elapsed: datetime.timedelta
     outcome: str
     stopped: Optional[str]
     message: Optional[str]
     history: Tuple[Attempt, ...] = ()
-    lease_wait: float = 0.0
+    lease_wait: datetime.timedelta = datetime.timedelta(0)
     unrecorded: Optional[str] = None
     in_progress_waits: int = 0
-    in_progress_wait: float = 0.0
+    in_progress_wait: datetime.timedelta = datetime.timedelta(0)
     refetched: bool = False
 
 
@@ -141,8 +141,11 @@ def _buffered(hx: Any, request: Any) -> Tuple[bool, Optional[bytes]]:
         content = request.content
     except hx.RequestNotRead:
         multipart = getattr(getattr(hx, "_multipart", None), "MultipartStream", None)
-        if multipart is not None and isinstance(request.stream, multipart):
-            # A form of in-memory fields and files: httpx can render it again.
+        if isinstance(request.stream, hx.ByteStream) or (
+            multipart is not None and isinstance(request.stream, multipart)
+        ):
+            # Bytes in memory (the body httpx passes on to the request of a 307 or 308 it
+            # follows), or a form of in-memory fields and files: read again at will.
             content = b"".join(request.stream)
         else:
             return False, None
@@ -157,6 +160,129 @@ def _key() -> Optional[str]:
     return _KEY.get()
 
 
+#: Where a request answered with a redirect keeps its operation, for the redirect httpx
+#: builds from it: httpx copies a request's ``extensions`` into that request (and into
+#: ``response.next_request`` when it does not follow).
+_REDIRECTED = "idempotent_retry.redirected"
+#: The redirects httpx follows, and so does the engine's rule (``RedirectPolicy``).
+_REDIRECTS = frozenset((301, 302, 303, 307, 308))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Redirected:
+    """An operation answered with a redirect: the request as first sent (its method, URL,
+    bytes and the key it went with, ``None`` for a request sent without one), the stream httpx
+    passes on to a hop that resends it, and the redirects answered so far, as ``(status,
+    location)``; the last location is where the hop goes."""
+
+    method: str
+    url: str
+    body: Optional[bytes]
+    stream: Any
+    key: Optional[str]
+    after: Tuple[Tuple[int, str], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Outgoing:
+    """What the engine is given for one request: ``after`` set when it continues the
+    operation of an earlier request, ``redirected`` that operation."""
+
+    method: str
+    url: str
+    headers: List[Tuple[bytes, bytes]]
+    body: Any
+    key: Optional[str]
+    keyless: bool = False
+    after: Optional[List[Tuple[int, str]]] = None
+    redirected: Optional[_Redirected] = None
+
+
+def _target(url: Any) -> str:
+    """A URL as the request target it names: without its fragment, which is never sent."""
+    return str(url.copy_with(fragment=None))
+
+
+def _without_key(headers: List[Tuple[bytes, bytes]], key_header: str) -> List[Tuple[bytes, bytes]]:
+    name = key_header.encode("ascii")
+    return [(field, value) for field, value in headers if field.lower() != name]
+
+
+def _outgoing(engine: Any, hx: Any, request: Any) -> Tuple[_Outgoing, bool]:
+    """The engine's arguments for ``request``, and whether its body is held in memory.
+
+    A request that httpx built to follow a redirect this transport answered (it carries the
+    operation in its extensions, and goes where that redirect points) is part of that
+    operation: a hop that resends it (httpx keeps the method and the body: 307, 308, and 301
+    on a method other than ``POST``) continues the operation under its key, with the bytes
+    read for the first request, when the key may go to the hop's origin (the same origin, or
+    ``allow_key_to=``); the engine records it under the request as first sent. Any other hop
+    is a request of its own, without the key: a ``GET`` for the result (303; 301 and 302 on a
+    ``POST``) or a resend to an origin the key may not go to."""
+    redirected = request.extensions.get(_REDIRECTED)
+    headers = _headers(request)
+    if isinstance(redirected, _Redirected) and _target(request.url) == redirected.after[-1][1]:
+        resend = request.method == redirected.method and request.stream is redirected.stream
+        if (
+            resend
+            and redirected.key is not None
+            and engine.redirect_keeps_key(redirected.url, redirected.after[-1][1])
+        ):
+            outgoing = _Outgoing(
+                redirected.method,
+                redirected.url,
+                headers,
+                redirected.body,
+                redirected.key,
+                after=list(redirected.after),
+                redirected=redirected,
+            )
+            return outgoing, True
+        if resend:
+            body: Optional[bytes] = redirected.body
+        else:
+            _, body = _buffered(hx, request)
+        outgoing = _Outgoing(
+            request.method,
+            str(request.url),
+            _without_key(headers, engine.key_header),
+            body,
+            None,
+            keyless=True,
+        )
+        return outgoing, True
+    buffered, body = _buffered(hx, request)
+    return _Outgoing(request.method, str(request.url), headers, body, _key()), buffered
+
+
+def _mark(hx: Any, request: Any, outgoing: _Outgoing, answer: Any) -> None:
+    """Keeps the operation in ``request.extensions`` when its answer is a redirect, for the
+    request httpx builds to follow it."""
+    if answer.status not in _REDIRECTS:
+        return
+    locations = [value for name, value in answer.headers if name.lower() == b"location"]
+    if len(locations) != 1:
+        return  # httpx follows none without one; the engine none with several
+    try:
+        location = _target(request.url.join(locations[0].decode("latin-1")))
+    except (hx.InvalidURL, ValueError):
+        return  # httpx raises its own error for it
+    hop = ((answer.status, location),)
+    redirected = outgoing.redirected
+    if redirected is not None:
+        marked = dataclasses.replace(redirected, after=redirected.after + hop)
+    else:
+        marked = _Redirected(
+            outgoing.method,
+            outgoing.url,
+            outgoing.body,
+            request.stream,
+            None if outgoing.keyless else answer.key,
+            hop,
+        )
+    request.extensions[_REDIRECTED] = marked
+
+
 _STREAMS: Dict[int, Tuple[type, type]] = {}
 
 
@@ -169,8 +295,9 @@ def _cut_off(failure: Any, report: Report) -> None:
         report.attempts,
         "body",
         "connection_reset",
-        report.elapsed,
+        report.elapsed.total_seconds(),
         report.history,
+        report.lease_wait.total_seconds(),
     )
 
 
@@ -248,15 +375,15 @@ def _report(answer: Any) -> Report:
         attempts=answer.attempts,
         key=answer.key,
         replayed=answer.replayed,
-        elapsed=answer.elapsed,
+        elapsed=datetime.timedelta(seconds=answer.elapsed),
         outcome=answer.outcome,
         stopped=answer.error_kind,
         message=None if answer.message is None else python_message(answer.message),
         history=history_of(answer.history),
-        lease_wait=answer.lease_wait,
+        lease_wait=datetime.timedelta(seconds=answer.lease_wait),
         unrecorded=answer.unrecorded,
         in_progress_waits=answer.in_progress_waits,
-        in_progress_wait=answer.in_progress_wait,
+        in_progress_wait=datetime.timedelta(seconds=answer.in_progress_wait),
         refetched=answer.refetched,
     )
 
@@ -408,11 +535,28 @@ def _proxy(proxy: object) -> Optional[str]:
     )
 
 
+def _origins(origins: object) -> List[str]:
+    """The engine's ``allow_key_to`` for the transports' ``allow_key_to=``."""
+    if not isinstance(origins, (list, tuple, frozenset, set)):
+        raise TypeError(
+            f"allow_key_to: {type(origins).__name__} is not a list of origins; pass a list "
+            'such as ["https://api-eu.example.com"]'
+        )
+    for origin in origins:
+        if not isinstance(origin, str):
+            raise TypeError(
+                f"allow_key_to: {origin!r} is not an origin; pass str such as "
+                '"https://api-eu.example.com"'
+            )
+    return list(origins)
+
+
 _OPTIONS_DOC = """
     Every option is keyword-only; ``ValueError`` for an invalid one (a zero ``max_attempts``,
     a ``base_delay`` above ``max_delay``, a negative duration, a bad header name, a TLS file
     without a usable PEM certificate, a proxy that is not an http(s) URL, a negative
-    ``answer_read_limit`` or ``max_saved_body``), ``TypeError`` for a ``verify``, ``cert`` or ``proxy`` of the wrong
+    ``answer_read_limit`` or ``max_saved_body``, an ``allow_key_to`` entry that is not an
+    origin), ``TypeError`` for a ``verify``, ``cert``, ``proxy`` or ``allow_key_to`` of the wrong
     type, ``FileNotFoundError`` (``OSError``) for a TLS file that cannot be read,
     ``RuntimeError`` when the ledger cannot be opened.
 
@@ -497,6 +641,15 @@ _OPTIONS_DOC = """
             streamed to httpx as it arrives; if its body is cut midway, reading it raises
             ``ReadError`` (outcome ``"done"``) whose message names the key: send the same
             request again with that key to have the answer again. Default: 1048576 (1 MiB).
+        allow_key_to: origins (``"https://api-eu.example.com"``) besides a request's own that
+            its key may go to when httpx follows a redirect that resends the operation (307,
+            308; 301 on a method other than ``POST``): such a hop is part of the operation,
+            with the key, and a ledger records its answer. A hop to any other origin is a
+            request of its own: sent once, without the key (httpx would send it), its answer
+            returned but not recorded; the ledger keeps the redirect itself as the operation's
+            last answer, not done. ``TypeError`` for anything but a list of str, ``ValueError``
+            for one that is not a ``scheme://host[:port]`` origin. Default: none, the
+            request's own origin only.
         raise_on_unknown: what an operation whose retries stopped on a response that is not a
             final answer gives (every attempt answered 503, a 429 whose ``Retry-After`` is
             longer than ``max_retry_after``, a 409 "in progress" past
@@ -554,6 +707,7 @@ class SyncEngineTransport:
         max_saved_body: Optional[int] = None,
         fetch_unsaved_answers: bool = True,
         raise_on_unknown: Optional[bool] = None,
+        allow_key_to: Sequence[str] = (),
     ) -> None:
         self._raise_on_unknown = _raise_on_unknown(raise_on_unknown)
         # None leaves an option at the engine's default.
@@ -580,11 +734,12 @@ class SyncEngineTransport:
             max_in_progress_wait=max_in_progress_wait,
             max_saved_body=max_saved_body,
             fetch_unsaved_answers=fetch_unsaved_answers,
+            allow_key_to=_origins(allow_key_to),
             **_tls(verify, cert),
         )
 
     def handle_request(self, request: Any) -> Any:
-        buffered, body = _buffered(self._hx, request)
+        outgoing, buffered = _outgoing(self._engine, self._hx, request)
         stream = None
         if not buffered:
             stream = _native.BodyStream()
@@ -593,15 +748,19 @@ class SyncEngineTransport:
             ).start()
         try:
             answer = self._engine.send(
-                request.method,
-                str(request.url),
-                _headers(request),
-                body=stream if stream is not None else body,
-                key=_key(),
+                outgoing.method,
+                outgoing.url,
+                outgoing.headers,
+                body=stream if stream is not None else outgoing.body,
+                key=outgoing.key,
                 timeout=_timeout(request),
+                keyless=outgoing.keyless,
+                after=outgoing.after,
             )
         except ValueError as error:
             raise self._errors.refused(error, request) from None
+        if buffered:
+            _mark(self._hx, request, outgoing, answer)
         if _raises(self._raise_on_unknown, answer):
             raise _status_error(self._hx, self._errors, answer, request, _drain(answer))
         return _finish(self._hx, self._errors, answer, request, sync=True)
@@ -623,8 +782,10 @@ class Transport(SyncEngineTransport, httpx.BaseTransport):
     response that is not a final answer (``HTTPStatusError``, with that response:
     ``raise_on_unknown=``). A response carries a ``Report`` in
     ``response.extensions["idempotent_retry"]``. Requests wait with the GIL released, on one
-    runtime shared by every transport of the process. Redirects are left to httpx
-    (``follow_redirects``).
+    runtime shared by every transport of the process. Redirects are httpx's to follow
+    (``follow_redirects``); one it follows is part of the same operation: the hop that resends
+    it goes with the key and the bytes already read (to the same origin, or one in
+    ``allow_key_to=``), and a ledger records the final answer under the request as first sent.
     """
 
     __doc__ = (__doc__ or "") + _OPTIONS_DOC
@@ -675,19 +836,21 @@ class AsyncEngineTransport:
             except RuntimeError:
                 pass  # the loop is closed: nobody waits for this answer
 
-        buffered, body = _buffered(self._hx, request)
+        outgoing, buffered = _outgoing(self._engine, self._hx, request)
         stream = None
         if not buffered:
             stream = _native.BodyStream()
         try:
             pending = self._engine.start(
-                request.method,
-                str(request.url),
-                _headers(request),
+                outgoing.method,
+                outgoing.url,
+                outgoing.headers,
                 done,
-                body=stream if stream is not None else body,
-                key=_key(),
+                body=stream if stream is not None else outgoing.body,
+                key=outgoing.key,
                 timeout=_timeout(request),
+                keyless=outgoing.keyless,
+                after=outgoing.after,
             )
         except ValueError as error:
             raise self._errors.refused(error, request) from None
@@ -710,6 +873,8 @@ class AsyncEngineTransport:
         finally:
             if feeder is not None and not feeder.done():
                 feeder.cancel()
+        if buffered:
+            _mark(self._hx, request, outgoing, answer)
         if _raises(self._raise_on_unknown, answer):
             if answer.rest is None:
                 body = answer.body or b""
