@@ -46,6 +46,9 @@ impl fmt::Debug for Faulty {
 }
 
 impl Ledger for Faulty {
+    fn clock(&self) -> LedgerFuture<'_, idempotent_retry::ledger::LedgerClock> {
+        self.inner.clock()
+    }
     fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
         Box::pin(async move {
             if self.fault == Fault::CheckThenInsert && self.inner.get(&claim.key).await?.is_none() {

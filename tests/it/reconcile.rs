@@ -45,6 +45,9 @@ fn policy() -> RetryPolicy {
 struct Shared(Arc<dyn Ledger>);
 
 impl Ledger for Shared {
+    fn clock(&self) -> LedgerFuture<'_, idempotent_retry::ledger::LedgerClock> {
+        self.0.clock()
+    }
     fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
         self.0.claim(claim)
     }
