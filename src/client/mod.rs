@@ -830,6 +830,7 @@ impl ClientBuilder {
                 options: Arc::new(self.ledger_options),
                 reconcilers: Arc::new(self.reconcilers),
                 releases: Arc::default(),
+                clock_offset: Arc::default(),
             }),
             key_in_spans: self.key_in_spans,
             answer_read_limit: self.answer_read_limit,

@@ -25,6 +25,7 @@
 //! ```
 
 mod bounded;
+mod offset;
 mod options;
 mod release;
 mod renewal;
