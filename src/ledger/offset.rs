@@ -45,6 +45,11 @@ impl Offset {
         record
     }
 
+    /// Whether the ledger compares on its own clock.
+    pub(crate) fn is_own(self) -> bool {
+        matches!(self, Offset::Own { .. })
+    }
+
     /// The offset in seconds, positive when the ledger's clock is ahead of this worker's.
     pub(crate) fn seconds(self) -> f64 {
         match self {

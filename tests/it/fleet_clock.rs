@@ -79,14 +79,14 @@ async fn ledger() -> Option<PostgresLedger> {
     let url = postgres_database_on(&base).await;
     let ledger = PostgresLedger::connect(&url).await.expect("connect");
     ledger.migrate().await.expect("migrate");
-    Some(ledger.on_caller_clock())
+    Some(ledger)
 }
 
 /// The database's clock now.
 async fn database_now(ledger: &PostgresLedger) -> SystemTime {
     match ledger.clock().await.expect("read the database's clock") {
         LedgerClock::Own { now } => now,
-        LedgerClock::Caller => TokioClock::new().wall(),
+        LedgerClock::Caller => panic!("the PostgreSQL ledger compares on the database's clock"),
     }
 }
 
@@ -324,5 +324,84 @@ async fn the_window_starts_on_the_database_s_clock_for_both_workers() {
     assert!(
         row.first_attempt_at + slack >= before && row.first_attempt_at <= after + slack,
         "the take-over keeps the window's start"
+    );
+}
+
+/// A log that keeps what the subscriber writes, to read back the WARN.
+#[derive(Clone, Default)]
+struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Log {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log").extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(feature = "metrics")]
+#[cfg_attr(
+    no_postgres_server,
+    ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+)]
+#[test]
+fn a_worker_a_minute_off_the_database_s_clock_is_told_at_warn_and_in_the_offset_metric() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let log = Log::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer({
+            let log = log.clone();
+            move || log.clone()
+        })
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let skipped = metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+            .block_on(async {
+                let Some(ledger) = ledger().await else {
+                    return true;
+                };
+                let server = TestServer::start(Vec::new(), Action::ok("charged")).await;
+                let client = worker(ledger, Skewed::Ahead, policy());
+                let key = IdempotencyKey::derive("tests.fleet_clock", &["told"]);
+                post(&client, server.url("/charges"), &key).await;
+                false
+            })
+    });
+    if skipped {
+        return;
+    }
+    let offset = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .find_map(|(key, _, _, value)| {
+            let name = key.key().name().to_owned();
+            match value {
+                DebugValue::Gauge(value) if name == "idempotent_retry.ledger.clock_offset" => {
+                    Some(value.into_inner())
+                }
+                _ => None,
+            }
+        })
+        .expect("the offset gauge is set");
+    // The database's clock minus the worker's: a minute behind it, give or take the trip.
+    assert!((offset + 60.0).abs() < 5.0, "offset {offset}");
+    let logged = String::from_utf8(log.0.lock().expect("log").clone()).expect("text");
+    assert!(
+        logged.contains("WARN")
+            && logged.contains("this worker's clock is")
+            && logged.contains("ahead of the ledger's"),
+        "{logged}"
     );
 }

@@ -138,10 +138,12 @@ mod postgres {
         crate::support::fresh_postgres_database().await
     }
 
+    /// On the caller's clock: the cases run on a virtual timeline that the database does not
+    /// see (`fleet_clock.rs` runs PostgreSQL on its own clock).
     pub(super) async fn open(url: &str) -> Arc<dyn Ledger> {
         let ledger = PostgresLedger::connect(url).await.expect("connect");
         ledger.migrate().await.expect("migrate");
-        Arc::new(ledger)
+        Arc::new(ledger.on_caller_clock())
     }
 }
 
