@@ -254,6 +254,15 @@ impl Client {
     pub async fn reconcile_unresolved(&self, limit: u32) -> Result<SweepReport, LedgerError> {
         let cx = self.reconcile_context()?;
         let older_than = crate::window::cutoff(cx.clock.wall(), cx.window);
+        // The rows' times are the ledger's: the cutoff on its clock.
+        let older_than = match &self.inner.settings.ledger {
+            Some(handle) => handle
+                .clock_offset
+                .current(cx.ledger, cx.clock)
+                .await
+                .to_ledger(older_than),
+            None => older_than,
+        };
         crate::reconcile::sweep(cx, limit, older_than).await
     }
 

@@ -45,6 +45,14 @@ impl Offset {
         record
     }
 
+    /// `at`, an instant on this worker's clock, on the ledger's.
+    pub(crate) fn to_ledger(self, at: SystemTime) -> SystemTime {
+        match self {
+            Offset::Caller => at,
+            Offset::Own { worker, ledger } => rebase(at, worker, ledger),
+        }
+    }
+
     /// Whether the ledger compares on its own clock.
     pub(crate) fn is_own(self) -> bool {
         matches!(self, Offset::Own { .. })
@@ -151,6 +159,8 @@ mod tests {
         assert_eq!(moved.last_attempt_at, Some(t(75)));
         assert_eq!(moved.expires_at, t(3660));
         assert_eq!(Offset::Caller.to_worker(record.clone()), record);
+        assert_eq!(ahead.to_ledger(t(70)), t(10));
+        assert_eq!(Offset::Caller.to_ledger(t(70)), t(70));
         assert!(Offset::Caller.seconds().abs() < f64::EPSILON);
         let behind = Offset::Own {
             worker: t(0),

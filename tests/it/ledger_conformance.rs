@@ -50,7 +50,8 @@ impl fmt::Debug for Faulty {
 impl Ledger for Faulty {
     fn clock(&self) -> LedgerFuture<'_, idempotent_retry::ledger::LedgerClock> {
         if self.fault == Fault::OwnClockInName {
-            let now = idempotent_retry::time::TokioClock::new().wall();
+            let now =
+                idempotent_retry::time::Clock::wall(&idempotent_retry::time::TokioClock::new());
             return Box::pin(std::future::ready(Ok(
                 idempotent_retry::ledger::LedgerClock::Own { now },
             )));
