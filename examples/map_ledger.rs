@@ -27,8 +27,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
 
 use idempotent_retry::ledger::{
-    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, ListFilter,
-    OperationRecord, OperationStatus, ReconcileClaim, Renew, Resolve,
+    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerClock, LedgerError, LedgerFuture,
+    ListFilter, OperationRecord, OperationStatus, ReconcileClaim, Renew, Resolve,
 };
 use idempotent_retry::{Client, RetryReport};
 use idempotent_retry_testkit::{self as testkit, Fault, Receiver, RecordingSleeper, When};
@@ -106,6 +106,11 @@ impl MapLedger {
 }
 
 impl Ledger for MapLedger {
+    fn clock(&self) -> LedgerFuture<'_, LedgerClock> {
+        // One process's map: it compares on its callers' clock.
+        Box::pin(std::future::ready(Ok(LedgerClock::Caller)))
+    }
+
     fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
         let claimed = loop {
             let Some((version, mut row)) = self.store.read(&claim.key) else {

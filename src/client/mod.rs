@@ -258,6 +258,15 @@ impl Client {
     pub async fn reconcile_unresolved(&self, limit: u32) -> Result<SweepReport, LedgerError> {
         let cx = self.reconcile_context()?;
         let older_than = crate::rules::window::cutoff(cx.clock.wall(), cx.window);
+        // The rows' times are the ledger's: the cutoff on its clock.
+        let older_than = match &self.inner.settings.ledger {
+            Some(handle) => handle
+                .clock_offset
+                .current(cx.ledger, cx.clock)
+                .await
+                .to_ledger(older_than),
+            None => older_than,
+        };
         crate::ledger::reconcile::sweep(cx, limit, older_than).await
     }
 
@@ -834,6 +843,7 @@ impl ClientBuilder {
                 options: Arc::new(self.ledger_options),
                 reconcilers: Arc::new(self.reconcilers),
                 releases: Arc::default(),
+                clock_offset: Arc::default(),
             }),
             key_in_spans: self.key_in_spans,
             answer_read_limit: self.answer_read_limit,

@@ -71,6 +71,10 @@ impl Bounded {
 }
 
 impl Ledger for Bounded {
+    fn clock(&self) -> LedgerFuture<'_, super::LedgerClock> {
+        self.call("cannot read the ledger's clock", self.inner.clock())
+    }
+
     fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
         self.inner.claim(claim)
     }

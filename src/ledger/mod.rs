@@ -27,6 +27,7 @@
 //! May import: time, keys, rules, message, outcome, decision, telemetry.
 
 mod bounded;
+mod offset;
 mod options;
 pub(crate) mod reconcile;
 mod release;

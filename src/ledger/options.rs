@@ -159,7 +159,8 @@ impl LedgerOptions {
     /// its lease ends sends nothing more and reports what it knows
     /// ([`ErrorKind::Ledger`](crate::ErrorKind::Ledger)).
     ///
-    /// Workers' clocks must agree to well within this (`docs/ledger.md`, "Clock skew").
+    /// The lease is compared on the ledger's clock: the database's for PostgreSQL, so workers'
+    /// clocks need not agree; the host's for SQLite (`docs/ledger.md`, "Whose clock").
     ///
     /// Any value is accepted. Zero renews nothing, and any other run takes the key over at
     /// once; a lease too long to represent as a date (`Duration::MAX`) is clamped to the

@@ -42,6 +42,8 @@ pub(crate) struct LedgerHandle {
     pub(crate) reconcilers: Arc<Reconcilers>,
     /// The releases of abandoned runs and claims still being written, by key.
     pub(crate) releases: Arc<super::release::Releases>,
+    /// How far this worker's clock is from the ledger's (`offset.rs`).
+    pub(crate) clock_offset: Arc<super::offset::ClockOffset>,
 }
 
 /// How many times a claim looks again when the row changes between its statements (another
@@ -160,6 +162,9 @@ pub(crate) async fn claim<R: RetryResponse>(
     // A row past its window is reconciled at most once per claim.
     let mut reconciled: Option<String> = None;
     loop {
+        // The ledger compares on its own clock when it has one; what it answers is read here
+        // on this worker's clock, moved by the measured offset.
+        let offset = handle.clock_offset.current(&*handle.ledger, clock).await;
         let now = clock.wall();
         // The lease in the ledger ends one lease after this instant, on the keeper's timer.
         let set_at = super::renewal::real_now();
@@ -191,6 +196,7 @@ pub(crate) async fn claim<R: RetryResponse>(
         let claimed = claimed.map_err(|source| claim_failed(source, waited))?;
         let existing = match claimed {
             Claimed::New(record) => {
+                let record = offset.to_worker(record);
                 return Ok(Begin::Proceed(LedgerRun::new(
                     handle,
                     clocks,
@@ -199,10 +205,8 @@ pub(crate) async fn claim<R: RetryResponse>(
                     (Exposure::default(), set_at, waited),
                 )));
             }
-            Claimed::TakenOver {
-                mut record,
-                previous,
-            } => {
+            Claimed::TakenOver { record, previous } => {
+                let mut record = offset.to_worker(record);
                 if previous == OperationStatus::InFlight {
                     // A run that died (or lost its lease) holding the row: one of its attempts
                     // started and was never counted, and it may have reached the receiver.
@@ -234,7 +238,7 @@ pub(crate) async fn claim<R: RetryResponse>(
                 );
                 return Ok(Begin::Proceed(run));
             }
-            Claimed::Existing(record) => record,
+            Claimed::Existing(record) => offset.to_worker(record),
         };
         let report = report_of(waited);
         if existing.fingerprint != fingerprint.as_str() {
@@ -318,9 +322,11 @@ pub(crate) async fn claim<R: RetryResponse>(
                 );
             }
         }
-        let lease = existing
-            .lease_expires_at
-            .filter(|until| existing.status == OperationStatus::InFlight && *until > now);
+        // A ledger on its own clock refused the row only because its lease is live there; the
+        // measured offset may be a few milliseconds off at the lease's edge.
+        let lease = existing.lease_expires_at.filter(|until| {
+            existing.status == OperationStatus::InFlight && (*until > now || offset.is_own())
+        });
         if let Some(until) = lease {
             if let super::LeaseHeldPolicy::Wait { poll, max_wait } = options.on_lease_held
                 && waited < max_wait

@@ -36,6 +36,9 @@ pub(crate) const LEDGER_REFUSALS: &str = "idempotent_retry.ledger.refusals";
 /// Gauge: tokens in the retry budget.
 #[cfg(feature = "metrics")]
 pub(crate) const BUDGET_TOKENS: &str = "idempotent_retry.budget.tokens";
+/// Gauge, seconds: the ledger's clock minus this worker's, for a ledger on its own clock.
+#[cfg(feature = "metrics")]
+pub(crate) const LEDGER_CLOCK_OFFSET: &str = "idempotent_retry.ledger.clock_offset";
 
 /// Tells the installed recorder each metric's unit and meaning. Called when a front end's
 /// settings are built, so a recorder installed before the client hears it.
@@ -54,6 +57,11 @@ pub(crate) fn describe() {
         metrics::describe_counter!(LEDGER_REPLAYS, "Operations answered from the ledger");
         metrics::describe_counter!(LEDGER_REFUSALS, "Operations the ledger refused");
         metrics::describe_gauge!(BUDGET_TOKENS, "Tokens in the retry budget");
+        metrics::describe_gauge!(
+            LEDGER_CLOCK_OFFSET,
+            Unit::Seconds,
+            "The ledger's clock minus this worker's, as last measured"
+        );
     }
 }
 
@@ -157,6 +165,14 @@ pub(crate) fn retry_refused(kind: FailureKind) {
     metrics::counter!(RETRIES_REFUSED, "reason" => kind.as_str()).increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = kind;
+}
+
+/// The offset of the ledger's clock from this worker's, in seconds, as just measured.
+pub(crate) fn ledger_clock_offset(seconds: f64) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!(LEDGER_CLOCK_OFFSET).set(seconds);
+    #[cfg(not(feature = "metrics"))]
+    let _ = seconds;
 }
 
 /// The budget's tokens, after it admitted, charged or was paid.

@@ -586,6 +586,9 @@ fn outage() -> LedgerError {
 }
 
 impl Ledger for Faulty {
+    fn clock(&self) -> LedgerFuture<'_, idempotent_retry::ledger::LedgerClock> {
+        self.inner.clock()
+    }
     fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
         let earlier = self.claims.fetch_add(1, Ordering::SeqCst);
         if self.fail_claim.load(Ordering::SeqCst) || earlier >= 100 {

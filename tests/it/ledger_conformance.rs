@@ -30,6 +30,8 @@ enum Fault {
     IgnoresLastAttempt,
     /// Panics on every read.
     PanicsOnGet,
+    /// Says it compares on its own clock, and compares the caller's instants as they are.
+    OwnClockInName,
 }
 
 /// A [`MemoryLedger`] with one [`Fault`].
@@ -46,6 +48,16 @@ impl fmt::Debug for Faulty {
 }
 
 impl Ledger for Faulty {
+    fn clock(&self) -> LedgerFuture<'_, idempotent_retry::ledger::LedgerClock> {
+        if self.fault == Fault::OwnClockInName {
+            let now =
+                idempotent_retry::time::Clock::wall(&idempotent_retry::time::TokioClock::new());
+            return Box::pin(std::future::ready(Ok(
+                idempotent_retry::ledger::LedgerClock::Own { now },
+            )));
+        }
+        self.inner.clock()
+    }
     fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
         Box::pin(async move {
             if self.fault == Fault::CheckThenInsert && self.inner.get(&claim.key).await?.is_none() {
@@ -275,6 +287,21 @@ async fn a_racy_claim_is_caught_on_every_run_on_a_current_thread_runtime() {
 async fn a_racy_claim_is_caught_on_every_run_on_a_loaded_multi_thread_runtime() {
     let _load = Load::start();
     assert_eq!(misses_of_check_then_insert(200).await, 0);
+}
+
+#[tokio::test]
+async fn a_ledger_on_its_own_clock_that_compares_the_caller_s_instants_fails_every_skew_case() {
+    let report = run(Fault::OwnClockInName).await;
+    let cases: Vec<&str> = report.cases().collect();
+    assert_eq!(cases.len(), 3, "the own-clock cases only: {cases:?}");
+    assert_eq!(failed(&report), cases, "{report}");
+    for case in cases {
+        let says = message(&report, case);
+        assert!(
+            says.starts_with("the window's start is on the caller's clock"),
+            "{case}: {says}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -188,9 +188,11 @@ async fn a_connection_lost_mid_operation_is_reopened_or_reported_never_lost() {
         Action::ok("two"),
     )
     .await;
+    // On the caller's clock: the runs' leases are on the virtual timeline.
     let ledger = PostgresLedger::connect(&format!("{url}?application_name={app}"))
         .await
-        .expect("connect");
+        .expect("connect")
+        .on_caller_clock();
     ledger.migrate().await.expect("migrate");
     let time = VirtualTime::new();
     let client = Client::builder()
@@ -474,6 +476,26 @@ async fn a_claim_returns_its_row_as_stored_to_the_millisecond() {
     let url = postgres_database_on(&base).await;
     let ledger = PostgresLedger::connect(&url).await.expect("connect");
     ledger.migrate().await.expect("migrate");
+    // On its own clock, the row holds the database's times: the claim answers them too.
+    let own = idempotent_retry::ledger::Claim::builder(
+        "own",
+        "f",
+        "run-a",
+        std::time::SystemTime::UNIX_EPOCH + Duration::new(1_704_067_200, 123_456_789),
+        std::time::SystemTime::UNIX_EPOCH + Duration::new(1_704_067_260, 987_654),
+    )
+    .build()
+    .expect("valid claim");
+    match ledger.claim(&own).await.expect("claim") {
+        idempotent_retry::ledger::Claimed::New(record) => assert_eq!(
+            Some(record),
+            ledger.get("own").await.expect("read"),
+            "the new row as a read gives it"
+        ),
+        other => panic!("a new row: {other:?}"),
+    }
+    // On the caller's clock, to the millisecond of the claim's own times.
+    let ledger = ledger.on_caller_clock();
     let now = std::time::SystemTime::UNIX_EPOCH + Duration::new(1_704_067_200, 123_456_789);
     let claim = |owner: &str, at: std::time::SystemTime| {
         idempotent_retry::ledger::Claim::builder(
@@ -577,7 +599,11 @@ async fn a_database_made_by_the_0_1_migrate_is_upgraded_and_its_row_claimed_and_
 
     // A new release's worker migrates ten minutes later: stamped, the row as it was.
     time.advance(Duration::from_secs(600));
-    let ledger = PostgresLedger::connect(&url).await.expect("connect");
+    // On the caller's clock: the row and the run are on the virtual timeline.
+    let ledger = PostgresLedger::connect(&url)
+        .await
+        .expect("connect")
+        .on_caller_clock();
     assert_eq!(ledger.schema_version().await.expect("version"), 0);
     ledger.migrate().await.expect("upgrade");
     assert_eq!(ledger.schema_version().await.expect("version"), 3);

@@ -14,6 +14,7 @@ mod client;
 mod cut_answers;
 mod docs_defaults;
 mod execute;
+mod fleet_clock;
 #[cfg(all(feature = "tower", feature = "middleware", feature = "sqlite"))]
 mod front_end_ledger;
 #[cfg(all(feature = "tower", feature = "middleware", feature = "internals"))]

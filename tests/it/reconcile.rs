@@ -45,6 +45,9 @@ fn policy() -> RetryPolicy {
 struct Shared(Arc<dyn Ledger>);
 
 impl Ledger for Shared {
+    fn clock(&self) -> LedgerFuture<'_, idempotent_retry::ledger::LedgerClock> {
+        self.0.clock()
+    }
     fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
         self.0.claim(claim)
     }
@@ -135,10 +138,12 @@ mod postgres {
         crate::support::fresh_postgres_database().await
     }
 
+    /// On the caller's clock: the cases run on a virtual timeline that the database does not
+    /// see (`fleet_clock.rs` runs PostgreSQL on its own clock).
     pub(super) async fn open(url: &str) -> Arc<dyn Ledger> {
         let ledger = PostgresLedger::connect(url).await.expect("connect");
         ledger.migrate().await.expect("migrate");
-        Arc::new(ledger)
+        Arc::new(ledger.on_caller_clock())
     }
 }
 

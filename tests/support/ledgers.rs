@@ -102,6 +102,9 @@ impl ClaimHook {
 }
 
 impl Ledger for ClaimHook {
+    fn clock(&self) -> LedgerFuture<'_, idempotent_retry::ledger::LedgerClock> {
+        self.inner.clock()
+    }
     fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
         Box::pin(async move {
             if !self.delay.is_zero() {

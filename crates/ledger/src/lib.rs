@@ -32,6 +32,7 @@ use std::pin::Pin;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
+mod clock;
 mod error;
 mod memory;
 mod renew;
@@ -41,6 +42,9 @@ pub mod sql;
 mod status;
 pub mod window;
 
+pub use clock::{LedgerClock, rebase};
+#[doc(hidden)]
+pub use clock::{clock_reading, millis_after};
 pub use error::{LedgerError, LedgerErrorKind};
 pub use memory::MemoryLedger;
 pub use renew::Renew;
@@ -740,6 +744,10 @@ impl Finish {
 /// - Only [`purge_batch`](Self::purge_batch) deletes rows, once `expires_at` has passed.
 /// - A dropped call leaves the row as before the call or as the call would have, never
 ///   half-written.
+/// - [`clock`](Self::clock) says whose clock the times are compared on: the caller's (the
+///   instants in the requests, as they are) or the ledger's own (only the lengths between
+///   them, from its own present; each request's `on_clock` is that view). A ledger shared by
+///   hosts with clocks of their own compares on its own ([`LedgerClock`]).
 ///
 /// # Errors
 ///
@@ -785,10 +793,23 @@ impl Finish {
 ///     fn purge_batch(&self, now: SystemTime, limit: u32) -> LedgerFuture<'_, u64> {
 ///         self.0.purge_batch(now, limit)
 ///     }
+///     fn clock(&self) -> LedgerFuture<'_, idempotent_retry_ledger::LedgerClock> {
+///         self.0.clock()
+///     }
 ///     // claim_unresolved, resolve and list missing: error E0046
 /// }
 /// ```
 pub trait Ledger: Send + Sync + fmt::Debug + 'static {
+    /// Whose clock this ledger compares times on: [`LedgerClock::Caller`], or
+    /// [`LedgerClock::Own`] with its present as it answers. The client asks once when it first
+    /// uses the ledger (and again now and then) to learn how far its own clock is from the
+    /// ledger's. No default: a ledger says which it is.
+    ///
+    /// # Errors
+    ///
+    /// A [`LedgerError`] when an own clock cannot be read (the storage is unreachable).
+    fn clock(&self) -> LedgerFuture<'_, LedgerClock>;
+
     /// Claims the operation, in one atomic step:
     ///
     /// - no row for the key: inserts one from the claim, in flight under its lease, with
@@ -850,7 +871,8 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     fn get<'a>(&'a self, key: &'a str) -> LedgerFuture<'a, Option<OperationRecord>>;
 
     /// Deletes at most `limit` rows whose `expires_at` is at or before `now`, whatever their
-    /// status, in one short transaction; returns how many. Rows not yet expired stay.
+    /// status, in one short transaction; returns how many. Rows not yet expired stay. A
+    /// ledger on its [own clock](LedgerClock::Own) compares with its own present instead.
     ///
     /// # Errors
     ///
@@ -955,7 +977,8 @@ pub struct ListFilter {
     pub unresolved: bool,
     /// Only rows of this scope.
     pub scope: Option<String>,
-    /// Only rows first attempted at or before this time.
+    /// Only rows first attempted at or before this time, on the ledger's clock (the times it
+    /// shows).
     pub older_than: Option<SystemTime>,
     /// Only rows whose key starts with this.
     pub key_prefix: Option<String>,

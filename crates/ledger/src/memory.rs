@@ -89,6 +89,11 @@ impl MemoryLedger {
 }
 
 impl Ledger for MemoryLedger {
+    fn clock(&self) -> LedgerFuture<'_, crate::LedgerClock> {
+        // One process, one clock: the caller's.
+        Box::pin(std::future::ready(Ok(crate::LedgerClock::Caller)))
+    }
+
     fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
         let claimed = self.claim_now(claim);
         Box::pin(std::future::ready(Ok(claimed)))

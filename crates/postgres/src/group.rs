@@ -49,10 +49,13 @@ pub(super) struct NewRow {
     pub(super) key: String,
     pub(super) scope: String,
     pub(super) fingerprint: String,
-    pub(super) now: i64,
+    /// The claim's present for a ledger on the caller's clock; `None`: the database's.
+    pub(super) now: Option<i64>,
     pub(super) owner: String,
-    pub(super) lease_until: i64,
-    pub(super) expires_at: i64,
+    /// The lease's length, milliseconds.
+    pub(super) lease: i64,
+    /// How long the row is kept, milliseconds.
+    pub(super) retention: i64,
     pub(super) method: Option<String>,
     pub(super) url: Option<String>,
 }
@@ -66,7 +69,11 @@ pub(super) struct BatchAnswer {
     pub(super) response_status: Option<i32>,
     pub(super) response_headers: Option<String>,
     pub(super) response_body: Option<Vec<u8>>,
-    pub(super) last_attempt_at: Option<i64>,
+    /// Whether the finish counts the run's last attempt (`Finish::last_attempt_at`).
+    pub(super) counted: bool,
+    /// The present its stamp is taken from, for a ledger on the caller's clock; `None`: the
+    /// database's.
+    pub(super) base: Option<i64>,
 }
 
 type Reply<T> = oneshot::Sender<Result<T, LedgerError>>;
@@ -74,8 +81,8 @@ type Reply<T> = oneshot::Sender<Result<T, LedgerError>>;
 /// One call waiting for a batch.
 #[derive(Debug)]
 enum Job {
-    /// Whether the row was inserted (`false`: the key had one).
-    Insert(NewRow, Reply<bool>),
+    /// The start of the inserted row's window (`None`: the key had one).
+    Insert(NewRow, Reply<Option<i64>>),
     /// Whether the row changed (`false`: the lease was lost).
     Finish(BatchAnswer, Reply<bool>),
 }
@@ -128,11 +135,11 @@ impl Group {
         }
     }
 
-    /// Claims a new key in the next batch: whether its row was inserted (`false` when the key
-    /// already had one). A call that finds no other call in the group's hands shares nothing
+    /// Claims a new key in the next batch: the start of its row's window, as the database
+    /// stored it, when it was inserted (`None` when the key already had one). A call that finds no other call in the group's hands shares nothing
     /// by waiting: it goes out at once as its own statement, from the caller's task, without
     /// the hop to the dispatcher and back.
-    pub(super) async fn insert(&self, row: NewRow) -> Result<bool, LedgerError> {
+    pub(super) async fn insert(&self, row: NewRow) -> Result<Option<i64>, LedgerError> {
         let (_busy, alone) = Busy::enter(&self.busy);
         if alone {
             return insert_alone(&self.pool, &row).await;
@@ -262,8 +269,14 @@ async fn run(pool: &Pool, mut jobs: Vec<Job>, slot: tokio::sync::OwnedSemaphoreP
             changed.sort_unstable();
             let held =
                 |keys: &[String], key: &str| keys.binary_search_by(|k| k.as_str().cmp(key)).is_ok();
+            let window = |key: &str| {
+                inserted
+                    .binary_search_by(|(k, _)| k.as_str().cmp(key))
+                    .ok()
+                    .map(|at| inserted[at].1)
+            };
             for (row, reply) in inserts {
-                let _ = reply.send(Ok(held(&inserted, &row.key)));
+                let _ = reply.send(Ok(window(&row.key)));
             }
             for (outcome, reply) in finishes {
                 let _ = reply.send(Ok(held(&changed, &outcome.key)));
@@ -342,9 +355,9 @@ enum Together {
 /// down): no pooled connection is ever left inside a transaction.
 async fn together(
     pool: &Pool,
-    inserts: &[(NewRow, Reply<bool>)],
+    inserts: &[(NewRow, Reply<Option<i64>>)],
     finishes: &[(BatchAnswer, Reply<bool>)],
-) -> Result<(Vec<String>, Vec<String>), Together> {
+) -> Result<(Vec<(String, i64)>, Vec<String>), Together> {
     let client = pool.get().await.map_err(|err| {
         let err = Arc::new(err);
         Together::Failed(Box::new(move || {
@@ -367,10 +380,10 @@ async fn together(
     let keys: Vec<&str> = rows().map(|r| r.key.as_str()).collect();
     let scopes: Vec<&str> = rows().map(|r| r.scope.as_str()).collect();
     let fingerprints: Vec<&str> = rows().map(|r| r.fingerprint.as_str()).collect();
-    let nows: Vec<i64> = rows().map(|r| r.now).collect();
+    let nows: Vec<Option<i64>> = rows().map(|r| r.now).collect();
     let owners: Vec<&str> = rows().map(|r| r.owner.as_str()).collect();
-    let leases: Vec<i64> = rows().map(|r| r.lease_until).collect();
-    let expiries: Vec<i64> = rows().map(|r| r.expires_at).collect();
+    let leases: Vec<i64> = rows().map(|r| r.lease).collect();
+    let expiries: Vec<i64> = rows().map(|r| r.retention).collect();
     let methods: Vec<Option<&str>> = rows().map(|r| r.method.as_deref()).collect();
     let urls: Vec<Option<&str>> = rows().map(|r| r.url.as_deref()).collect();
     let new_rows: [&(dyn ToSql + Sync); 9] = [
@@ -391,9 +404,10 @@ async fn together(
     let saved: Vec<Option<i32>> = outcomes().map(|o| o.response_status).collect();
     let headers: Vec<Option<&str>> = outcomes().map(|o| o.response_headers.as_deref()).collect();
     let bodies: Vec<Option<&[u8]>> = outcomes().map(|o| o.response_body.as_deref()).collect();
-    let last: Vec<Option<i64>> = outcomes().map(|o| o.last_attempt_at).collect();
-    let outcome_rows: [&(dyn ToSql + Sync); 7] = [
-        &finished, &holders, &statuses, &saved, &headers, &bodies, &last,
+    let counted: Vec<bool> = outcomes().map(|o| o.counted).collect();
+    let bases: Vec<Option<i64>> = outcomes().map(|o| o.base).collect();
+    let outcome_rows: [&(dyn ToSql + Sync); 8] = [
+        &finished, &holders, &statuses, &saved, &headers, &bodies, &counted, &bases,
     ];
 
     let (begun, inserted, changed, committed) = tokio::join!(
@@ -427,7 +441,12 @@ async fn together(
             .collect::<Result<Vec<_>, _>>()
             .map_err(failed)
     };
-    Ok((keys(&inserted)?, keys(&changed)?))
+    let windows = inserted
+        .iter()
+        .map(|row| Ok((row.try_get::<_, String>(0)?, row.try_get::<_, i64>(1)?)))
+        .collect::<Result<Vec<_>, tokio_postgres::Error>>()
+        .map_err(failed)?;
+    Ok((windows, keys(&changed)?))
 }
 
 /// What a failed statement of a batch means: a lock waited for too long or a deadlock (run
@@ -475,9 +494,9 @@ async fn alone(pool: &Pool, job: Job) {
     }
 }
 
-/// One claim's insert, as its own statement: whether the row was inserted (`false` when the
-/// key had one).
-async fn insert_alone(pool: &Pool, row: &NewRow) -> Result<bool, LedgerError> {
+/// One claim's insert, as its own statement: the start of the row's window when it was
+/// inserted (`None` when the key had one).
+async fn insert_alone(pool: &Pool, row: &NewRow) -> Result<Option<i64>, LedgerError> {
     let what = "cannot claim the operation";
     let client = pool.get().await.map_err(pool_failure)?;
     let statement = client
@@ -490,15 +509,17 @@ async fn insert_alone(pool: &Pool, row: &NewRow) -> Result<bool, LedgerError> {
         &row.fingerprint,
         &row.now,
         &row.owner,
-        &row.lease_until,
-        &row.expires_at,
+        &row.lease,
+        &row.retention,
         &row.method,
         &row.url,
     ];
     client
         .query_opt(&statement, &params)
         .await
-        .map(|inserted| inserted.is_some())
+        .map_err(|err| database(err, what))?
+        .map(|inserted| inserted.try_get::<_, i64>(1))
+        .transpose()
         .map_err(|err| database(err, what))
 }
 
@@ -510,14 +531,15 @@ async fn finish_alone(pool: &Pool, outcome: &BatchAnswer) -> Result<bool, Ledger
         .prepare_cached(&statements::FINISH)
         .await
         .map_err(|err| database(err, what))?;
-    let params: [&(dyn ToSql + Sync); 7] = [
+    let params: [&(dyn ToSql + Sync); 8] = [
         &outcome.key,
         &outcome.owner,
         &outcome.status,
         &outcome.response_status,
         &outcome.response_headers,
         &outcome.response_body,
-        &outcome.last_attempt_at,
+        &outcome.counted,
+        &outcome.base,
     ];
     client
         .execute(&statement, &params)
@@ -540,10 +562,10 @@ mod tests {
             key: key.to_owned(),
             scope: String::new(),
             fingerprint: "fp".to_owned(),
-            now: 1_704_067_200_000,
+            now: Some(1_704_067_200_000),
             owner: owner.to_owned(),
-            lease_until: 1_704_067_260_000,
-            expires_at: 1_704_070_800_000,
+            lease: 60_000,
+            retention: 3_600_000,
             method: None,
             url: None,
         }
@@ -557,7 +579,8 @@ mod tests {
             response_status: Some(200),
             response_headers: Some("[]".to_owned()),
             response_body: Some(b"ok".to_vec()),
-            last_attempt_at: Some(1_704_067_201_000),
+            counted: true,
+            base: Some(1_704_067_201_000),
         }
     }
 
@@ -597,6 +620,7 @@ mod tests {
                 .insert(new_row("alone", "run-a"))
                 .await
                 .expect("inserted")
+                == Some(1_704_067_200_000)
         );
         assert!(
             group.jobs.lock().expect("lock").is_none(),
@@ -612,7 +636,7 @@ mod tests {
             group.insert(new_row("x", "run-x")),
             group.insert(new_row("y", "run-y"))
         );
-        assert!(first.expect("x") && second.expect("y"));
+        assert!(first.expect("x").is_some() && second.expect("y").is_some());
         assert!(
             group.jobs.lock().expect("lock").is_some(),
             "the call that found another in flight went to the dispatcher"
@@ -643,7 +667,7 @@ mod tests {
             slot(),
         )
         .await;
-        assert!(answer.await.expect("answered").expect("inserted"));
+        assert!(answer.await.expect("answered").expect("inserted").is_some());
 
         let mut replies = Vec::new();
         let mut jobs = Vec::new();
@@ -660,7 +684,7 @@ mod tests {
 
         let mut inserted = Vec::new();
         for answer in replies {
-            inserted.push(answer.await.expect("answered").expect("no error"));
+            inserted.push(answer.await.expect("answered").expect("no error").is_some());
         }
         let owner: Option<String> = pool
             .get()
@@ -729,12 +753,12 @@ mod tests {
                 .expect("claimed while the lock is held")
                 .expect("answered")
                 .expect("no error");
-            assert!(claimed, "a free key is inserted");
+            assert!(claimed.is_some(), "a free key is inserted");
         }
         assert!(!batch.is_finished(), "the held key still waits");
         tx.rollback().await.expect("rollback");
         let claimed = held.await.expect("answered").expect("no error");
-        assert!(claimed, "inserted once the lock is gone");
+        assert!(claimed.is_some(), "inserted once the lock is gone");
         batch.await.expect("the batch ends");
     }
 
@@ -782,7 +806,7 @@ mod tests {
         )
         .await;
         assert!(
-            answer.await.expect("answered").expect("inserted"),
+            answer.await.expect("answered").expect("inserted").is_some(),
             "nothing of the failed batch was written, and the pool is usable"
         );
     }

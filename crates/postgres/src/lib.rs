@@ -60,8 +60,9 @@ use row::read_row;
 
 use idempotent_retry_ledger::sql::{as_stored, response_columns};
 use idempotent_retry_ledger::{
-    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, ListFilter,
-    OperationRecord, OperationStatus, ReconcileClaim, Renew, Resolve, to_millis,
+    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerClock, LedgerError, LedgerFuture,
+    ListFilter, OperationRecord, OperationStatus, ReconcileClaim, Renew, Resolve, clock_reading,
+    from_millis, millis_after, to_millis,
 };
 
 /// A [`Ledger`] in a PostgreSQL table, for fleets of workers sharing one record.
@@ -101,6 +102,30 @@ pub struct PostgresLedger {
     pool: Pool,
     /// The batches claims and finishes go out in (`group.rs`), shared by the clones.
     group: Arc<Group>,
+    /// Whose clock the statements compare on: the database's, but for the workspace's
+    /// fixed-time tests.
+    clock: Clock,
+}
+
+/// Whose clock a [`PostgresLedger`]'s statements take the present from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Clock {
+    /// The database's (`statement_timestamp()`): the client sends lengths, never instants.
+    Database,
+    /// The caller's `now` in each request: for the workspace's tests that run the
+    /// conformance suite's fixed times against the SQL.
+    Caller,
+}
+
+impl Clock {
+    /// The base a statement takes its present from: `at` on the caller's clock, `None` (the
+    /// database's present) otherwise.
+    fn base(self, at: SystemTime) -> Option<i64> {
+        match self {
+            Clock::Database => None,
+            Clock::Caller => Some(to_millis(at)),
+        }
+    }
 }
 
 impl fmt::Debug for PostgresLedger {
@@ -110,6 +135,7 @@ impl fmt::Debug for PostgresLedger {
             .field("pool_size", &status.max_size)
             .field("connections", &status.size)
             .field("idle", &status.available)
+            .field("clock", &self.clock)
             .finish()
     }
 }
@@ -148,7 +174,18 @@ impl PostgresLedger {
         PostgresLedger {
             group: Arc::new(Group::new(pool.clone())),
             pool,
+            clock: Clock::Database,
         }
+    }
+
+    /// The same ledger comparing times on the caller's clock, as the conformance suite's
+    /// fixed-time cases need: for the workspace's own tests, not covered by semver. A fleet
+    /// must not use it (`docs/ledger.md`, "Whose clock").
+    #[doc(hidden)]
+    #[must_use]
+    pub fn on_caller_clock(mut self) -> Self {
+        self.clock = Clock::Caller;
+        self
     }
 
     /// The pool the ledger draws its connections from, to read its
@@ -199,22 +236,31 @@ impl PostgresLedger {
     }
 
     async fn claim_now(&self, claim: &Claim) -> Result<Claimed, LedgerError> {
+        let base = self.clock.base(claim.now);
+        let lease = millis_after(claim.lease_until, claim.now);
+        let retention = millis_after(claim.expires_at, claim.now);
         let inserted = self
             .group
             .insert(NewRow {
                 key: claim.key.clone(),
                 scope: claim.scope.clone(),
                 fingerprint: claim.fingerprint.clone(),
-                now: to_millis(claim.now),
+                now: base,
                 owner: claim.owner.clone(),
-                lease_until: to_millis(claim.lease_until),
-                expires_at: to_millis(claim.expires_at),
+                lease,
+                retention,
                 method: claim.method.clone(),
                 url: claim.url.clone(),
             })
             .await?;
-        if inserted {
-            return Ok(Claimed::New(as_stored(claim.new_row())));
+        if let Some(first) = inserted {
+            // The row as written: the claim's lengths from the present the database took,
+            // in the whole milliseconds the statement added.
+            let mut row = claim.on_clock(from_millis(first)).into_new_row();
+            let at = |length: i64| from_millis(first.saturating_add(length));
+            row.lease_expires_at = Some(at(lease));
+            row.expires_at = at(retention);
+            return Ok(Claimed::New(as_stored(row)));
         }
         let client = self.connection().await?;
         let taken = client
@@ -228,14 +274,14 @@ impl PostgresLedger {
                 &[
                     &claim.key,
                     &claim.owner,
-                    &to_millis(claim.lease_until),
+                    &millis_after(claim.lease_until, claim.now),
                     &claim.fingerprint,
-                    &to_millis(claim.window_cutoff),
-                    &to_millis(claim.now),
+                    &millis_after(claim.window_cutoff, claim.now),
+                    &base,
                     &claim.scope,
                     &claim.method,
                     &claim.url,
-                    &to_millis(claim.expires_at),
+                    &millis_after(claim.expires_at, claim.now),
                 ],
             )
             .await
@@ -298,6 +344,22 @@ async fn select(client: &Object, key: &str) -> Result<Option<OperationRecord>, L
 }
 
 impl Ledger for PostgresLedger {
+    fn clock(&self) -> LedgerFuture<'_, LedgerClock> {
+        Box::pin(async move {
+            if self.clock == Clock::Caller {
+                return Ok(LedgerClock::Caller);
+            }
+            let what = "cannot read the database's clock";
+            let client = self.connection().await?;
+            let now: i64 = client
+                .query_one(&prepared(&client, statements::CLOCK, what).await?, &[])
+                .await
+                .and_then(|row| row.try_get(0))
+                .map_err(|err| database(err, what))?;
+            Ok(clock_reading(now))
+        })
+    }
+
     fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
         Box::pin(self.claim_now(claim))
     }
@@ -310,8 +372,8 @@ impl Ledger for PostgresLedger {
                 &[
                     &update.key,
                     &update.owner,
-                    &to_millis(update.at),
-                    &to_millis(update.lease_until),
+                    &self.clock.base(update.at),
+                    &millis_after(update.lease_until, update.at),
                 ],
                 "cannot record the attempt",
             )
@@ -324,7 +386,12 @@ impl Ledger for PostgresLedger {
             self.update_held(
                 &statements::RENEW,
                 &renew.key,
-                &[&renew.key, &renew.owner, &to_millis(renew.lease_until)],
+                &[
+                    &renew.key,
+                    &renew.owner,
+                    &self.clock.base(renew.at),
+                    &millis_after(renew.lease_until, renew.at),
+                ],
                 "cannot renew the lease",
             )
             .await
@@ -343,7 +410,8 @@ impl Ledger for PostgresLedger {
                     response_status: status.and_then(|s| i32::try_from(s).ok()),
                     response_headers: headers,
                     response_body: body,
-                    last_attempt_at: finish.last_attempt_at.map(to_millis),
+                    counted: finish.last_attempt_at.is_some(),
+                    base: finish.last_attempt_at.and_then(|at| self.clock.base(at)),
                 })
                 .await?;
             if changed {
@@ -365,7 +433,7 @@ impl Ledger for PostgresLedger {
             client
                 .execute(
                     &prepared(&client, &statements::PURGE, what).await?,
-                    &[&to_millis(now), &i64::from(limit)],
+                    &[&self.clock.base(now), &i64::from(limit)],
                 )
                 .await
                 .map_err(|err| database(err, what))
@@ -375,11 +443,15 @@ impl Ledger for PostgresLedger {
         &'a self,
         claim: &'a ReconcileClaim,
     ) -> LedgerFuture<'a, Option<Claimed>> {
-        Box::pin(async move { reconcile::claim_unresolved(&self.connection().await?, claim).await })
+        Box::pin(async move {
+            reconcile::claim_unresolved(&self.connection().await?, claim, self.clock).await
+        })
     }
 
     fn resolve<'a>(&'a self, resolve: &'a Resolve) -> LedgerFuture<'a, ()> {
-        Box::pin(async move { reconcile::resolve(&self.connection().await?, resolve).await })
+        Box::pin(
+            async move { reconcile::resolve(&self.connection().await?, resolve, self.clock).await },
+        )
     }
 
     fn list<'a>(&'a self, filter: &'a ListFilter) -> LedgerFuture<'a, Vec<OperationRecord>> {

@@ -7,14 +7,17 @@ use std::sync::LazyLock;
 use deadpool_postgres::Object;
 use tokio_postgres::types::ToSql;
 
+use std::time::SystemTime;
+
 use super::failure::database;
-use super::{prepared, read_row, select};
+use super::statements::{now, plus};
+use super::{Clock, prepared, read_row, select};
 use idempotent_retry_ledger::sql::{
     COLUMN_COUNT, COLUMNS, Dialect, Param, TABLE, list_query, response_columns,
 };
 use idempotent_retry_ledger::{
     Claimed, LedgerError, ListFilter, OperationRecord, OperationStatus, ReconcileClaim, Resolve,
-    to_millis,
+    millis_after, to_millis,
 };
 
 static HOLD: LazyLock<String> = LazyLock::new(|| {
@@ -24,16 +27,34 @@ static HOLD: LazyLock<String> = LazyLock::new(|| {
         .collect::<Vec<_>>()
         .join(", ");
     format!(
-        "UPDATE {TABLE} AS t SET status = 'in_flight', lease_owner = $2, lease_expires_at = $3 \
+        "UPDATE {TABLE} AS t SET status = 'in_flight', lease_owner = $2, lease_expires_at = {} \
          FROM (SELECT key, status FROM {TABLE} WHERE key = $1 FOR UPDATE) AS old \
          WHERE t.key = old.key \
          AND (t.status = 'unknown' OR (t.status = 'in_flight' \
-              AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= $4))) \
-         RETURNING {columns}, old.status"
+              AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= {}))) \
+         RETURNING {columns}, old.status",
+        plus("$4", "$3"),
+        now("$4"),
     )
 });
 
+/// A resolution, its times given as offsets from the base (`$13`): a new window start (`$7`),
+/// a retention's end (`$8`) and the note's time (`$11`), each absent when not written.
 static RESOLVE: LazyLock<String> = LazyLock::new(|| {
+    let from = format!(
+        "first_attempt_at = CASE WHEN $7::BIGINT IS NULL THEN first_attempt_at ELSE {} END",
+        plus("$13", "$7")
+    );
+    let keep = format!(
+        "expires_at = CASE WHEN $8::BIGINT IS NULL THEN expires_at \
+         ELSE GREATEST(expires_at, {}) END",
+        plus("$13", "$8")
+    );
+    let at = format!(
+        "resolved_at = CASE WHEN $9::TEXT IS NULL OR $11::BIGINT IS NULL THEN resolved_at \
+         ELSE {} END",
+        plus("$13", "$11")
+    );
     let assignments = [
         "status = $3",
         "lease_owner = NULL",
@@ -41,11 +62,11 @@ static RESOLVE: LazyLock<String> = LazyLock::new(|| {
         "response_status = $4",
         "response_headers = $5",
         "response_body = $6",
-        "first_attempt_at = coalesce($7::BIGINT, first_attempt_at)",
-        "expires_at = GREATEST(expires_at, coalesce($8::BIGINT, expires_at))",
+        &from,
+        &keep,
         "resolution = coalesce($9::TEXT, resolution)",
         "resolved_by = CASE WHEN $9::TEXT IS NULL THEN resolved_by ELSE $10 END",
-        "resolved_at = CASE WHEN $9::TEXT IS NULL THEN resolved_at ELSE $11 END",
+        &at,
         "resolution_reason = CASE WHEN $9::TEXT IS NULL THEN resolution_reason ELSE $12 END",
     ]
     .join(", ");
@@ -58,6 +79,7 @@ static RESOLVE: LazyLock<String> = LazyLock::new(|| {
 pub(super) async fn claim_unresolved(
     client: &Object,
     claim: &ReconcileClaim,
+    clock: Clock,
 ) -> Result<Option<Claimed>, LedgerError> {
     let what = "cannot hold the operation to reconcile it";
     let held = client
@@ -66,8 +88,8 @@ pub(super) async fn claim_unresolved(
             &[
                 &claim.key,
                 &claim.owner,
-                &to_millis(claim.lease_until),
-                &to_millis(claim.now),
+                &millis_after(claim.lease_until, claim.now),
+                &clock.base(claim.now),
             ],
         )
         .await
@@ -84,11 +106,24 @@ pub(super) async fn claim_unresolved(
     Ok(select(client, &claim.key).await?.map(Claimed::Existing))
 }
 
-pub(super) async fn resolve(client: &Object, resolve: &Resolve) -> Result<(), LedgerError> {
+pub(super) async fn resolve(
+    client: &Object,
+    resolve: &Resolve,
+    clock: Clock,
+) -> Result<(), LedgerError> {
     let what = "cannot record the resolution";
     let (status, headers, body) = response_columns(resolve.response.as_ref());
     let status = status.and_then(|s| i32::try_from(s).ok());
     let note = resolve.note.as_ref();
+    let reference = resolve.reference_millis();
+    let offset = |at: Option<SystemTime>| {
+        at.zip(reference)
+            .map(|(at, from)| to_millis(at).saturating_sub(from))
+    };
+    let base = match clock {
+        Clock::Database => None,
+        Clock::Caller => reference,
+    };
     let changed = client
         .execute(
             &prepared(client, &RESOLVE, what).await?,
@@ -99,12 +134,13 @@ pub(super) async fn resolve(client: &Object, resolve: &Resolve) -> Result<(), Le
                 &status,
                 &headers,
                 &body,
-                &resolve.window_from.map(to_millis),
-                &resolve.keep_until.map(to_millis),
+                &offset(resolve.window_from),
+                &offset(resolve.keep_until),
                 &note.map(|n| n.kind.as_str()),
                 &note.map(|n| n.by.as_str()),
-                &note.map(|n| to_millis(n.at)),
+                &offset(note.map(|n| n.at)),
                 &note.and_then(|n| n.reason.as_deref()),
+                &base,
             ],
         )
         .await

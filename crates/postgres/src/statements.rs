@@ -5,47 +5,77 @@ use std::sync::LazyLock;
 
 use idempotent_retry_ledger::sql::{COLUMN_COUNT, COLUMNS, TABLE};
 
+/// The database's present in milliseconds since the epoch: the start of the statement, so
+/// every time one statement writes is the same instant.
+const DB_NOW: &str = "floor(extract(epoch FROM statement_timestamp()) * 1000)::BIGINT";
+
+/// A statement's present: the parameter `base` when it is set (a ledger on the caller's clock
+/// sends the caller's `now`), else the database's own ([`DB_NOW`]).
+pub(super) fn now(base: &str) -> String {
+    format!("coalesce({base}::BIGINT, {DB_NOW})")
+}
+
+/// The present plus `length` milliseconds (signed: a cutoff lies before it), held inside
+/// BIGINT's range, so a lease "for ever" stays at the latest time rather than failing.
+pub(super) fn plus(base: &str, length: &str) -> String {
+    format!(
+        "LEAST(GREATEST({}::NUMERIC + {length}::BIGINT, -9223372036854775808), \
+         9223372036854775807)::BIGINT",
+        now(base)
+    )
+}
+
 /// The claim of a new key: the insert is the lock, and of any number of workers racing for
-/// one key exactly one gets the row. Parameters: key, scope, fingerprint, now, owner, lease
-/// end, expiry, method, URL. Returns the key when the row was inserted (the caller builds the
-/// record it wrote, rather than reading every column back), nothing when the key had one.
+/// one key exactly one gets the row. Every time is the statement's present plus a length
+/// (the client sends lengths, never instants, unless the ledger is on the caller's clock).
+/// Parameters: key, scope, fingerprint, base (`now`), owner, lease length, retention, method,
+/// URL. Returns the key and the start of its window when the row was inserted (the caller
+/// builds the record it wrote, rather than reading every column back), nothing when the key
+/// had one.
 pub(super) static INSERT: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO {TABLE} (key, scope, fingerprint, status, attempts, \
          first_attempt_at, lease_owner, lease_expires_at, expires_at, method, url) \
-         VALUES ($1, $2, $3, 'in_flight', 0, $4, $5, $6, $7, $8, $9) \
-         ON CONFLICT (key) DO NOTHING RETURNING key"
+         VALUES ($1, $2, $3, 'in_flight', 0, {}, $5, {}, {}, $8, $9) \
+         ON CONFLICT (key) DO NOTHING RETURNING key, first_attempt_at",
+        now("$4"),
+        plus("$4", "$6"),
+        plus("$4", "$7"),
     )
 });
 
 /// The claims of new keys of one batch, one statement: [`INSERT`] for each row of the arrays,
 /// in key order (so two batches racing for the same keys lock them in the same order and
-/// cannot deadlock). Parameters: the arrays of keys, scopes, fingerprints, times, owners,
-/// lease ends, expiries, methods and URLs. Returns the keys inserted; a key missing from them
-/// already had a row.
+/// cannot deadlock). Parameters: the arrays of keys, scopes, fingerprints, bases, owners,
+/// lease lengths, retentions, methods and URLs. Returns the keys inserted with their windows'
+/// starts; a key missing from them already had a row.
 pub(super) static INSERT_MANY: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO {TABLE} (key, scope, fingerprint, status, attempts, \
          first_attempt_at, lease_owner, lease_expires_at, expires_at, method, url) \
-         SELECT u.key, u.scope, u.fingerprint, 'in_flight', 0, u.now, u.owner, u.lease, \
-         u.expires, u.method, u.url \
+         SELECT u.key, u.scope, u.fingerprint, 'in_flight', 0, {}, u.owner, {}, \
+         {}, u.method, u.url \
          FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[], \
          $6::BIGINT[], $7::BIGINT[], $8::TEXT[], $9::TEXT[]) \
          AS u(key, scope, fingerprint, now, owner, lease, expires, method, url) \
          ORDER BY u.key \
-         ON CONFLICT (key) DO NOTHING RETURNING key"
+         ON CONFLICT (key) DO NOTHING RETURNING key, first_attempt_at",
+        now("u.now"),
+        plus("u.now", "u.lease"),
+        plus("u.now", "u.expires"),
     )
 });
 
 /// The take-over of an existing key, one `UPDATE ... WHERE` stating the rule, which
 /// PostgreSQL re-checks against the latest row under concurrent updates. The old status comes
 /// from the locked sub-select: RETURNING alone sees the new row. The rule is
-/// `Claim::may_take_over`'s, in SQL: a row that reached no receiver (`not_sent`) is taken
-/// whatever its request and window, and becomes the claim's request in a new window; any
-/// other is taken by the same request only, inside its window (`first_attempt_at > $5`, the
-/// cutoff `window.rs` computed: `window::is_open`). Parameters: key, owner, lease end,
-/// fingerprint, window cutoff, now, scope, method, URL, expiry. Returns the row's columns,
-/// then the old status.
+/// `Claim::may_take_over`'s, in SQL, on the statement's present: a row that reached no
+/// receiver (`not_sent`) is taken whatever its request and window, and becomes the claim's
+/// request in a new window; any other is taken by the same request only, inside its window
+/// (`first_attempt_at` after the present plus the cutoff's offset, which is negative:
+/// `window::is_open`), and only once its lease has lapsed on the same clock. Parameters: key,
+/// owner, lease length, fingerprint, the cutoff's offset, base (`now`), scope, method, URL,
+/// retention. Returns the row's columns, then the old status.
 pub(super) static TAKE_OVER: LazyLock<String> = LazyLock::new(|| {
     let columns = COLUMNS
         .split(", ")
@@ -55,47 +85,61 @@ pub(super) static TAKE_OVER: LazyLock<String> = LazyLock::new(|| {
     let fresh = "old.status = 'not_sent'";
     format!(
         "UPDATE {TABLE} AS t SET status = 'in_flight', lease_owner = $2, \
-         lease_expires_at = $3, response_status = NULL, \
+         lease_expires_at = {lease}, response_status = NULL, \
          response_headers = NULL, response_body = NULL, fingerprint = $4, \
          scope = CASE WHEN {fresh} THEN $7 ELSE t.scope END, \
          method = CASE WHEN {fresh} THEN $8 ELSE t.method END, \
          url = CASE WHEN {fresh} THEN $9 ELSE t.url END, \
-         first_attempt_at = CASE WHEN {fresh} THEN $6 ELSE t.first_attempt_at END, \
-         expires_at = CASE WHEN {fresh} THEN GREATEST(t.expires_at, $10) ELSE t.expires_at END \
+         first_attempt_at = CASE WHEN {fresh} THEN {now} ELSE t.first_attempt_at END, \
+         expires_at = CASE WHEN {fresh} THEN GREATEST(t.expires_at, {retention}) \
+         ELSE t.expires_at END \
          FROM (SELECT key, status FROM {TABLE} WHERE key = $1 FOR UPDATE) AS old \
          WHERE t.key = old.key AND (t.status = 'not_sent' OR (t.fingerprint = $4 \
-         AND t.status <> 'succeeded' AND t.first_attempt_at > $5 \
+         AND t.status <> 'succeeded' AND t.first_attempt_at > {cutoff} \
          AND (t.status <> 'in_flight' OR t.lease_expires_at IS NULL \
-              OR t.lease_expires_at <= $6))) \
-         RETURNING {columns}, old.status"
+              OR t.lease_expires_at <= {now}))) \
+         RETURNING {columns}, old.status",
+        lease = plus("$6", "$3"),
+        now = now("$6"),
+        retention = plus("$6", "$10"),
+        cutoff = plus("$6", "$5"),
     )
 });
 
 /// The column of [`TAKE_OVER`]'s result that holds the old status: the one after the row's.
 pub(super) const PREVIOUS_STATUS: usize = COLUMN_COUNT;
 
-/// One attempt counted, by the lease holder only. Parameters: key, owner, the attempt's time,
-/// the new lease end.
+/// One attempt counted, by the lease holder only, stamped with the statement's present.
+/// Parameters: key, owner, base (the attempt's time), the lease length.
 pub(super) static RECORD_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "UPDATE {TABLE} SET attempts = attempts + 1, last_attempt_at = $3, \
-         lease_expires_at = $4 \
-         WHERE key = $1 AND lease_owner = $2 AND status = 'in_flight'"
+        "UPDATE {TABLE} SET attempts = attempts + 1, last_attempt_at = {}, \
+         lease_expires_at = {} \
+         WHERE key = $1 AND lease_owner = $2 AND status = 'in_flight'",
+        now("$3"),
+        plus("$3", "$4"),
     )
 });
 
-/// The lease extended, by its holder only. Parameters: key, owner, the new lease end.
+/// The lease extended, by its holder only, for a length from the statement's present.
+/// Parameters: key, owner, base (the renewal's time), the lease length.
 pub(super) static RENEW: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "UPDATE {TABLE} SET lease_expires_at = $3 \
-         WHERE key = $1 AND lease_owner = $2 AND status = 'in_flight'"
+        "UPDATE {TABLE} SET lease_expires_at = {} \
+         WHERE key = $1 AND lease_owner = $2 AND status = 'in_flight'",
+        plus("$3", "$4"),
     )
 });
 
 /// The outcome written and the lease released, by the lease holder only. Parameters: key,
-/// owner, status, then the saved response's status, headers and body. One assignment a line,
-/// so counting an attempt in the same statement is one more line and one more parameter.
+/// owner, status, then the saved response's status, headers and body, whether the finish
+/// counts the last attempt, and the base its stamp is taken from. One assignment a line, so
+/// counting an attempt in the same statement is one more line.
 pub(super) static FINISH: LazyLock<String> = LazyLock::new(|| {
+    let stamp = format!(
+        "last_attempt_at = CASE WHEN $7 THEN {} ELSE last_attempt_at END",
+        now("$8")
+    );
     let assignments = [
         "status = $3",
         "lease_owner = NULL",
@@ -104,8 +148,8 @@ pub(super) static FINISH: LazyLock<String> = LazyLock::new(|| {
         "response_headers = $5",
         "response_body = $6",
         // The run's last attempt, when the finish carries it (`Finish::last_attempt_at`).
-        "attempts = attempts + CASE WHEN $7::BIGINT IS NULL THEN 0 ELSE 1 END",
-        "last_attempt_at = coalesce($7::BIGINT, last_attempt_at)",
+        "attempts = attempts + CASE WHEN $7 THEN 1 ELSE 0 END",
+        &stamp,
     ]
     .join(", ");
     format!(
@@ -116,9 +160,13 @@ pub(super) static FINISH: LazyLock<String> = LazyLock::new(|| {
 
 /// The outcomes of one batch, one statement: [`FINISH`] for each row of the arrays, each
 /// applied only by its lease holder. Parameters: the arrays of keys, owners, statuses, saved
-/// statuses, headers and bodies, and last attempts. Returns the keys whose row changed; a key
-/// missing from them lost its lease.
+/// statuses, headers and bodies, whether each counts its last attempt, and their bases.
+/// Returns the keys whose row changed; a key missing from them lost its lease.
 pub(super) static FINISH_MANY: LazyLock<String> = LazyLock::new(|| {
+    let stamp = format!(
+        "last_attempt_at = CASE WHEN u.counted THEN {} ELSE t.last_attempt_at END",
+        now("u.base")
+    );
     let assignments = [
         "status = u.status",
         "lease_owner = NULL",
@@ -126,16 +174,16 @@ pub(super) static FINISH_MANY: LazyLock<String> = LazyLock::new(|| {
         "response_status = u.response_status",
         "response_headers = u.response_headers",
         "response_body = u.response_body",
-        "attempts = t.attempts + CASE WHEN u.last_attempt_at IS NULL THEN 0 ELSE 1 END",
-        "last_attempt_at = coalesce(u.last_attempt_at, t.last_attempt_at)",
+        "attempts = t.attempts + CASE WHEN u.counted THEN 1 ELSE 0 END",
+        &stamp,
     ]
     .join(", ");
     format!(
         "UPDATE {TABLE} AS t SET {assignments} \
          FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::INTEGER[], $5::TEXT[], \
-         $6::BYTEA[], $7::BIGINT[]) \
+         $6::BYTEA[], $7::BOOLEAN[], $8::BIGINT[]) \
          AS u(key, owner, status, response_status, response_headers, response_body, \
-         last_attempt_at) \
+         counted, base) \
          WHERE t.key = u.key AND t.lease_owner = u.owner AND t.status = 'in_flight' \
          RETURNING t.key"
     )
@@ -150,13 +198,17 @@ pub(super) const BATCH_BEGIN: &str = "BEGIN; SET LOCAL lock_timeout = '250ms'";
 pub(super) static SELECT: LazyLock<String> =
     LazyLock::new(|| format!("SELECT {COLUMNS} FROM {TABLE} WHERE key = $1"));
 
-/// At most `$2` expired rows deleted (expiry at or before `$1`).
+/// At most `$2` expired rows deleted: expiry at or before the present (`$1`, the base).
 pub(super) static PURGE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "DELETE FROM {TABLE} WHERE key IN \
-         (SELECT key FROM {TABLE} WHERE expires_at <= $1 LIMIT $2)"
+         (SELECT key FROM {TABLE} WHERE expires_at <= {} LIMIT $2)",
+        now("$1")
     )
 });
+
+/// The database's clock, in milliseconds since the epoch, as it reads when asked.
+pub(super) const CLOCK: &str = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::BIGINT";
 
 #[cfg(test)]
 mod tests {
@@ -177,6 +229,7 @@ mod tests {
         assert!(FINISH.starts_with(&format!(
             "UPDATE {TABLE} SET status = $3, lease_owner = NULL"
         )));
+        assert!(FINISH.contains("CASE WHEN $7 THEN coalesce($8::BIGINT, floor("));
         assert!(FINISH.ends_with("WHERE key = $1 AND lease_owner = $2 AND status = 'in_flight'"));
     }
 }

@@ -31,8 +31,8 @@ use rusqlite::{Connection, ErrorCode, OpenFlags};
 use self::writer::Writer;
 use idempotent_retry_ledger::sql::{SCHEMA_VERSION, TABLE, next_step};
 use idempotent_retry_ledger::{
-    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerFuture, ListFilter,
-    OperationRecord, ReconcileClaim, Renew, Resolve,
+    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerClock, LedgerError, LedgerFuture,
+    ListFilter, OperationRecord, ReconcileClaim, Renew, Resolve,
 };
 
 /// How long a statement waits for another process's write lock before failing.
@@ -524,6 +524,11 @@ fn storage(err: rusqlite::Error, what: &str) -> LedgerError {
 }
 
 impl Ledger for SqliteLedger {
+    fn clock(&self) -> LedgerFuture<'_, LedgerClock> {
+        // One file on one host: its processes share the host's clock, the caller's.
+        Box::pin(std::future::ready(Ok(LedgerClock::Caller)))
+    }
+
     fn claim<'a>(&'a self, claim: &'a Claim) -> LedgerFuture<'a, Claimed> {
         let claim = claim.clone();
         self.batched(move |conn| statements::claim(conn, claim))

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use idempotent_retry_ledger::{
-    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerError, LedgerErrorKind, LedgerFuture,
-    ListFilter, OperationRecord, OperationStatus, ReconcileClaim, Renew, Resolution,
+    AttemptUpdate, Claim, Claimed, Finish, Ledger, LedgerClock, LedgerError, LedgerErrorKind,
+    LedgerFuture, ListFilter, OperationRecord, OperationStatus, ReconcileClaim, Renew, Resolution,
     ResolutionKind, ResolutionNote, Resolve, SavedResponse,
 };
 
@@ -24,7 +24,10 @@ type Verdict = Result<(), String>;
 
 type Case = fn(Arc<dyn Ledger>) -> Pin<Box<dyn Future<Output = Verdict> + Send>>;
 
-/// Every case, by name, in the order they run.
+/// The step every run begins with: [`Ledger::clock`], which picks the cases.
+const CLOCK_CASE: &str = "the ledger says whose clock it compares on";
+
+/// Every case of a ledger on the caller's clock, by name, in the order they run: fixed times.
 const CASES: &[(&str, Case)] = &[
     ("a new key is inserted in flight", |l| Box::pin(new_key(l))),
     ("concurrent claims of one key acquire it once", |l| {
@@ -107,9 +110,15 @@ const CASES: &[(&str, Case)] = &[
 /// The cases cover the claim, the lease, the fingerprint, the window, saved responses,
 /// purging, reconciling and listing; the full list: `docs/ledger.md`.
 ///
+/// The first ledger's [`Ledger::clock`] picks the cases. On the caller's clock, the 24
+/// cases use fixed times in 2024. On its own clock, 3 cases with callers whose clocks are a
+/// minute ahead and a minute behind check that such a caller never takes a live lease, that a
+/// dead lease lapses when the ledger's clock says so (real one-second leases: a case takes a
+/// few seconds), and that every time stored is the ledger's.
+///
 /// `factory` must return an **empty** ledger each time (for shared storage: a new database,
-/// schema or table), since the purge cases count rows. The cases use fixed times in 2024 and
-/// keys of their own; a case that fails leaves its ledger as it was for you to inspect.
+/// schema or table), since the purge cases count rows. The cases use keys of their own; a
+/// case that fails leaves its ledger as it was for you to inspect.
 ///
 /// # Examples
 ///
@@ -139,8 +148,25 @@ where
         cases: Vec::with_capacity(CASES.len()),
         failures: Vec::new(),
     };
-    for &(name, case) in CASES {
-        let ledger: Arc<dyn Ledger> = Arc::new(factory().await);
+    // The first ledger says whose clock it compares on, then runs the first case.
+    let mut first: Option<Arc<dyn Ledger>> = Some(Arc::new(factory().await));
+    let cases = match first.as_ref().expect("set above").clock().await {
+        Ok(LedgerClock::Caller) => CASES,
+        Ok(LedgerClock::Own { .. }) => own_clock::CASES,
+        Err(err) => {
+            report.cases.push(CLOCK_CASE);
+            report.failures.push(ConformanceFailure {
+                case: CLOCK_CASE,
+                message: format!("expected an answer, got the error \"{err}\""),
+            });
+            return report;
+        }
+    };
+    for &(name, case) in cases {
+        let ledger = match first.take() {
+            Some(ledger) => ledger,
+            None => Arc::new(factory().await),
+        };
         let outcome = match tokio::spawn(case(ledger)).await {
             Ok(outcome) => outcome,
             Err(err) if err.is_panic() => Err(format!("panicked: {}", panic_text(err))),
@@ -272,6 +298,8 @@ macro_rules! ensure {
         }
     };
 }
+
+mod own_clock;
 
 /// A step that must succeed.
 fn ok<T>(result: Result<T, LedgerError>, step: &str) -> Result<T, String> {
