@@ -587,9 +587,12 @@ async fn ledgers_migrating_a_0_1_file_at_once_all_succeed_and_keep_its_rows() {
 const WORKER_DB: &str = "IDEMPOTENT_RETRY_TEST_WORKER_DB";
 const WORKER_URL: &str = "IDEMPOTENT_RETRY_TEST_WORKER_URL";
 
-/// Lease of the killed worker: its attempt timeout plus its slack.
+/// The killed worker's attempt timeout, and its lease: long enough that the parent's first
+/// claim, made right after the kill, meets the lease still live however busy the machine (the
+/// worker renewed it at most a third of a lease before), short enough that the patient claim
+/// after it takes the key over within seconds.
 const WORKER_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
-const WORKER_SLACK: Duration = Duration::from_millis(100);
+const WORKER_LEASE: Duration = Duration::from_secs(3);
 
 /// A real process, killed with SIGKILL mid-attempt: no destructor, no release, nothing but
 /// what it had committed to the file. The next process finds the lease live, waits it out,
@@ -602,7 +605,7 @@ async fn a_killed_process_leaves_its_lease_and_the_next_one_takes_over() {
         let client = Client::builder()
             .policy(policy().with_attempt_timeout(WORKER_ATTEMPT_TIMEOUT))
             .ledger(ledger)
-            .ledger_options(LedgerOptions::new().worker("doomed").lease(WORKER_SLACK))
+            .ledger_options(LedgerOptions::new().worker("doomed").lease(WORKER_LEASE))
             .build()
             .expect("valid policy");
         let sent = client
