@@ -94,6 +94,9 @@ pub(crate) struct LedgerRun {
     key: IdempotencyKey,
     owner: String,
     first_attempt_at: SystemTime,
+    /// The request's URL as the row records it: an answer from another URL (a redirect was
+    /// followed) is saved with the URL that gave it.
+    url: Option<String>,
     /// The lease's renewal, shared with the keeper polled beside the run.
     pub(crate) keeper: Arc<LeaseKeeper>,
     /// How long the claim waited for another run's lease.
@@ -545,8 +548,13 @@ fn replay<R: RetryResponse>(
     let status = StatusCode::from_u16(saved.status)
         .map_err(|_| corrupt(format!("saved status {} is not a status", saved.status)))?;
     let mut builder = http::Response::builder().status(status);
-    if let Some(url) = fingerprint.url() {
-        // A `reqwest::Response` built from this reports the request's URL.
+    // A `reqwest::Response` built from this reports the URL that answered: the last hop of
+    // the redirects the first run followed, or the request's own.
+    let answered = saved
+        .url
+        .as_deref()
+        .and_then(|url| reqwest::Url::parse(url).ok());
+    if let Some(url) = answered.as_ref().or(fingerprint.url()) {
         builder = builder.url(url.clone());
     }
     for (name, value) in &saved.headers {
@@ -625,6 +633,7 @@ impl LedgerRun {
             key: key.clone(),
             owner,
             first_attempt_at: record.first_attempt_at,
+            url: record.url.clone(),
             keeper: Arc::new(keeper),
             lease_wait: waited,
             exposure,
@@ -791,11 +800,22 @@ impl LedgerRun {
         {
             kept.push(("content-length".to_owned(), length.to_owned()));
         }
-        let saved = SavedResponse::new(
+        let mut saved = SavedResponse::new(
             status.as_u16(),
             kept,
             saved_body.map(|bytes| bytes.to_vec()),
         );
+        // Answered at the end of a redirect: the row says where, so a replay reports the URL
+        // the caller was answered from.
+        // Compared as the response holds it first: no copy when the request's URL answered.
+        if let Some(answered) = response.answered_url()
+            && self.url.as_deref() != Some(answered.as_str())
+        {
+            let answered = without_credentials(answered);
+            if self.url.as_deref() != Some(answered.as_str()) {
+                saved = saved.answered_at(answered);
+            }
+        }
         let written = self.write_keeping(outcome_of(status), saved).await;
         let mut report = report;
         if let Err((source, saved)) = written {

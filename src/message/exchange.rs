@@ -118,6 +118,13 @@ pub trait RetryResponse: Send + 'static {
         None
     }
 
+    /// The URL that gave this response: the last hop when redirects were followed. A ledger
+    /// saves it with the answer when it is not the request's, and a replay reports it. The
+    /// default is `None` (the request's URL).
+    fn answered_url(&self) -> Option<&reqwest::Url> {
+        None
+    }
+
     /// The body's length when the response declares it (`Content-Length`). The default reads
     /// the header.
     fn body_length(&self) -> Option<u64> {
@@ -241,6 +248,10 @@ impl RetryResponse for reqwest::Response {
 
     fn version(&self) -> Option<http::Version> {
         Some(reqwest::Response::version(self))
+    }
+
+    fn answered_url(&self) -> Option<&reqwest::Url> {
+        Some(self.url())
     }
 
     /// From the body's size hint, which hyper sets from `Content-Length`: no header lookup.

@@ -1246,15 +1246,48 @@ async fn a_followed_redirect_saves_and_replays_the_final_answer() {
         vec![Some(k.to_string()), Some(k.to_string())],
         "the same-origin 307 resends the key"
     );
-    assert_eq!(row(&ledger, &k).await.status, OperationStatus::Succeeded);
+    let saved = row(&ledger, &k).await;
+    assert_eq!(saved.status, OperationStatus::Succeeded);
+    // The row keeps the request's URL, and the URL that answered beside the answer.
+    assert_eq!(
+        saved.url.as_deref(),
+        Some(server.url("/v1/charges").as_str())
+    );
+    assert_eq!(
+        saved.response.expect("saved").url.as_deref(),
+        Some(server.url("/v2/charges").as_str())
+    );
 
     let again = post_keyed(&client, server.url("/v1/charges"), &k, "{}")
         .await
         .expect("replayed");
     assert!(RetryReport::of(&again).expect("report").is_replayed());
     assert_eq!(again.status(), 201);
+    assert_eq!(
+        again.url().path(),
+        "/v2/charges",
+        "the replay says where the answer came from"
+    );
     assert_eq!(again.text().await.expect("body"), r#"{"id":"ch_7"}"#);
     assert_eq!(server.hits(), 2, "the replay sent nothing");
+}
+
+/// An answer from the request's own URL keeps no second URL: the row says nothing it does
+/// not need to.
+#[tokio::test]
+async fn an_answer_from_the_request_url_saves_no_answered_url() {
+    let server = TestServer::start(vec![], Action::respond(201, &[], "ok")).await;
+    let ledger = MemoryLedger::new();
+    let client = ledger_client(ledger.clone(), LedgerOptions::new(), fast());
+    let k = key("answered-here");
+    post_keyed(&client, server.url("/v1/charges"), &k, "{}")
+        .await
+        .expect("201");
+    assert_eq!(row(&ledger, &k).await.response.expect("saved").url, None);
+    let again = post_keyed(&client, server.url("/v1/charges"), &k, "{}")
+        .await
+        .expect("replayed");
+    assert_eq!(again.url().path(), "/v1/charges");
 }
 
 /// A redirect the policy would not follow ran nothing: the ledger must not replay the 3xx

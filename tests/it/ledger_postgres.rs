@@ -293,6 +293,9 @@ async fn a_connection_lost_mid_operation_is_reopened_or_reported_never_lost() {
 }
 
 /// The query in the `Ledger` docs' "Incident queries" section, verbatim.
+/// The schema version this release writes.
+const LATEST: u32 = idempotent_retry_ledger::sql::SCHEMA_VERSION;
+
 const INCIDENT_QUERY: &str = "
 SELECT scope, fingerprint, status,
        count(*)               AS keys,
@@ -403,7 +406,7 @@ async fn version_rows(client: &tokio_postgres::Client) -> Vec<(i32, String)> {
     ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
 )]
 #[tokio::test]
-async fn a_new_database_is_at_schema_version_3_and_migrating_again_changes_nothing() {
+async fn a_new_database_is_at_the_latest_schema_version_and_migrating_again_changes_nothing() {
     let Some(base) = postgres_server_url() else {
         return;
     };
@@ -415,11 +418,11 @@ async fn a_new_database_is_at_schema_version_3_and_migrating_again_changes_nothi
         "nothing yet"
     );
     ledger.migrate().await.expect("migrate");
-    assert_eq!(ledger.schema_version().await.expect("version"), 3);
+    assert_eq!(ledger.schema_version().await.expect("version"), LATEST);
     let plain = inspector(&url).await;
     let before = version_rows(&plain).await;
     assert_eq!(before.len(), 1);
-    assert_eq!(before[0].0, 3);
+    assert_eq!(i64::from(before[0].0), i64::from(LATEST));
     ledger.migrate().await.expect("migrate again");
     let other = PostgresLedger::connect(&url).await.expect("connect");
     other.migrate().await.expect("another worker's migrate");
@@ -428,7 +431,7 @@ async fn a_new_database_is_at_schema_version_3_and_migrating_again_changes_nothi
         before,
         "the version row was not rewritten"
     );
-    assert_eq!(other.schema_version().await.expect("version"), 3);
+    assert_eq!(other.schema_version().await.expect("version"), LATEST);
 }
 
 #[cfg_attr(
@@ -606,7 +609,7 @@ async fn a_database_made_by_the_0_1_migrate_is_upgraded_and_its_row_claimed_and_
         .on_caller_clock();
     assert_eq!(ledger.schema_version().await.expect("version"), 0);
     ledger.migrate().await.expect("upgrade");
-    assert_eq!(ledger.schema_version().await.expect("version"), 3);
+    assert_eq!(ledger.schema_version().await.expect("version"), LATEST);
     assert_eq!(version_rows(&plain).await.len(), 1);
     let row = ledger
         .get(key.as_str())
@@ -654,9 +657,12 @@ async fn a_database_from_a_newer_release_is_refused_with_both_versions_and_left_
     // What a release with schema version 4 would leave.
     let plain = inspector(&url).await;
     plain
-        .batch_execute("UPDATE idempotent_operations_schema SET version = 4")
+        .batch_execute(&format!(
+            "UPDATE idempotent_operations_schema SET version = {}",
+            LATEST + 1
+        ))
         .await
-        .expect("stamp version 4");
+        .expect("stamp a newer version");
     let before = version_rows(&plain).await;
     let tables = "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()";
     let table_count: i64 = plain.query_one(tables, &[]).await.expect("tables").get(0);
@@ -666,11 +672,14 @@ async fn a_database_from_a_newer_release_is_refused_with_both_versions_and_left_
     assert_eq!(err.kind(), LedgerErrorKind::Corrupt, "{err}");
     assert_eq!(
         err.to_string(),
-        "ledger storage is corrupt: schema version 4 is newer than 3, the latest this release \
-         of idempotent-retry knows: upgrade idempotent-retry to use this store (it was left \
-         unchanged)"
+        format!(
+            "ledger storage is corrupt: schema version {} is newer than {LATEST}, the latest \
+             this release of idempotent-retry knows: upgrade idempotent-retry to use this store \
+             (it was left unchanged)",
+            LATEST + 1
+        )
     );
-    assert_eq!(ledger.schema_version().await.expect("version"), 4);
+    assert_eq!(ledger.schema_version().await.expect("version"), LATEST + 1);
     assert_eq!(
         version_rows(&plain).await,
         before,
@@ -724,11 +733,11 @@ async fn workers_migrating_a_new_database_at_once_all_succeed_and_leave_one_vers
             let ledger = migrated
                 .expect("task")
                 .unwrap_or_else(|err| panic!("{isolation}: {err:?}"));
-            assert_eq!(ledger.schema_version().await.expect("version"), 3);
+            assert_eq!(ledger.schema_version().await.expect("version"), LATEST);
         }
         let rows = version_rows(&inspector(&url).await).await;
         assert_eq!(rows.len(), 1, "{rows:?}");
-        assert_eq!(rows[0].0, 3);
+        assert_eq!(i64::from(rows[0].0), i64::from(LATEST));
     }
 }
 

@@ -377,17 +377,21 @@ fn file_state(path: &Path) -> (i64, i64, i64) {
 }
 
 #[tokio::test]
-async fn a_new_file_is_at_schema_version_3_and_migrating_again_changes_nothing() {
+async fn a_new_file_is_at_the_latest_schema_version_and_migrating_again_changes_nothing() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("operations.db");
     let ledger = SqliteLedger::open(&path).await.expect("open");
-    assert_eq!(ledger.schema_version().await.expect("version"), 3);
+    assert_eq!(ledger.schema_version().await.expect("version"), LATEST);
     let before = file_state(&path);
-    assert_eq!(before.0, 3, "the version is in user_version");
+    assert_eq!(
+        before.0,
+        i64::from(LATEST),
+        "the version is in user_version"
+    );
     ledger.migrate().await.expect("migrate again");
     ledger.migrate().await.expect("and again");
     let reopened = SqliteLedger::open(&path).await.expect("reopen");
-    assert_eq!(reopened.schema_version().await.expect("version"), 3);
+    assert_eq!(reopened.schema_version().await.expect("version"), LATEST);
     assert_eq!(file_state(&path), before, "no statement changed the file");
 }
 
@@ -453,7 +457,7 @@ async fn a_file_made_by_the_0_1_migrate_is_upgraded_and_its_row_claimed_and_fini
     // A new release opens the file ten minutes later: stamped, the row as it was.
     time.advance(Duration::from_secs(600));
     let (client, ledger) = process(&path, &time).await;
-    assert_eq!(ledger.schema_version().await.expect("version"), 3);
+    assert_eq!(ledger.schema_version().await.expect("version"), LATEST);
     let row = stored(&ledger).await;
     assert_eq!(
         (&row.fingerprint, row.status, row.attempts),
@@ -493,17 +497,20 @@ async fn a_file_from_a_newer_release_is_refused_with_both_versions_and_left_as_i
     // What a release with schema version 4 would leave.
     rusqlite::Connection::open(&path)
         .expect("open")
-        .pragma_update(None, "user_version", 4)
-        .expect("stamp version 4");
+        .pragma_update(None, "user_version", LATEST + 1)
+        .expect("stamp a newer version");
     let before = file_state(&path);
 
     let err = SqliteLedger::open(&path).await.expect_err("too new");
     assert_eq!(err.kind(), LedgerErrorKind::Corrupt, "{err}");
     assert_eq!(
         err.to_string(),
-        "ledger storage is corrupt: schema version 4 is newer than 3, the latest this release \
-         of idempotent-retry knows: upgrade idempotent-retry to use this store (it was left \
-         unchanged)"
+        format!(
+            "ledger storage is corrupt: schema version {} is newer than {LATEST}, the latest \
+             this release of idempotent-retry knows: upgrade idempotent-retry to use this store \
+             (it was left unchanged)",
+            LATEST + 1
+        )
     );
     assert_eq!(
         file_state(&path),
@@ -531,10 +538,10 @@ async fn processes_migrating_a_new_file_at_once_all_succeed() {
             let ledger = opened
                 .expect("task")
                 .expect("every open migrates or finds it done");
-            assert_eq!(ledger.schema_version().await.expect("version"), 3);
+            assert_eq!(ledger.schema_version().await.expect("version"), LATEST);
             assert_eq!(ledger.get("none").await.expect("usable"), None);
         }
-        assert_eq!(file_state(&path).0, 3);
+        assert_eq!(file_state(&path).0, i64::from(LATEST));
     }
 }
 
@@ -573,7 +580,7 @@ async fn ledgers_migrating_a_0_1_file_at_once_all_succeed_and_keep_its_rows() {
                 .expect("task")
                 .unwrap_or_else(|err| panic!("round {round}: {err}"));
         }
-        assert_eq!(file_state(&path).0, 3);
+        assert_eq!(file_state(&path).0, i64::from(LATEST));
         let row = ledgers[0].get("k").await.expect("read").expect("row kept");
         assert_eq!(
             (row.status, row.attempts),
@@ -584,6 +591,9 @@ async fn ledgers_migrating_a_0_1_file_at_once_all_succeed_and_keep_its_rows() {
 
 /// The worker of [`a_killed_process_leaves_its_lease_and_the_next_one_takes_over`]: when the
 /// test binary is run again with these variables, it sends the charge and waits to be killed.
+/// The schema version this release writes.
+const LATEST: u32 = idempotent_retry_ledger::sql::SCHEMA_VERSION;
+
 const WORKER_DB: &str = "IDEMPOTENT_RETRY_TEST_WORKER_DB";
 const WORKER_URL: &str = "IDEMPOTENT_RETRY_TEST_WORKER_URL";
 

@@ -172,6 +172,12 @@ pub(crate) fn record(row: &OperationRecord, now: SystemTime) -> String {
             },
         ),
     ));
+    if let Some(answered) = row.response.as_ref().and_then(|saved| saved.url.as_deref()) {
+        lines.push((
+            "answered at",
+            format!("{answered} (a redirect was followed)"),
+        ));
+    }
     if let Some(body) = row
         .response
         .as_ref()
@@ -327,6 +333,7 @@ pub(crate) fn json(row: &OperationRecord) -> Value {
                 "headers": saved.headers,
                 "body": text,
                 "body_hex": body.filter(|_| text.is_none()).map(|body| hex(body, "")),
+                "url": saved.url,
             })
         }),
         "resolution": row.resolution.as_ref().map(|note| json!({

@@ -99,6 +99,9 @@ pub struct SavedResponse {
     pub headers: Vec<(String, String)>,
     /// The body, or `None` when it was longer than `LedgerOptions::max_body`.
     pub body: Option<Vec<u8>>,
+    /// The URL that gave this answer when it is not the request's: the last hop of the
+    /// redirects the request followed. `None` when the request's own URL answered.
+    pub url: Option<String>,
 }
 
 impl SavedResponse {
@@ -109,7 +112,16 @@ impl SavedResponse {
             status,
             headers,
             body,
+            url: None,
         }
+    }
+
+    /// The response, answered at `url` rather than at the request's URL (a redirect was
+    /// followed to it).
+    #[must_use]
+    pub fn answered_at(mut self, url: impl Into<String>) -> Self {
+        self.url = Some(url.into());
+        self
     }
 }
 

@@ -13,7 +13,7 @@ pub const TABLE: &str = "idempotent_operations";
 
 /// The schema version this crate reads and writes: the table shape `schema` creates is
 /// version 1. A change to the shape raises it by one and appends a step to [`STEPS`].
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// Where PostgreSQL keeps the version: a table of one row (SQLite uses `PRAGMA user_version`).
 pub const VERSION_TABLE: &str = "idempotent_operations_schema";
@@ -99,6 +99,13 @@ pub const STEPS: &[Step] = &[
         columns: &[],
         statements: |_| Vec::new(),
     },
+    Step {
+        from: 3,
+        // The URL that answered when a redirect was followed to another one: NULL for every
+        // row already there, whose answers came from their request's URL or were not kept.
+        columns: &[("response_url", "TEXT")],
+        statements: |_| Vec::new(),
+    },
 ];
 
 // A version without its step (or a step past the version) would leave stores stamped with a
@@ -145,11 +152,11 @@ pub fn shape_error() -> LedgerError {
 pub const COLUMNS: &str = "key, scope, fingerprint, status, attempts, first_attempt_at, \
      last_attempt_at, lease_owner, lease_expires_at, response_status, response_headers, \
      response_body, expires_at, method, url, resolution, resolved_by, resolved_at, \
-     resolution_reason";
+     resolution_reason, response_url";
 
 /// How many columns [`COLUMNS`] names: a statement that returns something after them reads it
 /// at this index.
-pub const COLUMN_COUNT: usize = 19;
+pub const COLUMN_COUNT: usize = 20;
 
 /// The version-1 table, with the body column's type (`BLOB` or `BYTEA`) filled in.
 fn schema(bytes_type: &str) -> String {
@@ -298,6 +305,7 @@ pub struct RawRow {
     pub resolved_by: Option<String>,
     pub resolved_at: Option<i64>,
     pub resolution_reason: Option<String>,
+    pub response_url: Option<String>,
 }
 
 impl RawRow {
@@ -326,6 +334,7 @@ impl RawRow {
                     status,
                     headers,
                     body: self.response_body,
+                    url: self.response_url,
                 })
             }
         };
@@ -375,18 +384,27 @@ pub fn as_stored(mut record: OperationRecord) -> OperationRecord {
     record
 }
 
-/// The saved response's columns: status, headers as JSON, body.
-pub fn response_columns(
-    response: Option<&SavedResponse>,
-) -> (Option<i64>, Option<String>, Option<Vec<u8>>) {
+/// The saved response's columns, as a statement binds them: status, headers as JSON, body,
+/// and the URL that answered when it is not the request's.
+#[derive(Debug, Default)]
+pub struct ResponseColumns {
+    pub status: Option<i64>,
+    pub headers: Option<String>,
+    pub body: Option<Vec<u8>>,
+    pub url: Option<String>,
+}
+
+/// The saved response's columns (all `None` without one).
+pub fn response_columns(response: Option<&SavedResponse>) -> ResponseColumns {
     match response {
-        None => (None, None, None),
-        Some(saved) => (
-            Some(i64::from(saved.status)),
+        None => ResponseColumns::default(),
+        Some(saved) => ResponseColumns {
+            status: Some(i64::from(saved.status)),
             // Serializing pairs of strings cannot fail.
-            serde_json::to_string(&saved.headers).ok(),
-            saved.body.clone(),
-        ),
+            headers: serde_json::to_string(&saved.headers).ok(),
+            body: saved.body.clone(),
+            url: saved.url.clone(),
+        },
     }
 }
 
@@ -442,6 +460,7 @@ mod tests {
             resolved_by: Some("operator alice".into()),
             resolved_at: Some(5_000),
             resolution_reason: None,
+            response_url: Some("https://api.example.com/v1/charges/".into()),
         }
     }
 
@@ -458,13 +477,18 @@ mod tests {
         assert_eq!(record.method.as_deref(), Some("POST"));
         let response = record.response.expect("saved");
         assert_eq!(response.status, 201);
-        let (status, headers, body) = response_columns(Some(&response));
-        assert_eq!(status, Some(201));
         assert_eq!(
-            headers.as_deref(),
+            response.url.as_deref(),
+            Some("https://api.example.com/v1/charges/")
+        );
+        let columns = response_columns(Some(&response));
+        assert_eq!(columns.status, Some(201));
+        assert_eq!(
+            columns.headers.as_deref(),
             Some(r#"[["content-type","text/plain"]]"#)
         );
-        assert_eq!(body.as_deref(), Some(&b"ok"[..]));
+        assert_eq!(columns.body.as_deref(), Some(&b"ok"[..]));
+        assert_eq!(columns.url, response.url);
     }
 
     #[test]

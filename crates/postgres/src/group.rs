@@ -69,6 +69,8 @@ pub(super) struct BatchAnswer {
     pub(super) response_status: Option<i32>,
     pub(super) response_headers: Option<String>,
     pub(super) response_body: Option<Vec<u8>>,
+    /// The URL that answered, when it is not the request's.
+    pub(super) response_url: Option<String>,
     /// Whether the finish counts the run's last attempt (`Finish::last_attempt_at`).
     pub(super) counted: bool,
     /// The present its stamp is taken from, for a ledger on the caller's clock; `None`: the
@@ -406,8 +408,17 @@ async fn together(
     let bodies: Vec<Option<&[u8]>> = outcomes().map(|o| o.response_body.as_deref()).collect();
     let counted: Vec<bool> = outcomes().map(|o| o.counted).collect();
     let bases: Vec<Option<i64>> = outcomes().map(|o| o.base).collect();
-    let outcome_rows: [&(dyn ToSql + Sync); 8] = [
-        &finished, &holders, &statuses, &saved, &headers, &bodies, &counted, &bases,
+    let answered_at: Vec<Option<&str>> = outcomes().map(|o| o.response_url.as_deref()).collect();
+    let outcome_rows: [&(dyn ToSql + Sync); 9] = [
+        &finished,
+        &holders,
+        &statuses,
+        &saved,
+        &headers,
+        &bodies,
+        &counted,
+        &bases,
+        &answered_at,
     ];
 
     let (begun, inserted, changed, committed) = tokio::join!(
@@ -531,7 +542,7 @@ async fn finish_alone(pool: &Pool, outcome: &BatchAnswer) -> Result<bool, Ledger
         .prepare_cached(&statements::FINISH)
         .await
         .map_err(|err| database(err, what))?;
-    let params: [&(dyn ToSql + Sync); 8] = [
+    let params: [&(dyn ToSql + Sync); 9] = [
         &outcome.key,
         &outcome.owner,
         &outcome.status,
@@ -540,6 +551,7 @@ async fn finish_alone(pool: &Pool, outcome: &BatchAnswer) -> Result<bool, Ledger
         &outcome.response_body,
         &outcome.counted,
         &outcome.base,
+        &outcome.response_url,
     ];
     client
         .execute(&statement, &params)
@@ -579,6 +591,7 @@ mod tests {
             response_status: Some(200),
             response_headers: Some("[]".to_owned()),
             response_body: Some(b"ok".to_vec()),
+            response_url: None,
             counted: true,
             base: Some(1_704_067_201_000),
         }

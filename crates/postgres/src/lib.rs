@@ -400,16 +400,17 @@ impl Ledger for PostgresLedger {
 
     fn finish<'a>(&'a self, finish: &'a Finish) -> LedgerFuture<'a, ()> {
         Box::pin(async move {
-            let (status, headers, body) = response_columns(finish.response.as_ref());
+            let response = response_columns(finish.response.as_ref());
             let changed = self
                 .group
                 .finish(BatchAnswer {
                     key: finish.key.clone(),
                     owner: finish.owner.clone(),
                     status: finish.status.as_str(),
-                    response_status: status.and_then(|s| i32::try_from(s).ok()),
-                    response_headers: headers,
-                    response_body: body,
+                    response_status: response.status.and_then(|s| i32::try_from(s).ok()),
+                    response_headers: response.headers,
+                    response_body: response.body,
+                    response_url: response.url,
                     counted: finish.last_attempt_at.is_some(),
                     base: finish.last_attempt_at.and_then(|at| self.clock.base(at)),
                 })

@@ -62,6 +62,7 @@ static RESOLVE: LazyLock<String> = LazyLock::new(|| {
         "response_status = $4",
         "response_headers = $5",
         "response_body = $6",
+        "response_url = $14",
         &from,
         &keep,
         "resolution = coalesce($9::TEXT, resolution)",
@@ -112,8 +113,8 @@ pub(super) async fn resolve(
     clock: Clock,
 ) -> Result<(), LedgerError> {
     let what = "cannot record the resolution";
-    let (status, headers, body) = response_columns(resolve.response.as_ref());
-    let status = status.and_then(|s| i32::try_from(s).ok());
+    let response = response_columns(resolve.response.as_ref());
+    let status = response.status.and_then(|s| i32::try_from(s).ok());
     let note = resolve.note.as_ref();
     let reference = resolve.reference_millis();
     let offset = |at: Option<SystemTime>| {
@@ -132,8 +133,8 @@ pub(super) async fn resolve(
                 &resolve.owner,
                 &resolve.status.as_str(),
                 &status,
-                &headers,
-                &body,
+                &response.headers,
+                &response.body,
                 &offset(resolve.window_from),
                 &offset(resolve.keep_until),
                 &note.map(|n| n.kind.as_str()),
@@ -141,6 +142,7 @@ pub(super) async fn resolve(
                 &offset(note.map(|n| n.at)),
                 &note.and_then(|n| n.reason.as_deref()),
                 &base,
+                &response.url,
             ],
         )
         .await

@@ -86,7 +86,7 @@ pub(super) static TAKE_OVER: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE {TABLE} AS t SET status = 'in_flight', lease_owner = $2, \
          lease_expires_at = {lease}, response_status = NULL, \
-         response_headers = NULL, response_body = NULL, fingerprint = $4, \
+         response_headers = NULL, response_body = NULL, response_url = NULL, fingerprint = $4, \
          scope = CASE WHEN {fresh} THEN $7 ELSE t.scope END, \
          method = CASE WHEN {fresh} THEN $8 ELSE t.method END, \
          url = CASE WHEN {fresh} THEN $9 ELSE t.url END, \
@@ -133,7 +133,7 @@ pub(super) static RENEW: LazyLock<String> = LazyLock::new(|| {
 
 /// The outcome written and the lease released, by the lease holder only. Parameters: key,
 /// owner, status, then the saved response's status, headers and body, whether the finish
-/// counts the last attempt, and the base its stamp is taken from. One assignment a line, so
+/// counts the last attempt, the base its stamp is taken from, and the URL that answered. One assignment a line, so
 /// counting an attempt in the same statement is one more line.
 pub(super) static FINISH: LazyLock<String> = LazyLock::new(|| {
     let stamp = format!(
@@ -147,6 +147,7 @@ pub(super) static FINISH: LazyLock<String> = LazyLock::new(|| {
         "response_status = $4",
         "response_headers = $5",
         "response_body = $6",
+        "response_url = $9",
         // The run's last attempt, when the finish carries it (`Finish::last_attempt_at`).
         "attempts = attempts + CASE WHEN $7 THEN 1 ELSE 0 END",
         &stamp,
@@ -160,7 +161,8 @@ pub(super) static FINISH: LazyLock<String> = LazyLock::new(|| {
 
 /// The outcomes of one batch, one statement: [`FINISH`] for each row of the arrays, each
 /// applied only by its lease holder. Parameters: the arrays of keys, owners, statuses, saved
-/// statuses, headers and bodies, whether each counts its last attempt, and their bases.
+/// statuses, headers and bodies, whether each counts its last attempt, their bases and the
+/// URLs that answered.
 /// Returns the keys whose row changed; a key missing from them lost its lease.
 pub(super) static FINISH_MANY: LazyLock<String> = LazyLock::new(|| {
     let stamp = format!(
@@ -174,6 +176,7 @@ pub(super) static FINISH_MANY: LazyLock<String> = LazyLock::new(|| {
         "response_status = u.response_status",
         "response_headers = u.response_headers",
         "response_body = u.response_body",
+        "response_url = u.response_url",
         "attempts = t.attempts + CASE WHEN u.counted THEN 1 ELSE 0 END",
         &stamp,
     ]
@@ -181,9 +184,9 @@ pub(super) static FINISH_MANY: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE {TABLE} AS t SET {assignments} \
          FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::INTEGER[], $5::TEXT[], \
-         $6::BYTEA[], $7::BOOLEAN[], $8::BIGINT[]) \
+         $6::BYTEA[], $7::BOOLEAN[], $8::BIGINT[], $9::TEXT[]) \
          AS u(key, owner, status, response_status, response_headers, response_body, \
-         counted, base) \
+         counted, base, response_url) \
          WHERE t.key = u.key AND t.lease_owner = u.owner AND t.status = 'in_flight' \
          RETURNING t.key"
     )
@@ -218,7 +221,7 @@ mod tests {
     fn the_take_over_returns_the_old_status_after_the_row() {
         assert_eq!(COLUMNS.split(", ").count(), PREVIOUS_STATUS);
         assert!(
-            TAKE_OVER.ends_with("t.resolution_reason, old.status"),
+            TAKE_OVER.ends_with("t.response_url, old.status"),
             "{}",
             *TAKE_OVER
         );

@@ -36,6 +36,9 @@ pub struct Answer {
     pub key: Option<String>,
     /// Whether the response was replayed from the ledger, nothing sent.
     pub replayed: bool,
+    /// The URL that gave the response: the request's, or the last hop of the redirects the
+    /// engine followed (for a replay, those its first run followed). `None` without one.
+    pub url: Option<String>,
     /// Seconds from the first attempt to the end of the last, plus `lease_wait`.
     pub elapsed: f64,
     /// Seconds the ledger's claim waited, before anything was sent, for another run holding
@@ -288,6 +291,7 @@ pub(crate) struct Finished {
     pub(crate) attempts: u32,
     pub(crate) key: Option<String>,
     pub(crate) replayed: bool,
+    pub(crate) url: Option<String>,
     pub(crate) elapsed: f64,
     pub(crate) lease_wait: f64,
     pub(crate) unrecorded: Option<String>,
@@ -308,6 +312,7 @@ impl Finished {
     pub(crate) async fn from_response(response: reqwest::Response, limit: usize) -> Finished {
         let report = RetryReport::of(&response).cloned();
         let history = report.as_ref().map(rows).unwrap_or_default();
+        let url = Some(response.url().as_str().to_owned());
         let (attempts, key, replayed, elapsed) =
             report.as_ref().map_or((0, None, false, 0.0), |r| {
                 (
@@ -337,6 +342,7 @@ impl Finished {
                 attempts,
                 key,
                 replayed,
+                url: url.clone(),
                 elapsed,
                 lease_wait,
                 unrecorded,
@@ -355,6 +361,7 @@ impl Finished {
                 attempts,
                 key,
                 replayed,
+                url,
                 elapsed,
                 lease_wait,
                 unrecorded,
@@ -396,6 +403,7 @@ impl Finished {
             attempts: err.attempts(),
             key: err.idempotency_key().map(|key| key.as_str().to_owned()),
             replayed: false,
+            url: None,
             elapsed: err.elapsed().as_secs_f64(),
             lease_wait: err.report().lease_wait().as_secs_f64(),
             unrecorded: err.report().unrecorded().map(str::to_owned),
@@ -450,6 +458,7 @@ impl Finished {
             attempts: self.attempts,
             key: self.key,
             replayed: self.replayed,
+            url: self.url,
             elapsed: self.elapsed,
             lease_wait: self.lease_wait,
             unrecorded: self.unrecorded,

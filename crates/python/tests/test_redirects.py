@@ -167,10 +167,12 @@ def test_a_same_origin_308_is_one_operation_with_the_key_and_the_body_on_both_ho
     row = ledger_row(tmp_path / "ops.sqlite3", "k-308")
     assert row["status"] == "succeeded", row
     assert row["url"] == a.url("/charge"), row
+    assert row["response"]["url"] == a.url("/charge/"), row
     again = post(hx, flavour, a.url("/charge"), "k-308", sync, **options)
     assert again.status_code == 200
     assert again.json() == {"effect": 1, "path": "/charge/"}
     assert report(again).replayed
+    assert report(again).answered_url == a.url("/charge/")
     assert again.history == []
     assert len(a.seen) == 2
     assert a.effects == 1
@@ -202,6 +204,8 @@ def test_a_cross_origin_307_is_followed_without_the_key(
     assert row["response"]["status"] == 307, row
     saved = [list(pair) for pair in row["response"]["headers"]]
     assert ["location", b.url("/charge/")] in saved, row
+    # The 307 came from the request's own URL.
+    assert row["response"]["url"] is None, row
 
 
 @pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])

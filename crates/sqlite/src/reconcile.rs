@@ -23,7 +23,7 @@ static HOLD: LazyLock<String> = LazyLock::new(|| {
 static RESOLVE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE {TABLE} SET status = ?3, lease_owner = NULL, lease_expires_at = NULL, \
-         response_status = ?4, response_headers = ?5, response_body = ?6, \
+         response_status = ?4, response_headers = ?5, response_body = ?6, response_url = ?13, \
          first_attempt_at = coalesce(?7, first_attempt_at), \
          expires_at = max(expires_at, coalesce(?8, expires_at)), \
          resolution = coalesce(?9, resolution), \
@@ -59,7 +59,7 @@ pub(super) fn claim_unresolved(
 }
 
 pub(super) fn resolve(conn: &Connection, resolve: &Resolve) -> Result<(), LedgerError> {
-    let (status, headers, body) = response_columns(resolve.response.as_ref());
+    let response = response_columns(resolve.response.as_ref());
     let note = resolve.note.as_ref();
     let changed = conn
         .prepare_cached(&RESOLVE)
@@ -68,15 +68,16 @@ pub(super) fn resolve(conn: &Connection, resolve: &Resolve) -> Result<(), Ledger
                 resolve.key,
                 resolve.owner,
                 resolve.status.as_str(),
-                status,
-                headers,
-                body,
+                response.status,
+                response.headers,
+                response.body,
                 resolve.window_from.map(to_millis),
                 resolve.keep_until.map(to_millis),
                 note.map(|n| n.kind.as_str()),
                 note.map(|n| n.by.as_str()),
                 note.map(|n| to_millis(n.at)),
                 note.and_then(|n| n.reason.as_deref()),
+                response.url,
             ])
         })
         .map_err(|err| storage(err, "cannot record the resolution"))?;

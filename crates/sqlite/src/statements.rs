@@ -34,7 +34,7 @@ static TAKE_OVER: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE {TABLE} SET status = 'in_flight', lease_owner = ?2, lease_expires_at = ?3, \
          response_status = NULL, response_headers = NULL, response_body = NULL, \
-         scope = ?4, fingerprint = ?5, method = ?6, url = ?7, first_attempt_at = ?8, \
+         response_url = NULL, scope = ?4, fingerprint = ?5, method = ?6, url = ?7, first_attempt_at = ?8, \
          expires_at = ?9 \
          WHERE key = ?1"
     )
@@ -61,7 +61,7 @@ static RENEW: LazyLock<String> = LazyLock::new(|| {
 static FINISH: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE {TABLE} SET status = ?3, lease_owner = NULL, lease_expires_at = NULL, \
-         response_status = ?4, response_headers = ?5, response_body = ?6, \
+         response_status = ?4, response_headers = ?5, response_body = ?6, response_url = ?8, \
          attempts = attempts + (?7 IS NOT NULL), last_attempt_at = coalesce(?7, last_attempt_at) \
          WHERE key = ?1 AND lease_owner = ?2 AND status = 'in_flight'"
     )
@@ -96,6 +96,7 @@ pub(super) fn read_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
         resolved_by: row.get(16)?,
         resolved_at: row.get(17)?,
         resolution_reason: row.get(18)?,
+        response_url: row.get(19)?,
     })
 }
 
@@ -219,7 +220,7 @@ pub(super) fn renew(conn: &Connection, renew: &Renew) -> Result<(), LedgerError>
 /// The outcome, if the finish's owner holds the lease: one statement, so a finish that also
 /// counts the run's last attempt is one more `SET` term here, not another write.
 pub(super) fn finish(conn: &Connection, finish: &Finish) -> Result<(), LedgerError> {
-    let (status, headers, body) = response_columns(finish.response.as_ref());
+    let response = response_columns(finish.response.as_ref());
     let changed = conn
         .prepare_cached(&FINISH)
         .and_then(|mut statement| {
@@ -227,10 +228,11 @@ pub(super) fn finish(conn: &Connection, finish: &Finish) -> Result<(), LedgerErr
                 finish.key,
                 finish.owner,
                 finish.status.as_str(),
-                status,
-                headers,
-                body,
-                finish.last_attempt_at.map(to_millis)
+                response.status,
+                response.headers,
+                response.body,
+                finish.last_attempt_at.map(to_millis),
+                response.url,
             ])
         })
         .map_err(|err| storage(err, "cannot record the outcome"))?;

@@ -1245,6 +1245,13 @@ async fn saved_responses(ledger: Arc<dyn Ledger>) -> Verdict {
                 Some(b"{\"error\":\"reused key\"}".to_vec()),
             )),
         ),
+        (
+            "an answer from a redirect's last hop",
+            Some(
+                SavedResponse::new(200, Vec::new(), Some(b"ok".to_vec()))
+                    .answered_at("https://api.example.com/v1/charges/"),
+            ),
+        ),
         ("no response", None),
     ];
     for (key, response) in cases {
@@ -1599,11 +1606,13 @@ async fn resolutions(ledger: Arc<dyn Ledger>) -> Verdict {
     let ledger = &*ledger;
     let day = Duration::from_secs(86_400);
     let note = |kind| Some(ResolutionNote::new(kind, "probe (worker a)", at(5_010)));
+    // A probe that followed a redirect keeps where its answer came from.
     let answer = SavedResponse::new(
         200,
         vec![("content-type".into(), "application/json".into())],
         Some(br#"{"id":"ch_1"}"#.to_vec()),
-    );
+    )
+    .answered_at("https://api.example.com/v1/charges/ch_1");
     for (key, resolution) in [
         ("done", Resolution::Done(answer.clone())),
         ("not-done", Resolution::NotDone),

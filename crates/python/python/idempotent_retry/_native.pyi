@@ -55,6 +55,7 @@ class Answer:
     attempts: int
     key: Optional[str]
     replayed: bool
+    url: Optional[str]
     elapsed: float
     lease_wait: float
     unrecorded: Optional[str]

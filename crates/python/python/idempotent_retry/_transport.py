@@ -109,6 +109,9 @@ class Report:
             body (longer than ``max_saved_body=``), so it was sent again with its key and this
             is the receiver's answer from its own store (``fetch_unsaved_answers=``); the
             receiver still holds the key inside the reconcile window, so no second effect.
+        answered_url: the URL that gave the answer when it is not the request's: for a
+            replayed answer, the last hop of the redirects its first run followed (the
+            ledger keeps it with the answer). ``None`` when the request's URL answered.
     """
 
     attempts: int
@@ -124,6 +127,7 @@ class Report:
     in_progress_waits: int = 0
     in_progress_wait: datetime.timedelta = datetime.timedelta(0)
     refetched: bool = False
+    answered_url: Optional[str] = None
 
 
 def _timeout(request: Any) -> Optional[float]:
@@ -370,7 +374,8 @@ def _streams(hx: Any, errors: ErrorTypes) -> Tuple[type, type]:
     return SyncBody, AsyncBody
 
 
-def _report(answer: Any) -> Report:
+def _report(answer: Any, request: Any = None) -> Report:
+    asked = None if request is None else str(request.url)
     return Report(
         attempts=answer.attempts,
         key=answer.key,
@@ -385,6 +390,7 @@ def _report(answer: Any) -> Report:
         in_progress_waits=answer.in_progress_waits,
         in_progress_wait=datetime.timedelta(seconds=answer.in_progress_wait),
         refetched=answer.refetched,
+        answered_url=answer.url if answer.url not in (None, asked) else None,
     )
 
 
@@ -398,7 +404,7 @@ def _response(
 ) -> Any:
     """The httpx response of an answer: its body streamed on from the engine, or ``body``
     when it was read already."""
-    report = _report(answer)
+    report = _report(answer, request)
     extensions = {REPORT_EXTENSION: report}
     if answer.http_version:
         extensions["http_version"] = answer.http_version.encode("ascii")
