@@ -353,6 +353,7 @@ pub mod ledger;
 mod message;
 #[cfg(feature = "middleware")]
 mod middleware;
+pub mod outbox;
 mod outcome;
 mod rules;
 #[cfg(feature = "tower")]

@@ -75,7 +75,7 @@ impl RequestFingerprint {
         self.url.as_ref()
     }
 
-    #[cfg(test)]
+    /// The hex digits, owned.
     pub(crate) fn into_string(self) -> String {
         self.hex
     }

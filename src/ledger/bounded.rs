@@ -130,6 +130,14 @@ impl Ledger for Bounded {
     fn list<'a>(&'a self, filter: &'a ListFilter) -> LedgerFuture<'a, Vec<OperationRecord>> {
         self.call("cannot list operations", self.inner.list(filter))
     }
+
+    fn due(
+        &self,
+        now: SystemTime,
+        limit: u32,
+    ) -> LedgerFuture<'_, Vec<super::outbox::QueuedOperation>> {
+        self.call("cannot read the due operations", self.inner.due(now, limit))
+    }
 }
 
 #[cfg(test)]

@@ -35,6 +35,7 @@ mod ledger_sqlite;
 mod metrics;
 #[cfg(all(feature = "multipart", feature = "sqlite"))]
 mod multipart;
+mod outbox;
 #[cfg(feature = "internals")]
 mod properties;
 mod quick_start_wal;

@@ -35,6 +35,7 @@ use std::time::{Duration, SystemTime};
 mod clock;
 mod error;
 mod memory;
+pub mod outbox;
 mod renew;
 mod resolution;
 #[doc(hidden)]
@@ -80,6 +81,7 @@ impl FromStr for OperationStatus {
             "failed_final" => Ok(OperationStatus::FailedFinal),
             "unknown" => Ok(OperationStatus::Unknown),
             "not_sent" => Ok(OperationStatus::NotSent),
+            "queued" => Ok(OperationStatus::Queued),
             other => Err(LedgerError::corrupt(format!("unknown status {other:?}"))),
         }
     }
@@ -413,6 +415,8 @@ impl Claim {
     ///
     /// - a [`NotSent`](OperationStatus::NotSent) row, whatever its request and window: no
     ///   receiver has seen the key, so it is free;
+    /// - a [`Queued`](OperationStatus::Queued) row, by the same request (fingerprint) only,
+    ///   whatever its age: its window starts when it is first sent;
     /// - otherwise the same request (fingerprint), not
     ///   [`Succeeded`](OperationStatus::Succeeded), still inside the reconcile window
     ///   (`first_attempt_at` after [`window_cutoff`](Self::window_cutoff)), and not held by a
@@ -424,6 +428,10 @@ impl Claim {
     pub fn may_take_over(&self, row: &OperationRecord) -> bool {
         if row.status == OperationStatus::NotSent {
             return true;
+        }
+        if row.status == OperationStatus::Queued {
+            // Its window starts at its first attempt, whenever that is.
+            return row.fingerprint == self.fingerprint;
         }
         row.fingerprint == self.fingerprint
             && row.status != OperationStatus::Succeeded
@@ -463,14 +471,15 @@ impl Claim {
 
     /// Takes `row` over (when [`may_take_over`](Self::may_take_over) allows it): in flight
     /// under this claim's lease, its saved response dropped. A
-    /// [`NotSent`](OperationStatus::NotSent) row becomes this claim's request: its scope,
+    /// [`NotSent`](OperationStatus::NotSent) or [`Queued`](OperationStatus::Queued) row
+    /// becomes this claim's request: its scope,
     /// fingerprint, method and URL, a window from [`now`](Self::now), kept at least until
     /// [`expires_at`](Self::expires_at); its attempts and resolution stay. Returns its status
     /// before. A [`Ledger`] outside this crate calls it on the row it stores, after
     /// [`may_take_over`](Self::may_take_over), in one atomic step.
     pub fn take_over(&self, row: &mut OperationRecord) -> OperationStatus {
         let previous = row.status;
-        if previous == OperationStatus::NotSent {
+        if matches!(previous, OperationStatus::NotSent | OperationStatus::Queued) {
             row.scope.clone_from(&self.scope);
             row.fingerprint.clone_from(&self.fingerprint);
             row.method.clone_from(&self.method);
@@ -975,6 +984,26 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// [`LedgerErrorKind::InvalidInput`] when the limit is 0; a [`LedgerError`] when the
     /// storage cannot be read.
     fn list<'a>(&'a self, filter: &'a ListFilter) -> LedgerFuture<'a, Vec<OperationRecord>>;
+
+    /// At most `limit` operations queued through the outbox that are due at `now` (on the
+    /// ledger's clock when it has one), oldest due first: queued rows whose not-before time
+    /// has come, rows a dispatcher took and died sending (in flight under a lapsed lease), and
+    /// rows no receiver has seen (`not_sent`) 30 s after their last attempt
+    /// ([`sql::REDELIVER_AFTER_MS`]).
+    /// A dispatcher sends each through the client, whose claim takes the row.
+    ///
+    /// # Errors
+    ///
+    /// The default: [`LedgerErrorKind::InvalidInput`], for a ledger that keeps no outbox
+    /// (`MemoryLedger`, which no caller's transaction can write). A [`LedgerError`] when the
+    /// storage cannot be read.
+    fn due(&self, now: SystemTime, limit: u32) -> LedgerFuture<'_, Vec<outbox::QueuedOperation>> {
+        let _ = (now, limit);
+        Box::pin(std::future::ready(Err(LedgerError::invalid(
+            "this ledger keeps no outbox: queue operations in a SqliteLedger or a \
+             PostgresLedger, in the caller's own transaction",
+        ))))
+    }
 }
 
 /// Which rows [`Ledger::list`] returns: every condition set must hold.

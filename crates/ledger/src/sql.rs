@@ -13,7 +13,7 @@ pub const TABLE: &str = "idempotent_operations";
 
 /// The schema version this crate reads and writes: the table shape `schema` creates is
 /// version 1. A change to the shape raises it by one and appends a step to [`STEPS`].
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 
 /// Where PostgreSQL keeps the version: a table of one row (SQLite uses `PRAGMA user_version`).
 pub const VERSION_TABLE: &str = "idempotent_operations_schema";
@@ -106,7 +106,124 @@ pub const STEPS: &[Step] = &[
         columns: &[("response_url", "TEXT")],
         statements: |_| Vec::new(),
     },
+    Step {
+        from: 4,
+        // The outbox: a row queued in the caller's transaction keeps its request (credentials
+        // excepted) and when it is due; NULL in every other row. The partial index serves the
+        // dispatchers' reads of due rows; the view is what callers read in their own SQL.
+        columns: &[
+            ("queued_at", "BIGINT"),
+            ("not_before", "BIGINT"),
+            ("request_headers", "TEXT"),
+            ("request_body", BYTES),
+        ],
+        statements: |dialect| {
+            vec![
+                format!(
+                    "CREATE INDEX IF NOT EXISTS {TABLE}_queued ON {TABLE} (status, not_before) \
+                     WHERE queued_at IS NOT NULL"
+                ),
+                outbox_view(dialect),
+            ]
+        },
+    },
 ];
+
+/// A [`Step`] column's type that is the dialect's byte string (`BLOB` or `BYTEA`).
+const BYTES: &str = "BYTES";
+
+/// The view of queued operations callers read in their own SQL.
+pub const OUTBOX_VIEW: &str = "idempotent_outbox";
+
+/// The view of the operations queued through the outbox: one row per operation, with its
+/// outcome as the client reports it (`pending` while queued or being sent, `done` with a
+/// final answer, `not_done` when it certainly did not run, `unknown` when it may have).
+fn outbox_view(dialect: Dialect) -> String {
+    let create = match dialect {
+        Dialect::Sqlite => "CREATE VIEW IF NOT EXISTS",
+        Dialect::Postgres => "CREATE OR REPLACE VIEW",
+    };
+    format!(
+        "{create} {OUTBOX_VIEW} AS SELECT key, scope, status, \
+         CASE WHEN status IN ('queued', 'in_flight') THEN 'pending' \
+              WHEN status = 'unknown' THEN 'unknown' \
+              WHEN status = 'not_sent' THEN 'not_done' \
+              WHEN response_status IS NULL THEN 'not_done' \
+              ELSE 'done' END AS outcome, \
+         method, url, queued_at, not_before, attempts, last_attempt_at, response_status, \
+         response_body, resolution \
+         FROM {TABLE} WHERE queued_at IS NOT NULL"
+    )
+}
+
+/// The columns a dispatcher reads of a due row, in the order [`QueuedRow`] expects them.
+pub const QUEUED_COLUMNS: &str = "key, scope, fingerprint, method, url, request_headers, \
+     request_body, queued_at, not_before, expires_at, status";
+
+/// How long after its last attempt a queued operation that reached no receiver (`not_sent`:
+/// every attempt failed to connect, or it was released) is due again, in milliseconds.
+pub const REDELIVER_AFTER_MS: i64 = 30_000;
+
+/// The due rows, oldest due first: queued ones whose time has come, rows a dispatcher took
+/// and died sending (in flight under a lapsed lease), and rows no receiver has seen
+/// (`not_sent`) [`REDELIVER_AFTER_MS`] after their last attempt. `now` is the placeholder of
+/// the present (`?1`, or PostgreSQL's expression of it), `limit` of the limit.
+pub fn due_query(now: &str, limit: &str) -> String {
+    format!(
+        "SELECT {QUEUED_COLUMNS} FROM {TABLE} WHERE queued_at IS NOT NULL \
+         AND ((status = 'queued' AND not_before <= {now}) \
+              OR (status = 'in_flight' AND lease_expires_at <= {now}) \
+              OR (status = 'not_sent' \
+                  AND coalesce(last_attempt_at, first_attempt_at) <= {now} - {REDELIVER_AFTER_MS})) \
+         ORDER BY not_before, key LIMIT {limit}"
+    )
+}
+
+/// A due row as the drivers read it ([`QUEUED_COLUMNS`]), before validation.
+#[derive(Debug)]
+pub struct QueuedRow {
+    pub key: String,
+    pub scope: String,
+    pub fingerprint: String,
+    pub method: Option<String>,
+    pub url: Option<String>,
+    pub request_headers: Option<String>,
+    pub request_body: Option<Vec<u8>>,
+    pub queued_at: i64,
+    pub not_before: Option<i64>,
+    pub expires_at: i64,
+    pub status: String,
+}
+
+impl QueuedRow {
+    /// Validates the row.
+    pub fn into_operation(self) -> Result<super::outbox::QueuedOperation, LedgerError> {
+        let missing =
+            |what: &str| LedgerError::corrupt(format!("queued row {}: no {what}", self.key));
+        let method = self.method.clone().ok_or_else(|| missing("method"))?;
+        let url = self.url.clone().ok_or_else(|| missing("URL"))?;
+        let headers = match &self.request_headers {
+            None => Vec::new(),
+            Some(json) => super::outbox::QueuedOperation::headers_from_json(&self.key, json)?,
+        };
+        let not_before = self.not_before.unwrap_or(self.queued_at);
+        let mut operation = super::outbox::QueuedOperation::new(
+            self.key,
+            self.fingerprint,
+            (method, url),
+            from_millis(self.queued_at),
+        );
+        operation.scope = self.scope;
+        operation.headers = headers;
+        operation.body = self.request_body.unwrap_or_default();
+        operation.not_before = from_millis(not_before);
+        operation.retention = std::time::Duration::from_millis(
+            u64::try_from(self.expires_at.saturating_sub(not_before)).unwrap_or(0),
+        );
+        operation.status = self.status.parse::<OperationStatus>()?;
+        Ok(operation)
+    }
+}
 
 // A version without its step (or a step past the version) would leave stores stamped with a
 // version whose shape they do not have.
@@ -186,6 +303,11 @@ pub fn add_column(dialect: Dialect, (name, kind): (&str, &str)) -> String {
     let guard = match dialect {
         Dialect::Sqlite => "",
         Dialect::Postgres => "IF NOT EXISTS ",
+    };
+    let kind = if kind == BYTES {
+        dialect.bytes_type()
+    } else {
+        kind
     };
     format!("ALTER TABLE {TABLE} ADD COLUMN {guard}{name} {kind}")
 }

@@ -29,6 +29,11 @@ pub enum OperationStatus {
     /// A run stopped after an attempt that may have been executed (a timeout, a reset, a
     /// 5xx...). A later run goes on with the same key, inside the original window.
     Unknown,
+    /// Enqueued in the caller's own transaction (the outbox) and not yet sent: the row holds
+    /// the request, and a dispatcher sends it under its key once it is due. Nobody has seen
+    /// the key. Only the same request takes it (a different one under the key is refused),
+    /// with a window from its first attempt.
+    Queued,
 }
 
 impl OperationStatus {
@@ -55,10 +60,10 @@ impl OperationStatus {
     }
 
     /// Whether a receiver may have seen the key under this status: every status but
-    /// [`NotSent`](Self::NotSent).
+    /// [`NotSent`](Self::NotSent) and [`Queued`](Self::Queued).
     #[must_use]
     pub const fn reached_a_receiver(self) -> bool {
-        !matches!(self, OperationStatus::NotSent)
+        !matches!(self, OperationStatus::NotSent | OperationStatus::Queued)
     }
 
     /// The name stored in the `status` column.
@@ -70,6 +75,7 @@ impl OperationStatus {
             OperationStatus::FailedFinal => "failed_final",
             OperationStatus::Unknown => "unknown",
             OperationStatus::NotSent => "not_sent",
+            OperationStatus::Queued => "queued",
         }
     }
 }

@@ -39,6 +39,7 @@ mod builder;
 mod failure;
 mod group;
 mod migrate;
+pub mod outbox;
 mod reconcile;
 mod row;
 mod statements;
@@ -440,6 +441,16 @@ impl Ledger for PostgresLedger {
                 .map_err(|err| database(err, what))
         })
     }
+    fn due(
+        &self,
+        now: SystemTime,
+        limit: u32,
+    ) -> LedgerFuture<'_, Vec<idempotent_retry_ledger::outbox::QueuedOperation>> {
+        Box::pin(async move {
+            outbox::due(&self.connection().await?, self.clock.base(now), limit).await
+        })
+    }
+
     fn claim_unresolved<'a>(
         &'a self,
         claim: &'a ReconcileClaim,

@@ -71,7 +71,7 @@ pub(super) static INSERT_MANY: LazyLock<String> = LazyLock::new(|| {
 /// from the locked sub-select: RETURNING alone sees the new row. The rule is
 /// `Claim::may_take_over`'s, in SQL, on the statement's present: a row that reached no
 /// receiver (`not_sent`) is taken whatever its request and window, and becomes the claim's
-/// request in a new window; any other is taken by the same request only, inside its window
+/// request in a new window; a `queued` one the same, by the same request only; any other is taken by the same request only, inside its window
 /// (`first_attempt_at` after the present plus the cutoff's offset, which is negative:
 /// `window::is_open`), and only once its lease has lapsed on the same clock. Parameters: key,
 /// owner, lease length, fingerprint, the cutoff's offset, base (`now`), scope, method, URL,
@@ -82,7 +82,7 @@ pub(super) static TAKE_OVER: LazyLock<String> = LazyLock::new(|| {
         .map(|c| format!("t.{c}"))
         .collect::<Vec<_>>()
         .join(", ");
-    let fresh = "old.status = 'not_sent'";
+    let fresh = "old.status IN ('not_sent', 'queued')";
     format!(
         "UPDATE {TABLE} AS t SET status = 'in_flight', lease_owner = $2, \
          lease_expires_at = {lease}, response_status = NULL, \
@@ -94,7 +94,8 @@ pub(super) static TAKE_OVER: LazyLock<String> = LazyLock::new(|| {
          expires_at = CASE WHEN {fresh} THEN GREATEST(t.expires_at, {retention}) \
          ELSE t.expires_at END \
          FROM (SELECT key, status FROM {TABLE} WHERE key = $1 FOR UPDATE) AS old \
-         WHERE t.key = old.key AND (t.status = 'not_sent' OR (t.fingerprint = $4 \
+         WHERE t.key = old.key AND (t.status = 'not_sent' \
+         OR (t.status = 'queued' AND t.fingerprint = $4) OR (t.fingerprint = $4 \
          AND t.status <> 'succeeded' AND t.first_attempt_at > {cutoff} \
          AND (t.status <> 'in_flight' OR t.lease_expires_at IS NULL \
               OR t.lease_expires_at <= {now}))) \
@@ -201,14 +202,39 @@ pub(super) const BATCH_BEGIN: &str = "BEGIN; SET LOCAL lock_timeout = '250ms'";
 pub(super) static SELECT: LazyLock<String> =
     LazyLock::new(|| format!("SELECT {COLUMNS} FROM {TABLE} WHERE key = $1"));
 
-/// At most `$2` expired rows deleted: expiry at or before the present (`$1`, the base).
+/// At most `$2` expired rows deleted: expiry at or before the present (`$1`, the base); never
+/// a queued one, which is not sent yet.
 pub(super) static PURGE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "DELETE FROM {TABLE} WHERE key IN \
-         (SELECT key FROM {TABLE} WHERE expires_at <= {} LIMIT $2)",
+         (SELECT key FROM {TABLE} WHERE expires_at <= {} AND status <> 'queued' LIMIT $2)",
         now("$1")
     )
 });
+
+/// An operation queued in the caller's transaction, on the database's clock. Parameters:
+/// key, scope, fingerprint, the delay before it is due, the delay plus its retention,
+/// method, URL, headers (JSON), body. Returns the key when the row was inserted, nothing when
+/// the key had one.
+pub(super) static ENQUEUE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "INSERT INTO {TABLE} (key, scope, fingerprint, status, attempts, first_attempt_at, \
+         expires_at, method, url, queued_at, not_before, request_headers, request_body) \
+         VALUES ($1, $2, $3, 'queued', 0, {now}, {expires}, $6, $7, {now}, {due}, $8, $9) \
+         ON CONFLICT (key) DO NOTHING RETURNING key",
+        now = now("NULL"),
+        expires = plus("NULL", "$5"),
+        due = plus("NULL", "$4"),
+    )
+});
+
+/// The channel a queued operation is announced on at its transaction's commit (its key as
+/// the payload), for dispatchers that `LISTEN`.
+pub const QUEUED_CHANNEL: &str = "idempotent_retry_queued";
+
+/// The due rows, on the present (`$1`, the base) with a limit (`$2`).
+pub(super) static DUE: LazyLock<String> =
+    LazyLock::new(|| idempotent_retry_ledger::sql::due_query(&now("$1"), "$2"));
 
 /// The database's clock, in milliseconds since the epoch, as it reads when asked.
 pub(super) const CLOCK: &str = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::BIGINT";

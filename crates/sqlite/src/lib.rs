@@ -16,6 +16,7 @@
 pub use rusqlite;
 
 mod migrate;
+pub mod outbox;
 mod private;
 mod reconcile;
 mod statements;
@@ -574,6 +575,14 @@ impl Ledger for SqliteLedger {
     fn list<'a>(&'a self, filter: &'a ListFilter) -> LedgerFuture<'a, Vec<OperationRecord>> {
         let filter = filter.clone();
         Box::pin(self.read(move |conn| reconcile::list(conn, &filter)))
+    }
+
+    fn due(
+        &self,
+        now: SystemTime,
+        limit: u32,
+    ) -> LedgerFuture<'_, Vec<idempotent_retry_ledger::outbox::QueuedOperation>> {
+        Box::pin(self.read(move |conn| outbox::due(conn, now, limit)))
     }
 }
 

@@ -67,11 +67,11 @@ static FINISH: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// At most `?2` rows expired at `?1`.
+/// At most `?2` rows expired at `?1`; never a queued one, which is not sent yet.
 static PURGE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "DELETE FROM {TABLE} WHERE key IN \
-         (SELECT key FROM {TABLE} WHERE expires_at <= ?1 LIMIT ?2)"
+         (SELECT key FROM {TABLE} WHERE expires_at <= ?1 AND status <> 'queued' LIMIT ?2)"
     )
 });
 

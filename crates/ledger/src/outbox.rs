@@ -1,0 +1,116 @@
+//! Operations queued in the caller's own transaction (the outbox): the row a store inserts
+//! beside the caller's data, and the due rows a dispatcher reads back to send.
+
+use std::time::{Duration, SystemTime};
+
+use super::{LedgerError, OperationStatus};
+
+/// An operation to queue: the request as it will be sent (its credentials excepted: those are
+/// added at send time), under its key, for a store to insert in the caller's transaction and
+/// for a dispatcher to read back when it is due.
+///
+/// Built by `idempotent_retry::outbox::Enqueue`, which computes the fingerprint the client
+/// computes when it sends the request, so the dispatcher's send takes this row over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueuedOperation {
+    /// The idempotency key it is sent under.
+    pub key: String,
+    /// The ledger scope (retention, reconcilers).
+    pub scope: String,
+    /// The request's fingerprint, as the client computes it.
+    pub fingerprint: String,
+    /// The request's method.
+    pub method: String,
+    /// The request's absolute URL, without credentials.
+    pub url: String,
+    /// The headers sent with it, in order; never credentials.
+    pub headers: Vec<(String, String)>,
+    /// The body, byte for byte (empty for none).
+    pub body: Vec<u8>,
+    /// When it was queued: on the store's clock when it has one
+    /// ([`LedgerClock::Own`](super::LedgerClock::Own)), otherwise the caller's.
+    pub queued_at: SystemTime,
+    /// Not sent before this instant (on the same clock as `queued_at`).
+    pub not_before: SystemTime,
+    /// How long the row is kept after its due time, at least (it is never purged while
+    /// queued).
+    pub retention: Duration,
+    /// Its status when it was read back: [`Queued`](OperationStatus::Queued), or
+    /// [`InFlight`](OperationStatus::InFlight) under a lapsed lease (a dispatcher died sending
+    /// it).
+    pub status: OperationStatus,
+}
+
+impl QueuedOperation {
+    /// An operation to queue now, due at once, kept a day after it is due.
+    #[must_use]
+    pub fn new(
+        key: impl Into<String>,
+        fingerprint: impl Into<String>,
+        (method, url): (impl Into<String>, impl Into<String>),
+        queued_at: SystemTime,
+    ) -> Self {
+        QueuedOperation {
+            key: key.into(),
+            scope: String::new(),
+            fingerprint: fingerprint.into(),
+            method: method.into(),
+            url: url.into(),
+            headers: Vec::new(),
+            body: Vec::new(),
+            queued_at,
+            not_before: queued_at,
+            retention: Duration::from_secs(86_400),
+            status: OperationStatus::Queued,
+        }
+    }
+
+    /// The headers, as the store keeps them: JSON of `[name, value]` pairs.
+    #[must_use]
+    pub fn headers_json(&self) -> String {
+        // Serializing pairs of strings cannot fail.
+        serde_json::to_string(&self.headers).unwrap_or_else(|_| "[]".to_owned())
+    }
+
+    /// Headers as [`headers_json`](Self::headers_json) wrote them.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerErrorKind::Corrupt`](super::LedgerErrorKind::Corrupt) when the text is not
+    /// such JSON.
+    pub fn headers_from_json(key: &str, json: &str) -> Result<Vec<(String, String)>, LedgerError> {
+        serde_json::from_str(json).map_err(|err| {
+            LedgerError::corrupt(format!("queued row {key}: request headers")).with_source(err)
+        })
+    }
+}
+
+/// What an enqueue found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Enqueued {
+    /// The row is inserted in the caller's transaction: delivered once that commits.
+    Queued,
+    /// The key already had a row for the same request (an enqueue retried with its
+    /// transaction, or the operation already sent): nothing was written; its status now.
+    Already(OperationStatus),
+}
+
+/// The error for a key whose row is another request's.
+#[must_use]
+pub fn key_taken(key: &str, status: &str) -> LedgerError {
+    LedgerError::invalid(format!(
+        "idempotency key {key} is already the ledger's for another request (status {status}): \
+         queue this operation under a key of its own"
+    ))
+}
+
+/// The error for a store whose table is missing or older than the outbox.
+#[must_use]
+pub fn not_migrated(source: impl std::fmt::Display) -> LedgerError {
+    LedgerError::corrupt(format!(
+        "cannot queue the operation: the ledger's table is missing or older than the outbox \
+         ({source}); run the ledger's `migrate()` (or `idempotent-retry-ledger migrate`) once"
+    ))
+}

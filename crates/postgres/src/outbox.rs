@@ -1,0 +1,138 @@
+//! The outbox in PostgreSQL: an operation queued inside the caller's own transaction, announced
+//! to listening dispatchers when that commits, and the due rows a dispatcher reads back.
+
+use std::time::Duration;
+
+use tokio_postgres::GenericClient;
+use tokio_postgres::types::ToSql;
+
+use idempotent_retry_ledger::outbox::{Enqueued, QueuedOperation, key_taken};
+use idempotent_retry_ledger::sql::{QueuedRow, TABLE};
+use idempotent_retry_ledger::{LedgerError, OperationStatus};
+
+use super::failure::database;
+use super::statements;
+pub use super::statements::QUEUED_CHANNEL;
+
+/// Queues `operation` inside the caller's transaction (a `tokio_postgres::Transaction`, or a
+/// `deadpool_postgres::Transaction` through `&*tx`; a plain client queues it at once). Its
+/// times are the database's: due `operation.not_before - operation.queued_at` after the
+/// statement, kept `operation.retention` after that. A rollback leaves nothing; at commit,
+/// dispatchers that listen on `idempotent_retry_queued` are woken, and one sends it under its
+/// key.
+///
+/// An enqueue of a key whose row is the same request (a retried transaction, or the operation
+/// already sent) writes nothing and answers [`Enqueued::Already`] with the row's status.
+///
+/// # Errors
+///
+/// [`LedgerErrorKind::InvalidInput`](idempotent_retry_ledger::LedgerErrorKind::InvalidInput)
+/// when the key's row is another request's;
+/// [`LedgerErrorKind::Corrupt`](idempotent_retry_ledger::LedgerErrorKind::Corrupt) when the
+/// table is missing or older than the outbox (run `PostgresLedger::migrate`);
+/// [`LedgerErrorKind::Unavailable`](idempotent_retry_ledger::LedgerErrorKind::Unavailable)
+/// when the statement fails (the transaction is then aborted, as PostgreSQL does).
+pub async fn enqueue(
+    client: &impl GenericClient,
+    operation: &QueuedOperation,
+) -> Result<Enqueued, LedgerError> {
+    let what = "cannot queue the operation";
+    let delay = millis(
+        operation
+            .not_before
+            .duration_since(operation.queued_at)
+            .unwrap_or_default(),
+    );
+    let kept = delay.saturating_add(millis(operation.retention));
+    let headers = operation.headers_json();
+    let params: [&(dyn ToSql + Sync); 9] = [
+        &operation.key,
+        &operation.scope,
+        &operation.fingerprint,
+        &delay,
+        &kept,
+        &operation.method,
+        &operation.url,
+        &headers,
+        &operation.body,
+    ];
+    let inserted = client
+        .query_opt(statements::ENQUEUE.as_str(), &params)
+        .await
+        .map_err(|err| database(err, what))?;
+    if inserted.is_some() {
+        client
+            .execute(
+                "SELECT pg_notify($1, $2)",
+                &[&QUEUED_CHANNEL, &operation.key],
+            )
+            .await
+            .map_err(|err| database(err, "cannot announce the queued operation"))?;
+        return Ok(Enqueued::Queued);
+    }
+    let existing = client
+        .query_opt(
+            &format!("SELECT fingerprint, status FROM {TABLE} WHERE key = $1"),
+            &[&operation.key],
+        )
+        .await
+        .map_err(|err| database(err, "cannot read the key's row"))?;
+    match existing {
+        Some(row) => {
+            let fingerprint: String = row.get(0);
+            let status: String = row.get(1);
+            if fingerprint == operation.fingerprint {
+                Ok(Enqueued::Already(status.parse::<OperationStatus>()?))
+            } else {
+                Err(key_taken(&operation.key, &status))
+            }
+        }
+        None => Err(LedgerError::unavailable(format!(
+            "the row of {} vanished while it was queued (purged by hand?): queue it again",
+            operation.key
+        ))),
+    }
+}
+
+/// A length in milliseconds, at most `i64::MAX`.
+fn millis(length: Duration) -> i64 {
+    i64::try_from(length.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// At most `limit` operations due at the present (`base`, or the database's).
+pub(super) async fn due(
+    client: &deadpool_postgres::Object,
+    base: Option<i64>,
+    limit: u32,
+) -> Result<Vec<QueuedOperation>, LedgerError> {
+    let what = "cannot read the due operations";
+    let statement = client
+        .prepare_cached(&statements::DUE)
+        .await
+        .map_err(|err| database(err, what))?;
+    let rows = client
+        .query(&statement, &[&base, &i64::from(limit)])
+        .await
+        .map_err(|err| database(err, what))?;
+    let decode = |err: tokio_postgres::Error| {
+        LedgerError::corrupt("cannot decode a due operation's row").with_source(err)
+    };
+    rows.iter()
+        .map(|row| {
+            QueuedRow {
+                key: row.try_get(0).map_err(decode)?,
+                scope: row.try_get(1).map_err(decode)?,
+                fingerprint: row.try_get(2).map_err(decode)?,
+                method: row.try_get(3).map_err(decode)?,
+                url: row.try_get(4).map_err(decode)?,
+                request_headers: row.try_get(5).map_err(decode)?,
+                request_body: row.try_get(6).map_err(decode)?,
+                queued_at: row.try_get(7).map_err(decode)?,
+                not_before: row.try_get(8).map_err(decode)?,
+                expires_at: row.try_get(9).map_err(decode)?,
+                status: row.try_get(10).map_err(decode)?,
+            }
+            .into_operation()
+        })
+        .collect()
+}
