@@ -36,6 +36,7 @@ mod metrics;
 #[cfg(all(feature = "multipart", feature = "sqlite"))]
 mod multipart;
 mod outbox;
+mod outbox_postgres;
 #[cfg(feature = "internals")]
 mod properties;
 mod quick_start_wal;

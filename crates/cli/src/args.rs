@@ -165,7 +165,7 @@ pub(crate) fn command(name: &'static str) -> Command {
                     Arg::new("status")
                         .long("status")
                         .value_name("STATUS")
-                        .value_parser(["in_flight", "succeeded", "failed_final", "unknown", "not_sent", "unresolved"])
+                        .value_parser(["in_flight", "succeeded", "failed_final", "unknown", "not_sent", "queued", "unresolved"])
                         .help("Only this status (unresolved: unknown or in flight)"),
                 )
                 .arg(Arg::new("scope").long("scope").value_name("SCOPE").help("Only this scope"))

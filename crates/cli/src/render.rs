@@ -305,6 +305,7 @@ fn describe_status(row: &OperationRecord) -> String {
         NotSent => {
             "no attempt reached a receiver, or released by hand: the next request under the key is sent"
         }
+        Queued => "queued in the caller's transaction: a dispatcher sends it when it is due",
         _ => "",
     };
     format!("{} ({meaning})", row.status)
