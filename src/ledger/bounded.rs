@@ -131,12 +131,11 @@ impl Ledger for Bounded {
         self.call("cannot list operations", self.inner.list(filter))
     }
 
-    fn due(
-        &self,
-        now: SystemTime,
-        limit: u32,
-    ) -> LedgerFuture<'_, Vec<super::outbox::QueuedOperation>> {
-        self.call("cannot read the due operations", self.inner.due(now, limit))
+    fn due<'a>(
+        &'a self,
+        query: &'a super::outbox::DueQuery,
+    ) -> LedgerFuture<'a, Vec<super::outbox::QueuedOperation>> {
+        self.call("cannot read the due operations", self.inner.due(query))
     }
 }
 

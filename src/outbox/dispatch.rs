@@ -15,7 +15,7 @@ use tokio::task::JoinSet;
 use crate::client::Client;
 use crate::keys::key::IdempotencyKey;
 use crate::ledger::LedgerError;
-use crate::ledger::outbox::QueuedOperation;
+use crate::ledger::outbox::{DueQuery, QueuedOperation};
 use crate::outcome::error::{Error, ErrorKind};
 use crate::outcome::operation_outcome::Outcome;
 use crate::outcome::report::RetryReport;
@@ -74,6 +74,8 @@ pub struct DispatchPass {
 /// | [`batch`](Self::batch) | 64 due rows read per pass |
 /// | [`concurrency`](Self::concurrency) | 16 sends at once |
 /// | [`idle_poll`](Self::idle_poll) | 1 s between passes that found less than a batch |
+/// | [`not_sent_after`](Self::not_sent_after) | 30 s |
+/// | [`resend_unknown_after`](Self::resend_unknown_after) | never |
 /// | [`headers_for`](Self::headers_for) | none: the client's default headers only |
 /// | [`on_outcome`](Self::on_outcome) | none |
 #[derive(Clone)]
@@ -85,6 +87,8 @@ pub struct Dispatcher {
     headers_for: Option<HeaderSource>,
     on_outcome: Option<OutcomeHook>,
     wake: Arc<Notify>,
+    not_sent_after: Duration,
+    unknown_after: Option<Duration>,
 }
 
 impl fmt::Debug for Dispatcher {
@@ -93,6 +97,8 @@ impl fmt::Debug for Dispatcher {
             .field("batch", &self.batch)
             .field("concurrency", &self.concurrency)
             .field("idle_poll", &self.idle_poll)
+            .field("not_sent_after", &self.not_sent_after)
+            .field("resend_unknown_after", &self.unknown_after)
             .field("headers_for", &self.headers_for.is_some())
             .field("on_outcome", &self.on_outcome.is_some())
             .finish_non_exhaustive()
@@ -121,6 +127,8 @@ impl Dispatcher {
             headers_for: None,
             on_outcome: None,
             wake: Arc::new(Notify::new()),
+            not_sent_after: Duration::from_secs(30),
+            unknown_after: None,
         })
     }
 
@@ -143,6 +151,26 @@ impl Dispatcher {
     #[must_use]
     pub fn idle_poll(mut self, wait: Duration) -> Self {
         self.idle_poll = wait;
+        self
+    }
+
+    /// How long after its last attempt an operation no receiver saw (every attempt failed to
+    /// connect, or an operator released it) is sent again. Default: 30 s.
+    #[must_use]
+    pub fn not_sent_after(mut self, wait: Duration) -> Self {
+        self.not_sent_after = wait;
+        self
+    }
+
+    /// Sends an operation whose outcome is unknown again under its key, this long after its
+    /// last attempt, as the client's own retries would: for a receiver that keeps its keys at
+    /// least as long as the client's reconcile window (Stripe's keep them 24 hours), so the
+    /// send is answered from its store if the first one ran. Past the window the client
+    /// refuses (`ReconcileWindow`) and the row stays unknown. Default: never (unknown outcomes
+    /// are the reconcilers', `Client::reconcile_unresolved`).
+    #[must_use]
+    pub fn resend_unknown_after(mut self, wait: Duration) -> Self {
+        self.unknown_after = Some(wait);
         self
     }
 
@@ -187,7 +215,10 @@ impl Dispatcher {
             return Ok(DispatchPass::default());
         };
         let now = self.client.inner.settings.clock.wall();
-        let due = ledger.due(now, self.batch).await?;
+        let query = DueQuery::new(now, self.batch)
+            .not_sent_after(self.not_sent_after)
+            .unknown_after(self.unknown_after);
+        let due = ledger.due(&query).await?;
         let mut pass = DispatchPass {
             due: due.len(),
             ..DispatchPass::default()

@@ -985,20 +985,22 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// storage cannot be read.
     fn list<'a>(&'a self, filter: &'a ListFilter) -> LedgerFuture<'a, Vec<OperationRecord>>;
 
-    /// At most `limit` operations queued through the outbox that are due at `now` (on the
-    /// ledger's clock when it has one), oldest due first: queued rows whose not-before time
-    /// has come, rows a dispatcher took and died sending (in flight under a lapsed lease), and
-    /// rows no receiver has seen (`not_sent`) 30 s after their last attempt
-    /// ([`sql::REDELIVER_AFTER_MS`]).
-    /// A dispatcher sends each through the client, whose claim takes the row.
+    /// The operations queued through the outbox that `query` selects, oldest due first, at
+    /// most its limit ([`outbox::DueQuery`]: queued rows whose time has come, rows a
+    /// dispatcher took and died sending, rows no receiver has seen some time after their last
+    /// attempt, and when asked rows whose outcome is unknown). A dispatcher sends each through
+    /// the client, whose claim takes the row.
     ///
     /// # Errors
     ///
     /// The default: [`LedgerErrorKind::InvalidInput`], for a ledger that keeps no outbox
     /// (`MemoryLedger`, which no caller's transaction can write). A [`LedgerError`] when the
     /// storage cannot be read.
-    fn due(&self, now: SystemTime, limit: u32) -> LedgerFuture<'_, Vec<outbox::QueuedOperation>> {
-        let _ = (now, limit);
+    fn due<'a>(
+        &'a self,
+        query: &'a outbox::DueQuery,
+    ) -> LedgerFuture<'a, Vec<outbox::QueuedOperation>> {
+        let _ = query;
         Box::pin(std::future::ready(Err(LedgerError::invalid(
             "this ledger keeps no outbox: queue operations in a SqliteLedger or a \
              PostgresLedger, in the caller's own transaction",

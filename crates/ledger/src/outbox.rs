@@ -114,3 +114,66 @@ pub fn not_migrated(source: impl std::fmt::Display) -> LedgerError {
          ({source}); run the ledger's `migrate()` (or `idempotent-retry-ledger migrate`) once"
     ))
 }
+
+/// Which queued operations [`Ledger::due`](super::Ledger::due) returns.
+///
+/// # Defaults
+///
+/// | setting | default |
+/// |---|---|
+/// | [`not_sent_after`](Self::not_sent_after) | 30 s |
+/// | [`unknown_after`](Self::unknown_after) | never (unknown outcomes are the reconcilers') |
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DueQuery {
+    /// The present, on the caller's clock (a ledger with its own clock uses that instead).
+    pub now: SystemTime,
+    /// At most this many rows.
+    pub limit: u32,
+    /// A row no receiver has seen (`not_sent`: every attempt failed to connect, or it was
+    /// released) is due again this long after its last attempt.
+    pub not_sent_after: Duration,
+    /// A row whose outcome is unknown is due again this long after its last attempt, to be
+    /// sent again under its key; `None`: never.
+    pub unknown_after: Option<Duration>,
+}
+
+impl DueQuery {
+    /// At most `limit` rows due at `now`, with the defaults above.
+    #[must_use]
+    pub fn new(now: SystemTime, limit: u32) -> Self {
+        DueQuery {
+            now,
+            limit,
+            not_sent_after: Duration::from_secs(30),
+            unknown_after: None,
+        }
+    }
+
+    /// See [`not_sent_after`](Self::not_sent_after).
+    #[must_use]
+    pub fn not_sent_after(mut self, after: Duration) -> Self {
+        self.not_sent_after = after;
+        self
+    }
+
+    /// See [`unknown_after`](Self::unknown_after).
+    #[must_use]
+    pub fn unknown_after(mut self, after: Option<Duration>) -> Self {
+        self.unknown_after = after;
+        self
+    }
+
+    /// [`not_sent_after`](Self::not_sent_after) in milliseconds.
+    #[must_use]
+    pub fn not_sent_after_ms(&self) -> i64 {
+        i64::try_from(self.not_sent_after.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// [`unknown_after`](Self::unknown_after) in milliseconds.
+    #[must_use]
+    pub fn unknown_after_ms(&self) -> Option<i64> {
+        self.unknown_after
+            .map(|after| i64::try_from(after.as_millis()).unwrap_or(i64::MAX))
+    }
+}

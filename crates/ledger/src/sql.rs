@@ -160,21 +160,21 @@ fn outbox_view(dialect: Dialect) -> String {
 pub const QUEUED_COLUMNS: &str = "key, scope, fingerprint, method, url, request_headers, \
      request_body, queued_at, not_before, expires_at, status";
 
-/// How long after its last attempt a queued operation that reached no receiver (`not_sent`:
-/// every attempt failed to connect, or it was released) is due again, in milliseconds.
-pub const REDELIVER_AFTER_MS: i64 = 30_000;
-
 /// The due rows, oldest due first: queued ones whose time has come, rows a dispatcher took
-/// and died sending (in flight under a lapsed lease), and rows no receiver has seen
-/// (`not_sent`) [`REDELIVER_AFTER_MS`] after their last attempt. `now` is the placeholder of
-/// the present (`?1`, or PostgreSQL's expression of it), `limit` of the limit.
-pub fn due_query(now: &str, limit: &str) -> String {
+/// and died sending (in flight under a lapsed lease), rows no receiver has seen (`not_sent`)
+/// some time after their last attempt, and, when asked, rows whose outcome is unknown some
+/// time after theirs ([`DueQuery`](super::outbox::DueQuery)). The arguments are the
+/// placeholders (or expressions) of the present, the limit, the `not_sent` delay and the
+/// `unknown` delay in milliseconds (NULL: never).
+pub fn due_query(now: &str, limit: &str, not_sent_after: &str, unknown_after: &str) -> String {
     format!(
         "SELECT {QUEUED_COLUMNS} FROM {TABLE} WHERE queued_at IS NOT NULL \
          AND ((status = 'queued' AND not_before <= {now}) \
               OR (status = 'in_flight' AND lease_expires_at <= {now}) \
               OR (status = 'not_sent' \
-                  AND coalesce(last_attempt_at, first_attempt_at) <= {now} - {REDELIVER_AFTER_MS})) \
+                  AND coalesce(last_attempt_at, first_attempt_at) <= {now} - {not_sent_after}) \
+              OR (status = 'unknown' AND {unknown_after} IS NOT NULL \
+                  AND coalesce(last_attempt_at, first_attempt_at) <= {now} - {unknown_after})) \
          ORDER BY not_before, key LIMIT {limit}"
     )
 }

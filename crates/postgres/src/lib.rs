@@ -441,13 +441,12 @@ impl Ledger for PostgresLedger {
                 .map_err(|err| database(err, what))
         })
     }
-    fn due(
-        &self,
-        now: SystemTime,
-        limit: u32,
-    ) -> LedgerFuture<'_, Vec<idempotent_retry_ledger::outbox::QueuedOperation>> {
+    fn due<'a>(
+        &'a self,
+        query: &'a idempotent_retry_ledger::outbox::DueQuery,
+    ) -> LedgerFuture<'a, Vec<idempotent_retry_ledger::outbox::QueuedOperation>> {
         Box::pin(async move {
-            outbox::due(&self.connection().await?, self.clock.base(now), limit).await
+            outbox::due(&self.connection().await?, self.clock.base(query.now), query).await
         })
     }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio_postgres::GenericClient;
 use tokio_postgres::types::ToSql;
 
-use idempotent_retry_ledger::outbox::{Enqueued, QueuedOperation, key_taken};
+use idempotent_retry_ledger::outbox::{DueQuery, Enqueued, QueuedOperation, key_taken};
 use idempotent_retry_ledger::sql::{QueuedRow, TABLE};
 use idempotent_retry_ledger::{LedgerError, OperationStatus};
 
@@ -99,11 +99,11 @@ fn millis(length: Duration) -> i64 {
     i64::try_from(length.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// At most `limit` operations due at the present (`base`, or the database's).
+/// The operations `query` selects, at the present `base` (or the database's).
 pub(super) async fn due(
     client: &deadpool_postgres::Object,
     base: Option<i64>,
-    limit: u32,
+    query: &DueQuery,
 ) -> Result<Vec<QueuedOperation>, LedgerError> {
     let what = "cannot read the due operations";
     let statement = client
@@ -111,7 +111,15 @@ pub(super) async fn due(
         .await
         .map_err(|err| database(err, what))?;
     let rows = client
-        .query(&statement, &[&base, &i64::from(limit)])
+        .query(
+            &statement,
+            &[
+                &base,
+                &i64::from(query.limit),
+                &query.not_sent_after_ms(),
+                &query.unknown_after_ms(),
+            ],
+        )
         .await
         .map_err(|err| database(err, what))?;
     let decode = |err: tokio_postgres::Error| {

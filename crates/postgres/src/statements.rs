@@ -232,9 +232,11 @@ pub(super) static ENQUEUE: LazyLock<String> = LazyLock::new(|| {
 /// the payload), for dispatchers that `LISTEN`.
 pub const QUEUED_CHANNEL: &str = "idempotent_retry_queued";
 
-/// The due rows, on the present (`$1`, the base) with a limit (`$2`).
-pub(super) static DUE: LazyLock<String> =
-    LazyLock::new(|| idempotent_retry_ledger::sql::due_query(&now("$1"), "$2"));
+/// The due rows, on the present (`$1`, the base), with a limit (`$2`), the `not_sent` delay
+/// (`$3`) and the `unknown` one (`$4`, NULL: never), in milliseconds.
+pub(super) static DUE: LazyLock<String> = LazyLock::new(|| {
+    idempotent_retry_ledger::sql::due_query(&now("$1"), "$2", "$3::BIGINT", "$4::BIGINT")
+});
 
 /// The database's clock, in milliseconds since the epoch, as it reads when asked.
 pub(super) const CLOCK: &str = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::BIGINT";

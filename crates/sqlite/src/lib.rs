@@ -577,12 +577,12 @@ impl Ledger for SqliteLedger {
         Box::pin(self.read(move |conn| reconcile::list(conn, &filter)))
     }
 
-    fn due(
-        &self,
-        now: SystemTime,
-        limit: u32,
-    ) -> LedgerFuture<'_, Vec<idempotent_retry_ledger::outbox::QueuedOperation>> {
-        Box::pin(self.read(move |conn| outbox::due(conn, now, limit)))
+    fn due<'a>(
+        &'a self,
+        query: &'a idempotent_retry_ledger::outbox::DueQuery,
+    ) -> LedgerFuture<'a, Vec<idempotent_retry_ledger::outbox::QueuedOperation>> {
+        let query = *query;
+        Box::pin(self.read(move |conn| outbox::due(conn, &query)))
     }
 }
 

@@ -3,7 +3,9 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use idempotent_retry_ledger::outbox::{Enqueued, QueuedOperation, key_taken, not_migrated};
+use idempotent_retry_ledger::outbox::{
+    DueQuery, Enqueued, QueuedOperation, key_taken, not_migrated,
+};
 use idempotent_retry_ledger::sql::{QueuedRow, TABLE, due_query};
 use idempotent_retry_ledger::{LedgerError, OperationStatus, later, to_millis};
 
@@ -88,17 +90,22 @@ pub fn enqueue(conn: &Connection, operation: &QueuedOperation) -> Result<Enqueue
     }
 }
 
-/// At most `limit` operations due at `now`.
+/// The operations `query` selects.
 pub(super) fn due(
     conn: &Connection,
-    now: std::time::SystemTime,
-    limit: u32,
+    query: &DueQuery,
 ) -> Result<Vec<QueuedOperation>, LedgerError> {
     let rows: Vec<QueuedRow> = conn
-        .prepare_cached(&due_query("?1", "?2"))
+        .prepare_cached(&due_query("?1", "?2", "?3", "?4"))
         .and_then(|mut statement| {
+            let bound = params![
+                to_millis(query.now),
+                i64::from(query.limit),
+                query.not_sent_after_ms(),
+                query.unknown_after_ms(),
+            ];
             statement
-                .query_map(params![to_millis(now), i64::from(limit)], |row| {
+                .query_map(bound, |row| {
                     Ok(QueuedRow {
                         key: row.get(0)?,
                         scope: row.get(1)?,
