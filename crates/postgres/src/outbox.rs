@@ -61,13 +61,6 @@ pub async fn enqueue(
         .await
         .map_err(|err| database(err, what))?;
     if inserted.is_some() {
-        client
-            .execute(
-                "SELECT pg_notify($1, $2)",
-                &[&QUEUED_CHANNEL, &operation.key],
-            )
-            .await
-            .map_err(|err| database(err, "cannot announce the queued operation"))?;
         return Ok(Enqueued::Queued);
     }
     let existing = client

@@ -212,16 +212,19 @@ pub(super) static PURGE: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// An operation queued in the caller's transaction, on the database's clock. Parameters:
-/// key, scope, fingerprint, the delay before it is due, the delay plus its retention,
-/// method, URL, headers (JSON), body. Returns the key when the row was inserted, nothing when
-/// the key had one.
+/// An operation queued in the caller's transaction, on the database's clock, and announced
+/// on [`QUEUED_CHANNEL`] (delivered at the transaction's commit), in one statement: one round
+/// trip, as a hand-written insert. Parameters: key, scope, fingerprint, the delay before it is
+/// due, the delay plus its retention, method, URL, headers (JSON), body. Returns the key when
+/// the row was inserted, nothing when the key had one.
 pub(super) static ENQUEUE: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "INSERT INTO {TABLE} (key, scope, fingerprint, status, attempts, first_attempt_at, \
-         expires_at, method, url, queued_at, not_before, request_headers, request_body) \
+        "WITH inserted AS (INSERT INTO {TABLE} (key, scope, fingerprint, status, attempts, \
+         first_attempt_at, expires_at, method, url, queued_at, not_before, request_headers, \
+         request_body) \
          VALUES ($1, $2, $3, 'queued', 0, {now}, {expires}, $6, $7, {now}, {due}, $8, $9) \
-         ON CONFLICT (key) DO NOTHING RETURNING key",
+         ON CONFLICT (key) DO NOTHING RETURNING key) \
+         SELECT key, pg_notify('{QUEUED_CHANNEL}', key)::TEXT FROM inserted",
         now = now("NULL"),
         expires = plus("NULL", "$5"),
         due = plus("NULL", "$4"),
