@@ -137,6 +137,13 @@ impl Ledger for Bounded {
     ) -> LedgerFuture<'a, Vec<super::outbox::QueuedOperation>> {
         self.call("cannot read the due operations", self.inner.due(query))
     }
+
+    fn backlog(&self, now: SystemTime) -> LedgerFuture<'_, super::outbox::Backlog> {
+        self.call(
+            "cannot count the queued operations",
+            self.inner.backlog(now),
+        )
+    }
 }
 
 #[cfg(test)]

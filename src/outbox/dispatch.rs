@@ -15,10 +15,11 @@ use tokio::task::JoinSet;
 use crate::client::Client;
 use crate::keys::key::IdempotencyKey;
 use crate::ledger::LedgerError;
-use crate::ledger::outbox::{DueQuery, QueuedOperation};
+use crate::ledger::outbox::{Backlog, DueQuery, QueuedOperation};
 use crate::outcome::error::{Error, ErrorKind};
 use crate::outcome::operation_outcome::Outcome;
 use crate::outcome::report::RetryReport;
+use crate::telemetry::metrics;
 
 /// Headers added to an operation at send time (its credentials).
 type HeaderSource = Arc<dyn Fn(&QueuedOperation) -> HeaderMap + Send + Sync>;
@@ -247,16 +248,42 @@ impl Dispatcher {
                 error: Some(format!("the send's task ended without an answer: {join}")),
                 error_kind: None,
             });
-            match delivery.outcome {
-                Outcome::Done { .. } => pass.done += 1,
-                Outcome::NotDone { .. } => pass.not_done += 1,
-                Outcome::Unknown { .. } => pass.unknown += 1,
-            }
+            let outcome = match delivery.outcome {
+                Outcome::Done { .. } => {
+                    pass.done += 1;
+                    "done"
+                }
+                Outcome::NotDone { .. } => {
+                    pass.not_done += 1;
+                    "not_done"
+                }
+                Outcome::Unknown { .. } => {
+                    pass.unknown += 1;
+                    "unknown"
+                }
+            };
+            metrics::outbox_delivered(outcome);
             if let Some(hook) = &self.on_outcome {
                 hook(&delivery);
             }
         }
         Ok(pass)
+    }
+
+    /// How many operations wait (queued, not yet taken) and how long the oldest has waited.
+    /// With the feature `metrics`, [`run_until`](Self::run_until) reads it after every pass
+    /// for the gauges `idempotent_retry.outbox.queued` and `idempotent_retry.outbox.oldest_age`.
+    ///
+    /// # Errors
+    ///
+    /// The ledger's error when it cannot be read.
+    pub async fn backlog(&self) -> Result<Backlog, LedgerError> {
+        let Some(ledger) = self.client.ledger() else {
+            return Ok(Backlog::default());
+        };
+        ledger
+            .backlog(self.client.inner.settings.clock.wall())
+            .await
     }
 
     /// Passes until `shutdown` completes: the next pass at once after a full batch, otherwise
@@ -272,6 +299,14 @@ impl Dispatcher {
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
             let pass = self.dispatch_due().await?;
+            if metrics::OUTBOX_GAUGES {
+                match self.backlog().await {
+                    Ok(backlog) => metrics::outbox_backlog(backlog.queued, backlog.oldest_age),
+                    Err(err) => {
+                        tracing::warn!(error = %err, "could not read the outbox's backlog for its gauges")
+                    }
+                }
+            }
             let full = pass.due >= usize::try_from(self.batch).unwrap_or(usize::MAX);
             // After a full batch, only a look at `shutdown`; otherwise a wait for it, the idle
             // poll or the waker, whichever comes first.

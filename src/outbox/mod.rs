@@ -16,6 +16,6 @@ pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
-pub use crate::ledger::outbox::{DueQuery, Enqueued, QueuedOperation};
+pub use crate::ledger::outbox::{Backlog, DueQuery, Enqueued, QueuedOperation};
 pub use dispatch::{Delivery, DispatchPass, Dispatcher};
 pub use enqueue::Enqueue;

@@ -4,7 +4,6 @@
 //!
 //! Why the `metrics` facade and not the OpenTelemetry metrics API: `docs/observability.md`.
 
-#[cfg(feature = "metrics")]
 use std::time::Duration;
 
 #[cfg(feature = "metrics")]
@@ -40,6 +39,16 @@ pub(crate) const BUDGET_TOKENS: &str = "idempotent_retry.budget.tokens";
 #[cfg(feature = "metrics")]
 pub(crate) const LEDGER_CLOCK_OFFSET: &str = "idempotent_retry.ledger.clock_offset";
 
+/// Gauge: operations queued in the outbox and not yet taken.
+#[cfg(feature = "metrics")]
+pub(crate) const OUTBOX_QUEUED: &str = "idempotent_retry.outbox.queued";
+/// Gauge, seconds: how long the oldest queued operation has waited.
+#[cfg(feature = "metrics")]
+pub(crate) const OUTBOX_OLDEST_AGE: &str = "idempotent_retry.outbox.oldest_age";
+/// Counter: operations a dispatcher sent, by `outcome`.
+#[cfg(feature = "metrics")]
+pub(crate) const OUTBOX_DELIVERED: &str = "idempotent_retry.outbox.delivered";
+
 /// Tells the installed recorder each metric's unit and meaning. Called when a front end's
 /// settings are built, so a recorder installed before the client hears it.
 pub(crate) fn describe() {
@@ -62,6 +71,16 @@ pub(crate) fn describe() {
             Unit::Seconds,
             "The ledger's clock minus this worker's, as last measured"
         );
+        metrics::describe_gauge!(
+            OUTBOX_QUEUED,
+            "Operations queued in the outbox, not yet taken"
+        );
+        metrics::describe_gauge!(
+            OUTBOX_OLDEST_AGE,
+            Unit::Seconds,
+            "How long the oldest queued operation has waited"
+        );
+        metrics::describe_counter!(OUTBOX_DELIVERED, "Queued operations sent, by outcome");
     }
 }
 
@@ -173,6 +192,29 @@ pub(crate) fn ledger_clock_offset(seconds: f64) {
     metrics::gauge!(LEDGER_CLOCK_OFFSET).set(seconds);
     #[cfg(not(feature = "metrics"))]
     let _ = seconds;
+}
+
+/// Whether a dispatcher should read the backlog for the gauges: only with the feature.
+pub(crate) const OUTBOX_GAUGES: bool = cfg!(feature = "metrics");
+
+/// The outbox's backlog, as a dispatcher just read it.
+pub(crate) fn outbox_backlog(queued: u64, oldest_age: Option<Duration>) {
+    #[cfg(feature = "metrics")]
+    {
+        #[allow(clippy::cast_precision_loss, reason = "a gauge of rows")]
+        metrics::gauge!(OUTBOX_QUEUED).set(queued as f64);
+        metrics::gauge!(OUTBOX_OLDEST_AGE).set(oldest_age.unwrap_or_default().as_secs_f64());
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (queued, oldest_age);
+}
+
+/// One queued operation sent, with its outcome (`done`, `not_done`, `unknown`).
+pub(crate) fn outbox_delivered(outcome: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(OUTBOX_DELIVERED, "outcome" => outcome).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = outcome;
 }
 
 /// The budget's tokens, after it admitted, charged or was paid.

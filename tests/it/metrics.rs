@@ -393,3 +393,50 @@ fn the_middleware_times_each_attempt() {
         1
     );
 }
+
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_dispatcher_counts_what_it_sent_and_gauges_what_is_left() {
+    use idempotent_retry::ledger::SqliteLedger;
+    use idempotent_retry::outbox::{self, Dispatcher, Enqueue};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("outbox.db");
+    let metrics = recorded(|| async {
+        let server = TestServer::start_idempotent(vec![], Action::ok("charged")).await;
+        let ledger = SqliteLedger::open(&path).await.expect("open");
+        let conn = outbox::sqlite::rusqlite::Connection::open(&path).expect("open");
+        for (n, delay) in [(0, 0), (1, 0), (2, 3600)] {
+            outbox::sqlite::enqueue(
+                &conn,
+                &Enqueue::post(server.url("/v1/charges"))
+                    .key(key(&format!("m_outbox_{n}")))
+                    .body("{}")
+                    .delay(Duration::from_secs(delay)),
+            )
+            .expect("queued");
+        }
+        let client = Client::builder()
+            .policy(fast())
+            .ledger(ledger)
+            .build()
+            .expect("valid");
+        // One pass, the gauges read after it, then the shutdown already there.
+        Dispatcher::new(client)
+            .expect("a ledger")
+            .run_until(std::future::ready(()))
+            .await
+            .expect("no ledger error");
+        assert_eq!(server.hits(), 2);
+    });
+    assert_eq!(
+        counter(
+            &metrics,
+            "idempotent_retry.outbox.delivered",
+            &[("outcome", "done")]
+        ),
+        2
+    );
+    assert_eq!(gauge(&metrics, "idempotent_retry.outbox.queued"), Some(1.0));
+    let age = gauge(&metrics, "idempotent_retry.outbox.oldest_age").expect("the age");
+    assert!((0.0..3600.0).contains(&age), "{age}");
+}

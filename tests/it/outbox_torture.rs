@@ -568,7 +568,7 @@ fn report(backend: Backend, seed: u64, tally: &Tally) -> String {
         text.push_str(&format!("  kill, {what}: {count}\n"));
     }
     for (fault, count) in &tally.faults {
-        text.push_str(&format!("  proxy fault, {fault}: {count}\n"));
+        text.push_str(&format!("  proxy, {fault}: {count}\n"));
     }
     text
 }

@@ -1006,6 +1006,20 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
              PostgresLedger, in the caller's own transaction",
         ))))
     }
+
+    /// How many operations wait in the outbox (queued, not yet taken) and how long the oldest
+    /// has waited, at `now` (on the ledger's clock when it has one): a dispatcher's metrics.
+    ///
+    /// # Errors
+    ///
+    /// As [`due`](Self::due).
+    fn backlog(&self, now: SystemTime) -> LedgerFuture<'_, outbox::Backlog> {
+        let _ = now;
+        Box::pin(std::future::ready(Err(LedgerError::invalid(
+            "this ledger keeps no outbox: queue operations in a SqliteLedger or a \
+             PostgresLedger, in the caller's own transaction",
+        ))))
+    }
 }
 
 /// Which rows [`Ledger::list`] returns: every condition set must hold.

@@ -177,3 +177,22 @@ impl DueQuery {
             .map(|after| i64::try_from(after.as_millis()).unwrap_or(i64::MAX))
     }
 }
+
+/// The operations waiting in the outbox: what [`Ledger::backlog`](super::Ledger::backlog)
+/// answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Backlog {
+    /// Rows queued and not yet taken by a dispatcher (due or not).
+    pub queued: u64,
+    /// How long the oldest of them has waited since it was queued; `None` without one.
+    pub oldest_age: Option<Duration>,
+}
+
+impl Backlog {
+    /// A backlog of `queued` rows, the oldest queued `oldest_age` ago.
+    #[must_use]
+    pub fn new(queued: u64, oldest_age: Option<Duration>) -> Self {
+        Backlog { queued, oldest_age }
+    }
+}

@@ -179,6 +179,10 @@ pub fn due_query(now: &str, limit: &str, not_sent_after: &str, unknown_after: &s
     )
 }
 
+/// The outbox's backlog: how many rows are queued, and the earliest `queued_at` among them.
+pub const BACKLOG_QUERY: &str = "SELECT count(*), min(queued_at) FROM idempotent_operations \
+     WHERE queued_at IS NOT NULL AND status = 'queued'";
+
 /// A due row as the drivers read it ([`QUEUED_COLUMNS`]), before validation.
 #[derive(Debug)]
 pub struct QueuedRow {

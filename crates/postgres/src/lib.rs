@@ -450,6 +450,15 @@ impl Ledger for PostgresLedger {
         })
     }
 
+    fn backlog(
+        &self,
+        now: SystemTime,
+    ) -> LedgerFuture<'_, idempotent_retry_ledger::outbox::Backlog> {
+        Box::pin(
+            async move { outbox::backlog(&self.connection().await?, self.clock.base(now)).await },
+        )
+    }
+
     fn claim_unresolved<'a>(
         &'a self,
         claim: &'a ReconcileClaim,

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio_postgres::GenericClient;
 use tokio_postgres::types::ToSql;
 
-use idempotent_retry_ledger::outbox::{DueQuery, Enqueued, QueuedOperation, key_taken};
+use idempotent_retry_ledger::outbox::{Backlog, DueQuery, Enqueued, QueuedOperation, key_taken};
 use idempotent_retry_ledger::sql::{QueuedRow, TABLE};
 use idempotent_retry_ledger::{LedgerError, OperationStatus};
 
@@ -136,4 +136,26 @@ pub(super) async fn due(
             .into_operation()
         })
         .collect()
+}
+
+/// The backlog at the present (`base`, or the database's).
+pub(super) async fn backlog(
+    client: &deadpool_postgres::Object,
+    base: Option<i64>,
+) -> Result<Backlog, LedgerError> {
+    let what = "cannot count the queued operations";
+    let statement = client
+        .prepare_cached(&statements::BACKLOG)
+        .await
+        .map_err(|err| database(err, what))?;
+    let row = client
+        .query_one(&statement, &[&base])
+        .await
+        .map_err(|err| database(err, what))?;
+    let count: i64 = row.try_get(0).map_err(|err| database(err, what))?;
+    let age: Option<i64> = row.try_get(1).map_err(|err| database(err, what))?;
+    Ok(Backlog::new(
+        u64::try_from(count).unwrap_or(0),
+        age.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+    ))
 }

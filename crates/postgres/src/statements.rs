@@ -241,6 +241,16 @@ pub(super) static DUE: LazyLock<String> = LazyLock::new(|| {
     idempotent_retry_ledger::sql::due_query(&now("$1"), "$2", "$3::BIGINT", "$4::BIGINT")
 });
 
+/// The backlog: how many rows are queued, and how long (milliseconds) the oldest has waited
+/// at the present (`$1`, the base).
+pub(super) static BACKLOG: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT count(*), {} - min(queued_at) FROM {TABLE} \
+         WHERE queued_at IS NOT NULL AND status = 'queued'",
+        now("$1")
+    )
+});
+
 /// The database's clock, in milliseconds since the epoch, as it reads when asked.
 pub(super) const CLOCK: &str = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::BIGINT";
 

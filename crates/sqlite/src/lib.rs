@@ -584,6 +584,13 @@ impl Ledger for SqliteLedger {
         let query = *query;
         Box::pin(self.read(move |conn| outbox::due(conn, &query)))
     }
+
+    fn backlog(
+        &self,
+        now: SystemTime,
+    ) -> LedgerFuture<'_, idempotent_retry_ledger::outbox::Backlog> {
+        Box::pin(self.read(move |conn| outbox::backlog(conn, now)))
+    }
 }
 
 #[cfg(test)]

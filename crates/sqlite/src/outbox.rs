@@ -4,9 +4,9 @@
 use rusqlite::{Connection, OptionalExtension, params};
 
 use idempotent_retry_ledger::outbox::{
-    DueQuery, Enqueued, QueuedOperation, key_taken, not_migrated,
+    Backlog, DueQuery, Enqueued, QueuedOperation, key_taken, not_migrated,
 };
-use idempotent_retry_ledger::sql::{QueuedRow, TABLE, due_query};
+use idempotent_retry_ledger::sql::{BACKLOG_QUERY, QueuedRow, TABLE, due_query};
 use idempotent_retry_ledger::{LedgerError, OperationStatus, later, to_millis};
 
 use super::storage;
@@ -124,4 +124,22 @@ pub(super) fn due(
         })
         .map_err(|err| storage(err, "cannot read the due operations"))?;
     rows.into_iter().map(QueuedRow::into_operation).collect()
+}
+
+/// The backlog at `now`.
+pub(super) fn backlog(
+    conn: &Connection,
+    now: std::time::SystemTime,
+) -> Result<Backlog, LedgerError> {
+    let (count, oldest): (i64, Option<i64>) = conn
+        .prepare_cached(BACKLOG_QUERY)
+        .and_then(|mut statement| statement.query_row([], |row| Ok((row.get(0)?, row.get(1)?))))
+        .map_err(|err| storage(err, "cannot count the queued operations"))?;
+    let now = to_millis(now);
+    Ok(Backlog::new(
+        u64::try_from(count).unwrap_or(0),
+        oldest.map(|at| {
+            std::time::Duration::from_millis(u64::try_from(now.saturating_sub(at)).unwrap_or(0))
+        }),
+    ))
 }
