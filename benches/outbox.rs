@@ -216,8 +216,7 @@ async fn dispatch_against_send(
             queue(operations, &tag).await;
             let dispatcher = Dispatcher::new(client.clone())
                 .expect("a ledger")
-                .concurrency(concurrency)
-                .batch(u32::try_from(concurrency.max(64)).unwrap_or(64));
+                .concurrency(concurrency);
             started = now();
             let mut sent = 0;
             while sent < operations {

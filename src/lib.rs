@@ -301,7 +301,7 @@
 //! | `idempotent_retry.ledger.refusals` | counter | `{operation}` | `reason`: the [`ErrorKind::as_str`] (`key_reuse`, `lease_held`, ...) | per operation the ledger refused, nothing sent |
 //! | `idempotent_retry.budget.tokens` | gauge | `{token}` | | tokens in the retry budget after each attempt's charge or admission and each success; one gauge per process, so with several budgets it shows the one that moved last |
 //! | `idempotent_retry.ledger.clock_offset` | gauge | `s` | | the ledger's clock minus this worker's, for a ledger on its own clock (PostgreSQL), measured when a client first claims and again once a minute; above 1 s it is also logged at WARN |
-//! | `idempotent_retry.outbox.queued` | gauge | `{operation}` | | operations queued in the outbox and not yet taken, read by `outbox::Dispatcher::run_until` after every pass |
+//! | `idempotent_retry.outbox.queued` | gauge | `{operation}` | | operations queued in the outbox and not yet taken, read by `outbox::Dispatcher::run_until` when it goes idle and when it stops |
 //! | `idempotent_retry.outbox.oldest_age` | gauge | `s` | | how long the oldest of them has waited |
 //! | `idempotent_retry.outbox.delivered` | counter | `{operation}` | `outcome` | queued operations a dispatcher sent: `done`, `not_done`, `unknown` |
 //!

@@ -33,6 +33,7 @@ pub(super) fn carry(
         policy,
         timeout: _,
         scope,
+        held: _,
     } = overrides;
     if key.is_none() && auto_key != Some(false) && policy.is_none() && scope.is_none() {
         // Nothing for the extensions: no round trip.
@@ -44,6 +45,7 @@ pub(super) fn carry(
         policy,
         timeout: None,
         scope,
+        held: None,
     };
     let (request, ()) = with_extensions(request, |extensions| rest.into_extensions(extensions))?;
     Ok(request)
@@ -120,6 +122,7 @@ mod tests {
             policy: Some(policy),
             timeout: Some(Duration::from_millis(750)),
             scope: Some("stripe.charge".into()),
+            held: None,
         };
         let built = carry(request(), overrides).expect("carried");
         assert_eq!(built.timeout(), Some(&Duration::from_millis(750)));

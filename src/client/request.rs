@@ -19,6 +19,7 @@ use super::transport::execute;
 use crate::decision::policy::RetryPolicy;
 use crate::engine::settings::Overrides;
 use crate::keys::key::IdempotencyKey;
+use crate::ledger::HeldRow;
 use crate::outcome::error::Error;
 
 /// A request being built; [`send`](Self::send) runs it as one logical operation.
@@ -39,6 +40,9 @@ pub struct RequestBuilder {
     /// An error found by a method that `reqwest::RequestBuilder` cannot hold (a multipart form
     /// that failed to encode), reported by `send` and `build`.
     deferred: Option<Error>,
+    /// The row a dispatcher already took for this operation: the run holds it without a
+    /// claim of its own.
+    held: Option<HeldRow>,
 }
 
 impl fmt::Debug for RequestBuilder {
@@ -69,7 +73,14 @@ impl RequestBuilder {
             scope: None,
             answered: Vec::new(),
             deferred: None,
+            held: None,
         }
+    }
+
+    /// Sends the operation holding `row`, which a dispatcher took for it: no claim of its own.
+    pub(crate) fn held(mut self, row: HeldRow) -> Self {
+        self.held = Some(row);
+        self
     }
 
     #[inline]
@@ -382,6 +393,8 @@ impl RequestBuilder {
             scope: self.scope.clone(),
             answered: self.answered.clone(),
             deferred: None,
+            // The row is the original's: a copy claims the key as any request does.
+            held: None,
         })
     }
 
@@ -399,6 +412,7 @@ impl RequestBuilder {
             scope,
             answered,
             deferred,
+            held,
         } = self;
         if let Some(err) = deferred {
             return Err(err);
@@ -410,6 +424,7 @@ impl RequestBuilder {
             policy,
             timeout,
             scope,
+            held,
         };
         Ok((client, request, overrides, answered))
     }

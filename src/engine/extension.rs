@@ -94,6 +94,7 @@ impl Overrides {
             policy: extensions.get::<RetryPolicy>().copied(),
             timeout: None,
             scope: extensions.get::<LedgerScope>().map(|scope| scope.0.clone()),
+            held: None,
         }
     }
 
@@ -153,6 +154,7 @@ mod tests {
             policy: given.policy,
             timeout: None,
             scope: given.scope.clone(),
+            held: None,
         }
         .into_extensions(&mut carried);
         let back = Overrides::from_extensions(&carried);

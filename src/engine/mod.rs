@@ -193,15 +193,21 @@ where
         window,
         attempt_timeout: settled.attempt_timeout,
     };
-    let run = match ledger::claim(
-        handle,
-        &settings.clock,
-        &*settings.sleeper,
-        settings.observer.as_deref(),
-        operation,
-    )
-    .await
-    {
+    let begun = match settled.held.clone() {
+        // A dispatcher took the row already: the run holds it from the start.
+        Some(held) => ledger::resume(handle, &settings.clock, operation, held).await,
+        None => {
+            ledger::claim(
+                handle,
+                &settings.clock,
+                &*settings.sleeper,
+                settings.observer.as_deref(),
+                operation,
+            )
+            .await
+        }
+    };
+    let run = match begun {
         Ok(Begin::Proceed(run)) => run,
         Ok(Begin::Replay(response)) => return (Ok(response), Some(LedgerVerdict::Replayed)),
         Ok(Begin::Refetch { window_left }) => {

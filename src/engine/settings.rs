@@ -13,7 +13,7 @@ use rand::rngs::StdRng;
 use crate::decision::budget::RetryBudget;
 use crate::decision::policy::RetryPolicy;
 use crate::keys::key::IdempotencyKey;
-use crate::ledger::LedgerHandle;
+use crate::ledger::{HeldRow, LedgerHandle};
 use crate::outcome::observe::Observer;
 use crate::time::{Clock, Sleeper};
 
@@ -107,6 +107,8 @@ pub(crate) struct Overrides {
     pub(crate) timeout: Option<Duration>,
     /// The operation's scope in the ledger; by default the request's host.
     pub(crate) scope: Option<String>,
+    /// The row a dispatcher already took for the operation (`Ledger::take_due`).
+    pub(crate) held: Option<HeldRow>,
 }
 
 impl Overrides {
@@ -118,6 +120,7 @@ impl Overrides {
             policy: self.policy.or(fallback.policy),
             timeout: self.timeout.or(fallback.timeout),
             scope: self.scope.or(fallback.scope),
+            held: self.held.or(fallback.held),
         }
     }
 }

@@ -25,6 +25,8 @@ pub(super) struct Settled {
     pub(super) minted_key: bool,
     pub(super) attempt_timeout: Duration,
     pub(super) scope: Option<String>,
+    /// The row a dispatcher already took for the operation: no claim of its own.
+    pub(super) held: Option<crate::ledger::HeldRow>,
     /// The operation's `idempotent_request` span, opened once the key is settled: every
     /// stage after this one runs in it.
     pub(super) span: tracing::Span,
@@ -67,6 +69,7 @@ pub(super) fn settle<Q: RetryRequest>(
         minted_key,
         attempt_timeout: overrides.timeout.unwrap_or(policy.attempt_timeout()),
         scope: overrides.scope,
+        held: overrides.held,
         span,
     })
 }

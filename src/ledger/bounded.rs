@@ -138,6 +138,13 @@ impl Ledger for Bounded {
         self.call("cannot read the due operations", self.inner.due(query))
     }
 
+    fn take_due<'a>(
+        &'a self,
+        take: &'a super::outbox::TakeDue,
+    ) -> LedgerFuture<'a, Vec<super::outbox::Taken>> {
+        self.call("cannot take the due operations", self.inner.take_due(take))
+    }
+
     fn backlog(&self, now: SystemTime) -> LedgerFuture<'_, super::outbox::Backlog> {
         self.call(
             "cannot count the queued operations",

@@ -45,4 +45,6 @@ pub use options::{LeaseHeldPolicy, LedgerOptions};
 
 pub(crate) use bounded::Bounded;
 pub(crate) use renewal::{kept, wait_unless_lost};
-pub(crate) use session::{Begin, LedgerHandle, LedgerRun, Operation, can_replay, claim};
+pub(crate) use session::{
+    Begin, HeldRow, LedgerHandle, LedgerRun, Operation, can_replay, claim, resume,
+};

@@ -110,6 +110,80 @@ pub(crate) struct LedgerRun {
     uncounted: Mutex<Option<SystemTime>>,
 }
 
+/// A row a dispatcher already took for the operation ([`Ledger::take_due`]): the run holds it
+/// from the start, with no claim of its own.
+///
+/// [`Ledger::take_due`]: idempotent_retry_ledger::Ledger::take_due
+#[derive(Debug, Clone)]
+pub(crate) struct HeldRow {
+    /// The lease token it was taken under.
+    pub(crate) owner: String,
+    /// The row as taken: in flight under `owner`.
+    pub(crate) record: OperationRecord,
+    /// Its status before it was taken.
+    pub(crate) previous: OperationStatus,
+    /// When its lease was set, on tokio's clock: at or before the take's statement, so the
+    /// keeper renews early rather than late.
+    pub(crate) set_at: tokio::time::Instant,
+}
+
+/// Begins the run of an operation whose row a dispatcher already took (`held`), as a claim
+/// that took it over would: the attempt a dead run left uncounted is counted, the exposure is
+/// the previous status's.
+///
+/// # Errors
+///
+/// [`ErrorKind::Builder`](crate::ErrorKind::Builder) when the request is not the one the row
+/// holds (another fingerprint): the row is given back, nothing is sent.
+pub(crate) async fn resume<R: RetryResponse>(
+    handle: &LedgerHandle,
+    clocks: &Arc<dyn Clock>,
+    operation: Operation<'_>,
+    held: HeldRow,
+) -> Result<Begin<R>, Error> {
+    let clock = &**clocks;
+    let offset = handle.clock_offset.current(&*handle.ledger, clock).await;
+    let HeldRow {
+        owner,
+        record,
+        previous,
+        set_at,
+    } = held;
+    let mut record = offset.to_worker(record);
+    if previous == OperationStatus::InFlight {
+        reconcile::count_dead_runs_attempt(
+            &*handle.ledger,
+            &mut record,
+            &owner,
+            clock.wall(),
+            handle.options.lease,
+        )
+        .await;
+    }
+    let run = LedgerRun::new(
+        handle,
+        clocks,
+        (operation.key, owner),
+        &record,
+        (
+            Exposure::after(previous.is_unresolved(), previous.reached_a_receiver()),
+            set_at,
+            Duration::ZERO,
+        ),
+    );
+    if record.fingerprint != operation.fingerprint.as_str() {
+        // Dropped unsettled: the row is given back at once, as exposed as it was.
+        drop(run);
+        return Err(Error::builder(format!(
+            "the request sent for queued operation {} is not the one queued (its method, URL, \
+             Content-Type or body differ; a Dispatcher's headers_for must not set \
+             Content-Type); nothing was sent",
+            operation.key
+        )));
+    }
+    Ok(Begin::Proceed(run))
+}
+
 /// Claims the operation before its first attempt. Nothing may be sent unless this returns
 /// `Proceed`. A row this run may not take answers here, with nothing sent: the saved response
 /// (`Replay`), or `KeyReuse`, `LeaseHeld`, `ReconcileWindow`, `Ledger`.

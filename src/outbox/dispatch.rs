@@ -15,7 +15,8 @@ use tokio::task::JoinSet;
 use crate::client::Client;
 use crate::keys::key::IdempotencyKey;
 use crate::ledger::LedgerError;
-use crate::ledger::outbox::{Backlog, DueQuery, QueuedOperation};
+use crate::ledger::outbox::{Backlog, DueQuery, QueuedOperation, TakeDue};
+use crate::ledger::{HeldRow, LedgerHandle};
 use crate::outcome::error::{Error, ErrorKind};
 use crate::outcome::operation_outcome::Outcome;
 use crate::outcome::report::RetryReport;
@@ -72,7 +73,7 @@ pub struct DispatchPass {
 ///
 /// | setting | default |
 /// |---|---|
-/// | [`batch`](Self::batch) | 64 due rows read per pass |
+/// | [`batch`](Self::batch) | 256 rows taken per [`dispatch_due`](Self::dispatch_due) pass |
 /// | [`concurrency`](Self::concurrency) | 16 sends at once |
 /// | [`idle_poll`](Self::idle_poll) | 1 s between passes that found less than a batch |
 /// | [`not_sent_after`](Self::not_sent_after) | 30 s |
@@ -122,7 +123,7 @@ impl Dispatcher {
         }
         Ok(Dispatcher {
             client,
-            batch: 64,
+            batch: 256,
             concurrency: 16,
             idle_poll: Duration::from_secs(1),
             headers_for: None,
@@ -133,7 +134,8 @@ impl Dispatcher {
         })
     }
 
-    /// At most this many due rows read per pass (at least 1). Default: 64.
+    /// At most this many rows taken by one [`dispatch_due`](Self::dispatch_due) pass (at
+    /// least 1). Default: 256.
     #[must_use]
     pub fn batch(mut self, rows: u32) -> Self {
         self.batch = rows.max(1);
@@ -203,76 +205,36 @@ impl Dispatcher {
         Arc::clone(&self.wake)
     }
 
-    /// One pass: the rows due now (at most a batch), each sent through the client, at most
-    /// [`concurrency`](Self::concurrency) at once. Returns when every send has ended.
+    /// One pass: the rows due now, taken in reads of at least half the free slots (so each
+    /// row sent is already this dispatcher's: no send pays a claim of its own) and sent
+    /// through the client, at most [`concurrency`](Self::concurrency) at once, until none is
+    /// due or a [`batch`](Self::batch) has been taken. Returns when every send has ended.
     /// Dropping the future abandons the sends in progress: each gives its lease back at once,
-    /// its row left not sent (sent again 30 s later) or unknown (for the reconcilers).
+    /// its row left not sent (sent again 30 s later) or unknown (for the reconcilers); rows
+    /// taken but not yet started are taken again when their lease lapses.
     ///
     /// # Errors
     ///
-    /// The ledger's error when the due rows cannot be read (nothing was sent).
+    /// The ledger's error when the first read fails (nothing was sent). A later read that
+    /// fails ends the pass once the sends in progress have ended.
     pub async fn dispatch_due(&self) -> Result<DispatchPass, LedgerError> {
-        let Some(ledger) = self.client.ledger() else {
-            return Ok(DispatchPass::default());
-        };
-        let now = self.client.inner.settings.clock.wall();
-        let query = DueQuery::new(now, self.batch)
-            .not_sent_after(self.not_sent_after)
-            .unknown_after(self.unknown_after);
-        let due = ledger.due(&query).await?;
-        let mut pass = DispatchPass {
-            due: due.len(),
-            ..DispatchPass::default()
-        };
-        let mut waiting = due.into_iter();
-        let mut sending = JoinSet::new();
+        let mut pump = Pump::new(self);
+        let cap = usize::try_from(self.batch).unwrap_or(usize::MAX);
         loop {
-            while sending.len() < self.concurrency {
-                let Some(operation) = waiting.next() else {
-                    break;
-                };
-                sending.spawn(deliver(
-                    self.client.clone(),
-                    operation,
-                    self.headers_for.clone(),
-                ));
+            if pump.more && pump.pass.due < cap && pump.wants_rows() {
+                let limit = pump.free().min(cap - pump.pass.due);
+                pump.refill(limit).await?;
             }
-            let Some(joined) = sending.join_next().await else {
-                break;
-            };
-            let delivery = joined.unwrap_or_else(|join| Delivery {
-                key: String::new(),
-                scope: String::new(),
-                outcome: Outcome::Unknown { key: None },
-                replayed: false,
-                error: Some(format!("the send's task ended without an answer: {join}")),
-                error_kind: None,
-            });
-            let outcome = match delivery.outcome {
-                Outcome::Done { .. } => {
-                    pass.done += 1;
-                    "done"
-                }
-                Outcome::NotDone { .. } => {
-                    pass.not_done += 1;
-                    "not_done"
-                }
-                Outcome::Unknown { .. } => {
-                    pass.unknown += 1;
-                    "unknown"
-                }
-            };
-            metrics::outbox_delivered(outcome);
-            if let Some(hook) = &self.on_outcome {
-                hook(&delivery);
+            if !pump.settle_one().await {
+                return Ok(pump.pass);
             }
         }
-        Ok(pass)
     }
 
     /// How many operations wait (queued, not yet taken) and how long the oldest has waited.
-    /// With the feature `metrics`, [`run_until`](Self::run_until) reads it after every pass
-    /// for the gauges `idempotent_retry.outbox.queued` and `idempotent_retry.outbox.oldest_age`.
+    /// With the feature `metrics`, [`run_until`](Self::run_until) reads it whenever it goes
+    /// idle and when it stops, for the gauges `idempotent_retry.outbox.queued` and
+    /// `idempotent_retry.outbox.oldest_age`.
     ///
     /// # Errors
     ///
@@ -286,50 +248,214 @@ impl Dispatcher {
             .await
     }
 
-    /// Passes until `shutdown` completes: the next pass at once after a full batch, otherwise
-    /// after [`idle_poll`](Self::idle_poll) or a [`waker`](Self::waker) notification. A pass
-    /// in progress when `shutdown` completes finishes first (each send is bounded by the
-    /// client's policy), so no lease is left behind; nothing more is read.
+    /// Sends until `shutdown` completes: the due rows taken as slots free up (as
+    /// [`dispatch_due`](Self::dispatch_due) does, without a pause between reads), and once
+    /// none is due and nothing is in flight, a wait of [`idle_poll`](Self::idle_poll) or
+    /// until the [`waker`](Self::waker) is notified. When `shutdown` completes, nothing more
+    /// is taken and the sends in progress finish (each is bounded by the client's policy), so
+    /// no lease is left behind.
     ///
     /// # Errors
     ///
-    /// The ledger's error when the due rows cannot be read; the sends already made are
-    /// written.
+    /// The ledger's error when a read fails with nothing in flight; the sends already made
+    /// are written.
     pub async fn run_until(&self, shutdown: impl Future<Output = ()>) -> Result<(), LedgerError> {
         let mut shutdown = std::pin::pin!(shutdown);
+        let mut pump = Pump::new(self);
+        let mut stopping = false;
         loop {
-            let pass = self.dispatch_due().await?;
-            if metrics::OUTBOX_GAUGES {
-                match self.backlog().await {
-                    Ok(backlog) => metrics::outbox_backlog(backlog.queued, backlog.oldest_age),
-                    Err(err) => {
-                        tracing::warn!(error = %err, "could not read the outbox's backlog for its gauges")
-                    }
-                }
+            if !stopping && is_ready(shutdown.as_mut()).await {
+                stopping = true;
             }
-            let full = pass.due >= usize::try_from(self.batch).unwrap_or(usize::MAX);
-            // After a full batch, only a look at `shutdown`; otherwise a wait for it, the idle
-            // poll or the waker, whichever comes first.
-            let mut idle = std::pin::pin!(self.client.inner.settings.sleeper.sleep(if full {
-                Duration::ZERO
-            } else {
-                self.idle_poll
-            }));
-            let mut woken = std::pin::pin!(self.wake.notified());
-            let stop = std::future::poll_fn(|cx| {
-                if shutdown.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(true);
+            if !stopping && pump.more && pump.wants_rows() {
+                let limit = pump.free();
+                pump.refill(limit).await?;
+            }
+            if pump.sending.is_empty() {
+                if stopping {
+                    self.gauges().await;
+                    return Ok(());
                 }
-                if full || idle.as_mut().poll(cx).is_ready() || woken.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(false);
+                if !pump.more {
+                    self.gauges().await;
+                    let mut idle =
+                        std::pin::pin!(self.client.inner.settings.sleeper.sleep(self.idle_poll));
+                    let mut woken = std::pin::pin!(self.wake.notified());
+                    let stop = std::future::poll_fn(|cx| {
+                        if shutdown.as_mut().poll(cx).is_ready() {
+                            return Poll::Ready(true);
+                        }
+                        if idle.as_mut().poll(cx).is_ready() || woken.as_mut().poll(cx).is_ready() {
+                            return Poll::Ready(false);
+                        }
+                        Poll::Pending
+                    })
+                    .await;
+                    if stop {
+                        return Ok(());
+                    }
+                    pump.more = true;
                 }
-                Poll::Pending
-            })
-            .await;
-            if stop {
-                return Ok(());
+                continue;
+            }
+            pump.settle_one().await;
+        }
+    }
+
+    /// The backlog gauges, with the feature `metrics`.
+    async fn gauges(&self) {
+        if metrics::OUTBOX_GAUGES {
+            match self.backlog().await {
+                Ok(backlog) => metrics::outbox_backlog(backlog.queued, backlog.oldest_age),
+                Err(err) => tracing::warn!(
+                    error = %err,
+                    "could not read the outbox's backlog for its gauges"
+                ),
             }
         }
+    }
+
+    /// What a take asks of the ledger: `limit` due rows, under a lease token of their own,
+    /// by the client's lease, window and longest retention.
+    fn take_of(&self, handle: &LedgerHandle, limit: usize) -> TakeDue {
+        let settings = &self.client.inner.settings;
+        let now = settings.clock.wall();
+        let options = &handle.options;
+        let window = self.client.policy().reconcile_window();
+        let retention = options
+            .scope_retention
+            .values()
+            .copied()
+            .chain([options.retention])
+            .max()
+            .unwrap_or(options.retention)
+            .max(window.saturating_mul(2));
+        let query = DueQuery::new(now, u32::try_from(limit).unwrap_or(u32::MAX))
+            .not_sent_after(self.not_sent_after)
+            .unknown_after(self.unknown_after);
+        let owner = [options.worker.as_str(), IdempotencyKey::random().as_str()].join("/");
+        TakeDue::new(query, owner, options.lease)
+            .retention(retention)
+            .window_cutoff(crate::ledger::window::cutoff(now, window))
+    }
+}
+
+/// Whether `future` is ready now (polled once, without waiting).
+async fn is_ready(future: std::pin::Pin<&mut impl Future<Output = ()>>) -> bool {
+    let mut future = future;
+    std::future::poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx).is_ready())).await
+}
+
+/// A dispatcher's sends in progress, and what they have done.
+struct Pump<'a> {
+    dispatcher: &'a Dispatcher,
+    sending: JoinSet<Delivery>,
+    pass: DispatchPass,
+    /// Whether the last read found as many rows as it asked for: more may be due.
+    more: bool,
+}
+
+impl<'a> Pump<'a> {
+    fn new(dispatcher: &'a Dispatcher) -> Self {
+        Pump {
+            dispatcher,
+            sending: JoinSet::new(),
+            pass: DispatchPass::default(),
+            more: true,
+        }
+    }
+
+    fn free(&self) -> usize {
+        self.dispatcher
+            .concurrency
+            .saturating_sub(self.sending.len())
+    }
+
+    /// Whether to read now: at least half the slots are free (every one at a concurrency of
+    /// 1), so each read takes several rows at once.
+    fn wants_rows(&self) -> bool {
+        let free = self.free();
+        free > 0 && (free * 2 >= self.dispatcher.concurrency || self.sending.is_empty())
+    }
+
+    /// Takes at most `limit` due rows and starts each one's send.
+    ///
+    /// # Errors
+    ///
+    /// The ledger's error, when nothing is in flight; otherwise it is logged and reading
+    /// stops until the sends in progress have ended.
+    async fn refill(&mut self, limit: usize) -> Result<(), LedgerError> {
+        let settings = &self.dispatcher.client.inner.settings;
+        let Some(handle) = settings.ledger.as_ref() else {
+            self.more = false;
+            return Ok(());
+        };
+        if limit == 0 {
+            return Ok(());
+        }
+        let take = self.dispatcher.take_of(handle, limit);
+        // Before the statement sets the leases: the keeper renews early, never late.
+        let set_at = crate::time::Clock::now(&crate::time::TokioClock::new());
+        let taken = match handle.ledger.take_due(&take).await {
+            Ok(taken) => taken,
+            Err(err) if self.sending.is_empty() => return Err(err),
+            Err(err) => {
+                tracing::warn!(error = %err, "could not take due operations; taking none until the sends in progress end");
+                self.more = false;
+                return Ok(());
+            }
+        };
+        self.more = taken.len() >= limit;
+        self.pass.due += taken.len();
+        for taken in taken {
+            let held = HeldRow {
+                owner: take.owner.clone(),
+                record: taken.record,
+                previous: taken.previous,
+                set_at,
+            };
+            self.sending.spawn(deliver(
+                self.dispatcher.client.clone(),
+                taken.operation,
+                held,
+                self.dispatcher.headers_for.clone(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Waits for one send to end and counts it; `false` when none is in progress.
+    async fn settle_one(&mut self) -> bool {
+        let Some(joined) = self.sending.join_next().await else {
+            return false;
+        };
+        let delivery = joined.unwrap_or_else(|join| Delivery {
+            key: String::new(),
+            scope: String::new(),
+            outcome: Outcome::Unknown { key: None },
+            replayed: false,
+            error: Some(format!("the send's task ended without an answer: {join}")),
+            error_kind: None,
+        });
+        let outcome = match delivery.outcome {
+            Outcome::Done { .. } => {
+                self.pass.done += 1;
+                "done"
+            }
+            Outcome::NotDone { .. } => {
+                self.pass.not_done += 1;
+                "not_done"
+            }
+            Outcome::Unknown { .. } => {
+                self.pass.unknown += 1;
+                "unknown"
+            }
+        };
+        metrics::outbox_delivered(outcome);
+        if let Some(hook) = &self.dispatcher.on_outcome {
+            hook(&delivery);
+        }
+        true
     }
 }
 
@@ -337,6 +463,7 @@ impl Dispatcher {
 async fn deliver(
     client: Client,
     operation: QueuedOperation,
+    held: HeldRow,
     headers_for: Option<HeaderSource>,
 ) -> Delivery {
     let refused = |why: String| Delivery {
@@ -382,6 +509,7 @@ async fn deliver(
         .body(operation.body.clone())
         .idempotency_key(key)
         .ledger_scope(operation.scope.clone())
+        .held(held)
         .send()
         .await;
     let outcome = Outcome::of(&result);

@@ -420,10 +420,15 @@ fn a_dispatcher_counts_what_it_sent_and_gauges_what_is_left() {
             .ledger(ledger)
             .build()
             .expect("valid");
-        // One pass, the gauges read after it, then the shutdown already there.
+        // Stopped once both due operations are sent; the gauges are read as it stops.
+        let sent = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+        let counted = std::sync::Arc::clone(&sent);
         Dispatcher::new(client)
             .expect("a ledger")
-            .run_until(std::future::ready(()))
+            .on_outcome(move |_| counted.add_permits(1))
+            .run_until(async move {
+                let _ = sent.acquire_many(2).await;
+            })
             .await
             .expect("no ledger error");
         assert_eq!(server.hits(), 2);

@@ -1007,6 +1007,23 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
         ))))
     }
 
+    /// Takes the rows [`due`](Self::due) would select (at most the query's limit, oldest due
+    /// first) in one atomic step, each held under `take.owner`'s lease by the rule of
+    /// [`outbox::TakeDue`], skipping rows another dispatcher is taking at the same moment: a
+    /// dispatcher's read, so that each row it sends is already its own and no send pays a
+    /// claim of its own.
+    ///
+    /// # Errors
+    ///
+    /// As [`due`](Self::due); nothing is taken on an error.
+    fn take_due<'a>(&'a self, take: &'a outbox::TakeDue) -> LedgerFuture<'a, Vec<outbox::Taken>> {
+        let _ = take;
+        Box::pin(std::future::ready(Err(LedgerError::invalid(
+            "this ledger keeps no outbox: queue operations in a SqliteLedger or a \
+             PostgresLedger, in the caller's own transaction",
+        ))))
+    }
+
     /// How many operations wait in the outbox (queued, not yet taken) and how long the oldest
     /// has waited, at `now` (on the ledger's clock when it has one): a dispatcher's metrics.
     ///

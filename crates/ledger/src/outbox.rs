@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use super::{LedgerError, OperationStatus};
+use super::{LedgerError, OperationRecord, OperationStatus};
 
 /// An operation to queue: the request as it will be sent (its credentials excepted: those are
 /// added at send time), under its key, for a store to insert in the caller's transaction and
@@ -194,5 +194,112 @@ impl Backlog {
     #[must_use]
     pub fn new(queued: u64, oldest_age: Option<Duration>) -> Self {
         Backlog { queued, oldest_age }
+    }
+}
+
+/// Due operations to take in one step, each held under `owner`'s lease for a dispatcher's
+/// sends: what [`Ledger::take_due`](super::Ledger::take_due) does with a [`DueQuery`].
+///
+/// A row is taken by the rule a claim takes a row over by
+/// ([`Claim::may_take_over`](super::Claim::may_take_over)): a queued or not-sent row starts
+/// its window at [`now`](DueQuery::now) and is kept at least until `now + retention`; a row
+/// in flight under a lapsed lease, or unknown, is taken only inside its window (first
+/// attempted after `window_cutoff`), its window kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TakeDue {
+    /// Which rows, how many, at which present.
+    pub query: DueQuery,
+    /// The lease token every taken row is held under (one per dispatcher read).
+    pub owner: String,
+    /// Each taken row's lease ends this long after `query.now`.
+    pub lease: Duration,
+    /// A row whose window starts now is kept at least this long.
+    pub retention: Duration,
+    /// Rows first attempted at or before this instant are outside their window: not taken.
+    pub window_cutoff: SystemTime,
+}
+
+impl TakeDue {
+    /// Takes the rows `query` selects under `owner` for `lease`.
+    #[must_use]
+    pub fn new(query: DueQuery, owner: impl Into<String>, lease: Duration) -> Self {
+        TakeDue {
+            query,
+            owner: owner.into(),
+            lease,
+            retention: Duration::from_secs(2 * 86_400),
+            window_cutoff: SystemTime::UNIX_EPOCH,
+        }
+    }
+
+    /// See [`retention`](Self::retention). Default: two days.
+    #[must_use]
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// See [`window_cutoff`](Self::window_cutoff). Default: the Unix epoch (every row is
+    /// inside its window).
+    #[must_use]
+    pub fn window_cutoff(mut self, cutoff: SystemTime) -> Self {
+        self.window_cutoff = cutoff;
+        self
+    }
+
+    /// Whether a row whose status was `status` starts a new window when taken: nobody has
+    /// seen its key.
+    #[must_use]
+    pub fn is_fresh(status: OperationStatus) -> bool {
+        matches!(status, OperationStatus::Queued | OperationStatus::NotSent)
+    }
+
+    /// Takes `row` (one [`Ledger::due`](super::Ledger::due) selected under this take's
+    /// query): in flight under this take's lease, its saved response dropped, a fresh row's
+    /// window starting now. Returns its status before. A ledger that scans rows in memory
+    /// applies this; the SQL ledgers state it in their `UPDATE`.
+    pub fn take(&self, row: &mut OperationRecord) -> OperationStatus {
+        let previous = row.status;
+        if Self::is_fresh(previous) {
+            row.first_attempt_at = self.query.now;
+            row.expires_at = row
+                .expires_at
+                .max(super::later(self.query.now, self.retention));
+        }
+        row.status = OperationStatus::InFlight;
+        row.lease_owner = Some(self.owner.clone());
+        row.lease_expires_at = Some(super::later(self.query.now, self.lease));
+        row.response = None;
+        previous
+    }
+}
+
+/// One row [`Ledger::take_due`](super::Ledger::take_due) took: the request to send, the row
+/// as taken (in flight under the take's owner), and its status before.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Taken {
+    /// The request, as it was queued.
+    pub operation: QueuedOperation,
+    /// The row as it is now.
+    pub record: OperationRecord,
+    /// Its status before it was taken.
+    pub previous: OperationStatus,
+}
+
+impl Taken {
+    /// A taken row.
+    #[must_use]
+    pub fn new(
+        operation: QueuedOperation,
+        record: OperationRecord,
+        previous: OperationStatus,
+    ) -> Self {
+        Taken {
+            operation,
+            record,
+            previous,
+        }
     }
 }

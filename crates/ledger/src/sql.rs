@@ -109,23 +109,17 @@ pub const STEPS: &[Step] = &[
     Step {
         from: 4,
         // The outbox: a row queued in the caller's transaction keeps its request (credentials
-        // excepted) and when it is due; NULL in every other row. The partial index serves the
-        // dispatchers' reads of due rows; the view is what callers read in their own SQL.
+        // excepted) and when it is due; NULL in every other row. The dispatchers' reads of due
+        // rows go through the status index of version 2 (no index of its own: each would cost
+        // every enqueue and every status change a write); the view is what callers read in
+        // their own SQL.
         columns: &[
             ("queued_at", "BIGINT"),
             ("not_before", "BIGINT"),
             ("request_headers", "TEXT"),
             ("request_body", BYTES),
         ],
-        statements: |dialect| {
-            vec![
-                format!(
-                    "CREATE INDEX IF NOT EXISTS {TABLE}_queued ON {TABLE} (status, not_before) \
-                     WHERE queued_at IS NOT NULL"
-                ),
-                outbox_view(dialect),
-            ]
-        },
+        statements: |dialect| vec![outbox_view(dialect)],
     },
 ];
 
@@ -160,22 +154,37 @@ fn outbox_view(dialect: Dialect) -> String {
 pub const QUEUED_COLUMNS: &str = "key, scope, fingerprint, method, url, request_headers, \
      request_body, queued_at, not_before, expires_at, status";
 
-/// The due rows, oldest due first: queued ones whose time has come, rows a dispatcher took
-/// and died sending (in flight under a lapsed lease), rows no receiver has seen (`not_sent`)
-/// some time after their last attempt, and, when asked, rows whose outcome is unknown some
-/// time after theirs ([`DueQuery`](super::outbox::DueQuery)). The arguments are the
-/// placeholders (or expressions) of the present, the limit, the `not_sent` delay and the
-/// `unknown` delay in milliseconds (NULL: never).
-pub fn due_query(now: &str, limit: &str, not_sent_after: &str, unknown_after: &str) -> String {
+/// The condition a due row meets: queued and its time come; in flight under a lapsed lease;
+/// not sent (`not_sent`) some time after its last attempt; and, when asked, unknown some time
+/// after its last. The arguments are the placeholders (or expressions) of the present, the
+/// `not_sent` delay and the `unknown` delay in milliseconds (NULL: never), and, for a take,
+/// the window's cutoff: a row in flight or unknown first attempted at or before it is not
+/// due (outside its window, it is the reconcilers').
+pub fn due_condition(
+    now: &str,
+    not_sent_after: &str,
+    unknown_after: &str,
+    cutoff: Option<&str>,
+) -> String {
+    let window = cutoff.map_or_else(String::new, |cutoff| {
+        format!(" AND first_attempt_at > {cutoff}")
+    });
     format!(
-        "SELECT {QUEUED_COLUMNS} FROM {TABLE} WHERE queued_at IS NOT NULL \
+        "queued_at IS NOT NULL \
          AND ((status = 'queued' AND not_before <= {now}) \
-              OR (status = 'in_flight' AND lease_expires_at <= {now}) \
               OR (status = 'not_sent' \
                   AND coalesce(last_attempt_at, first_attempt_at) <= {now} - {not_sent_after}) \
-              OR (status = 'unknown' AND {unknown_after} IS NOT NULL \
-                  AND coalesce(last_attempt_at, first_attempt_at) <= {now} - {unknown_after})) \
-         ORDER BY not_before, key LIMIT {limit}"
+              OR (((status = 'in_flight' AND lease_expires_at <= {now}) \
+                   OR (status = 'unknown' AND {unknown_after} IS NOT NULL \
+                       AND coalesce(last_attempt_at, first_attempt_at) <= {now} - {unknown_after})){window}))"
+    )
+}
+
+/// The due rows ([`due_condition`]), oldest due first, at most `limit`.
+pub fn due_query(now: &str, limit: &str, not_sent_after: &str, unknown_after: &str) -> String {
+    format!(
+        "SELECT {QUEUED_COLUMNS} FROM {TABLE} WHERE {} ORDER BY not_before, key LIMIT {limit}",
+        due_condition(now, not_sent_after, unknown_after, None)
     )
 }
 

@@ -450,6 +450,20 @@ impl Ledger for PostgresLedger {
         })
     }
 
+    fn take_due<'a>(
+        &'a self,
+        take: &'a idempotent_retry_ledger::outbox::TakeDue,
+    ) -> LedgerFuture<'a, Vec<idempotent_retry_ledger::outbox::Taken>> {
+        Box::pin(async move {
+            outbox::take_due(
+                &self.connection().await?,
+                self.clock.base(take.query.now),
+                take,
+            )
+            .await
+        })
+    }
+
     fn backlog(
         &self,
         now: SystemTime,

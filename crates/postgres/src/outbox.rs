@@ -4,13 +4,16 @@
 use std::time::Duration;
 
 use tokio_postgres::GenericClient;
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 
-use idempotent_retry_ledger::outbox::{Backlog, DueQuery, Enqueued, QueuedOperation, key_taken};
-use idempotent_retry_ledger::sql::{QueuedRow, TABLE};
-use idempotent_retry_ledger::{LedgerError, OperationStatus};
+use idempotent_retry_ledger::outbox::{
+    Backlog, DueQuery, Enqueued, QueuedOperation, TakeDue, Taken, key_taken,
+};
+use idempotent_retry_ledger::sql::{COLUMN_COUNT, QueuedRow, TABLE};
+use idempotent_retry_ledger::{LedgerError, OperationStatus, later, millis_after, to_millis};
 
 use super::failure::database;
+use super::row::read_row;
 use super::statements;
 pub use super::statements::QUEUED_CHANNEL;
 
@@ -43,23 +46,26 @@ pub async fn enqueue(
             .duration_since(operation.queued_at)
             .unwrap_or_default(),
     );
-    let kept = delay.saturating_add(millis(operation.retention));
+    let kept = delay
+        .saturating_add(millis(operation.retention))
+        .min(CENTURY_MS);
     let headers = operation.headers_json();
-    let params: [&(dyn ToSql + Sync); 9] = [
-        &operation.key,
-        &operation.scope,
-        &operation.fingerprint,
-        &delay,
-        &kept,
-        &operation.method,
-        &operation.url,
-        &headers,
-        &operation.body,
+    let params: [(&(dyn ToSql + Sync), Type); 9] = [
+        (&operation.key, Type::TEXT),
+        (&operation.scope, Type::TEXT),
+        (&operation.fingerprint, Type::TEXT),
+        (&delay, Type::INT8),
+        (&kept, Type::INT8),
+        (&operation.method, Type::TEXT),
+        (&operation.url, Type::TEXT),
+        (&headers, Type::TEXT),
+        (&operation.body, Type::BYTEA),
     ];
     let inserted = client
-        .query_opt(statements::ENQUEUE.as_str(), &params)
+        .query_typed(statements::ENQUEUE.as_str(), &params)
         .await
-        .map_err(|err| database(err, what))?;
+        .map_err(|err| database(err, what))?
+        .pop();
     if inserted.is_some() {
         return Ok(Enqueued::Queued);
     }
@@ -87,9 +93,15 @@ pub async fn enqueue(
     }
 }
 
-/// A length in milliseconds, at most `i64::MAX`.
+/// A century in milliseconds: the longest delay or retention an enqueue stores, so the
+/// statement's sums never leave BIGINT.
+const CENTURY_MS: i64 = 100 * 365 * 86_400_000;
+
+/// A length in milliseconds, at most a century.
 fn millis(length: Duration) -> i64 {
-    i64::try_from(length.as_millis()).unwrap_or(i64::MAX)
+    i64::try_from(length.as_millis())
+        .unwrap_or(i64::MAX)
+        .min(CENTURY_MS)
 }
 
 /// The operations `query` selects, at the present `base` (or the database's).
@@ -158,4 +170,60 @@ pub(super) async fn backlog(
         u64::try_from(count).unwrap_or(0),
         age.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
     ))
+}
+
+/// The due rows `take` selects, taken in one statement at the present (`base`, or the
+/// database's).
+pub(super) async fn take_due(
+    client: &deadpool_postgres::Object,
+    base: Option<i64>,
+    take: &TakeDue,
+) -> Result<Vec<Taken>, LedgerError> {
+    let what = "cannot take the due operations";
+    let statement = client
+        .prepare_cached(&statements::TAKE_DUE)
+        .await
+        .map_err(|err| database(err, what))?;
+    let query = &take.query;
+    let rows = client
+        .query(
+            &statement,
+            &[
+                &base,
+                &query.not_sent_after_ms(),
+                &query.unknown_after_ms(),
+                &i64::from(query.limit),
+                &millis_after(take.window_cutoff, query.now),
+                &take.owner,
+                &millis_after(later(query.now, take.lease), query.now),
+                &millis_after(later(query.now, take.retention), query.now),
+            ],
+        )
+        .await
+        .map_err(|err| database(err, what))?;
+    let decode = |err: tokio_postgres::Error| {
+        LedgerError::corrupt("cannot decode a taken operation's row").with_source(err)
+    };
+    rows.iter()
+        .map(|row| {
+            let record = read_row(row)?;
+            let previous: String = row.try_get(COLUMN_COUNT).map_err(decode)?;
+            let previous = previous.parse::<OperationStatus>()?;
+            let operation = QueuedRow {
+                key: record.key.clone(),
+                scope: record.scope.clone(),
+                fingerprint: record.fingerprint.clone(),
+                method: record.method.clone(),
+                url: record.url.clone(),
+                request_headers: row.try_get(COLUMN_COUNT + 1).map_err(decode)?,
+                request_body: row.try_get(COLUMN_COUNT + 2).map_err(decode)?,
+                queued_at: row.try_get(COLUMN_COUNT + 3).map_err(decode)?,
+                not_before: row.try_get(COLUMN_COUNT + 4).map_err(decode)?,
+                expires_at: to_millis(record.expires_at),
+                status: previous.as_str().to_owned(),
+            }
+            .into_operation()?;
+            Ok(Taken::new(operation, record, previous))
+        })
+        .collect()
 }

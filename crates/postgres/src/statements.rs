@@ -213,21 +213,20 @@ pub(super) static PURGE: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// An operation queued in the caller's transaction, on the database's clock, and announced
-/// on [`QUEUED_CHANNEL`] (delivered at the transaction's commit), in one statement: one round
-/// trip, as a hand-written insert. Parameters: key, scope, fingerprint, the delay before it is
-/// due, the delay plus its retention, method, URL, headers (JSON), body. Returns the key when
-/// the row was inserted, nothing when the key had one.
+/// on [`QUEUED_CHANNEL`] (delivered at the transaction's commit), in one statement sent with
+/// its parameters' types (no prepare: one round trip). Parameters: key, scope, fingerprint,
+/// the delay before it is due and the delay plus its retention (milliseconds, held below a
+/// century by the caller, so the sums stay in BIGINT), method, URL, headers (JSON), body.
+/// Returns the key when the row was inserted, nothing when the key had one.
 pub(super) static ENQUEUE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH inserted AS (INSERT INTO {TABLE} (key, scope, fingerprint, status, attempts, \
          first_attempt_at, expires_at, method, url, queued_at, not_before, request_headers, \
          request_body) \
-         VALUES ($1, $2, $3, 'queued', 0, {now}, {expires}, $6, $7, {now}, {due}, $8, $9) \
+         SELECT $1, $2, $3, 'queued', 0, present.ms, present.ms + $5, $6, $7, present.ms, \
+         present.ms + $4, $8, $9 FROM (SELECT {DB_NOW} AS ms) AS present \
          ON CONFLICT (key) DO NOTHING RETURNING key) \
-         SELECT key, pg_notify('{QUEUED_CHANNEL}', key)::TEXT FROM inserted",
-        now = now("NULL"),
-        expires = plus("NULL", "$5"),
-        due = plus("NULL", "$4"),
+         SELECT key, pg_notify('{QUEUED_CHANNEL}', key)::TEXT FROM inserted"
     )
 });
 
@@ -239,6 +238,43 @@ pub const QUEUED_CHANNEL: &str = "idempotent_retry_queued";
 /// (`$3`) and the `unknown` one (`$4`, NULL: never), in milliseconds.
 pub(super) static DUE: LazyLock<String> = LazyLock::new(|| {
     idempotent_retry_ledger::sql::due_query(&now("$1"), "$2", "$3::BIGINT", "$4::BIGINT")
+});
+
+/// The due rows taken in one statement, each locked as it is chosen and rows another
+/// session is taking skipped (`SKIP LOCKED`), by [`TakeDue`]'s rule
+/// (idempotent_retry_ledger::outbox::TakeDue). Parameters: base (`now`), the `not_sent` delay,
+/// the `unknown` delay (NULL: never), the limit, the cutoff's offset (negative), owner, lease
+/// length, retention. Returns the row's columns, then its old status, then the outbox's
+/// columns (headers, body, queued at, not before).
+pub(super) static TAKE_DUE: LazyLock<String> = LazyLock::new(|| {
+    let columns = COLUMNS
+        .split(", ")
+        .map(|c| format!("t.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let fresh = "old.status IN ('queued', 'not_sent')";
+    let due = idempotent_retry_ledger::sql::due_condition(
+        &now("$1"),
+        "$2::BIGINT",
+        "$3::BIGINT",
+        Some(&plus("$1", "$5")),
+    );
+    format!(
+        "UPDATE {TABLE} AS t SET status = 'in_flight', lease_owner = $6, \
+         lease_expires_at = {lease}, response_status = NULL, response_headers = NULL, \
+         response_body = NULL, response_url = NULL, \
+         first_attempt_at = CASE WHEN {fresh} THEN {now} ELSE t.first_attempt_at END, \
+         expires_at = CASE WHEN {fresh} THEN GREATEST(t.expires_at, {retention}) \
+         ELSE t.expires_at END \
+         FROM (SELECT key, status FROM {TABLE} WHERE {due} ORDER BY not_before, key \
+               LIMIT $4 FOR UPDATE SKIP LOCKED) AS old \
+         WHERE t.key = old.key \
+         RETURNING {columns}, old.status, t.request_headers, t.request_body, t.queued_at, \
+         t.not_before",
+        lease = plus("$1", "$7"),
+        now = now("$1"),
+        retention = plus("$1", "$8"),
+    )
 });
 
 /// The backlog: how many rows are queued, and how long (milliseconds) the oldest has waited

@@ -591,6 +591,14 @@ impl Ledger for SqliteLedger {
     ) -> LedgerFuture<'_, idempotent_retry_ledger::outbox::Backlog> {
         Box::pin(self.read(move |conn| outbox::backlog(conn, now)))
     }
+
+    fn take_due<'a>(
+        &'a self,
+        take: &'a idempotent_retry_ledger::outbox::TakeDue,
+    ) -> LedgerFuture<'a, Vec<idempotent_retry_ledger::outbox::Taken>> {
+        let take = take.clone();
+        self.batched(move |conn| outbox::take_due(conn, &take))
+    }
 }
 
 #[cfg(test)]

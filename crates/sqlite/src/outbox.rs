@@ -4,11 +4,15 @@
 use rusqlite::{Connection, OptionalExtension, params};
 
 use idempotent_retry_ledger::outbox::{
-    Backlog, DueQuery, Enqueued, QueuedOperation, key_taken, not_migrated,
+    Backlog, DueQuery, Enqueued, QueuedOperation, TakeDue, Taken, key_taken, not_migrated,
 };
-use idempotent_retry_ledger::sql::{BACKLOG_QUERY, QueuedRow, TABLE, due_query};
+use idempotent_retry_ledger::sql::{
+    BACKLOG_QUERY, COLUMN_COUNT, COLUMNS, QueuedRow, RawRow, TABLE, as_stored, due_condition,
+    due_query,
+};
 use idempotent_retry_ledger::{LedgerError, OperationStatus, later, to_millis};
 
+use super::statements::read_row;
 use super::storage;
 
 /// Queues `operation` on `conn`: the caller's connection to the ledger's file, inside the
@@ -142,4 +146,106 @@ pub(super) fn backlog(
             std::time::Duration::from_millis(u64::try_from(now.saturating_sub(at)).unwrap_or(0))
         }),
     ))
+}
+
+/// The due rows `take` selects, taken in one statement (the writer's rule: the `SELECT`
+/// before it changes nothing, and nothing after it can fail): each row built as the
+/// statement left it, by [`TakeDue::take`].
+pub(super) fn take_due(conn: &Connection, take: &TakeDue) -> Result<Vec<Taken>, LedgerError> {
+    let select = format!(
+        "SELECT {COLUMNS}, request_headers, request_body, queued_at, not_before FROM {TABLE} \
+         WHERE {} ORDER BY not_before, key LIMIT ?4",
+        due_condition("?1", "?2", "?3", Some("?5"))
+    );
+    let query = &take.query;
+    let rows: Vec<(RawRow, QueuedExtra)> = conn
+        .prepare_cached(&select)
+        .and_then(|mut statement| {
+            statement
+                .query_map(
+                    params![
+                        to_millis(query.now),
+                        query.not_sent_after_ms(),
+                        query.unknown_after_ms(),
+                        i64::from(query.limit),
+                        to_millis(take.window_cutoff),
+                    ],
+                    |row| {
+                        Ok((
+                            read_row(row)?,
+                            QueuedExtra {
+                                headers: row.get(COLUMN_COUNT)?,
+                                body: row.get(COLUMN_COUNT + 1)?,
+                                queued_at: row.get(COLUMN_COUNT + 2)?,
+                                not_before: row.get(COLUMN_COUNT + 3)?,
+                            },
+                        ))
+                    },
+                )?
+                .collect()
+        })
+        .map_err(|err| storage(err, "cannot read the due operations"))?;
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Decoded before the write, so nothing can fail after it.
+    let mut taken = Vec::with_capacity(rows.len());
+    for (raw, extra) in rows {
+        let operation = QueuedRow {
+            key: raw.key.clone(),
+            scope: raw.scope.clone(),
+            fingerprint: raw.fingerprint.clone(),
+            method: raw.method.clone(),
+            url: raw.url.clone(),
+            request_headers: extra.headers,
+            request_body: extra.body,
+            queued_at: extra.queued_at,
+            not_before: extra.not_before,
+            expires_at: raw.expires_at,
+            status: raw.status.clone(),
+        }
+        .into_operation()?;
+        taken.push((operation, raw.into_record()?));
+    }
+    // The keys as parameters ?5, ?6, ...: the statement's text depends only on their count.
+    let placeholders = (0..taken.len())
+        .map(|n| format!("?{}", n + 5))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let lease_until = to_millis(later(query.now, take.lease));
+    let now = to_millis(query.now);
+    let kept_until = to_millis(later(query.now, take.retention));
+    let mut values: Vec<&dyn rusqlite::ToSql> = vec![&take.owner, &lease_until, &now, &kept_until];
+    values.extend(
+        taken
+            .iter()
+            .map(|(operation, _)| &operation.key as &dyn rusqlite::ToSql),
+    );
+    conn.prepare_cached(&format!(
+        "UPDATE {TABLE} SET status = 'in_flight', lease_owner = ?1, lease_expires_at = ?2, \
+         response_status = NULL, response_headers = NULL, response_body = NULL, \
+         response_url = NULL, \
+         first_attempt_at = CASE WHEN status IN ('queued', 'not_sent') THEN ?3 \
+         ELSE first_attempt_at END, \
+         expires_at = CASE WHEN status IN ('queued', 'not_sent') THEN max(expires_at, ?4) \
+         ELSE expires_at END \
+         WHERE key IN ({placeholders})"
+    ))
+    .and_then(|mut statement| statement.execute(values.as_slice()))
+    .map_err(|err| storage(err, "cannot take the due operations"))?;
+    Ok(taken
+        .into_iter()
+        .map(|(operation, mut record)| {
+            let previous = take.take(&mut record);
+            Taken::new(operation, as_stored(record), previous)
+        })
+        .collect())
+}
+
+/// The outbox's columns of a row read with the ledger's.
+struct QueuedExtra {
+    headers: Option<String>,
+    body: Option<Vec<u8>>,
+    queued_at: i64,
+    not_before: Option<i64>,
 }
