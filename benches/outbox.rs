@@ -207,9 +207,17 @@ async fn dispatch_against_send(
     concurrency: usize,
     round: usize,
 ) -> [f64; 2] {
-    let mut rates = [0.0; 2];
+    let mut rates = [f64::NAN; 2];
     let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+    // `--only dispatcher` or `--only send`: one contender, for a profiler.
+    let only = std::env::args()
+        .skip_while(|a| a != "--only")
+        .nth(1)
+        .map(|name| usize::from(name == "send"));
     for contender in order {
+        if only.is_some_and(|only| only != contender) {
+            continue;
+        }
         let tag = format!("{round}-{concurrency}-{contender}");
         let started;
         if contender == 0 {
@@ -345,6 +353,8 @@ async fn main() {
     };
     let rounds = arg("--rounds", 5);
     let operations = arg("--operations", 1000);
+    // `--dispatch-only C`: part 2 alone, on SQLite, at concurrency C (for a profiler).
+    let dispatch_only = arg("--dispatch-only", 0);
     let pg = std::env::var("IDEMPOTENT_RETRY_PG_URL").ok();
     let server = common::start_server().await;
     let dir = tempfile::tempdir().expect("temp dir");
@@ -357,6 +367,36 @@ async fn main() {
         ))
         .expect("tables");
     println!("outbox bench: {rounds} rounds, {operations} operations per contender and round");
+
+    if dispatch_only > 0 {
+        let sqlite_client = client(sqlite.clone());
+        let mut pairs = Vec::new();
+        for round in 0..rounds {
+            let path = path.clone();
+            let server = server.clone();
+            pairs.push(
+                dispatch_against_send(
+                    &sqlite_client,
+                    async |count, tag| {
+                        let mut conn = Connection::open(&path).expect("open");
+                        let tx = conn.transaction().expect("begin");
+                        for n in 0..count {
+                            outbox::sqlite::enqueue(&tx, &enqueue_of(&server, n, tag))
+                                .expect("queued");
+                        }
+                        tx.commit().expect("commit");
+                    },
+                    &server,
+                    operations,
+                    dispatch_only,
+                    round,
+                )
+                .await,
+            );
+        }
+        print_dispatch("sqlite", dispatch_only, &pairs);
+        return;
+    }
 
     // Part 1.
     let mut figures: Vec<[f64; 4]> = Vec::new();

@@ -7,15 +7,15 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
+use futures_util::stream::{FuturesUnordered, Stream};
 use http::Method;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use tokio::sync::Notify;
-use tokio::task::JoinSet;
 
 use crate::client::Client;
 use crate::keys::key::IdempotencyKey;
 use crate::ledger::LedgerError;
-use crate::ledger::outbox::{Backlog, DueQuery, QueuedOperation, TakeDue};
+use crate::ledger::outbox::{Backlog, DueQuery, QueuedOperation, TakeDue, Taken};
 use crate::ledger::{HeldRow, LedgerHandle};
 use crate::outcome::error::{Error, ErrorKind};
 use crate::outcome::operation_outcome::Outcome;
@@ -221,11 +221,8 @@ impl Dispatcher {
         let mut pump = Pump::new(self);
         let cap = usize::try_from(self.batch).unwrap_or(usize::MAX);
         loop {
-            if pump.more && pump.pass.due < cap && pump.wants_rows() {
-                let limit = pump.free().min(cap - pump.pass.due);
-                pump.refill(limit).await?;
-            }
-            if !pump.settle_one().await {
+            let left = cap.saturating_sub(pump.pass.due);
+            if !pump.step(left).await? {
                 return Ok(pump.pass);
             }
         }
@@ -267,38 +264,32 @@ impl Dispatcher {
             if !stopping && is_ready(shutdown.as_mut()).await {
                 stopping = true;
             }
-            if !stopping && pump.more && pump.wants_rows() {
-                let limit = pump.free();
-                pump.refill(limit).await?;
-            }
-            if pump.sending.is_empty() {
-                if stopping {
-                    self.gauges().await;
-                    return Ok(());
-                }
-                if !pump.more {
-                    self.gauges().await;
-                    let mut idle =
-                        std::pin::pin!(self.client.inner.settings.sleeper.sleep(self.idle_poll));
-                    let mut woken = std::pin::pin!(self.wake.notified());
-                    let stop = std::future::poll_fn(|cx| {
-                        if shutdown.as_mut().poll(cx).is_ready() {
-                            return Poll::Ready(true);
-                        }
-                        if idle.as_mut().poll(cx).is_ready() || woken.as_mut().poll(cx).is_ready() {
-                            return Poll::Ready(false);
-                        }
-                        Poll::Pending
-                    })
-                    .await;
-                    if stop {
-                        return Ok(());
-                    }
-                    pump.more = true;
-                }
+            let left = if stopping { 0 } else { usize::MAX };
+            if pump.step(left).await? {
                 continue;
             }
-            pump.settle_one().await;
+            // Nothing in flight and no read pending.
+            if stopping {
+                self.gauges().await;
+                return Ok(());
+            }
+            self.gauges().await;
+            let mut idle = std::pin::pin!(self.client.inner.settings.sleeper.sleep(self.idle_poll));
+            let mut woken = std::pin::pin!(self.wake.notified());
+            let stop = std::future::poll_fn(|cx| {
+                if shutdown.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(true);
+                }
+                if idle.as_mut().poll(cx).is_ready() || woken.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(false);
+                }
+                Poll::Pending
+            })
+            .await;
+            if stop {
+                return Ok(());
+            }
+            pump.more = true;
         }
     }
 
@@ -346,10 +337,30 @@ async fn is_ready(future: std::pin::Pin<&mut impl Future<Output = ()>>) -> bool 
     std::future::poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx).is_ready())).await
 }
 
-/// A dispatcher's sends in progress, and what they have done.
+/// What a read of due rows gave.
+struct Took {
+    taken: Result<Vec<Taken>, LedgerError>,
+    /// The lease token its rows are held under.
+    owner: String,
+    /// How many rows it asked for: fewer found means what is due is drained.
+    asked: usize,
+    /// When its leases were set, at the latest (before the statement).
+    set_at: tokio::time::Instant,
+}
+
+/// A read of due rows in progress.
+type PendingTake = std::pin::Pin<Box<dyn Future<Output = Took> + Send>>;
+
+/// A dispatcher's sends in progress, the read of more rows beside them, and what they have
+/// done.
 struct Pump<'a> {
     dispatcher: &'a Dispatcher,
-    sending: JoinSet<Delivery>,
+    /// Polled on the dispatcher's own task, as `buffer_unordered` would: no hop between
+    /// threads per send.
+    sending: FuturesUnordered<std::pin::Pin<Box<dyn Future<Output = Delivery> + Send>>>,
+    /// The read of due rows in progress: it runs while the sends go on, so slots are filled
+    /// again as soon as it returns.
+    pending: Option<PendingTake>,
     pass: DispatchPass,
     /// Whether the last read found as many rows as it asked for: more may be due.
     more: bool,
@@ -359,7 +370,8 @@ impl<'a> Pump<'a> {
     fn new(dispatcher: &'a Dispatcher) -> Self {
         Pump {
             dispatcher,
-            sending: JoinSet::new(),
+            sending: FuturesUnordered::new(),
+            pending: None,
             pass: DispatchPass::default(),
             more: true,
         }
@@ -371,32 +383,78 @@ impl<'a> Pump<'a> {
             .saturating_sub(self.sending.len())
     }
 
-    /// Whether to read now: at least half the slots are free (every one at a concurrency of
-    /// 1), so each read takes several rows at once.
+    /// Whether to read now: a quarter of the slots are free (every one at a low
+    /// concurrency), so each read takes several rows at once.
     fn wants_rows(&self) -> bool {
         let free = self.free();
-        free > 0 && (free * 2 >= self.dispatcher.concurrency || self.sending.is_empty())
+        free > 0 && (free * 8 >= self.dispatcher.concurrency || self.sending.is_empty())
     }
 
-    /// Takes at most `limit` due rows and starts each one's send.
+    /// Starts a read of at most `limit` due rows, when there may be some, slots are free and
+    /// none is in progress; then waits for the read to return (its rows' sends started) or
+    /// for a send to end (counted). `false` when nothing is in flight and no read is pending.
     ///
     /// # Errors
     ///
-    /// The ledger's error, when nothing is in flight; otherwise it is logged and reading
-    /// stops until the sends in progress have ended.
-    async fn refill(&mut self, limit: usize) -> Result<(), LedgerError> {
-        let settings = &self.dispatcher.client.inner.settings;
-        let Some(handle) = settings.ledger.as_ref() else {
-            self.more = false;
-            return Ok(());
-        };
-        if limit == 0 {
-            return Ok(());
+    /// The ledger's error when a read fails with nothing in flight; with sends in flight it
+    /// is logged and reading stops until they have ended.
+    async fn step(&mut self, limit: usize) -> Result<bool, LedgerError> {
+        if self.pending.is_none() && self.more && limit > 0 && self.wants_rows() {
+            self.pending = self.start_take(self.free().min(limit).min(256));
         }
+        if self.pending.is_none() && self.sending.is_empty() {
+            return Ok(false);
+        }
+        enum Event {
+            Took(Took),
+            Ended(Delivery),
+        }
+        let event = std::future::poll_fn(|cx| {
+            if let Some(pending) = self.pending.as_mut()
+                && let Poll::Ready(took) = pending.as_mut().poll(cx)
+            {
+                return Poll::Ready(Event::Took(took));
+            }
+            if !self.sending.is_empty()
+                && let Poll::Ready(Some(ended)) =
+                    std::pin::Pin::new(&mut self.sending).poll_next(cx)
+            {
+                return Poll::Ready(Event::Ended(ended));
+            }
+            Poll::Pending
+        })
+        .await;
+        match event {
+            Event::Took(took) => {
+                self.pending = None;
+                self.started(took)?;
+            }
+            Event::Ended(ended) => self.settled(ended),
+        }
+        Ok(true)
+    }
+
+    /// The read of at most `limit` due rows, under a lease token of its own; `None` without a
+    /// ledger.
+    fn start_take(&mut self, limit: usize) -> Option<PendingTake> {
+        let handle = self.dispatcher.client.inner.settings.ledger.as_ref()?;
         let take = self.dispatcher.take_of(handle, limit);
+        let ledger = Arc::clone(&handle.ledger);
         // Before the statement sets the leases: the keeper renews early, never late.
         let set_at = crate::time::Clock::now(&crate::time::TokioClock::new());
-        let taken = match handle.ledger.take_due(&take).await {
+        Some(Box::pin(async move {
+            Took {
+                taken: ledger.take_due(&take).await,
+                owner: take.owner,
+                asked: limit,
+                set_at,
+            }
+        }))
+    }
+
+    /// Starts the sends of the rows a read took.
+    fn started(&mut self, took: Took) -> Result<(), LedgerError> {
+        let taken = match took.taken {
             Ok(taken) => taken,
             Err(err) if self.sending.is_empty() => return Err(err),
             Err(err) => {
@@ -405,38 +463,27 @@ impl<'a> Pump<'a> {
                 return Ok(());
             }
         };
-        self.more = taken.len() >= limit;
+        self.more = taken.len() >= took.asked;
         self.pass.due += taken.len();
         for taken in taken {
             let held = HeldRow {
-                owner: take.owner.clone(),
+                owner: took.owner.clone(),
                 record: taken.record,
                 previous: taken.previous,
-                set_at,
+                set_at: took.set_at,
             };
-            self.sending.spawn(deliver(
+            self.sending.push(Box::pin(deliver(
                 self.dispatcher.client.clone(),
                 taken.operation,
                 held,
                 self.dispatcher.headers_for.clone(),
-            ));
+            )));
         }
         Ok(())
     }
 
-    /// Waits for one send to end and counts it; `false` when none is in progress.
-    async fn settle_one(&mut self) -> bool {
-        let Some(joined) = self.sending.join_next().await else {
-            return false;
-        };
-        let delivery = joined.unwrap_or_else(|join| Delivery {
-            key: String::new(),
-            scope: String::new(),
-            outcome: Outcome::Unknown { key: None },
-            replayed: false,
-            error: Some(format!("the send's task ended without an answer: {join}")),
-            error_kind: None,
-        });
+    /// Counts a send that ended, and runs the hook.
+    fn settled(&mut self, delivery: Delivery) {
         let outcome = match delivery.outcome {
             Outcome::Done { .. } => {
                 self.pass.done += 1;
@@ -455,7 +502,6 @@ impl<'a> Pump<'a> {
         if let Some(hook) = &self.dispatcher.on_outcome {
             hook(&delivery);
         }
-        true
     }
 }
 

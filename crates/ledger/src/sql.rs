@@ -109,17 +109,25 @@ pub const STEPS: &[Step] = &[
     Step {
         from: 4,
         // The outbox: a row queued in the caller's transaction keeps its request (credentials
-        // excepted) and when it is due; NULL in every other row. The dispatchers' reads of due
-        // rows go through the status index of version 2 (no index of its own: each would cost
-        // every enqueue and every status change a write); the view is what callers read in
-        // their own SQL.
+        // excepted) and when it is due; NULL in every other row. The dispatchers' reads of
+        // queued rows go through a partial index of the queued ones alone (small: a row leaves
+        // it when it is taken), the other due rows through the status index of version 2;
+        // the view is what callers read in their own SQL.
         columns: &[
             ("queued_at", "BIGINT"),
             ("not_before", "BIGINT"),
             ("request_headers", "TEXT"),
             ("request_body", BYTES),
         ],
-        statements: |dialect| vec![outbox_view(dialect)],
+        statements: |dialect| {
+            vec![
+                format!(
+                    "CREATE INDEX IF NOT EXISTS {TABLE}_queued ON {TABLE} (not_before, key) \
+                     WHERE status = 'queued'"
+                ),
+                outbox_view(dialect),
+            ]
+        },
     },
 ];
 
@@ -154,12 +162,86 @@ fn outbox_view(dialect: Dialect) -> String {
 pub const QUEUED_COLUMNS: &str = "key, scope, fingerprint, method, url, request_headers, \
      request_body, queued_at, not_before, expires_at, status";
 
-/// The condition a due row meets: queued and its time come; in flight under a lapsed lease;
-/// not sent (`not_sent`) some time after its last attempt; and, when asked, unknown some time
-/// after its last. The arguments are the placeholders (or expressions) of the present, the
-/// `not_sent` delay and the `unknown` delay in milliseconds (NULL: never), and, for a take,
-/// the window's cutoff: a row in flight or unknown first attempted at or before it is not
-/// due (outside its window, it is the reconcilers').
+/// The due rows, oldest due first, as four `SELECT`s of `columns` (which must include `key`
+/// and `not_before`), each ordered and cut to `limit` on its own: queued ones whose time has
+/// come (walking the partial index of queued rows in order, so a read stops after `limit`
+/// rows however long the backlog); rows in flight under a lapsed lease; rows no receiver has
+/// seen (`not_sent`) some time after their last attempt; and, when asked, rows whose outcome
+/// is unknown some time after their last (each through the status index). The arguments are
+/// the placeholders (or expressions) of the present, the limit, the `not_sent` delay and the
+/// `unknown` delay in milliseconds (NULL: never), and, for a take, the window's cutoff: a row
+/// in flight or unknown first attempted at or before it is not due (outside its window, it
+/// is the reconcilers'). [`due_query`] joins them; SQLite runs them one by one (it would
+/// read a compound's first branch whole).
+pub fn due_branches(
+    dialect: Dialect,
+    columns: &str,
+    (now, limit): (&str, &str),
+    (not_sent_after, unknown_after): (&str, &str),
+    cutoff: Option<&str>,
+) -> [String; 4] {
+    let window = cutoff.map_or_else(String::new, |cutoff| {
+        format!(" AND first_attempt_at > {cutoff}")
+    });
+    // SQLite, without statistics, would rather read the status index and sort every queued
+    // row: it is told which index walks them in order.
+    let queued_index = match dialect {
+        Dialect::Sqlite => format!(" INDEXED BY {TABLE}_queued"),
+        Dialect::Postgres => String::new(),
+    };
+    let branch = |from: String, condition: String| {
+        format!(
+            "SELECT {columns} FROM {from} WHERE {condition} ORDER BY not_before, key LIMIT {limit}"
+        )
+    };
+    [
+        branch(
+            format!("{TABLE}{queued_index}"),
+            format!("status = 'queued' AND not_before <= {now}"),
+        ),
+        branch(
+            TABLE.to_owned(),
+            format!(
+                "status = 'in_flight' AND queued_at IS NOT NULL \
+                 AND lease_expires_at <= {now}{window}"
+            ),
+        ),
+        branch(
+            TABLE.to_owned(),
+            format!(
+                "status = 'not_sent' AND queued_at IS NOT NULL \
+                 AND coalesce(last_attempt_at, first_attempt_at) <= {now} - {not_sent_after}"
+            ),
+        ),
+        branch(
+            TABLE.to_owned(),
+            format!(
+                "status = 'unknown' AND queued_at IS NOT NULL AND {unknown_after} IS NOT NULL \
+                 AND coalesce(last_attempt_at, first_attempt_at) <= {now} - {unknown_after}{window}"
+            ),
+        ),
+    ]
+}
+
+/// [`due_branches`] as one compound `SELECT`, oldest due first, at most `limit`.
+pub fn due_query(
+    dialect: Dialect,
+    columns: &str,
+    (now, limit): (&str, &str),
+    delays: (&str, &str),
+    cutoff: Option<&str>,
+) -> String {
+    let union = due_branches(dialect, columns, (now, limit), delays, cutoff)
+        .into_iter()
+        .enumerate()
+        .map(|(n, branch)| format!("SELECT * FROM ({branch}) AS due_{n}"))
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ");
+    format!("{union} ORDER BY not_before, key LIMIT {limit}")
+}
+
+/// The condition a due row meets, on one row ([`due_query`]'s, for a statement that checks a
+/// row again as it locks it).
 pub fn due_condition(
     now: &str,
     not_sent_after: &str,
@@ -177,14 +259,6 @@ pub fn due_condition(
               OR (((status = 'in_flight' AND lease_expires_at <= {now}) \
                    OR (status = 'unknown' AND {unknown_after} IS NOT NULL \
                        AND coalesce(last_attempt_at, first_attempt_at) <= {now} - {unknown_after})){window}))"
-    )
-}
-
-/// The due rows ([`due_condition`]), oldest due first, at most `limit`.
-pub fn due_query(now: &str, limit: &str, not_sent_after: &str, unknown_after: &str) -> String {
-    format!(
-        "SELECT {QUEUED_COLUMNS} FROM {TABLE} WHERE {} ORDER BY not_before, key LIMIT {limit}",
-        due_condition(now, not_sent_after, unknown_after, None)
     )
 }
 

@@ -237,7 +237,13 @@ pub const QUEUED_CHANNEL: &str = "idempotent_retry_queued";
 /// The due rows, on the present (`$1`, the base), with a limit (`$2`), the `not_sent` delay
 /// (`$3`) and the `unknown` one (`$4`, NULL: never), in milliseconds.
 pub(super) static DUE: LazyLock<String> = LazyLock::new(|| {
-    idempotent_retry_ledger::sql::due_query(&now("$1"), "$2", "$3::BIGINT", "$4::BIGINT")
+    idempotent_retry_ledger::sql::due_query(
+        idempotent_retry_ledger::sql::Dialect::Postgres,
+        idempotent_retry_ledger::sql::QUEUED_COLUMNS,
+        (&now("$1"), "$2"),
+        ("$3::BIGINT", "$4::BIGINT"),
+        None,
+    )
 });
 
 /// The due rows taken in one statement, each locked as it is chosen and rows another
@@ -253,11 +259,21 @@ pub(super) static TAKE_DUE: LazyLock<String> = LazyLock::new(|| {
         .collect::<Vec<_>>()
         .join(", ");
     let fresh = "old.status IN ('queued', 'not_sent')";
+    let cutoff = plus("$1", "$5");
+    let chosen = idempotent_retry_ledger::sql::due_query(
+        idempotent_retry_ledger::sql::Dialect::Postgres,
+        "key, not_before",
+        (&now("$1"), "$4"),
+        ("$2::BIGINT", "$3::BIGINT"),
+        Some(&cutoff),
+    );
+    // Checked again as each row is locked: a row another take has just committed (in flight
+    // now, under its live lease) no longer meets it, and is left.
     let due = idempotent_retry_ledger::sql::due_condition(
         &now("$1"),
         "$2::BIGINT",
         "$3::BIGINT",
-        Some(&plus("$1", "$5")),
+        Some(&cutoff),
     );
     format!(
         "UPDATE {TABLE} AS t SET status = 'in_flight', lease_owner = $6, \
@@ -266,8 +282,9 @@ pub(super) static TAKE_DUE: LazyLock<String> = LazyLock::new(|| {
          first_attempt_at = CASE WHEN {fresh} THEN {now} ELSE t.first_attempt_at END, \
          expires_at = CASE WHEN {fresh} THEN GREATEST(t.expires_at, {retention}) \
          ELSE t.expires_at END \
-         FROM (SELECT key, status FROM {TABLE} WHERE {due} ORDER BY not_before, key \
-               LIMIT $4 FOR UPDATE SKIP LOCKED) AS old \
+         FROM (SELECT key, status FROM {TABLE} \
+               WHERE key IN (SELECT key FROM ({chosen}) AS due) AND {due} \
+               FOR UPDATE SKIP LOCKED) AS old \
          WHERE t.key = old.key \
          RETURNING {columns}, old.status, t.request_headers, t.request_body, t.queued_at, \
          t.not_before",

@@ -454,6 +454,9 @@ fn has_table(conn: &Connection) -> Result<bool, LedgerError> {
 }
 
 fn configure(conn: &Connection, timeout: Duration) -> Result<(), LedgerError> {
+    // Room for every statement the ledger runs (the outbox's take has a few texts), so none
+    // is parsed again after its first use.
+    conn.set_prepared_statement_cache_capacity(64);
     conn.busy_timeout(timeout)
         .map_err(|err| storage(err, "cannot configure"))
 }

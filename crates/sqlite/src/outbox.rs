@@ -1,14 +1,16 @@
 //! The outbox in SQLite: an operation queued on the caller's own connection to the ledger's
 //! file, inside the caller's transaction, and the due rows a dispatcher reads back.
 
+use std::sync::LazyLock;
+
 use rusqlite::{Connection, OptionalExtension, params};
 
 use idempotent_retry_ledger::outbox::{
     Backlog, DueQuery, Enqueued, QueuedOperation, TakeDue, Taken, key_taken, not_migrated,
 };
 use idempotent_retry_ledger::sql::{
-    BACKLOG_QUERY, COLUMN_COUNT, COLUMNS, QueuedRow, RawRow, TABLE, as_stored, due_condition,
-    due_query,
+    BACKLOG_QUERY, COLUMN_COUNT, COLUMNS, Dialect, QUEUED_COLUMNS, QueuedRow, RawRow, TABLE,
+    as_stored, due_branches,
 };
 use idempotent_retry_ledger::{LedgerError, OperationStatus, later, to_millis};
 
@@ -99,34 +101,35 @@ pub(super) fn due(
     conn: &Connection,
     query: &DueQuery,
 ) -> Result<Vec<QueuedOperation>, LedgerError> {
-    let rows: Vec<QueuedRow> = conn
-        .prepare_cached(&due_query("?1", "?2", "?3", "?4"))
-        .and_then(|mut statement| {
-            let bound = params![
-                to_millis(query.now),
-                i64::from(query.limit),
-                query.not_sent_after_ms(),
-                query.unknown_after_ms(),
-            ];
-            statement
-                .query_map(bound, |row| {
-                    Ok(QueuedRow {
-                        key: row.get(0)?,
-                        scope: row.get(1)?,
-                        fingerprint: row.get(2)?,
-                        method: row.get(3)?,
-                        url: row.get(4)?,
-                        request_headers: row.get(5)?,
-                        request_body: row.get(6)?,
-                        queued_at: row.get(7)?,
-                        not_before: row.get(8)?,
-                        expires_at: row.get(9)?,
-                        status: row.get(10)?,
-                    })
-                })?
-                .collect()
-        })
-        .map_err(|err| storage(err, "cannot read the due operations"))?;
+    let values: [&dyn rusqlite::ToSql; 4] = [
+        &to_millis(query.now),
+        &i64::from(query.limit),
+        &query.not_sent_after_ms(),
+        &query.unknown_after_ms(),
+    ];
+    let mut rows: Vec<QueuedRow> = Vec::new();
+    for branch in DUE_SELECT.iter() {
+        rows.extend(
+            branch_rows(conn, branch, &values, |row| {
+                Ok(QueuedRow {
+                    key: row.get(0)?,
+                    scope: row.get(1)?,
+                    fingerprint: row.get(2)?,
+                    method: row.get(3)?,
+                    url: row.get(4)?,
+                    request_headers: row.get(5)?,
+                    request_body: row.get(6)?,
+                    queued_at: row.get(7)?,
+                    not_before: row.get(8)?,
+                    expires_at: row.get(9)?,
+                    status: row.get(10)?,
+                })
+            })
+            .map_err(|err| storage(err, "cannot read the due operations"))?,
+        );
+    }
+    rows.sort_by(|a, b| (a.not_before, &a.key).cmp(&(b.not_before, &b.key)));
+    rows.truncate(usize::try_from(query.limit).unwrap_or(usize::MAX));
     rows.into_iter().map(QueuedRow::into_operation).collect()
 }
 
@@ -152,39 +155,35 @@ pub(super) fn backlog(
 /// before it changes nothing, and nothing after it can fail): each row built as the
 /// statement left it, by [`TakeDue::take`].
 pub(super) fn take_due(conn: &Connection, take: &TakeDue) -> Result<Vec<Taken>, LedgerError> {
-    let select = format!(
-        "SELECT {COLUMNS}, request_headers, request_body, queued_at, not_before FROM {TABLE} \
-         WHERE {} ORDER BY not_before, key LIMIT ?4",
-        due_condition("?1", "?2", "?3", Some("?5"))
-    );
     let query = &take.query;
-    let rows: Vec<(RawRow, QueuedExtra)> = conn
-        .prepare_cached(&select)
-        .and_then(|mut statement| {
-            statement
-                .query_map(
-                    params![
-                        to_millis(query.now),
-                        query.not_sent_after_ms(),
-                        query.unknown_after_ms(),
-                        i64::from(query.limit),
-                        to_millis(take.window_cutoff),
-                    ],
-                    |row| {
-                        Ok((
-                            read_row(row)?,
-                            QueuedExtra {
-                                headers: row.get(COLUMN_COUNT)?,
-                                body: row.get(COLUMN_COUNT + 1)?,
-                                queued_at: row.get(COLUMN_COUNT + 2)?,
-                                not_before: row.get(COLUMN_COUNT + 3)?,
-                            },
-                        ))
+    let now = to_millis(query.now);
+    let cutoff = to_millis(take.window_cutoff);
+    let values: [&dyn rusqlite::ToSql; 5] = [
+        &now,
+        &query.not_sent_after_ms(),
+        &query.unknown_after_ms(),
+        &i64::from(query.limit),
+        &cutoff,
+    ];
+    let mut rows: Vec<(RawRow, QueuedExtra)> = Vec::new();
+    for branch in TAKE_SELECT.iter() {
+        rows.extend(
+            branch_rows(conn, branch, &values, |row| {
+                Ok((
+                    read_row(row)?,
+                    QueuedExtra {
+                        headers: row.get(COLUMN_COUNT)?,
+                        body: row.get(COLUMN_COUNT + 1)?,
+                        queued_at: row.get(COLUMN_COUNT + 2)?,
+                        not_before: row.get(COLUMN_COUNT + 3)?,
                     },
-                )?
-                .collect()
-        })
-        .map_err(|err| storage(err, "cannot read the due operations"))?;
+                ))
+            })
+            .map_err(|err| storage(err, "cannot read the due operations"))?,
+        );
+    }
+    rows.sort_by(|(a, x), (b, y)| (x.not_before, &a.key).cmp(&(y.not_before, &b.key)));
+    rows.truncate(usize::try_from(query.limit).unwrap_or(usize::MAX));
     if rows.is_empty() {
         return Ok(Vec::new());
     }
@@ -207,20 +206,23 @@ pub(super) fn take_due(conn: &Connection, take: &TakeDue) -> Result<Vec<Taken>, 
         .into_operation()?;
         taken.push((operation, raw.into_record()?));
     }
-    // The keys as parameters ?5, ?6, ...: the statement's text depends only on their count.
-    let placeholders = (0..taken.len())
+    // The keys as parameters ?5, ?6, ..., padded with NULLs (which match no key) to a power
+    // of two: a handful of statement texts, each prepared once.
+    let slots = taken.len().next_power_of_two();
+    let placeholders = (0..slots)
         .map(|n| format!("?{}", n + 5))
         .collect::<Vec<_>>()
         .join(", ");
     let lease_until = to_millis(later(query.now, take.lease));
-    let now = to_millis(query.now);
     let kept_until = to_millis(later(query.now, take.retention));
+    let none: Option<&str> = None;
     let mut values: Vec<&dyn rusqlite::ToSql> = vec![&take.owner, &lease_until, &now, &kept_until];
     values.extend(
         taken
             .iter()
             .map(|(operation, _)| &operation.key as &dyn rusqlite::ToSql),
     );
+    values.resize(4 + slots, &none);
     conn.prepare_cached(&format!(
         "UPDATE {TABLE} SET status = 'in_flight', lease_owner = ?1, lease_expires_at = ?2, \
          response_status = NULL, response_headers = NULL, response_body = NULL, \
@@ -240,6 +242,53 @@ pub(super) fn take_due(conn: &Connection, take: &TakeDue) -> Result<Vec<Taken>, 
             Taken::new(operation, as_stored(record), previous)
         })
         .collect())
+}
+
+/// The due rows [`due`] reads; its parameters are the present, the limit, the `not_sent`
+/// delay and the `unknown` delay.
+static DUE_SELECT: LazyLock<[String; 4]> = LazyLock::new(|| {
+    due_branches(
+        Dialect::Sqlite,
+        QUEUED_COLUMNS,
+        ("?1", "?2"),
+        ("?3", "?4"),
+        None,
+    )
+});
+
+/// The due rows a take reads, with the ledger's columns and the outbox's; its parameters are
+/// the present, the `not_sent` delay, the `unknown` delay, the limit and the window's cutoff.
+static TAKE_SELECT: LazyLock<[String; 4]> = LazyLock::new(|| {
+    due_branches(
+        Dialect::Sqlite,
+        &format!("{COLUMNS}, request_headers, request_body, queued_at, not_before"),
+        ("?1", "?4"),
+        ("?2", "?3"),
+        Some("?5"),
+    )
+});
+
+/// The rows of one of [`due_branches`]' statements, its parameters bound by their numbers
+/// from `values` (each branch uses some of them).
+fn branch_rows<T>(
+    conn: &Connection,
+    sql: &str,
+    values: &[&dyn rusqlite::ToSql],
+    mut read: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<Vec<T>> {
+    let mut statement = conn.prepare_cached(sql)?;
+    for index in 1..=statement.parameter_count() {
+        let value = values
+            .get(index - 1)
+            .ok_or(rusqlite::Error::InvalidParameterCount(index, values.len()))?;
+        statement.raw_bind_parameter(index, value)?;
+    }
+    let mut rows = statement.raw_query();
+    let mut read_rows = Vec::new();
+    while let Some(row) = rows.next()? {
+        read_rows.push(read(row)?);
+    }
+    Ok(read_rows)
 }
 
 /// The outbox's columns of a row read with the ledger's.
