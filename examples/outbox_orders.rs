@@ -58,7 +58,10 @@ fn place(db: &Path, url: &str, order: &str, commit: bool) -> Result<(), Box<dyn 
     Ok(())
 }
 
-fn outbox_rows(db: &Path) -> Result<Vec<(String, String, String)>, Box<dyn StdError>> {
+/// A row of the view: key, status, outcome.
+type OutboxRow = (String, String, String);
+
+fn outbox_rows(db: &Path) -> Result<Vec<OutboxRow>, Box<dyn StdError>> {
     let conn = Connection::open(db)?;
     let mut statement =
         conn.prepare("SELECT key, status, outcome FROM idempotent_outbox ORDER BY key")?;
