@@ -88,7 +88,11 @@ fn sqlite_enqueue(path: &Path, url: &str, operations: usize, round: usize) -> [f
     let mut conn = Connection::open(path).expect("open");
     let mut whole = [0.0; 2];
     let mut alone = [0.0; 2];
-    let order = if round.is_multiple_of(2) { [0, 1] } else { [1, 0] };
+    let order = if round.is_multiple_of(2) {
+        [0, 1]
+    } else {
+        [1, 0]
+    };
     for contender in order {
         let tag = format!("{round}-{contender}-tx");
         let started = now();
@@ -138,7 +142,11 @@ async fn pg_enqueue(
     round: usize,
 ) -> [f64; 4] {
     let mut figures = [0.0; 4];
-    let order = if round.is_multiple_of(2) { [0, 1] } else { [1, 0] };
+    let order = if round.is_multiple_of(2) {
+        [0, 1]
+    } else {
+        [1, 0]
+    };
     let hand = "INSERT INTO outbox_by_hand (key, method, url, headers, body, created_at) \
                 VALUES ($1, 'POST', $2, $3, $4, $5)";
     for contender in order {
@@ -208,7 +216,11 @@ async fn dispatch_against_send(
     round: usize,
 ) -> [f64; 2] {
     let mut rates = [f64::NAN; 2];
-    let order = if round.is_multiple_of(2) { [0, 1] } else { [1, 0] };
+    let order = if round.is_multiple_of(2) {
+        [0, 1]
+    } else {
+        [1, 0]
+    };
     // `--only dispatcher` or `--only send`: one contender, for a profiler.
     let only = std::env::args()
         .skip_while(|a| a != "--only")
