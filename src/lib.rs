@@ -319,6 +319,7 @@
 //! | `sqlite-bundled` | `sqlite` with SQLite compiled in: nothing to install |
 //! | `postgres` | `PostgresLedger`: the ledger in a PostgreSQL table shared by a fleet, through a pool of connections (`tokio-postgres`, `deadpool-postgres`); plain TCP, or the caller's TLS connector |
 //! | `postgres-rustls` | `postgres` with TLS through rustls and the aws-lc-rs provider, trusting the CAs in a PEM file (`PostgresLedgerBuilder::tls_ca_file`) |
+//! | `sqlx-postgres` | `postgres` and `outbox::sqlx::enqueue`: an operation queued in the caller's `sqlx::Transaction<'_, Postgres>` |
 //! | `opentelemetry` | trace context on the wire: each request carries its own CLIENT span's `traceparent` ([traces](#traces)); needs a `tracing-opentelemetry` layer (0.34, OpenTelemetry 0.33) in the subscriber |
 //! | `metrics` | [metrics](#metrics) through the `metrics` facade (0.24) |
 //!

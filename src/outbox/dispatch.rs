@@ -65,9 +65,10 @@ pub struct DispatchPass {
 /// transactions have committed: each under its stored key, through the client (its policy,
 /// retry budget, `Retry-After`, window and ledger), the outcome written to its row.
 ///
-/// Any number of dispatchers, in one process or many, may share a ledger: the client's claim
-/// lets one send a row at a time, and one that meets a row another is sending waits for its
-/// answer (the client's [`LeaseHeldPolicy`](crate::ledger::LeaseHeldPolicy)).
+/// Any number of dispatchers, in one process or many, may share a ledger: each takes the
+/// rows it sends in one statement ([`Ledger::take_due`](crate::ledger::Ledger::take_due)),
+/// holding each under its lease, so one row is sent by one dispatcher at a time; a row whose
+/// dispatcher died is taken again once its lease lapses.
 ///
 /// # Defaults
 ///
@@ -75,7 +76,7 @@ pub struct DispatchPass {
 /// |---|---|
 /// | [`batch`](Self::batch) | 256 rows taken per [`dispatch_due`](Self::dispatch_due) pass |
 /// | [`concurrency`](Self::concurrency) | 16 sends at once |
-/// | [`idle_poll`](Self::idle_poll) | 1 s between passes that found less than a batch |
+/// | [`idle_poll`](Self::idle_poll) | 1 s, once nothing is due and nothing in flight |
 /// | [`not_sent_after`](Self::not_sent_after) | 30 s |
 /// | [`resend_unknown_after`](Self::resend_unknown_after) | never |
 /// | [`headers_for`](Self::headers_for) | none: the client's default headers only |
@@ -149,8 +150,8 @@ impl Dispatcher {
         self
     }
 
-    /// How long [`run_until`](Self::run_until) waits after a pass that found less than a
-    /// batch, unless [`waker`](Self::waker) is notified first. Default: 1 s.
+    /// How long [`run_until`](Self::run_until) waits once nothing is due and nothing is in
+    /// flight, unless [`waker`](Self::waker) is notified first. Default: 1 s.
     #[must_use]
     pub fn idle_poll(mut self, wait: Duration) -> Self {
         self.idle_poll = wait;
@@ -205,8 +206,9 @@ impl Dispatcher {
         Arc::clone(&self.wake)
     }
 
-    /// One pass: the rows due now, taken in reads of at least half the free slots (so each
-    /// row sent is already this dispatcher's: no send pays a claim of its own) and sent
+    /// One pass: the rows due now, taken in reads of at least a quarter of the free slots
+    /// (so each row sent is already this dispatcher's: no send pays a claim of its own) and
+    /// sent
     /// through the client, at most [`concurrency`](Self::concurrency) at once, until none is
     /// due or a [`batch`](Self::batch) has been taken. Returns when every send has ended.
     /// Dropping the future abandons the sends in progress: each gives its lease back at once,

@@ -1,6 +1,7 @@
 //! The outbox: an operation committed with the caller's own data. [`Enqueue`] describes it;
 //! [`sqlite::enqueue`] (feature `sqlite`) or [`postgres::enqueue`] (feature `postgres`) writes
-//! it into the caller's open transaction, as a row of the ledger with the status `queued`; a
+//! it into the caller's open transaction (or [`sqlx::enqueue`], feature `sqlx-postgres`, for
+//! a `sqlx::Transaction<'_, Postgres>`), as a row of the ledger with the status `queued`; a
 //! [`Dispatcher`] sends it under its key once that transaction has committed. A rollback
 //! leaves nothing; a commit makes the send certain, across any crash, and the ledger makes it
 //! happen once. What is guaranteed and what is not: `docs/outbox.md`.
@@ -15,6 +16,8 @@ mod enqueue;
 pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+#[cfg(feature = "sqlx-postgres")]
+pub mod sqlx;
 
 pub use crate::ledger::outbox::{Backlog, DueQuery, Enqueued, QueuedOperation};
 pub use dispatch::{Delivery, DispatchPass, Dispatcher};

@@ -264,3 +264,63 @@ async fn three_dispatchers_on_one_queue_send_each_operation_once() {
         );
     }
 }
+
+#[cfg(feature = "sqlx-postgres")]
+#[cfg_attr(
+    no_postgres_server,
+    ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sqlx_transaction_queues_and_rolls_back_like_the_others() {
+    use idempotent_retry::outbox::sqlx::sqlx::{self, Connection as _};
+    let Some(url) = fresh_postgres_database().await else {
+        return;
+    };
+    let ledger = ledger(&url).await;
+    drop(caller(&url).await);
+    let receiver = Receiver::start().await.expect("receiver");
+    let target = receiver.url("/v1/charges");
+    let mut conn = sqlx::PgConnection::connect(&url)
+        .await
+        .expect("sqlx connects");
+    let mut keys = Vec::new();
+    for (order, commit) in [("ord_sqlx_1", true), ("ord_sqlx_2", false)] {
+        let mut tx = conn.begin().await.expect("begin");
+        sqlx::query("INSERT INTO orders (id, amount) VALUES ($1, 1200)")
+            .bind(order)
+            .execute(&mut *tx)
+            .await
+            .expect("the order");
+        let (key, found) = outbox::sqlx::enqueue(&mut tx, &charge(&target, order))
+            .await
+            .expect("queued");
+        assert_eq!(found, Enqueued::Queued);
+        if commit {
+            tx.commit().await.expect("commit");
+        } else {
+            tx.rollback().await.expect("rollback");
+        }
+        keys.push(key);
+    }
+    // The same request again: nothing written; another request under the key: refused.
+    let (_, again) = outbox::sqlx::enqueue(&mut conn, &charge(&target, "ord_sqlx_1"))
+        .await
+        .expect("the same request");
+    assert_eq!(again, Enqueued::Already(OperationStatus::Queued));
+    let err = outbox::sqlx::enqueue(
+        &mut conn,
+        &charge(&target, "ord_sqlx_1").json(&serde_json::json!({"amount": 1})),
+    )
+    .await
+    .expect_err("another request");
+    assert_eq!(err.kind(), ErrorKind::Ledger);
+    assert!(ledger.get(keys[1].as_str()).await.expect("read").is_none());
+
+    let pass = Dispatcher::new(client(&ledger, "d-sqlx"))
+        .expect("a ledger")
+        .dispatch_due()
+        .await
+        .expect("a pass");
+    assert_eq!((pass.due, pass.done), (1, 1), "{pass:?}");
+    assert_eq!(receiver.keys(), vec![Some(keys[0].to_string())]);
+}

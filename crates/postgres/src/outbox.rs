@@ -1,6 +1,7 @@
 //! The outbox in PostgreSQL: an operation queued inside the caller's own transaction, announced
 //! to listening dispatchers when that commits, and the due rows a dispatcher reads back.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use tokio_postgres::GenericClient;
@@ -40,25 +41,16 @@ pub async fn enqueue(
     operation: &QueuedOperation,
 ) -> Result<Enqueued, LedgerError> {
     let what = "cannot queue the operation";
-    let delay = millis(
-        operation
-            .not_before
-            .duration_since(operation.queued_at)
-            .unwrap_or_default(),
-    );
-    let kept = delay
-        .saturating_add(millis(operation.retention))
-        .min(CENTURY_MS);
-    let headers = operation.headers_json();
+    let bound = EnqueueParams::of(operation);
     let params: [(&(dyn ToSql + Sync), Type); 9] = [
         (&operation.key, Type::TEXT),
         (&operation.scope, Type::TEXT),
         (&operation.fingerprint, Type::TEXT),
-        (&delay, Type::INT8),
-        (&kept, Type::INT8),
+        (&bound.delay_ms, Type::INT8),
+        (&bound.kept_ms, Type::INT8),
         (&operation.method, Type::TEXT),
         (&operation.url, Type::TEXT),
-        (&headers, Type::TEXT),
+        (&bound.headers, Type::TEXT),
         (&operation.body, Type::BYTEA),
     ];
     let inserted = client
@@ -70,22 +62,75 @@ pub async fn enqueue(
         return Ok(Enqueued::Queued);
     }
     let existing = client
-        .query_opt(
-            &format!("SELECT fingerprint, status FROM {TABLE} WHERE key = $1"),
-            &[&operation.key],
-        )
+        .query_opt(EXISTING.as_str(), &[&operation.key])
         .await
-        .map_err(|err| database(err, "cannot read the key's row"))?;
-    match existing {
-        Some(row) => {
-            let fingerprint: String = row.get(0);
-            let status: String = row.get(1);
-            if fingerprint == operation.fingerprint {
-                Ok(Enqueued::Already(status.parse::<OperationStatus>()?))
-            } else {
-                Err(key_taken(&operation.key, &status))
-            }
+        .map_err(|err| database(err, "cannot read the key's row"))?
+        .map(|row| (row.get(0), row.get(1)));
+    found(operation, existing)
+}
+
+/// The enqueue statement, for a driver of the caller's own (sqlx): parameters `$1` to `$9`
+/// are the key, scope, fingerprint, [`EnqueueParams::delay_ms`], [`EnqueueParams::kept_ms`],
+/// method, URL, [`EnqueueParams::headers`] and body; a row back means it was inserted.
+#[must_use]
+pub fn enqueue_statement() -> &'static str {
+    statements::ENQUEUE.as_str()
+}
+
+/// The statement that reads the fingerprint and status of a key's row (`$1`), after an
+/// enqueue that inserted nothing.
+pub static EXISTING: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT fingerprint, status FROM {TABLE} WHERE key = $1"));
+
+/// The values [`enqueue_statement`] takes besides the operation's own fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EnqueueParams {
+    /// Milliseconds from the statement until it is due (at most a century).
+    pub delay_ms: i64,
+    /// Milliseconds from the statement until the row may be purged once sent.
+    pub kept_ms: i64,
+    /// The headers as JSON.
+    pub headers: String,
+}
+
+impl EnqueueParams {
+    /// The values for `operation`.
+    #[must_use]
+    pub fn of(operation: &QueuedOperation) -> Self {
+        let delay_ms = millis(
+            operation
+                .not_before
+                .duration_since(operation.queued_at)
+                .unwrap_or_default(),
+        );
+        EnqueueParams {
+            delay_ms,
+            kept_ms: delay_ms
+                .saturating_add(millis(operation.retention))
+                .min(CENTURY_MS),
+            headers: operation.headers_json(),
         }
+    }
+}
+
+/// What an enqueue that inserted nothing found: the key's row (fingerprint, status) is the
+/// same request's ([`Enqueued::Already`]) or another's (refused).
+///
+/// # Errors
+///
+/// [`LedgerErrorKind::InvalidInput`](idempotent_retry_ledger::LedgerErrorKind::InvalidInput)
+/// for another request's row; [`LedgerErrorKind::Unavailable`](idempotent_retry_ledger::LedgerErrorKind::Unavailable)
+/// when the row is gone (purged between the statements); a corrupt status.
+pub fn found(
+    operation: &QueuedOperation,
+    existing: Option<(String, String)>,
+) -> Result<Enqueued, LedgerError> {
+    match existing {
+        Some((fingerprint, status)) if fingerprint == operation.fingerprint => {
+            Ok(Enqueued::Already(status.parse::<OperationStatus>()?))
+        }
+        Some((_, status)) => Err(key_taken(&operation.key, &status)),
         None => Err(LedgerError::unavailable(format!(
             "the row of {} vanished while it was queued (purged by hand?): queue it again",
             operation.key
