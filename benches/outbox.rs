@@ -381,31 +381,8 @@ async fn main() {
     println!("outbox bench: {rounds} rounds, {operations} operations per contender and round");
 
     if dispatch_only > 0 {
-        let sqlite_client = client(sqlite.clone());
-        let mut pairs = Vec::new();
-        for round in 0..rounds {
-            let path = path.clone();
-            let server = server.clone();
-            pairs.push(
-                dispatch_against_send(
-                    &sqlite_client,
-                    async |count, tag| {
-                        let mut conn = Connection::open(&path).expect("open");
-                        let tx = conn.transaction().expect("begin");
-                        for n in 0..count {
-                            outbox::sqlite::enqueue(&tx, &enqueue_of(&server, n, tag))
-                                .expect("queued");
-                        }
-                        tx.commit().expect("commit");
-                    },
-                    &server,
-                    operations,
-                    dispatch_only,
-                    round,
-                )
-                .await,
-            );
-        }
+        let pairs =
+            sqlite_dispatch(&sqlite, &path, &server, (operations, dispatch_only), rounds).await;
         print_dispatch("sqlite", dispatch_only, &pairs);
         return;
     }
@@ -442,37 +419,13 @@ async fn main() {
     println!("\ndispatch: operations per second, a dispatcher draining a queue against send()");
     println!("| ledger | in flight | dispatcher | send() | dispatcher / send() |");
     println!("|---|---|---|---|---|");
-    let sqlite_client = client(sqlite.clone());
     for concurrency in [1, 16, 64] {
         let ops = if concurrency == 1 {
             operations / 4
         } else {
             operations
         };
-        let mut pairs = Vec::new();
-        for round in 0..rounds {
-            let path = path.clone();
-            let server = server.clone();
-            pairs.push(
-                dispatch_against_send(
-                    &sqlite_client,
-                    async |count, tag| {
-                        let mut conn = Connection::open(&path).expect("open");
-                        let tx = conn.transaction().expect("begin");
-                        for n in 0..count {
-                            outbox::sqlite::enqueue(&tx, &enqueue_of(&server, n, tag))
-                                .expect("queued");
-                        }
-                        tx.commit().expect("commit");
-                    },
-                    &server,
-                    ops,
-                    concurrency,
-                    round,
-                )
-                .await,
-            );
-        }
+        let pairs = sqlite_dispatch(&sqlite, &path, &server, (ops, concurrency), rounds).await;
         print_dispatch("sqlite", concurrency, &pairs);
     }
     if let Some((db, ledger)) = &pg_conn {
@@ -526,6 +479,39 @@ async fn main() {
             );
         }
     }
+}
+
+/// Part 2 on SQLite: `rounds` rounds of `operations` at `concurrency`.
+async fn sqlite_dispatch(
+    sqlite: &SqliteLedger,
+    path: &Path,
+    server: &str,
+    (operations, concurrency): (usize, usize),
+    rounds: usize,
+) -> Vec<[f64; 2]> {
+    let sqlite_client = client(sqlite.clone());
+    let mut pairs = Vec::new();
+    for round in 0..rounds {
+        pairs.push(
+            dispatch_against_send(
+                &sqlite_client,
+                async |count, tag| {
+                    let mut conn = Connection::open(path).expect("open");
+                    let tx = conn.transaction().expect("begin");
+                    for n in 0..count {
+                        outbox::sqlite::enqueue(&tx, &enqueue_of(server, n, tag)).expect("queued");
+                    }
+                    tx.commit().expect("commit");
+                },
+                server,
+                operations,
+                concurrency,
+                round,
+            )
+            .await,
+        );
+    }
+    pairs
 }
 
 fn report_enqueue(ledger: &str, figures: &[[f64; 4]]) {

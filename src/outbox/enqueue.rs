@@ -243,6 +243,17 @@ impl Enqueue {
     }
 }
 
+/// The error of an enqueue the store refused: nothing was written, the key is named.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(super) fn not_queued(key: &IdempotencyKey, source: crate::ledger::LedgerError) -> Error {
+    Error::ledger(
+        crate::outcome::report::RetryReport::new(Some(key.clone())),
+        false,
+        "could not queue the operation; nothing was written",
+        source,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

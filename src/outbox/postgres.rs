@@ -7,11 +7,11 @@ use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Notify;
 
+use super::enqueue::not_queued;
 use crate::keys::key::IdempotencyKey;
 use crate::ledger::LedgerError;
 use crate::ledger::outbox::Enqueued;
 use crate::outcome::error::Error;
-use crate::outcome::report::RetryReport;
 use crate::time::{Clock as _, TokioClock};
 
 pub use idempotent_retry_postgres::outbox::QUEUED_CHANNEL;
@@ -53,14 +53,7 @@ pub async fn enqueue(
     let (key, row) = operation.operation(TokioClock::new().wall())?;
     let found = idempotent_retry_postgres::outbox::enqueue(client, &row)
         .await
-        .map_err(|source| {
-            Error::ledger(
-                RetryReport::new(Some(key.clone())),
-                false,
-                "could not queue the operation; nothing was written",
-                source,
-            )
-        })?;
+        .map_err(|source| not_queued(&key, source))?;
     Ok((key, found))
 }
 

@@ -1,10 +1,10 @@
 //! Queuing in SQLite: on the caller's own connection to the ledger's file, inside the
 //! transaction that writes the caller's rows.
 
+use super::enqueue::not_queued;
 use crate::keys::key::IdempotencyKey;
 use crate::ledger::outbox::Enqueued;
 use crate::outcome::error::Error;
-use crate::outcome::report::RetryReport;
 use crate::time::{Clock as _, TokioClock};
 
 pub use idempotent_retry_sqlite::rusqlite;
@@ -44,13 +44,7 @@ pub fn enqueue(
     operation: &super::Enqueue,
 ) -> Result<(IdempotencyKey, Enqueued), Error> {
     let (key, row) = operation.operation(TokioClock::new().wall())?;
-    let found = idempotent_retry_sqlite::outbox::enqueue(conn, &row).map_err(|source| {
-        Error::ledger(
-            RetryReport::new(Some(key.clone())),
-            false,
-            "could not queue the operation; nothing was written",
-            source,
-        )
-    })?;
+    let found = idempotent_retry_sqlite::outbox::enqueue(conn, &row)
+        .map_err(|source| not_queued(&key, source))?;
     Ok((key, found))
 }

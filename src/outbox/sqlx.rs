@@ -2,11 +2,11 @@
 //! Postgres>`, announced to listening dispatchers when it commits. The statement is the one
 //! `outbox::postgres::enqueue` runs; only the driver differs.
 
+use super::enqueue::not_queued;
 use crate::keys::key::IdempotencyKey;
 use crate::ledger::LedgerError;
 use crate::ledger::outbox::Enqueued;
 use crate::outcome::error::Error;
-use crate::outcome::report::RetryReport;
 use crate::time::{Clock as _, TokioClock};
 
 use idempotent_retry_postgres::outbox::{EXISTING, EnqueueParams, enqueue_statement, found};
@@ -44,14 +44,7 @@ pub async fn enqueue(
     operation: &super::Enqueue,
 ) -> Result<(IdempotencyKey, Enqueued), Error> {
     let (key, row) = operation.operation(TokioClock::new().wall())?;
-    let failed = |source: LedgerError| {
-        Error::ledger(
-            RetryReport::new(Some(key.clone())),
-            false,
-            "could not queue the operation; nothing was written",
-            source,
-        )
-    };
+    let failed = |source: LedgerError| not_queued(&key, source);
     let bound = EnqueueParams::of(&row);
     let inserted = sqlx::query(enqueue_statement())
         .bind(&row.key)
