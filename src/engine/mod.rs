@@ -116,6 +116,8 @@ where
             .then(|| request.host().map(str::to_owned))
             .flatten();
         // The key moves into the stage that reports it: no copy on the way.
+        // So is a row a dispatcher took: it moves into the run that holds it.
+        let held = settled.held.take();
         let (mut result, verdict) = match (&settings.ledger, settled.key.take()) {
             // Boxed: the claim's and the finish's states are kilobytes that an operation
             // without a ledger would otherwise carry (and copy at every level it is awaited
@@ -124,7 +126,7 @@ where
                 Box::pin(ledgered(
                     settings,
                     handle,
-                    key,
+                    (key, held),
                     request,
                     &settled,
                     host.as_deref(),
@@ -161,7 +163,7 @@ where
 async fn ledgered<Q, T>(
     settings: &Settings,
     handle: &LedgerHandle,
-    key: IdempotencyKey,
+    (key, held): (IdempotencyKey, Option<crate::ledger::HeldRow>),
     request: Q,
     settled: &Settled,
     host: Option<&str>,
@@ -193,7 +195,7 @@ where
         window,
         attempt_timeout: settled.attempt_timeout,
     };
-    let begun = match settled.held.clone() {
+    let begun = match held {
         // A dispatcher took the row already: the run holds it from the start.
         Some(held) => ledger::resume(handle, &settings.clock, operation, held).await,
         None => {

@@ -149,29 +149,17 @@ pub(crate) async fn resume<R: RetryResponse>(
         previous,
         set_at,
     } = held;
-    let mut record = offset.to_worker(record);
-    if previous == OperationStatus::InFlight {
-        reconcile::count_dead_runs_attempt(
-            &*handle.ledger,
-            &mut record,
-            &owner,
-            clock.wall(),
-            handle.options.lease,
-        )
-        .await;
-    }
-    let run = LedgerRun::new(
+    let record = offset.to_worker(record);
+    let fingerprint_matches = record.fingerprint == operation.fingerprint.as_str();
+    let run = taken_over(
         handle,
         clocks,
         (operation.key, owner),
-        &record,
-        (
-            Exposure::after(previous.is_unresolved(), previous.reached_a_receiver()),
-            set_at,
-            Duration::ZERO,
-        ),
-    );
-    if record.fingerprint != operation.fingerprint.as_str() {
+        (record, previous),
+        (clock.wall(), set_at, Duration::ZERO),
+    )
+    .await;
+    if !fingerprint_matches {
         // Dropped unsettled: the row is given back at once, as exposed as it was.
         drop(run);
         return Err(Error::builder(format!(
@@ -182,6 +170,47 @@ pub(crate) async fn resume<R: RetryResponse>(
         )));
     }
     Ok(Begin::Proceed(run))
+}
+
+/// The run that holds a row it took over (by a claim, or by a dispatcher's take) from a run
+/// that left it `previous`: the attempt a dead run left uncounted is counted, and the
+/// exposure is the previous status's.
+async fn taken_over(
+    handle: &LedgerHandle,
+    clocks: &Arc<dyn Clock>,
+    (key, owner): (&IdempotencyKey, String),
+    (mut record, previous): (OperationRecord, OperationStatus),
+    (now, set_at, waited): (SystemTime, tokio::time::Instant, Duration),
+) -> LedgerRun {
+    if previous == OperationStatus::InFlight {
+        // A run that died (or lost its lease) holding the row: one of its attempts started
+        // and was never counted, and it may have reached the receiver.
+        reconcile::count_dead_runs_attempt(
+            &*handle.ledger,
+            &mut record,
+            &owner,
+            now,
+            handle.options.lease,
+        )
+        .await;
+    }
+    tracing::info!(
+        key = key.as_str(),
+        previous = previous.as_str(),
+        attempts = record.attempts,
+        "resuming an operation recorded in the ledger"
+    );
+    LedgerRun::new(
+        handle,
+        clocks,
+        (key, owner),
+        &record,
+        (
+            Exposure::after(previous.is_unresolved(), previous.reached_a_receiver()),
+            set_at,
+            waited,
+        ),
+    )
 }
 
 /// Claims the operation before its first attempt. Nothing may be sent unless this returns
@@ -283,36 +312,14 @@ pub(crate) async fn claim<R: RetryResponse>(
                 )));
             }
             Claimed::TakenOver { record, previous } => {
-                let mut record = offset.to_worker(record);
-                if previous == OperationStatus::InFlight {
-                    // A run that died (or lost its lease) holding the row: one of its attempts
-                    // started and was never counted, and it may have reached the receiver.
-                    reconcile::count_dead_runs_attempt(
-                        &*handle.ledger,
-                        &mut record,
-                        &owner,
-                        now,
-                        options.lease,
-                    )
-                    .await;
-                }
-                tracing::info!(
-                    key = key.as_str(),
-                    previous = previous.as_str(),
-                    attempts = record.attempts,
-                    "resuming an operation recorded in the ledger"
-                );
-                let run = LedgerRun::new(
+                let run = taken_over(
                     handle,
                     clocks,
                     (key, owner),
-                    &record,
-                    (
-                        Exposure::after(previous.is_unresolved(), previous.reached_a_receiver()),
-                        set_at,
-                        waited,
-                    ),
-                );
+                    (offset.to_worker(record), previous),
+                    (now, set_at, waited),
+                )
+                .await;
                 return Ok(Begin::Proceed(run));
             }
             Claimed::Existing(record) => offset.to_worker(record),
