@@ -3,12 +3,15 @@
 
 use std::sync::Mutex;
 
-use idempotent_retry::{Error, FailureKind, RetryReport};
+use idempotent_retry_host::{AttemptRow, Finished, next_chunk};
 use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::runtime::{Born, runtime};
+
+/// What a child of a fork is told to make again.
+const REMAKE: &str = "transport";
 
 /// The end of one operation: a response (`status` set) or a failure (`error_kind` set, and
 /// possibly the last attempt's response too), with the report.
@@ -77,90 +80,6 @@ pub struct Answer {
     pub history: Vec<AttemptRow>,
 }
 
-/// One attempt of `Answer.history`.
-pub(crate) type AttemptRow = (u32, f64, Option<u16>, Option<&'static str>, Option<f64>);
-
-/// The rows of a report's history.
-fn rows(report: &RetryReport) -> Vec<AttemptRow> {
-    report
-        .history()
-        .iter()
-        .map(|attempt| {
-            (
-                attempt.number,
-                attempt.started.as_secs_f64(),
-                attempt.status.map(|status| status.as_u16()),
-                attempt.failure.map(FailureKind::as_str),
-                attempt.wait.map(|wait| wait.delay.as_secs_f64()),
-            )
-        })
-        .collect()
-}
-
-/// `err` and each of its causes that says more, joined with `: `: reqwest's own message for a
-/// body that failed ("error reading a body from connection") says nothing of the cause, and
-/// the engine's note on a streamed answer cut midway (its key, and how to have the answer
-/// again) is one of the causes.
-pub(crate) fn with_causes(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut next = err.source();
-    while let Some(cause) = next {
-        let said = cause.to_string();
-        if !text.contains(&said) {
-            text.push_str(": ");
-            text.push_str(&said);
-        }
-        next = cause.source();
-    }
-    text
-}
-
-/// A response's head and body: read whole, or streamed (`rest`).
-#[derive(Debug)]
-pub(crate) struct Received {
-    pub(crate) status: u16,
-    pub(crate) headers: Vec<(Vec<u8>, Vec<u8>)>,
-    pub(crate) body: bytes::Bytes,
-    pub(crate) rest: Option<reqwest::Response>,
-    pub(crate) version: http::Version,
-}
-
-impl Received {
-    /// Reads `response`'s body to its end when its length is known and at most `limit`, the
-    /// engine's `answer_read_limit` (the engine reads a final answer's body of that length
-    /// inside its attempt, so it is in memory already and cannot fail midway here; the last
-    /// attempt's answer of an operation that stopped without a final one may still be on the
-    /// wire); otherwise keeps the response to stream the body from (no length, or a longer
-    /// one: chunked answers, server-sent events, downloads).
-    pub(crate) async fn read(
-        response: reqwest::Response,
-        limit: usize,
-    ) -> Result<Received, reqwest::Error> {
-        let status = response.status().as_u16();
-        let version = response.version();
-        let headers = response
-            .headers()
-            .iter()
-            .map(|(name, value)| (name.as_str().as_bytes().to_vec(), value.as_bytes().to_vec()))
-            .collect();
-        let whole = response
-            .content_length()
-            .is_some_and(|length| u64::try_from(limit).map_or(true, |limit| length <= limit));
-        let (body, rest) = if whole {
-            (response.bytes().await?, None)
-        } else {
-            (bytes::Bytes::new(), Some(response))
-        };
-        Ok(Received {
-            status,
-            headers,
-            body,
-            rest,
-            version,
-        })
-    }
-}
-
 /// What a refusal after a fork calls a response body.
 const BODY: &str = "this response's body";
 
@@ -179,26 +98,6 @@ impl Drop for ResponseBody {
             // A child of a fork: the connection is the parent's (see `Engine`'s `Drop`).
             std::mem::forget(self.take());
         }
-    }
-}
-
-/// The next chunk of `response`, and the response to read the one after from.
-async fn next_chunk(
-    mut response: reqwest::Response,
-) -> (
-    Result<Option<bytes::Bytes>, String>,
-    Option<reqwest::Response>,
-) {
-    match response.chunk().await {
-        Ok(Some(chunk)) => (Ok(Some(chunk)), Some(response)),
-        Ok(None) => (Ok(None), None),
-        Err(err) => (
-            Err(format!(
-                "the response's body was cut off: {}",
-                with_causes(&err)
-            )),
-            None,
-        ),
     }
 }
 
@@ -239,7 +138,7 @@ impl ResponseBody {
     ///
     /// `OSError` when the connection fails before the body's end.
     fn read_chunk(&self, py: Python<'_>) -> PyResult<Option<Py<PyBytes>>> {
-        self.born.check(BODY)?;
+        self.born.check(BODY, REMAKE).map_err(crate::error::to_py)?;
         // Before the response is taken: a refusal leaves it where it is.
         let runtime = runtime()?;
         let Some(response) = self.take() else {
@@ -256,7 +155,13 @@ impl ResponseBody {
     /// Reads the next chunk on the runtime; `done(chunk, error)` is called from a runtime
     /// thread with the chunk (`None` at the end) or the error's message.
     fn start_read(slf: Py<Self>, py: Python<'_>, done: Py<PyAny>) {
-        let runtime = match slf.get().born.check(BODY).and_then(|()| runtime()) {
+        let runtime = match slf
+            .get()
+            .born
+            .check(BODY, REMAKE)
+            .map_err(crate::error::to_py)
+            .and_then(|()| runtime())
+        {
             Ok(runtime) => runtime,
             Err(err) => return call_done(py, &done, None, Some(err.to_string())),
         };
@@ -284,144 +189,10 @@ impl ResponseBody {
     }
 }
 
-/// What the engine's task hands back to Python, before Python objects are made of it.
-#[derive(Debug)]
-pub(crate) struct Finished {
-    pub(crate) received: Option<Received>,
-    pub(crate) attempts: u32,
-    pub(crate) key: Option<String>,
-    pub(crate) replayed: bool,
-    pub(crate) url: Option<String>,
-    pub(crate) elapsed: f64,
-    pub(crate) lease_wait: f64,
-    pub(crate) unrecorded: Option<String>,
-    pub(crate) in_progress_waits: u32,
-    pub(crate) in_progress_wait: f64,
-    pub(crate) refetched: bool,
-    pub(crate) error_status: Option<u16>,
-    pub(crate) outcome: &'static str,
-    pub(crate) error_kind: Option<&'static str>,
-    pub(crate) failure: Option<&'static str>,
-    pub(crate) message: Option<String>,
-    pub(crate) history: Vec<AttemptRow>,
-}
-
-impl Finished {
-    /// A response and its report, its body read when it is at most `limit` long; a body cut
-    /// off is a failure of its own, the operation done (its answer's head came back).
-    pub(crate) async fn from_response(response: reqwest::Response, limit: usize) -> Finished {
-        let report = RetryReport::of(&response).cloned();
-        let history = report.as_ref().map(rows).unwrap_or_default();
-        let url = Some(response.url().as_str().to_owned());
-        let (attempts, key, replayed, elapsed) =
-            report.as_ref().map_or((0, None, false, 0.0), |r| {
-                (
-                    r.attempts(),
-                    r.idempotency_key().map(|key| key.as_str().to_owned()),
-                    r.is_replayed(),
-                    r.elapsed().as_secs_f64(),
-                )
-            });
-        let lease_wait = report
-            .as_ref()
-            .map_or(0.0, |r| r.lease_wait().as_secs_f64());
-        let unrecorded = report
-            .as_ref()
-            .and_then(|r| r.unrecorded().map(str::to_owned));
-        let (in_progress_waits, in_progress_wait, refetched) =
-            report.as_ref().map_or((0, 0.0, false), |r| {
-                (
-                    r.in_progress_waits(),
-                    r.in_progress_wait().as_secs_f64(),
-                    r.is_refetched(),
-                )
-            });
-        match Received::read(response, limit).await {
-            Ok(received) => Finished {
-                received: Some(received),
-                attempts,
-                key,
-                replayed,
-                url: url.clone(),
-                elapsed,
-                lease_wait,
-                unrecorded,
-                in_progress_waits,
-                in_progress_wait,
-                refetched,
-                error_status: None,
-                outcome: "done",
-                error_kind: None,
-                failure: None,
-                message: None,
-                history,
-            },
-            Err(err) => Finished {
-                received: None,
-                attempts,
-                key,
-                replayed,
-                url,
-                elapsed,
-                lease_wait,
-                unrecorded,
-                in_progress_waits,
-                in_progress_wait,
-                refetched,
-                error_status: None,
-                outcome: "done",
-                error_kind: Some("body"),
-                failure: Some(if err.is_timeout() {
-                    "timeout"
-                } else {
-                    "connection_closed"
-                }),
-                message: Some(format!(
-                    "the response's head arrived, then its body was cut off: {}",
-                    with_causes(&err)
-                )),
-                history,
-            },
-        }
-    }
-
-    /// An error, with the last attempt's response when it has one (its body read when it is
-    /// at most `limit` long; a response whose body is cut while it is read is left out).
-    pub(crate) async fn from_error(mut err: Error, limit: usize) -> Finished {
-        let outcome = err.outcome().as_str();
-        let received = match err.take_response() {
-            Some(response) => Received::read(response, limit).await.ok(),
-            None => None,
-        };
-        let error_status = if received.is_none() {
-            err.status().map(|status| status.as_u16())
-        } else {
-            None
-        };
-        Finished {
-            received,
-            attempts: err.attempts(),
-            key: err.idempotency_key().map(|key| key.as_str().to_owned()),
-            replayed: false,
-            url: None,
-            elapsed: err.elapsed().as_secs_f64(),
-            lease_wait: err.report().lease_wait().as_secs_f64(),
-            unrecorded: err.report().unrecorded().map(str::to_owned),
-            in_progress_waits: err.report().in_progress_waits(),
-            in_progress_wait: err.report().in_progress_wait().as_secs_f64(),
-            refetched: err.report().is_refetched(),
-            error_status,
-            outcome,
-            error_kind: Some(err.kind().as_str()),
-            failure: err.failure().map(FailureKind::as_str),
-            message: Some(err.message_with_cause()),
-            history: rows(err.report()),
-        }
-    }
-
-    /// The Python object.
-    pub(crate) fn into_answer(self, py: Python<'_>) -> Answer {
-        let (status, headers, body, rest, http_version) = match self.received {
+impl Answer {
+    /// The Python object of how an operation ended.
+    pub(crate) fn from_finished(py: Python<'_>, finished: Finished) -> Answer {
+        let (status, headers, body, rest, http_version) = match finished.received {
             Some(received) => (
                 Some(received.status),
                 received
@@ -455,22 +226,22 @@ impl Finished {
             body,
             rest,
             http_version,
-            attempts: self.attempts,
-            key: self.key,
-            replayed: self.replayed,
-            url: self.url,
-            elapsed: self.elapsed,
-            lease_wait: self.lease_wait,
-            unrecorded: self.unrecorded,
-            in_progress_waits: self.in_progress_waits,
-            in_progress_wait: self.in_progress_wait,
-            refetched: self.refetched,
-            error_status: self.error_status,
-            outcome: self.outcome,
-            error_kind: self.error_kind,
-            failure: self.failure,
-            message: self.message,
-            history: self.history,
+            attempts: finished.attempts,
+            key: finished.key,
+            replayed: finished.replayed,
+            url: finished.url,
+            elapsed: finished.elapsed,
+            lease_wait: finished.lease_wait,
+            unrecorded: finished.unrecorded,
+            in_progress_waits: finished.in_progress_waits,
+            in_progress_wait: finished.in_progress_wait,
+            refetched: finished.refetched,
+            error_status: finished.error_status,
+            outcome: finished.outcome,
+            error_kind: finished.error_kind,
+            failure: finished.failure,
+            message: finished.message,
+            history: finished.history,
         }
     }
 }

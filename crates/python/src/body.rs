@@ -2,90 +2,55 @@
 //! stream yields them, read by the request as it goes out. The engine sends such a body once:
 //! a retry it would need ends the operation with `body_not_replayable`.
 
-use std::sync::Mutex;
-
 use bytes::Bytes;
-use pyo3::exceptions::PyRuntimeError;
+use idempotent_retry_host::BodyChannel;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
-/// One chunk of the body, or the reason the stream failed.
-pub(crate) type Chunk = Result<Bytes, std::io::Error>;
+use crate::error::to_py;
 
-/// A body that Python writes and one request reads.
-///
-/// Push chunks with `push`, then `finish` it, or `fail` it when the source raised: the request then fails as a transport
-/// error, and nothing is retried.
+/// A request body fed from Python: `push` each chunk, then `finish` (or `fail`).
 #[pyclass(module = "idempotent_retry._native", frozen)]
 #[derive(Debug)]
 pub struct BodyStream {
-    sender: Mutex<Option<UnboundedSender<Chunk>>>,
-    receiver: Mutex<Option<UnboundedReceiver<Chunk>>>,
+    channel: BodyChannel,
 }
 
 #[pymethods]
 impl BodyStream {
-    /// An empty stream, open for chunks.
+    /// An empty stream.
     #[new]
     fn new() -> Self {
-        let (sender, receiver) = unbounded_channel();
         BodyStream {
-            sender: Mutex::new(Some(sender)),
-            receiver: Mutex::new(Some(receiver)),
+            channel: BodyChannel::new(),
         }
     }
 
-    /// Adds a chunk. A chunk pushed after the request stopped reading is dropped.
+    /// Adds `chunk` to the body.
     ///
     /// # Errors
     ///
-    /// `RuntimeError` after `finish` or `fail`.
+    /// `RuntimeError` once the stream is finished or failed.
     fn push(&self, chunk: &Bound<'_, PyBytes>) -> PyResult<()> {
-        let guard = self
-            .sender
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let sender = guard
-            .as_ref()
-            .ok_or_else(|| PyRuntimeError::new_err("the body stream is already finished"))?;
-        // The request may have stopped reading (it failed, or was answered early).
-        let _ = sender.send(Ok(Bytes::copy_from_slice(chunk.as_bytes())));
-        Ok(())
+        self.channel
+            .push(Bytes::copy_from_slice(chunk.as_bytes()))
+            .map_err(to_py)
     }
 
-    /// Ends the body: the request sends what was pushed and no more.
+    /// Ends the body.
     fn finish(&self) {
-        self.sender
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take();
+        self.channel.finish();
     }
 
-    /// Ends the body with an error (the source raised `message`): the request fails.
+    /// Ends the body with an error: the attempt sending it fails with `message`.
     fn fail(&self, message: String) {
-        let sender = self
-            .sender
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take();
-        if let Some(sender) = sender {
-            let _ = sender.send(Err(std::io::Error::other(message)));
-        }
+        self.channel.fail(message);
     }
 }
 
 impl BodyStream {
-    /// The stream as a request body; `None` once a request has taken it.
+    /// The request body reading this stream; `None` once taken.
     pub(crate) fn take_body(&self) -> Option<reqwest::Body> {
-        let receiver = self
-            .receiver
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take()?;
-        let stream = futures_util::stream::unfold(receiver, |mut receiver| async move {
-            receiver.recv().await.map(|chunk| (chunk, receiver))
-        });
-        Some(reqwest::Body::wrap_stream(stream))
+        self.channel.take_body()
     }
 }

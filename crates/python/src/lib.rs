@@ -2,10 +2,10 @@
 //! `idempotent_retry._native`, which the package's `Transport` and `AsyncTransport` (Python
 //! classes over httpx) call into.
 //!
-//! It holds one shared tokio runtime (`runtime.rs`), the engine ([`Engine`]: an
-//! `idempotent_retry::Client` with its policy and ledger, one request in, one [`Answer`] out),
-//! request bodies streamed from Python ([`BodyStream`]), the TLS and proxy settings of its HTTP
-//! client (`tls.rs`), and the key derivations ([`derive()`], [`for_tool_call()`]), byte for
+//! It turns the language-neutral engine of `idempotent-retry-host` (the shared runtime, an
+//! `idempotent_retry::Client` with its policy, TLS and ledger, one request in, how it ended
+//! out) into Python's objects: [`Engine`], [`Answer`], request bodies streamed from Python
+//! ([`BodyStream`]), and the key derivations ([`derive()`], [`for_tool_call()`]), byte for
 //! byte those of `IdempotencyKey`. With the `testing` feature, the submodule `_testing` starts
 //! the workspace's test receiver for the package's pytest suite.
 //!
@@ -22,11 +22,11 @@
 mod answer;
 mod body;
 mod engine;
+mod error;
 mod keys;
 mod runtime;
 #[cfg(feature = "testing")]
 mod testing;
-mod tls;
 
 use pyo3::prelude::*;
 

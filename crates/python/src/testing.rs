@@ -4,10 +4,12 @@
 
 use std::time::Duration;
 
-use idempotent_retry_testkit::{Fault, Receiver as Inner, When};
+use idempotent_retry_host::testing::{self as host, fault};
+use idempotent_retry_testkit::Receiver as Inner;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
+use crate::error::to_py;
 use crate::runtime::runtime;
 
 /// A loopback HTTP/1.1 receiver that dedupes by idempotency key (Stripe's rules: a completed
@@ -17,38 +19,6 @@ use crate::runtime::runtime;
 #[derive(Debug)]
 pub struct Receiver {
     inner: Inner,
-}
-
-/// The fault named `fault` with its parameters.
-fn fault(
-    fault: &str,
-    status: u16,
-    seconds: f64,
-    retry_after: Option<u64>,
-    keep_bytes: usize,
-) -> PyResult<Fault> {
-    let duration = || {
-        Duration::try_from_secs_f64(seconds)
-            .map_err(|_| PyValueError::new_err(format!("{seconds} is not a number of seconds")))
-    };
-    Ok(match fault {
-        "reset_before_handler" => Fault::ResetBeforeHandler,
-        "close_without_reply" => Fault::CloseWithoutReply,
-        "status" => match retry_after {
-            Some(secs) => Fault::retry_after_secs(status, secs),
-            None => Fault::status(status),
-        },
-        "slow_handler" => Fault::SlowHandler(duration()?),
-        "reset_after_commit" => Fault::ResetAfterCommit,
-        "stall_after_commit" => Fault::StallAfterCommit(duration()?),
-        "cut_body_after_commit" => Fault::CutBodyAfterCommit(keep_bytes),
-        other => {
-            return Err(PyValueError::new_err(format!(
-                "{other:?} is not a fault: reset_before_handler, close_without_reply, status, \
-                 slow_handler, reset_after_commit, stall_after_commit or cut_body_after_commit"
-            )));
-        }
-    })
 }
 
 #[pymethods]
@@ -105,18 +75,10 @@ impl Receiver {
         retry_after: Option<u64>,
         keep_bytes: usize,
     ) -> PyResult<()> {
-        let when = match (request, key) {
-            (Some(n), None) => When::request(n),
-            (None, Some(key)) => When::key_attempt(key, attempt),
-            _ => {
-                return Err(PyValueError::new_err(
-                    "give the request number or the key, one of them",
-                ));
-            }
-        };
+        let when = host::when(request, key, attempt).map_err(to_py)?;
         self.inner.inject(
             when,
-            fault(fault_name, status, seconds, retry_after, keep_bytes)?,
+            fault(fault_name, status, seconds, retry_after, keep_bytes).map_err(to_py)?,
         );
         Ok(())
     }
@@ -167,54 +129,12 @@ impl Receiver {
 
 /// A loopback HTTP/1.1 server that keeps connections alive and answers every request `200`
 /// with the body `ok`, for measuring a client's own cost. Stopped when dropped.
+/// A loopback HTTP/1.1 server that keeps connections alive and answers every request `200`
+/// with the body `ok`, for measuring a client's own cost. Stopped when dropped.
 #[pyclass(module = "idempotent_retry._testing", frozen)]
 #[derive(Debug)]
 pub struct KeepAliveServer {
-    addr: std::net::SocketAddr,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for KeepAliveServer {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// The position just past the head of the request at the start of `buffer`, and the body's
-/// length, once the head is complete.
-fn head_end(buffer: &[u8]) -> Option<(usize, usize)> {
-    let end = buffer.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
-    let head = String::from_utf8_lossy(&buffer[..end]).to_ascii_lowercase();
-    let length = head
-        .lines()
-        .find_map(|line| line.strip_prefix("content-length:"))
-        .and_then(|value| value.trim().parse().ok())
-        .unwrap_or(0);
-    Some((end, length))
-}
-
-/// Answers the requests of one connection until it closes.
-async fn keep_alive(mut stream: tokio::net::TcpStream) {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    const ANSWER: &[u8] =
-        b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 2\r\n\r\nok";
-    let mut buffer = Vec::with_capacity(8192);
-    let mut chunk = [0u8; 8192];
-    loop {
-        while let Some((end, length)) = head_end(&buffer) {
-            if buffer.len() < end + length {
-                break;
-            }
-            buffer.drain(..end + length);
-            if stream.write_all(ANSWER).await.is_err() {
-                return;
-            }
-        }
-        match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
-        }
-    }
+    inner: host::KeepAliveServer,
 }
 
 #[pymethods]
@@ -226,25 +146,13 @@ impl KeepAliveServer {
     /// `RuntimeError` if no port can be bound.
     #[new]
     fn new(py: Python<'_>) -> PyResult<KeepAliveServer> {
-        let runtime = runtime()?;
-        let listener = py
-            .detach(|| runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")))
-            .map_err(|err| PyRuntimeError::new_err(format!("cannot bind a port: {err}")))?;
-        let addr = listener
-            .local_addr()
-            .map_err(|err| PyRuntimeError::new_err(format!("cannot read the port: {err}")))?;
-        let task = runtime.spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let _ = stream.set_nodelay(true);
-                tokio::spawn(keep_alive(stream));
-            }
-        });
-        Ok(KeepAliveServer { addr, task })
+        let inner = py.detach(host::KeepAliveServer::start).map_err(to_py)?;
+        Ok(KeepAliveServer { inner })
     }
 
     /// The URL of `path` on this server.
     fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
+        self.inner.url(path)
     }
 }
 

@@ -1,54 +1,39 @@
-//! The transports' TLS and proxy settings (`verify=`, `cert=`, `proxy=`) on the
-//! `reqwest::ClientBuilder` the engine sends through. httpx leaves a custom transport to do
-//! its own TLS: the client's `verify=` and `cert=` never reach it.
+//! The engine's TLS and proxy settings (Python's `verify=`, `cert=`, `proxy=`; Node's `ca`,
+//! `cert`, `proxy`) on the `reqwest::ClientBuilder` it sends through. The host language's own
+//! HTTP stack never reaches the wire, so its TLS options are taken here.
 
-use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueError};
-use pyo3::prelude::*;
+use crate::error::{HostError, HostErrorKind, with_causes};
 
-/// How the engine's connections are secured and routed, as the Python side hands it over.
+/// How the engine's connections are secured and routed, as the package hands it over.
 #[derive(Debug)]
-pub(crate) struct Connection {
+pub struct Connection {
     /// `false`: no certificate is verified (`verify=False`).
-    pub(crate) verify: bool,
+    pub verify: bool,
     /// A PEM file of the only roots to trust (`verify="ca.pem"`).
-    pub(crate) ca_file: Option<String>,
+    pub ca_file: Option<String>,
     /// A PEM file with the client certificate (and its key, when `key_file` is `None`).
-    pub(crate) cert_file: Option<String>,
+    pub cert_file: Option<String>,
     /// A PEM file with the client certificate's private key.
-    pub(crate) key_file: Option<String>,
+    pub key_file: Option<String>,
     /// Every request through this proxy (`proxy="http://proxy:3128"`).
-    pub(crate) proxy: Option<String>,
-}
-
-/// An error's message followed by its causes, for a message that names what went wrong.
-fn with_causes(err: &dyn std::error::Error) -> String {
-    let mut message = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !message.contains(&text) {
-            message.push_str(": ");
-            message.push_str(&text);
-        }
-        source = cause.source();
-    }
-    message
+    pub proxy: Option<String>,
 }
 
 /// A file's bytes.
 ///
 /// # Errors
 ///
-/// `FileNotFoundError` for a missing file, `OSError` for one that cannot be read, both naming
+/// [`HostErrorKind::NotFound`] for a missing file, [`HostErrorKind::Io`] for one that cannot be read, naming
 /// the option and the file.
-fn read(option: &str, path: &str, what: &str) -> PyResult<Vec<u8>> {
+fn read(option: &str, path: &str, what: &str) -> Result<Vec<u8>, HostError> {
     std::fs::read(path).map_err(|err| {
         let message = format!("{option}: cannot read {path:?} ({err}); pass the path of {what}");
-        if err.kind() == std::io::ErrorKind::NotFound {
-            PyFileNotFoundError::new_err(message)
+        let kind = if err.kind() == std::io::ErrorKind::NotFound {
+            HostErrorKind::NotFound
         } else {
-            PyOSError::new_err(message)
-        }
+            HostErrorKind::Io
+        };
+        HostError { kind, message }
     })
 }
 
@@ -59,24 +44,24 @@ impl Connection {
     ///
     /// `FileNotFoundError`/`OSError` for a file that cannot be read, `ValueError` for one that
     /// holds no PEM certificate (or key), or a proxy URL that cannot be parsed.
-    pub(crate) fn apply(
+    pub fn apply(
         &self,
         mut builder: reqwest::ClientBuilder,
-    ) -> PyResult<reqwest::ClientBuilder> {
+    ) -> Result<reqwest::ClientBuilder, HostError> {
         if !self.verify {
             builder = builder.danger_accept_invalid_certs(true);
         }
         if let Some(path) = &self.ca_file {
             let pem = read("verify", path, "a PEM file of CA certificates")?;
             let roots = reqwest::Certificate::from_pem_bundle(&pem).map_err(|err| {
-                PyValueError::new_err(format!(
+                HostError::value(format!(
                     "verify: {path:?} is not a PEM file of certificates ({}); pass a file of \
                      \"-----BEGIN CERTIFICATE-----\" blocks",
                     with_causes(&err)
                 ))
             })?;
             if roots.is_empty() {
-                return Err(PyValueError::new_err(format!(
+                return Err(HostError::value(format!(
                     "verify: {path:?} holds no PEM certificate; pass a file of \
                      \"-----BEGIN CERTIFICATE-----\" blocks"
                 )));
@@ -87,7 +72,7 @@ impl Connection {
                 .tls_certs_only(roots.clone())
                 .build()
                 .map_err(|err| {
-                    PyValueError::new_err(format!(
+                    HostError::value(format!(
                         "verify: {path:?} holds a certificate that cannot be used as a root \
                          ({}); pass a file of valid PEM CA certificates",
                         with_causes(&err)
@@ -114,7 +99,7 @@ impl Connection {
                 None => format!("{cert:?}"),
             };
             let identity = reqwest::Identity::from_pem(&pem).map_err(|err| {
-                PyValueError::new_err(format!(
+                HostError::value(format!(
                     "cert: no PEM certificate with its private key in {files} ({}); pass a \
                      file with both, or a (certificate, key) pair of files",
                     with_causes(&err)
@@ -126,7 +111,7 @@ impl Connection {
                 .identity(identity.clone())
                 .build()
                 .map_err(|err| {
-                    PyValueError::new_err(format!(
+                    HostError::value(format!(
                         "cert: no usable client certificate in {files} ({}); pass a PEM \
                          certificate with its own private key",
                         with_causes(&err)
@@ -142,7 +127,7 @@ impl Connection {
                 .split_once("://")
                 .map(|(scheme, _)| scheme.to_ascii_lowercase());
             if !matches!(scheme.as_deref(), Some("http" | "https")) {
-                return Err(PyValueError::new_err(format!(
+                return Err(HostError::value(format!(
                     "proxy: {url:?} is not an http:// or https:// URL (the only proxies this \
                      build speaks to); pass one such as \"http://proxy.example:3128\""
                 )));
@@ -150,7 +135,7 @@ impl Connection {
         }
         builder = match &self.proxy {
             Some(url) => builder.proxy(reqwest::Proxy::all(url.as_str()).map_err(|err| {
-                PyValueError::new_err(format!(
+                HostError::value(format!(
                     "proxy: {url:?} is not a proxy URL ({}); pass one such as \
                      \"http://proxy.example:3128\"",
                     with_causes(&err)
@@ -162,8 +147,8 @@ impl Connection {
     }
 
     /// The error for a client that would not build, its TLS files already tried alone.
-    pub(crate) fn build_error(err: &reqwest::Error) -> PyErr {
-        PyRuntimeError::new_err(format!(
+    pub fn build_error(err: &reqwest::Error) -> HostError {
+        HostError::runtime(format!(
             "cannot build the HTTP client: {}",
             with_causes(err)
         ))
