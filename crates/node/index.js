@@ -1,0 +1,393 @@
+'use strict'
+// The npm package `idempotent-retry`: `createFetch(options)` gives a function with `fetch`'s
+// signature over the engine of the Rust crate (native.js, built by napi-rs): one key per
+// operation, sent on every attempt; retries only of what is transient; the outcome told
+// (done, not done, unknown); the durable ledger shared with Rust, Python and idemcurl.
+
+const { AsyncLocalStorage } = require('node:async_hooks')
+const native = require('./native.js')
+
+/** The key set by `withIdempotencyKey` for the requests made inside its function. */
+const keys = new AsyncLocalStorage()
+
+/** Statuses whose response has no body (the Response constructor refuses one). */
+const NULL_BODY = new Set([101, 103, 204, 205, 304])
+
+/** Each option `createFetch` takes, and the engine's name for it. */
+const OPTIONS = {
+  attempts: 'attempts',
+  baseDelayMs: 'baseDelayMs',
+  maxDelayMs: 'maxDelayMs',
+  attemptTimeoutMs: 'attemptTimeoutMs',
+  windowMs: 'windowMs',
+  maxRetryAfterMs: 'maxRetryAfterMs',
+  maxInProgressWaitMs: 'maxInProgressWaitMs',
+  keyHeader: 'keyHeader',
+  ledger: 'ledger',
+  leaseMs: 'leaseMs',
+  leaseWaitMs: 'leaseWaitMs',
+  worker: 'worker',
+  scope: 'scope',
+  rejectUnauthorized: 'rejectUnauthorized',
+  caFile: 'caFile',
+  certFile: 'certFile',
+  keyFile: 'keyFile',
+  proxy: 'proxy',
+  answerReadLimit: 'answerReadLimit',
+  maxSavedBody: 'maxSavedBody',
+  fetchUnsavedAnswers: 'fetchUnsavedAnswers',
+  redirect: 'redirect',
+  allowKeyTo: 'allowKeyTo',
+}
+const BUDGET = {
+  capacity: 'budgetCapacity',
+  retryCost: 'budgetRetryCost',
+  timeoutCost: 'budgetTimeoutCost',
+  successReward: 'budgetSuccessReward',
+}
+
+/**
+ * Why an operation ended without an answer to give: a `TypeError`, as `fetch`'s network
+ * errors are, with the outcome.
+ */
+class IdempotentFetchError extends TypeError {
+  constructor(message, details) {
+    super(message, details.cause === undefined ? undefined : { cause: details.cause })
+    this.name = 'IdempotentFetchError'
+    /** `'not_done'`, `'unknown'`, or `'done'` (it happened, and its answer cannot be had). */
+    this.outcome = details.outcome
+    /** The operation's idempotency key, `null` when it went without one. */
+    this.key = details.key ?? null
+    /** Attempts sent. */
+    this.attempts = details.attempts ?? 0
+    /** One entry per attempt: `{ number, startedMs, status, failure, waitMs }`. */
+    this.history = details.history ?? []
+    /** Why it stopped: `attempts_exhausted`, `transport`, `key_reuse`, `aborted`, ... */
+    this.kind = details.kind ?? null
+    /** How the last attempt failed (`connect`, `timeout`, `connection_reset`, ...). */
+    this.failure = details.failure ?? null
+    /** The last attempt's response, when the operation stopped on one. */
+    this.response = details.response ?? null
+  }
+
+  /** Whether the operation may have happened: reconcile it by its key before sending anew. */
+  get isOutcomeUnknown() {
+    return this.outcome === 'unknown'
+  }
+}
+
+/** The attempts of an answer, as the error and the report give them. */
+function history(answer) {
+  return answer.history.map((attempt) => ({
+    number: attempt.number,
+    startedMs: attempt.startedMs,
+    status: attempt.status ?? null,
+    failure: attempt.failure ?? null,
+    waitMs: attempt.waitMs ?? null,
+  }))
+}
+
+/** The report every response carries (`response.report`, or `reportOf(response)`). */
+function report(answer) {
+  return Object.freeze({
+    attempts: answer.attempts,
+    key: answer.key ?? null,
+    replayed: answer.replayed,
+    refetched: answer.refetched,
+    elapsedMs: answer.elapsedMs,
+    leaseWaitMs: answer.leaseWaitMs,
+    inProgressWaits: answer.inProgressWaits,
+    unrecorded: answer.unrecorded ?? null,
+    outcome: answer.outcome,
+    history: Object.freeze(history(answer)),
+  })
+}
+
+/** A chunk from the engine as the bytes a body stream yields. */
+function bytes(buffer) {
+  return new Uint8Array(buffer.buffer, buffer.byteOffset, buffer.byteLength)
+}
+
+/** The error a streamed body's read gives when its connection fails midway. */
+function cutError(answer, err, keyHeader) {
+  const key = answer.key ?? null
+  const message =
+    `${err.message}. The operation was answered with status ${answer.status} at the receiver, ` +
+    `so its effect may stand` +
+    (key === null
+      ? ''
+      : `: send the same request again with the key ${key} (the header ` +
+        `${keyHeader} or withIdempotencyKey) to have the answer again from the ledger ` +
+        `or the receiver's store`)
+  return new IdempotentFetchError(message, {
+    outcome: 'done',
+    key,
+    attempts: answer.attempts,
+    history: history(answer),
+    kind: 'body',
+    failure: 'connection_closed',
+    cause: err,
+  })
+}
+
+/** Node's `Response` of an answer, its body whole or streamed from the operation. */
+function toResponse(answer, operation, requestUrl, keyHeader) {
+  let body = null
+  if (!NULL_BODY.has(answer.status)) {
+    if (answer.streamed) {
+      body = new ReadableStream(
+        {
+          async pull(controller) {
+            try {
+              const chunk = await operation.readChunk()
+              if (chunk === null) {
+                controller.close()
+              } else {
+                controller.enqueue(bytes(chunk))
+              }
+            } catch (err) {
+              controller.error(cutError(answer, err, keyHeader))
+            }
+          },
+          cancel() {
+            operation.cancel()
+          },
+        },
+        { highWaterMark: 0 },
+      )
+    } else {
+      body = bytes(answer.body)
+    }
+  }
+  const headers = new Headers()
+  for (const [name, value] of answer.headers) {
+    headers.append(name, value)
+  }
+  // The Response constructor takes 200 to 599 only: a final 1xx cannot be one.
+  const response = new Response(body, { status: answer.status, headers })
+  const url = answer.url ?? requestUrl
+  Object.defineProperty(response, 'url', { value: url, enumerable: true })
+  Object.defineProperty(response, 'redirected', { value: url !== requestUrl, enumerable: true })
+  Object.defineProperty(response, 'report', { value: report(answer), enumerable: false })
+  return response
+}
+
+/** The error of an operation that ended without an answer to give. */
+function toError(answer, operation, requestUrl, keyHeader) {
+  let response = null
+  if (answer.status != null && answer.status >= 200 && answer.status <= 599) {
+    response = toResponse(answer, operation, requestUrl, keyHeader)
+  }
+  const cause = new Error(answer.message ?? 'the operation failed')
+  cause.code = answer.failure ?? answer.errorKind ?? undefined
+  return new IdempotentFetchError(answer.message ?? 'the operation failed', {
+    outcome: answer.outcome,
+    key: answer.key,
+    attempts: answer.attempts,
+    history: history(answer),
+    kind: answer.errorKind,
+    failure: answer.failure,
+    response,
+    cause,
+  })
+}
+
+/** Whether `body` (an `init.body`) is a stream, sent once. */
+function isStream(body) {
+  return (
+    body != null &&
+    (body instanceof ReadableStream ||
+      (typeof body === 'object' &&
+        typeof body[Symbol.asyncIterator] === 'function' &&
+        !(body instanceof Blob) &&
+        !(body instanceof FormData)))
+  )
+}
+
+/** Pushes `stream`'s chunks into the engine's body stream, ending it either way. */
+async function pump(stream, sink) {
+  try {
+    for await (const chunk of stream) {
+      sink.push(Buffer.from(typeof chunk === 'string' ? Buffer.from(chunk) : chunk))
+    }
+    sink.finish()
+  } catch (err) {
+    sink.fail(String(err && err.message ? err.message : err))
+  }
+}
+
+/** The engine's settings from `createFetch`'s options; a name it does not know is refused. */
+function settings(options) {
+  const out = {}
+  for (const [name, value] of Object.entries(options ?? {})) {
+    if (value === undefined) continue
+    if (name === 'budget') {
+      if (value === false) {
+        out.retryBudget = false
+      } else if (value === true) {
+        out.retryBudget = true
+      } else if (typeof value === 'object' && value !== null) {
+        for (const [part, amount] of Object.entries(value)) {
+          if (!(part in BUDGET)) {
+            throw new TypeError(
+              `budget.${part} is not an option; the budget takes ${Object.keys(BUDGET).join(', ')}`,
+            )
+          }
+          out[BUDGET[part]] = amount
+        }
+      } else {
+        throw new TypeError('budget is false (off), true, or { capacity, retryCost, ... }')
+      }
+      continue
+    }
+    if (!(name in OPTIONS)) {
+      throw new TypeError(
+        `${name} is not an option of createFetch; it takes ${[...Object.keys(OPTIONS), 'budget'].join(', ')}`,
+      )
+    }
+    out[OPTIONS[name]] = value
+  }
+  return out
+}
+
+/**
+ * A `fetch` over the engine: `(input, init?) => Promise<Response>`. Every option is
+ * optional; see index.d.ts for each one's meaning and default.
+ */
+function createFetch(options) {
+  let engine
+  try {
+    engine = new native.Engine(settings(options))
+  } catch (err) {
+    if (err instanceof TypeError) throw err
+    const error = new Error(err.message)
+    error.code = err.code
+    throw error
+  }
+  const keyHeader = engine.keyHeader
+
+  async function idempotentFetch(input, init) {
+    const streamed = isStream(init?.body)
+    const request = new Request(input, streamed ? { ...init, duplex: 'half' } : init)
+    const signal = request.signal
+    signal.throwIfAborted()
+    const headers = []
+    let keyed = false
+    for (const [name, value] of request.headers) {
+      if (name === keyHeader) keyed = true
+      headers.push([name, value])
+    }
+    const contextKey = keys.getStore()
+    if (!keyed && contextKey !== undefined) {
+      headers.push([keyHeader, contextKey])
+    }
+    let body = null
+    let sink = null
+    if (streamed) {
+      sink = new native.BodyStream()
+    } else if (request.body !== null) {
+      body = Buffer.from(await request.arrayBuffer())
+    }
+    const operation = engine.start(
+      { method: request.method, url: request.url, headers, body: body ?? undefined },
+      sink ?? undefined,
+    )
+    if (sink !== null) {
+      pump(request.body, sink)
+    }
+    let onAbort
+    const aborted = new Promise((_, reject) => {
+      onAbort = () => {
+        operation.cancel()
+        reject(signal.reason)
+      }
+      signal.addEventListener('abort', onAbort, { once: true })
+    })
+    let answer
+    try {
+      answer = await Promise.race([operation.wait(), aborted])
+    } finally {
+      signal.removeEventListener('abort', onAbort)
+    }
+    aborted.catch(() => {})
+    if (answer.outcome === 'done' && answer.errorKind == null && answer.status != null) {
+      if (answer.status < 200 || answer.status > 599) {
+        throw toError(
+          { ...answer, outcome: 'done', message: `the final answer's status ${answer.status} cannot be a Response` },
+          operation,
+          request.url,
+          keyHeader,
+        )
+      }
+      const response = toResponse(answer, operation, request.url, keyHeader)
+      if (answer.streamed) {
+        // An abort after the head stops the body, as fetch's does.
+        signal.addEventListener('abort', () => operation.cancel(), { once: true })
+      }
+      return response
+    }
+    throw toError(answer, operation, request.url, keyHeader)
+  }
+
+  Object.defineProperty(idempotentFetch, 'keyHeader', { value: keyHeader, enumerable: true })
+  /** Closes the ledger (an SQLite file checkpoints its log); later requests still go out. */
+  idempotentFetch.close = () => engine.close()
+  return idempotentFetch
+}
+
+/** A key derived from a scope and parts that survive a restart: the Rust crate's derivation. */
+function derive(scope, parts = []) {
+  if (typeof scope !== 'string' || !Array.isArray(parts) || parts.some((p) => typeof p !== 'string')) {
+    throw new TypeError('derive(scope, parts) takes a string and an array of strings')
+  }
+  return native.derive(scope, parts)
+}
+
+/** JSON text of `args`, refusing what JSON cannot say (NaN, the infinities). */
+function json(args) {
+  return JSON.stringify(args, (_, value) => {
+    if (typeof value === 'number' && !Number.isFinite(value)) {
+      throw new TypeError(`a tool call's arguments hold ${value}, which JSON cannot say`)
+    }
+    return value
+  })
+}
+
+/** A key for one tool call: the Rust crate's `for_tool_call` (RFC 8785 canonical JSON). */
+function forToolCall(name, args) {
+  if (typeof name !== 'string') throw new TypeError('forToolCall(name, args): name is a string')
+  const text = json(args)
+  if (text === undefined) throw new TypeError("a tool call's arguments must be JSON")
+  return native.forToolCall(name, text)
+}
+
+/**
+ * Runs `fn` with `key` as the idempotency key of every request made inside it (an SDK's
+ * requests included) that has no key header of its own.
+ */
+function withIdempotencyKey(key, fn) {
+  if (typeof key !== 'string' || key.length === 0) {
+    throw new TypeError('withIdempotencyKey(key, fn): key is a non-empty string')
+  }
+  return keys.run(key, fn)
+}
+
+/** The key `withIdempotencyKey` set here, or `undefined`. */
+function currentIdempotencyKey() {
+  return keys.getStore()
+}
+
+/** The report of a response this package's fetch gave, or `undefined` for another. */
+function reportOf(response) {
+  return response?.report
+}
+
+module.exports = {
+  createFetch,
+  derive,
+  forToolCall,
+  withIdempotencyKey,
+  currentIdempotencyKey,
+  reportOf,
+  IdempotentFetchError,
+}
