@@ -135,7 +135,9 @@ fn latin1(text: String, what: &str) -> napi::Result<Vec<u8>> {
             u8::try_from(u32::from(c)).map_err(|_| {
                 napi::Error::new(
                     napi::Status::InvalidArg,
-                    format!("{what}: {c:?} is not a byte; header names and values are byte strings"),
+                    format!(
+                        "{what}: {c:?} is not a byte; header names and values are byte strings"
+                    ),
                 )
             })
         })
@@ -239,12 +241,18 @@ impl Engine {
                     "a header is a [name, value] pair",
                 ));
             };
-            pairs.push((latin1(name, "a header name")?, latin1(value, "a header value")?));
+            pairs.push((
+                latin1(name, "a header name")?,
+                latin1(value, "a header value")?,
+            ));
         }
         let body = match (body, stream) {
             (Some(bytes), _) => Some(reqwest::Body::from(bytes.to_vec())),
             (None, Some(stream)) => Some(stream.take_body().ok_or_else(|| {
-                napi::Error::new(napi::Status::InvalidArg, "this body stream was already sent")
+                napi::Error::new(
+                    napi::Status::InvalidArg,
+                    "this body stream was already sent",
+                )
             })?),
             (None, None) => None,
         };
