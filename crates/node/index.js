@@ -159,16 +159,20 @@ function toResponse(answer, operation, requestUrl, keyHeader) {
       body = bytes(answer.body)
     }
   }
-  const headers = new Headers()
-  for (const [name, value] of answer.headers) {
-    headers.append(name, value)
-  }
   // The Response constructor takes 200 to 599 only: a final 1xx cannot be one.
-  const response = new Response(body, { status: answer.status, headers })
+  const response = new Response(body, { status: answer.status, headers: answer.headers })
   const url = answer.url ?? requestUrl
   Object.defineProperty(response, 'url', { value: url, enumerable: true })
   Object.defineProperty(response, 'redirected', { value: url !== requestUrl, enumerable: true })
-  Object.defineProperty(response, 'report', { value: report(answer), enumerable: false })
+  // Made when first read: most callers never look.
+  let made
+  Object.defineProperty(response, 'report', {
+    get() {
+      made ??= report(answer)
+      return made
+    },
+    enumerable: false,
+  })
   return response
 }
 
@@ -250,6 +254,92 @@ function settings(options) {
   return out
 }
 
+/** Methods fetch writes in capitals whatever their case (the Fetch standard's "normalize"). */
+const NORMALIZED = new Set(['DELETE', 'GET', 'HEAD', 'OPTIONS', 'POST', 'PUT'])
+
+/** Leading and trailing HTTP whitespace, which fetch strips from header values. */
+const EDGES = /^[\t\n\r ]+|[\t\n\r ]+$/g
+
+/** A method as fetch normalizes it. */
+function method(given) {
+  if (given === undefined) return 'GET'
+  const upper = String(given).toUpperCase()
+  return NORMALIZED.has(upper) ? upper : String(given)
+}
+
+/**
+ * The request's parts without building a `Request`, for the common shapes: a string or `URL`
+ * and a body that is absent, a string, bytes or `URLSearchParams`, with headers as an object,
+ * pairs or `Headers`. `undefined` for anything else (a `Request`, a `Blob`, `FormData`, a
+ * stream), which takes the `Request` path. The result is what fetch itself would send: the
+ * same method, header names in lower case, values stripped, and a string's or form's
+ * `Content-Type` when none is given.
+ */
+function direct(input, init) {
+  if (typeof input !== 'string' && !(input instanceof URL)) return undefined
+  const given = init?.body
+  let body
+  let type
+  if (given === undefined || given === null) {
+    body = undefined
+  } else if (typeof given === 'string') {
+    body = Buffer.from(given)
+    type = 'text/plain;charset=UTF-8'
+  } else if (given instanceof ArrayBuffer) {
+    body = Buffer.from(given)
+  } else if (ArrayBuffer.isView(given)) {
+    body = Buffer.from(given.buffer, given.byteOffset, given.byteLength)
+  } else if (given instanceof URLSearchParams) {
+    body = Buffer.from(given.toString())
+    type = 'application/x-www-form-urlencoded;charset=UTF-8'
+  } else {
+    return undefined
+  }
+  const verb = method(init?.method)
+  if (body !== undefined && (verb === 'GET' || verb === 'HEAD')) {
+    throw new TypeError('Request with GET/HEAD method cannot have body.')
+  }
+  let url
+  try {
+    url = new URL(input).href
+  } catch (err) {
+    throw new TypeError(`Failed to parse URL from ${input}`, { cause: err })
+  }
+  const headers = []
+  let typed = false
+  const source = init?.headers
+  if (source !== undefined && source !== null) {
+    const plain = typeof source === 'object' && !Array.isArray(source) && !(source instanceof Headers) &&
+      typeof source[Symbol.iterator] !== 'function'
+    const entries = plain ? Object.entries(source) : new Headers(source)
+    for (const [name, value] of entries) {
+      const lower = name.toLowerCase()
+      if (lower === 'content-type') typed = true
+      headers.push([lower, String(value).replace(EDGES, '')])
+    }
+  }
+  if (type !== undefined && !typed) headers.push(['content-type', type])
+  return { method: verb, url, headers, body, signal: init?.signal ?? undefined, sink: undefined }
+}
+
+/** The request's parts through a `Request`, as fetch builds one: any input, any body. */
+async function viaRequest(input, init) {
+  const streamed = isStream(init?.body)
+  const request = new Request(input, streamed ? { ...init, duplex: 'half' } : init)
+  const headers = []
+  for (const pair of request.headers) headers.push(pair)
+  let body
+  let sink
+  let stream
+  if (streamed) {
+    sink = new native.BodyStream()
+    stream = request.body
+  } else if (request.body !== null) {
+    body = Buffer.from(await request.arrayBuffer())
+  }
+  return { method: request.method, url: request.url, headers, body, signal: request.signal, sink, stream }
+}
+
 /**
  * A `fetch` over the engine: `(input, init?) => Promise<Response>`. Every option is
  * optional; see index.d.ts for each one's meaning and default.
@@ -267,49 +357,46 @@ function createFetch(options) {
   const keyHeader = engine.keyHeader
 
   async function idempotentFetch(input, init) {
-    const streamed = isStream(init?.body)
-    const request = new Request(input, streamed ? { ...init, duplex: 'half' } : init)
-    const signal = request.signal
-    signal.throwIfAborted()
-    const headers = []
+    const request = direct(input, init) ?? (await viaRequest(input, init))
+    const { signal, sink } = request
+    signal?.throwIfAborted()
+    const headers = request.headers
     let keyed = false
-    for (const [name, value] of request.headers) {
-      if (name === keyHeader) keyed = true
-      headers.push([name, value])
+    for (const pair of headers) {
+      if (pair[0] === keyHeader) {
+        keyed = true
+        break
+      }
     }
     const contextKey = keys.getStore()
     if (!keyed && contextKey !== undefined) {
       headers.push([keyHeader, contextKey])
     }
-    let body = null
-    let sink = null
-    if (streamed) {
-      sink = new native.BodyStream()
-    } else if (request.body !== null) {
-      body = Buffer.from(await request.arrayBuffer())
-    }
     const operation = engine.start(
-      { method: request.method, url: request.url, headers, body: body ?? undefined },
-      sink ?? undefined,
+      { method: request.method, url: request.url, headers, body: request.body },
+      sink,
     )
-    if (sink !== null) {
-      pump(request.body, sink)
+    if (sink !== undefined) {
+      pump(request.stream, sink)
     }
-    let onAbort
-    const aborted = new Promise((_, reject) => {
-      onAbort = () => {
-        operation.cancel()
-        reject(signal.reason)
-      }
-      signal.addEventListener('abort', onAbort, { once: true })
-    })
     let answer
-    try {
-      answer = await Promise.race([operation.wait(), aborted])
-    } finally {
-      signal.removeEventListener('abort', onAbort)
+    if (signal === undefined) {
+      answer = await operation.wait()
+    } else {
+      // An abort drops the operation where it stands; `wait` rejects once it is dropped (its
+      // lease's release registered, so a send of the same key right after waits for it),
+      // unless it ended first, and then its answer stands, as fetch's does.
+      const onAbort = () => operation.cancel()
+      signal.addEventListener('abort', onAbort, { once: true })
+      try {
+        answer = await operation.wait()
+      } catch (err) {
+        if (signal.aborted) throw signal.reason
+        throw err
+      } finally {
+        signal.removeEventListener('abort', onAbort)
+      }
     }
-    aborted.catch(() => {})
     if (answer.outcome === 'done' && answer.errorKind == null && answer.status != null) {
       if (answer.status < 200 || answer.status > 599) {
         throw toError(
@@ -320,7 +407,7 @@ function createFetch(options) {
         )
       }
       const response = toResponse(answer, operation, request.url, keyHeader)
-      if (answer.streamed) {
+      if (answer.streamed && signal !== undefined) {
         // An abort after the head stops the body, as fetch's does.
         signal.addEventListener('abort', () => operation.cancel(), { once: true })
       }
