@@ -156,7 +156,7 @@ export declare function derive(scope: string, parts?: string[]): string
 /** A key for one tool call (RFC 8785 canonical arguments): the Rust crate's `IdempotencyKey::for_tool_call`. Throws a `TypeError` for arguments JSON cannot say. */
 export declare function forToolCall(name: string, args: unknown): string
 
-/** Runs `fn` with `key` as the key of every request made inside it that has no key header. */
+/** Runs `fn` with `key` as the key of every request made inside it, in place of a key header the request carries (an SDK's own). */
 export declare function withIdempotencyKey<T>(key: string, fn: () => T): T
 
 /** The key `withIdempotencyKey` set here, or `undefined`. */

@@ -360,16 +360,13 @@ function createFetch(options) {
     const request = direct(input, init) ?? (await viaRequest(input, init))
     const { signal, sink } = request
     signal?.throwIfAborted()
-    const headers = request.headers
-    let keyed = false
-    for (const pair of headers) {
-      if (pair[0] === keyHeader) {
-        keyed = true
-        break
-      }
-    }
+    // withIdempotencyKey's key comes first, as the Python package's `idempotency_key` block
+    // does: it replaces a key header already there (an SDK's own random one, as stripe-node
+    // puts on every POST, which a restart would forget).
     const contextKey = keys.getStore()
-    if (!keyed && contextKey !== undefined) {
+    let headers = request.headers
+    if (contextKey !== undefined) {
+      headers = headers.filter((pair) => pair[0] !== keyHeader)
       headers.push([keyHeader, contextKey])
     }
     const operation = engine.start(
@@ -449,8 +446,9 @@ function forToolCall(name, args) {
 }
 
 /**
- * Runs `fn` with `key` as the idempotency key of every request made inside it (an SDK's
- * requests included) that has no key header of its own.
+ * Runs `fn` with `key` as the idempotency key of every request made inside it, an SDK's
+ * included: it takes the place of a key header the request carries (stripe-node puts a random
+ * one on every POST).
  */
 function withIdempotencyKey(key, fn) {
   if (typeof key !== 'string' || key.length === 0) {

@@ -87,7 +87,7 @@ test('the key header on the request is the key', async () => {
   assert.equal(response.report.key, 'order-42-charge')
 })
 
-test('withIdempotencyKey keys the requests made inside it; a header of their own wins', async () => {
+test('withIdempotencyKey keys the requests made inside it, in place of a key header they carry', async () => {
   const receiver = new native.Receiver()
   const fetch = ir.createFetch(FAST)
   await ir.withIdempotencyKey('run-7-step-2', async () => {
@@ -96,7 +96,7 @@ test('withIdempotencyKey keys the requests made inside it; a header of their own
     await fetch(receiver.url('/b'), { method: 'POST', body: 'b', headers: { 'idempotency-key': 'own' } })
   })
   assert.equal(ir.currentIdempotencyKey(), undefined)
-  assert.deepEqual(receiver.keys(), ['run-7-step-2', 'own'])
+  assert.deepEqual(receiver.keys(), ['run-7-step-2', 'run-7-step-2'])
 })
 
 test('derive and forToolCall give the Rust crate\'s keys (its golden vectors)', () => {
