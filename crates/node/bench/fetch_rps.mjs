@@ -22,6 +22,10 @@ function flag(name, fallback) {
 }
 const REQUESTS = flag('--requests', 3000)
 const ROUNDS = flag('--rounds', 5)
+// `--only NAME` (`node fetch`, `idempotent-retry`, `fetch-retry`, `ky`) and `--in-flight N`
+// run one client at one concurrency, for a profiler (`perf stat`, `node --cpu-prof`).
+const ONLY = args.includes('--only') ? args[args.indexOf('--only') + 1] : null
+const IN_FLIGHT = args.includes('--in-flight') ? [flag('--in-flight', 1)] : [1, 64]
 
 const server = new native.KeepAliveServer()
 const url = server.url('/charges')
@@ -73,14 +77,19 @@ const median = (values) => {
   return sorted.length % 2 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2
 }
 
-const names = Object.keys(clients)
-for (const inFlight of [1, 64]) {
+const names = ONLY === null ? Object.keys(clients) : [ONLY]
+if (ONLY !== null && !(ONLY in clients)) throw new Error(`--only takes one of ${Object.keys(clients).join(', ')}`)
+for (const inFlight of IN_FLIGHT) {
   const rates = Object.fromEntries(names.map((name) => [name, []]))
   for (let round = 0; round < ROUNDS; round++) {
     const order = names.map((_, i) => names[(i + round) % names.length])
     for (const name of order) {
       rates[name].push(await measure(clients[name], inFlight))
     }
+  }
+  if (ONLY !== null) {
+    console.log(`${ONLY}, ${inFlight} in flight: ${rates[ONLY].map((r) => r.toFixed(0)).join(' ')} req/s`)
+    continue
   }
   const base = median(rates['node fetch'])
   console.log(`\n${inFlight} in flight, ${REQUESTS} keyed POSTs a round, ${ROUNDS} rounds (median req/s, ratio to node fetch):`)

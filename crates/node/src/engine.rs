@@ -209,7 +209,7 @@ impl Engine {
         self.inner.key_header().to_owned()
     }
 
-    /// Starts one operation on the engine's runtime and returns at once; `stream` is the body
+    /// One operation, started by its `wait`; `stream` is the body
     /// when it is streamed (sent once). The key header among the headers is the key; without
     /// one, a request whose method is not idempotent gets one minted, the same on every
     /// attempt.
@@ -262,9 +262,7 @@ impl Engine {
             .outgoing(&method, url, pairs, body, None, timeout)
             .map_err(to_js)?
             .keyless(keyless.unwrap_or(false));
-        let operation = self.inner.operate(outgoing);
-        let runtime = host::runtime().map_err(to_js)?;
-        Ok(Operation::spawn(runtime, operation))
+        Ok(Operation::new(self.inner.operate(outgoing)))
     }
 
     /// Closes the ledger (an SQLite file checkpoints its log, for up to 5 s). Requests after

@@ -1,39 +1,49 @@
 //! One operation started on the engine's runtime: awaited for its [`Answer`], cancelled (an
 //! aborted `fetch`), and its streamed body read chunk by chunk.
 
+use std::pin::Pin;
+
 use idempotent_retry_host::{Finished, next_chunk};
 use napi::bindgen_prelude::Buffer;
 use napi_derive::napi;
-use tokio::runtime::Runtime;
-use tokio::sync::Mutex;
-use tokio::task::{AbortHandle, JoinHandle};
+use tokio::sync::{Mutex, oneshot};
 
 use crate::answer::Answer;
 
-/// An operation in flight, then the body of its answer when that is streamed.
+/// The operation's future, run by `wait` on the runtime napi awaits its promises on.
+type Running = Pin<Box<dyn Future<Output = Finished> + Send>>;
+
+/// An operation not yet finished, then the body of its answer when that is streamed.
+///
+/// The operation runs inside `wait`'s own future: no hop to another runtime's thread and back
+/// per request. `cancel` ends it through a channel `wait` listens to beside the operation, so
+/// the operation is dropped (its lease's release registered) before `wait` rejects.
 #[napi]
-#[derive(Debug)]
 pub struct Operation {
-    task: Mutex<Option<JoinHandle<Finished>>>,
-    abort: AbortHandle,
+    running: Mutex<Option<Running>>,
+    /// `cancel`'s signal to `wait`; taken by the first `cancel`.
+    cancel: std::sync::Mutex<Option<oneshot::Sender<()>>>,
+    cancelled: Mutex<Option<oneshot::Receiver<()>>>,
     /// The answer's body still to read (no `Content-Length`, or a longer one than the
     /// engine's `answer_read_limit`).
     rest: Mutex<Option<reqwest::Response>>,
-    runtime: &'static Runtime,
+}
+
+impl std::fmt::Debug for Operation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Operation").finish_non_exhaustive()
+    }
 }
 
 impl Operation {
-    /// `operation` spawned on `runtime`.
-    pub(crate) fn spawn(
-        runtime: &'static Runtime,
-        operation: impl Future<Output = Finished> + Send + 'static,
-    ) -> Operation {
-        let task = runtime.spawn(operation);
+    /// `operation`, to be run by `wait`.
+    pub(crate) fn new(operation: impl Future<Output = Finished> + Send + 'static) -> Operation {
+        let (cancel, cancelled) = oneshot::channel();
         Operation {
-            abort: task.abort_handle(),
-            task: Mutex::new(Some(task)),
+            running: Mutex::new(Some(Box::pin(operation))),
+            cancel: std::sync::Mutex::new(Some(cancel)),
+            cancelled: Mutex::new(Some(cancelled)),
             rest: Mutex::new(None),
-            runtime,
         }
     }
 }
@@ -53,15 +63,25 @@ impl Operation {
     /// When called twice, or after `cancel` (the operation was dropped where it stood).
     #[napi]
     pub async fn wait(&self) -> napi::Result<Answer> {
-        let task = self
-            .task
+        let running = self
+            .running
             .lock()
             .await
             .take()
             .ok_or_else(|| failure("this operation's answer was already taken"))?;
-        let mut finished = task
-            .await
-            .map_err(|_| failure("the operation was cancelled"))?;
+        let cancelled = self.cancelled.lock().await.take();
+        let mut finished = match cancelled {
+            Some(cancelled) => {
+                tokio::select! {
+                    biased;
+                    // A `cancel` (its sender sent or dropped with the operation) drops the
+                    // operation here, before this rejects.
+                    _ = cancelled => return Err(failure("the operation was cancelled")),
+                    finished = running => finished,
+                }
+            }
+            None => running.await,
+        };
         let rest = finished
             .received
             .as_mut()
@@ -83,12 +103,7 @@ impl Operation {
         let Some(response) = rest.take() else {
             return Ok(None);
         };
-        // Read on the engine's runtime, where the connection's tasks and timers live.
-        let (chunk, response) = self
-            .runtime
-            .spawn(next_chunk(response))
-            .await
-            .map_err(|_| failure("the body's read was cancelled"))?;
+        let (chunk, response) = next_chunk(response).await;
         *rest = response;
         match chunk {
             Ok(chunk) => Ok(chunk.map(|chunk| Buffer::from(chunk.to_vec()))),
@@ -101,7 +116,18 @@ impl Operation {
     /// back; a streamed body still to read is dropped with its connection.
     #[napi]
     pub fn cancel(&self) {
-        self.abort.abort();
+        let cancel = self
+            .cancel
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        if let Some(cancel) = cancel {
+            let _ = cancel.send(());
+        }
+        if let Ok(mut running) = self.running.try_lock() {
+            // Not started yet: dropped here.
+            running.take();
+        }
         if let Ok(mut rest) = self.rest.try_lock() {
             rest.take();
         }
