@@ -295,27 +295,38 @@ test('an answer without a length streams as it arrives (server-sent events)', as
   assert.equal(rest, 'data: last\n\n')
 })
 
-test('a streamed answer cut midway errors with the key and how to have the answer again', async (t) => {
+test('a streamed answer cut midway errors with the key and how to have the answer again; sent again, it comes whole', async (t) => {
+  // The receiver's store: the first arrival runs the operation and its answer is cut; a later
+  // one with the same key is answered whole from the store, nothing run again.
+  const ran = new Map()
   const url = await serve(t, (req, res) => {
+    const key = req.headers['idempotency-key']
     res.writeHead(200, { 'content-type': 'text/plain' })
+    if (ran.has(key)) {
+      res.end(ran.get(key))
+      return
+    }
+    ran.set(key, 'partial and the rest')
     res.write('partial')
     setImmediate(() => res.socket.destroy())
   })
   const fetch = ir.createFetch(FAST)
-  const response = await fetch(`${url}/download`, {
-    method: 'POST',
-    body: 'x',
-    headers: { 'idempotency-key': 'download-1' },
-  })
+  const send = () =>
+    fetch(`${url}/download`, { method: 'POST', body: 'x', headers: { 'idempotency-key': 'download-1' } })
+  const response = await send()
   const err = await response.text().then(
     () => assert.fail('resolved'),
     (err) => err,
   )
   assert.ok(err instanceof ir.IdempotentFetchError, String(err))
   assert.equal(err.key, 'download-1')
+  assert.equal(err.outcome, 'done')
   assert.match(err.message, /download-1/)
   assert.match(err.message, /status 200/)
   assert.match(err.message, /send the same request again/)
+  const again = await send()
+  assert.equal(await again.text(), 'partial and the rest')
+  assert.equal(ran.size, 1)
 })
 
 test('an abort drops the operation and gives its lease back: the same key then goes through at once', async () => {
@@ -388,4 +399,22 @@ test('a bad option is a TypeError naming it; a ledger that cannot open says why'
   assert.throws(() => ir.createFetch({ redirect: 'sometimes' }), /redirect/)
   assert.throws(() => ir.createFetch({ baseDelayMs: -1 }), /baseDelayMs/)
   assert.throws(() => ir.createFetch({ ledger: '/nonexistent-dir/x/ledger.db' }), /cannot open the ledger/)
+})
+
+test('a PostgreSQL ledger: a later run of the key is replayed from it', async (t) => {
+  const url = process.env.IDEMPOTENT_RETRY_PG_URL
+  if (!url) {
+    t.skip('IDEMPOTENT_RETRY_PG_URL is not set (bash .ci/run starts a server and sets it)')
+    return
+  }
+  const receiver = new native.Receiver()
+  const key = `pg-${process.pid}-${Date.now()}`
+  const first = ir.createFetch({ ...FAST, ledger: url })
+  const one = await first(receiver.url('/charges'), { method: 'POST', body: 'x', headers: { 'idempotency-key': key } })
+  assert.deepEqual(await one.json(), { effect: 1 })
+  const second = ir.createFetch({ ...FAST, ledger: url })
+  const two = await second(receiver.url('/charges'), { method: 'POST', body: 'x', headers: { 'idempotency-key': key } })
+  assert.deepEqual(await two.json(), { effect: 1 })
+  assert.equal(two.report.replayed, true)
+  assert.equal(receiver.arrivals(), 1)
 })
