@@ -29,6 +29,8 @@ const IN_FLIGHT = args.includes('--in-flight') ? [flag('--in-flight', 1)] : [1, 
 
 const server = new native.KeepAliveServer()
 const url = server.url('/charges')
+// Held to the end: an object nothing reads any more may be collected, and the server with it.
+process.on('exit', () => server.url('/'))
 const { default: ky } = await import('ky')
 
 /** One keyed JSON POST through `send`, checked. */
