@@ -3,7 +3,9 @@
 // would), over loopback keep-alive connections to a Rust server that answers every request
 // `200` at once (the native module's `KeepAliveServer`, so the server's cost is small and the
 // same for all). Each round sends the same keyed JSON POSTs through each client in turn, one
-// after another and then 64 in flight; the clients' order rotates round by round. Needs the
+// after another and then 64 in flight; the clients' order rotates round by round. One after
+// another, the clients also take turns request by request (`paired`), each request timed on
+// its own, so a machine that gets busier or quieter mid-run weighs on all of them alike. Needs the
 // module built with the `testing` feature, best with `--release`:
 //
 //     npx napi build --platform --release --js native.js --dts native.d.ts --features testing
@@ -79,6 +81,21 @@ const median = (values) => {
   return sorted.length % 2 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2
 }
 
+/** Requests per second of each client, taking turns request by request, one at a time. */
+async function paired(names) {
+  const spent = Object.fromEntries(names.map((name) => [name, 0]))
+  for (const name of names) await post(clients[name], -1)
+  for (let n = 0; n < REQUESTS; n++) {
+    for (let i = 0; i < names.length; i++) {
+      const name = names[(i + n) % names.length]
+      const started = performance.now()
+      await post(clients[name], n)
+      spent[name] += performance.now() - started
+    }
+  }
+  return Object.fromEntries(names.map((name) => [name, REQUESTS / (spent[name] / 1000)]))
+}
+
 const names = ONLY === null ? Object.keys(clients) : [ONLY]
 if (ONLY !== null && !(ONLY in clients)) throw new Error(`--only takes one of ${Object.keys(clients).join(', ')}`)
 for (const inFlight of IN_FLIGHT) {
@@ -98,6 +115,18 @@ for (const inFlight of IN_FLIGHT) {
   for (const name of names) {
     const rate = median(rates[name])
     console.log(`  ${name.padEnd(18)} ${rate.toFixed(0).padStart(7)} req/s  ${(rate / base).toFixed(2)}x   rounds: ${rates[name].map((r) => r.toFixed(0)).join(' ')}`)
+  }
+  if (inFlight === 1) {
+    const turns = Object.fromEntries(names.map((name) => [name, []]))
+    for (let round = 0; round < ROUNDS; round++) {
+      const rates = await paired(names)
+      for (const name of names) turns[name].push(rates[name])
+    }
+    const base = median(turns['node fetch'])
+    console.log(`  taking turns request by request (median of ${ROUNDS} rounds, ratio to node fetch):`)
+    for (const name of names) {
+      console.log(`  ${name.padEnd(18)} ${median(turns[name]).toFixed(0).padStart(7)} req/s  ${(median(turns[name]) / base).toFixed(2)}x`)
+    }
   }
   const ourRate = median(rates['idempotent-retry'])
   console.log(`  ours / fetch-retry ${(ourRate / median(rates['fetch-retry'])).toFixed(2)}x, ours / ky ${(ourRate / median(rates.ky)).toFixed(2)}x`)

