@@ -111,14 +111,16 @@ function bytes(buffer) {
 /** The error a streamed body's read gives when its connection fails midway. */
 function cutError(answer, err, keyHeader) {
   const key = answer.key ?? null
-  const message =
-    `${err.message}. The operation was answered with status ${answer.status} at the receiver, ` +
-    `so its effect may stand` +
-    (key === null
-      ? ''
-      : `: send the same request again with the key ${key} (the header ` +
-        `${keyHeader} or withIdempotencyKey) to have the answer again from the ledger ` +
-        `or the receiver's store`)
+  // The engine's own note (a keyed operation's) names the key and how to have the answer
+  // again; without one, say what is known.
+  const message = err.message.includes('send the same request again')
+    ? err.message
+    : `${err.message}. The operation was answered with status ${answer.status} at the ` +
+      `receiver, so its effect may stand` +
+      (key === null
+        ? ''
+        : `: send the same request again with the key ${key} (the header ${keyHeader} or ` +
+          `withIdempotencyKey) to have the answer again from the ledger or the receiver's store`)
   return new IdempotentFetchError(message, {
     outcome: 'done',
     key,

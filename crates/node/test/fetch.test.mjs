@@ -322,7 +322,7 @@ test('a streamed answer cut midway errors with the key and how to have the answe
   assert.equal(err.key, 'download-1')
   assert.equal(err.outcome, 'done')
   assert.match(err.message, /download-1/)
-  assert.match(err.message, /status 200/)
+  assert.match(err.message, /answered 200/)
   assert.match(err.message, /send the same request again/)
   const again = await send()
   assert.equal(await again.text(), 'partial and the rest')
