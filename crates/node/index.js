@@ -351,7 +351,9 @@ function createFetch(options) {
   try {
     engine = new native.Engine(settings(options))
   } catch (err) {
-    if (err instanceof TypeError) throw err
+    // A bad value is a TypeError, as the option's own checks give; a ledger or TLS file that
+    // cannot be opened an Error, with the cause in its message.
+    if (err instanceof TypeError || err.code === 'InvalidArg') throw new TypeError(err.message)
     const error = new Error(err.message)
     error.code = err.code
     throw error
@@ -371,10 +373,18 @@ function createFetch(options) {
       headers = headers.filter((pair) => pair[0] !== keyHeader)
       headers.push([keyHeader, contextKey])
     }
-    const operation = engine.start(
-      { method: request.method, url: request.url, headers, body: request.body },
-      sink,
-    )
+    let operation
+    try {
+      operation = engine.start({ method: request.method, url: request.url, headers, body: request.body }, sink)
+    } catch (err) {
+      // A method, header or key the engine refuses: nothing was sent.
+      throw new IdempotentFetchError(err.message, {
+        outcome: 'not_done',
+        key: contextKey ?? null,
+        kind: 'invalid_request',
+        cause: err,
+      })
+    }
     if (sink !== undefined) {
       pump(request.stream, sink)
     }

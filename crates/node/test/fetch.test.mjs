@@ -397,7 +397,8 @@ test('with a ledger, a later run of the same key is replayed from it: nothing se
 test('a bad option is a TypeError naming it; a ledger that cannot open says why', () => {
   assert.throws(() => ir.createFetch({ atempts: 3 }), (err) => err instanceof TypeError && /atempts/.test(err.message))
   assert.throws(() => ir.createFetch({ redirect: 'sometimes' }), /redirect/)
-  assert.throws(() => ir.createFetch({ baseDelayMs: -1 }), /baseDelayMs/)
+  assert.throws(() => ir.createFetch({ baseDelayMs: -1 }), (err) => err instanceof TypeError && /baseDelayMs/.test(err.message))
+  assert.throws(() => ir.createFetch({ keyHeader: 'not a header' }), TypeError)
   assert.throws(() => ir.createFetch({ ledger: '/nonexistent-dir/x/ledger.db' }), /cannot open the ledger/)
 })
 
@@ -417,4 +418,19 @@ test('a PostgreSQL ledger: a later run of the key is replayed from it', async (t
   assert.deepEqual(await two.json(), { effect: 1 })
   assert.equal(two.report.replayed, true)
   assert.equal(receiver.arrivals(), 1)
+})
+
+test('a request the engine refuses rejects before anything is sent: a TypeError, not_done', async () => {
+  const receiver = new native.Receiver()
+  const fetch = ir.createFetch(FAST)
+  const err = await fetch(receiver.url('/x'), { method: 'POST', body: 'x', headers: { 'idempotency-key': 'caf\u00e9 key' } }).then(
+    () => assert.fail('resolved'),
+    (err) => err,
+  )
+  assert.ok(err instanceof ir.IdempotentFetchError, String(err))
+  assert.ok(err instanceof TypeError)
+  assert.equal(err.outcome, 'not_done')
+  assert.equal(err.kind, 'invalid_request')
+  assert.match(err.message, /idempotency key/)
+  assert.equal(receiver.arrivals(), 0)
 })
