@@ -40,6 +40,11 @@
 //! - `--subscriber-warn`: the same subscriber behind a `WARN` level filter, as in an
 //!   application run with `RUST_LOG=warn`: the crate's INFO spans are disabled at their
 //!   call site, and cost what they cost with no subscriber.
+//! - `--quick-start`: the README quick start's shape instead (`Client::builder().build()`, a
+//!   keyed JSON POST of `{"amount":100,"currency":"eur"}` with `.json()`, a key derived per
+//!   request), against bare reqwest + a 30 s timeout and against reqwest-middleware +
+//!   `RetryTransientMiddleware` (3 retries) sending the same request (`--only quick-ours`,
+//!   `quick-peer`, `quick-bare` alone).
 //! - `--current-thread`: everything (server and client) on one thread, for counting
 //!   instructions with `valgrind --tool=callgrind`: with one thread the same requests take the
 //!   same path through the code every run, where the two workers' timing varies how often a
@@ -67,6 +72,12 @@ const CONTENDERS: [Contender; 5] = [
     Contender::Peer,
     Contender::PeerWithTimeout,
 ];
+/// The quick start's shape (`--quick-start`): the floor first, then ours, then the peer.
+const QUICK_START: [Contender; 3] = [
+    Contender::QuickBare,
+    Contender::QuickOurs,
+    Contender::QuickPeer,
+];
 /// The floor the differences are taken against: bare reqwest with a timeout.
 const FLOOR: usize = 1;
 /// Our client and the peer with the same timeout, side by side in the summary lines.
@@ -81,6 +92,7 @@ struct Args {
     requests: usize,
     current_thread: bool,
     subscriber: Option<Subscriber>,
+    quick_start: bool,
 }
 
 /// The `tracing` subscriber a run installs (`--subscriber`, `--subscriber-warn`).
@@ -102,6 +114,7 @@ impl Args {
             requests: ROUNDS,
             current_thread: false,
             subscriber: None,
+            quick_start: false,
         };
         let mut words = std::env::args().skip(1);
         while let Some(word) = words.next() {
@@ -125,6 +138,7 @@ impl Args {
                 "--rounds" => args.rounds = count(&value()),
                 "--requests" => args.requests = count(&value()),
                 "--current-thread" => args.current_thread = true,
+                "--quick-start" => args.quick_start = true,
                 "--subscriber" => args.subscriber = Some(Subscriber::RecordsNothing),
                 "--subscriber-warn" => args.subscriber = Some(Subscriber::Warn),
                 _ => {}
@@ -178,18 +192,76 @@ fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
-async fn interleaved(clients: &Clients, url: &str, clock: &TokioClock, rounds: usize) {
-    let mut samples: Vec<Vec<Duration>> = vec![Vec::with_capacity(rounds); CONTENDERS.len()];
+/// Each contender's latencies, taking turns request by request, the order rotating every
+/// round.
+async fn take_turns(
+    clients: &Clients,
+    url: &str,
+    clock: &TokioClock,
+    rounds: usize,
+    contenders: &[Contender],
+) -> Vec<Vec<Duration>> {
+    let mut samples: Vec<Vec<Duration>> = vec![Vec::with_capacity(rounds); contenders.len()];
     for round in 0..WARM_UP_ROUNDS + rounds {
-        for turn in 0..CONTENDERS.len() {
-            let which = (round + turn) % CONTENDERS.len();
+        for turn in 0..contenders.len() {
+            let which = (round + turn) % contenders.len();
             let start = clock.now();
-            clients.send(CONTENDERS[which], url).await;
+            clients.send(contenders[which], url).await;
             if round >= WARM_UP_ROUNDS {
                 samples[which].push(clock.now() - start);
             }
         }
     }
+    samples
+}
+
+/// The quick start's shape: ours and the peer over bare reqwest + timeout, each request's
+/// latency paired with the floor's of the same round.
+async fn quick_start(clients: &Clients, url: &str, clock: &TokioClock, rounds: usize) {
+    let mut samples = take_turns(clients, url, clock, rounds, &QUICK_START).await;
+    let mut rng = StdRng::seed_from_u64(18);
+    let diffs: Vec<Vec<f64>> = samples
+        .iter()
+        .map(|s| {
+            s.iter()
+                .zip(&samples[0])
+                .map(|(&one, &floor)| micros(one) - micros(floor))
+                .collect()
+        })
+        .collect();
+    for s in &mut samples {
+        s.sort_unstable();
+    }
+    let medians: Vec<Duration> = samples.iter().map(|s| percentile(s, 0.5)).collect();
+    println!(
+        "| quick start's shape ({rounds} interleaved requests each) | median | p90 | median / \
+         bare + timeout | paired difference to bare + timeout, us (95% CI) |"
+    );
+    println!("|---|---:|---:|---:|---:|");
+    for (i, contender) in QUICK_START.iter().enumerate() {
+        let difference = if i == 0 {
+            "0".to_owned()
+        } else {
+            let (point, low, high) = paired_difference(&diffs[i], &mut rng);
+            format!("{point:+.2} ({low:+.2} to {high:+.2})")
+        };
+        println!(
+            "| {} | {:.2} us | {:.2} us | {:.3} | {difference} |",
+            contender.name(),
+            micros(medians[i]),
+            micros(percentile(&samples[i], 0.9)),
+            medians[i].as_secs_f64() / medians[0].as_secs_f64(),
+        );
+    }
+    println!(
+        "\nquick start, median / bare reqwest + timeout: ours {:.3}, peer {:.3}",
+        medians[1].as_secs_f64() / medians[0].as_secs_f64(),
+        medians[2].as_secs_f64() / medians[0].as_secs_f64(),
+    );
+}
+
+async fn interleaved(clients: &Clients, url: &str, clock: &TokioClock, rounds: usize) {
+    let mut samples = take_turns(clients, url, clock, rounds, &CONTENDERS).await;
     // Differences first, while the samples are still in round order.
     let diffs: Vec<Vec<f64>> = samples
         .iter()
@@ -305,6 +377,7 @@ fn main() {
         let clock = TokioClock::new();
         match args.only {
             Some(contender) => alone(&clients, &url, &clock, contender, args.requests).await,
+            None if args.quick_start => quick_start(&clients, &url, &clock, args.rounds).await,
             None => interleaved(&clients, &url, &clock, args.rounds).await,
         }
     });

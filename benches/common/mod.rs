@@ -23,6 +23,8 @@ use tokio::net::TcpListener;
 const BODY: &str = r#"{"to":"ada@example.com","subject":"hi"}"#;
 /// The idempotency key every keyed contender sends.
 const KEY: &str = "bench-key-0001";
+/// The README quick start's order, whose derived key the quick-start contenders send.
+const ORDER: &str = "order_17";
 
 async fn answer(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     // Read the whole request body, as a real handler would.
@@ -69,7 +71,29 @@ pub enum Contender {
     PeerWithTimeout,
     /// Our `Client` minting a random key per request, as it does for a POST without one.
     OursRandomKey,
+    /// The README's quick start: bare reqwest with a 30 s timeout, the JSON body serialized by
+    /// `.json()`, a key derived per request and sent as the header.
+    QuickBare,
+    /// The quick start's shape exactly: `Client::builder().build()`, `.json()`, the derived key
+    /// through `idempotency_key`.
+    QuickOurs,
+    /// The same request through `reqwest-middleware` + `RetryTransientMiddleware`
+    /// (`ExponentialBackoff`, 3 retries) over bare reqwest, the key as the header.
+    QuickPeer,
 }
+
+/// The quick start's JSON body, serialized by each client's `.json()`.
+#[derive(serde::Serialize)]
+struct Charge {
+    amount: u32,
+    currency: &'static str,
+}
+
+/// The quick start's request body.
+const CHARGE: Charge = Charge {
+    amount: 100,
+    currency: "eur",
+};
 
 impl Contender {
     /// Every contender, in the order the criterion bench runs them.
@@ -85,13 +109,16 @@ impl Contender {
     /// Every contender `overhead_paired.rs --only` takes: [`ALL`](Self::ALL), and the peer
     /// with a timeout.
     #[allow(dead_code, reason = "only overhead_paired.rs has a command line")]
-    pub const EVERY: [Contender; 6] = [
+    pub const EVERY: [Contender; 9] = [
         Contender::Bare,
         Contender::BareWithTimeout,
         Contender::Ours,
         Contender::Peer,
         Contender::PeerWithTimeout,
         Contender::OursRandomKey,
+        Contender::QuickBare,
+        Contender::QuickOurs,
+        Contender::QuickPeer,
     ];
 
     /// The name a result row carries.
@@ -103,6 +130,9 @@ impl Contender {
             Contender::Peer => "reqwest-middleware + reqwest-retry",
             Contender::PeerWithTimeout => "reqwest-middleware + reqwest-retry + timeout",
             Contender::OursRandomKey => "idempotent-retry, random key",
+            Contender::QuickBare => "bare reqwest + timeout, quick start",
+            Contender::QuickOurs => "idempotent-retry, quick start",
+            Contender::QuickPeer => "reqwest-middleware + reqwest-retry, quick start",
         }
     }
 
@@ -116,6 +146,9 @@ impl Contender {
             Contender::Peer => "peer",
             Contender::PeerWithTimeout => "peer-timeout",
             Contender::OursRandomKey => "ours-random-key",
+            Contender::QuickBare => "quick-bare",
+            Contender::QuickOurs => "quick-ours",
+            Contender::QuickPeer => "quick-peer",
         }
     }
 }
@@ -134,6 +167,9 @@ pub struct Clients {
     key: IdempotencyKey,
     peer: reqwest_middleware::ClientWithMiddleware,
     peer_timed: reqwest_middleware::ClientWithMiddleware,
+    quick_bare: reqwest::Client,
+    quick_ours: Client,
+    quick_peer: reqwest_middleware::ClientWithMiddleware,
 }
 
 /// The peer: `reqwest-middleware` with `reqwest-retry`'s `RetryTransientMiddleware` and an
@@ -162,6 +198,14 @@ impl Clients {
             key: IdempotencyKey::new(KEY).expect("a valid key"),
             peer: peer(),
             peer_timed: peer(),
+            quick_bare: http(),
+            // As the README's quick start builds it.
+            quick_ours: Client::builder().build().expect("our client"),
+            quick_peer: reqwest_middleware::ClientBuilder::new(http())
+                .with(RetryTransientMiddleware::new_with_policy(
+                    ExponentialBackoff::builder().build_with_max_retries(3),
+                ))
+                .build(),
         }
     }
 
@@ -206,6 +250,35 @@ impl Clients {
                     .header("idempotency-key", KEY)
                     .header("content-type", "application/json")
                     .body(BODY)
+                    .send()
+                    .await
+                    .expect("200")
+            }
+            Contender::QuickBare => {
+                let key = IdempotencyKey::derive("checkout.charge", &[ORDER]);
+                self.quick_bare
+                    .post(url)
+                    .timeout(TIMEOUT)
+                    .header("idempotency-key", key.as_str())
+                    .json(&CHARGE)
+                    .send()
+                    .await
+                    .expect("200")
+            }
+            Contender::QuickOurs => self
+                .quick_ours
+                .post(url)
+                .idempotency_key(IdempotencyKey::derive("checkout.charge", &[ORDER]))
+                .json(&CHARGE)
+                .send()
+                .await
+                .expect("200"),
+            Contender::QuickPeer => {
+                let key = IdempotencyKey::derive("checkout.charge", &[ORDER]);
+                self.quick_peer
+                    .post(url)
+                    .header("idempotency-key", key.as_str())
+                    .json(&CHARGE)
                     .send()
                     .await
                     .expect("200")
