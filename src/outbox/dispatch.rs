@@ -68,7 +68,9 @@ pub struct DispatchPass {
 /// Any number of dispatchers, in one process or many, may share a ledger: each takes the
 /// rows it sends in one statement ([`Ledger::take_due`](crate::ledger::Ledger::take_due)),
 /// holding each under its lease, so one row is sent by one dispatcher at a time; a row whose
-/// dispatcher died is taken again once its lease lapses.
+/// dispatcher died is taken again once its lease lapses. Most reads ask for queued rows
+/// alone; the rows under a lapsed lease, `not_sent` and unknown are read too by a pass's first
+/// read, by the read after one that found the queued rows short, and at least once a second.
 ///
 /// # Defaults
 ///
@@ -310,7 +312,7 @@ impl Dispatcher {
 
     /// What a take asks of the ledger: `limit` due rows, under a lease token of their own,
     /// by the client's lease, window and longest retention.
-    fn take_of(&self, handle: &LedgerHandle, limit: usize) -> TakeDue {
+    fn take_of(&self, handle: &LedgerHandle, limit: usize, queued_only: bool) -> TakeDue {
         let settings = &self.client.inner.settings;
         let now = settings.clock.wall();
         let options = &handle.options;
@@ -325,7 +327,8 @@ impl Dispatcher {
             .max(window.saturating_mul(2));
         let query = DueQuery::new(now, u32::try_from(limit).unwrap_or(u32::MAX))
             .not_sent_after(self.not_sent_after)
-            .unknown_after(self.unknown_after);
+            .unknown_after(self.unknown_after)
+            .queued_only(queued_only);
         let owner = [options.worker.as_str(), IdempotencyKey::random().as_str()].join("/");
         TakeDue::new(query, owner, options.lease)
             .retention(retention)
@@ -348,7 +351,15 @@ struct Took {
     asked: usize,
     /// When its leases were set, at the latest (before the statement).
     set_at: tokio::time::Instant,
+    /// Whether it asked for queued rows alone.
+    queued_only: bool,
 }
+
+/// How long a dispatcher goes at most between reads of the rare due rows (under a lapsed
+/// lease, `not_sent`, unknown): the reads between take queued rows alone, a statement
+/// instead of four in SQLite. They are due seconds after their last attempt at the soonest
+/// (a lease, [`Dispatcher::not_sent_after`]), so this adds at most this much to their wait.
+const RARE_EVERY: Duration = Duration::from_secs(1);
 
 /// A read of due rows in progress.
 type PendingTake = std::pin::Pin<Box<dyn Future<Output = Took> + Send>>;
@@ -366,6 +377,10 @@ struct Pump<'a> {
     pass: DispatchPass,
     /// Whether the last read found as many rows as it asked for: more may be due.
     more: bool,
+    /// When the last read of every kind of due row started (`None`: none yet); a read of
+    /// queued rows alone that came back short sets it back to `None`, so the next one reads
+    /// them all.
+    rare_read_at: Option<tokio::time::Instant>,
 }
 
 impl<'a> Pump<'a> {
@@ -376,6 +391,7 @@ impl<'a> Pump<'a> {
             pending: None,
             pass: DispatchPass::default(),
             more: true,
+            rare_read_at: None,
         }
     }
 
@@ -440,16 +456,23 @@ impl<'a> Pump<'a> {
     /// ledger.
     fn start_take(&mut self, limit: usize) -> Option<PendingTake> {
         let handle = self.dispatcher.client.inner.settings.ledger.as_ref()?;
-        let take = self.dispatcher.take_of(handle, limit);
-        let ledger = Arc::clone(&handle.ledger);
         // Before the statement sets the leases: the keeper renews early, never late.
         let set_at = crate::time::Clock::now(&crate::time::TokioClock::new());
+        let queued_only = self
+            .rare_read_at
+            .is_some_and(|at| set_at.saturating_duration_since(at) < RARE_EVERY);
+        if !queued_only {
+            self.rare_read_at = Some(set_at);
+        }
+        let take = self.dispatcher.take_of(handle, limit, queued_only);
+        let ledger = Arc::clone(&handle.ledger);
         Some(Box::pin(async move {
             Took {
                 taken: ledger.take_due(&take).await,
                 owner: take.owner,
                 asked: limit,
                 set_at,
+                queued_only,
             }
         }))
     }
@@ -466,6 +489,11 @@ impl<'a> Pump<'a> {
             }
         };
         self.more = taken.len() >= took.asked;
+        if took.queued_only && !self.more {
+            // The queued rows ran short: read every kind before calling the queue drained.
+            self.more = true;
+            self.rare_read_at = None;
+        }
         self.pass.due += taken.len();
         for taken in taken {
             let held = HeldRow {

@@ -123,6 +123,7 @@ pub fn not_migrated(source: impl std::fmt::Display) -> LedgerError {
 /// |---|---|
 /// | [`not_sent_after`](Self::not_sent_after) | 30 s |
 /// | [`unknown_after`](Self::unknown_after) | never (unknown outcomes are the reconcilers') |
+/// | [`queued_only`](Self::queued_only) | false: every kind of due row |
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DueQuery {
@@ -136,6 +137,10 @@ pub struct DueQuery {
     /// A row whose outcome is unknown is due again this long after its last attempt, to be
     /// sent again under its key; `None`: never.
     pub unknown_after: Option<Duration>,
+    /// Only queued rows whose time has come: a ledger may then leave out the rows under a
+    /// lapsed lease, the `not_sent` ones and the unknown ones (each a read of its own in
+    /// SQLite), which a dispatcher reads now and then rather than at every read.
+    pub queued_only: bool,
 }
 
 impl DueQuery {
@@ -147,7 +152,15 @@ impl DueQuery {
             limit,
             not_sent_after: Duration::from_secs(30),
             unknown_after: None,
+            queued_only: false,
         }
+    }
+
+    /// See [`queued_only`](Self::queued_only).
+    #[must_use]
+    pub fn queued_only(mut self, only: bool) -> Self {
+        self.queued_only = only;
+        self
     }
 
     /// See [`not_sent_after`](Self::not_sent_after).

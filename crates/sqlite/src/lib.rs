@@ -771,6 +771,62 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_version_5_file_keeps_its_rows_and_its_queued_ones_leave_two_indexes() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("five.db");
+        let conn = Connection::open(&path).expect("open");
+        for step in &STEPS[..5] {
+            for column in step.columns {
+                conn.execute_batch(&idempotent_retry_ledger::sql::add_column(
+                    Dialect::Sqlite,
+                    *column,
+                ))
+                .ok();
+            }
+            for statement in (step.statements)(Dialect::Sqlite) {
+                conn.execute_batch(&statement).expect("a step");
+            }
+        }
+        conn.pragma_update(None, "user_version", 5).expect("stamp");
+        conn.execute_batch(&format!(
+            "INSERT INTO {TABLE} (key, scope, fingerprint, status, attempts, \
+             first_attempt_at, expires_at, method, url, queued_at, not_before) VALUES \
+             ('q', 's', 'f', 'queued', 0, 1000, 9000, 'POST', 'https://a.example/x', 1000, \
+             1000), ('u', 's', 'f', 'unknown', 1, 1000, 9000, 'POST', 'https://a.example/x', \
+             NULL, NULL)"
+        ))
+        .expect("rows");
+        drop(conn);
+        let ledger = SqliteLedger::open(&path).await.expect("open");
+        assert_eq!(
+            ledger.schema_version().await.expect("version"),
+            SCHEMA_VERSION
+        );
+        assert_eq!(
+            ledger.get("q").await.expect("read").expect("kept").status,
+            idempotent_retry_ledger::OperationStatus::Queued
+        );
+        let unresolved = ledger
+            .list(&ListFilter::new(10).unresolved())
+            .await
+            .expect("list");
+        assert_eq!(unresolved.len(), 1);
+        assert_eq!(unresolved[0].key, "u");
+        drop(ledger);
+        let conn = Connection::open(&path).expect("open");
+        for index in ["expires_at", "status"] {
+            let sql: String = conn
+                .query_row(
+                    "SELECT sql FROM sqlite_master WHERE name = ?1",
+                    [format!("{TABLE}_{index}")],
+                    |row| row.get(0),
+                )
+                .expect("the index");
+            assert!(sql.ends_with("WHERE status <> 'queued'"), "{sql}");
+        }
+    }
+
+    #[tokio::test]
     async fn a_newer_version_is_refused_and_the_file_left_as_it_was() {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("newer.db");
@@ -963,6 +1019,112 @@ mod tests {
                 .any(|step| step.contains("USING INDEX sqlite_autoindex") && step.contains("key>?")),
             "{plan:?}"
         );
+    }
+
+    /// The plan of `sql`, one line per step.
+    fn plan(conn: &Connection, sql: &str) -> Vec<String> {
+        let mut statement = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .expect("explain");
+        let mut rows = statement.raw_query();
+        let mut plan = Vec::new();
+        while let Some(row) = rows.next().expect("a step") {
+            plan.push(row.get::<_, String>(3).expect("its text"));
+        }
+        plan
+    }
+
+    #[tokio::test]
+    async fn queued_rows_stay_out_of_the_expiry_and_status_indexes_and_every_sweep_is_indexed() {
+        use idempotent_retry_ledger::OperationStatus;
+        use idempotent_retry_ledger::sql::{BACKLOG_QUERY, list_query};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("plans.db");
+        drop(SqliteLedger::open(&path).await.expect("open"));
+        let conn = Connection::open(&path).expect("open");
+        for index in ["expires_at", "status"] {
+            let sql: String = conn
+                .query_row(
+                    "SELECT sql FROM sqlite_master WHERE name = ?1",
+                    [format!("{TABLE}_{index}")],
+                    |row| row.get(0),
+                )
+                .expect("the index");
+            assert!(sql.ends_with("WHERE status <> 'queued'"), "{sql}");
+        }
+        let uses = |sql: &str, index: &str| {
+            let plan = plan(&conn, sql);
+            assert!(
+                plan.iter()
+                    .any(|step| step.contains(&format!("USING INDEX {TABLE}_{index}"))),
+                "{sql}: {plan:?}"
+            );
+        };
+        uses(&statements::PURGE, "expires_at");
+        uses(BACKLOG_QUERY, "queued");
+        for branch in outbox::TAKE_SELECT.iter().chain(outbox::DUE_SELECT.iter()) {
+            let index = if branch.contains("INDEXED BY") {
+                "queued"
+            } else {
+                "status"
+            };
+            uses(branch, index);
+        }
+        uses(
+            &list_query(Dialect::Sqlite, &ListFilter::new(10).unresolved()).0,
+            "status",
+        );
+        for status in [
+            OperationStatus::Unknown,
+            OperationStatus::InFlight,
+            OperationStatus::NotSent,
+            OperationStatus::Succeeded,
+        ] {
+            uses(
+                &list_query(Dialect::Sqlite, &ListFilter::new(10).status(status)).0,
+                "status",
+            );
+        }
+        uses(
+            &list_query(
+                Dialect::Sqlite,
+                &ListFilter::new(10).status(OperationStatus::Queued),
+            )
+            .0,
+            "queued",
+        );
+    }
+
+    #[tokio::test]
+    async fn the_reads_with_a_limit_keep_their_plan_whatever_limit_is_bound() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("limits.db");
+        drop(SqliteLedger::open(&path).await.expect("open"));
+        let conn = Connection::open(&path).expect("open");
+        let list = idempotent_retry_ledger::sql::list_query(
+            Dialect::Sqlite,
+            &ListFilter::new(10).unresolved(),
+        )
+        .0;
+        let statements = outbox::TAKE_SELECT
+            .iter()
+            .chain(outbox::DUE_SELECT.iter())
+            .chain([&*statements::PURGE, &list]);
+        for sql in statements {
+            let mut statement = conn.prepare(sql).expect("prepare");
+            for limit in 1..=3_i64 {
+                for index in 1..=statement.parameter_count() {
+                    statement.raw_bind_parameter(index, limit).expect("bind");
+                }
+                let mut rows = statement.raw_query();
+                while rows.next().expect("a row").is_some() {}
+            }
+            assert_eq!(
+                statement.get_status(rusqlite::StatementStatus::RePrepare),
+                0,
+                "{sql}"
+            );
+        }
     }
 
     #[tokio::test]

@@ -41,12 +41,7 @@ pub fn enqueue(conn: &Connection, operation: &QueuedOperation) -> Result<Enqueue
         operation.retention,
     ));
     let inserted = conn
-        .prepare_cached(&format!(
-            "INSERT INTO {TABLE} (key, scope, fingerprint, status, attempts, first_attempt_at, \
-             expires_at, method, url, queued_at, not_before, request_headers, request_body) \
-             VALUES (?1, ?2, ?3, 'queued', 0, ?4, ?5, ?6, ?7, ?4, ?8, ?9, ?10) \
-             ON CONFLICT (key) DO NOTHING"
-        ))
+        .prepare_cached(&ENQUEUE)
         .and_then(|mut statement| {
             statement.execute(params![
                 operation.key,
@@ -73,9 +68,7 @@ pub fn enqueue(conn: &Connection, operation: &QueuedOperation) -> Result<Enqueue
         return Ok(Enqueued::Queued);
     }
     let existing: Option<(String, String)> = conn
-        .prepare_cached(&format!(
-            "SELECT fingerprint, status FROM {TABLE} WHERE key = ?1"
-        ))
+        .prepare_cached(&ENQUEUED)
         .and_then(|mut statement| {
             statement
                 .query_row(params![operation.key], |row| Ok((row.get(0)?, row.get(1)?)))
@@ -96,6 +89,22 @@ pub fn enqueue(conn: &Connection, operation: &QueuedOperation) -> Result<Enqueue
     }
 }
 
+/// An enqueue's insert: the row queued, or nothing when the key has one already. Its text is
+/// built once, so each enqueue's statement is found in the connection's cache by a lookup
+/// alone.
+static ENQUEUE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "INSERT INTO {TABLE} (key, scope, fingerprint, status, attempts, first_attempt_at, \
+         expires_at, method, url, queued_at, not_before, request_headers, request_body) \
+         VALUES (?1, ?2, ?3, 'queued', 0, ?4, ?5, ?6, ?7, ?4, ?8, ?9, ?10) \
+         ON CONFLICT (key) DO NOTHING"
+    )
+});
+
+/// What an enqueue that inserted nothing reads of the key's row.
+static ENQUEUED: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT fingerprint, status FROM {TABLE} WHERE key = ?1"));
+
 /// The operations `query` selects.
 pub(super) fn due(
     conn: &Connection,
@@ -108,7 +117,7 @@ pub(super) fn due(
         &query.unknown_after_ms(),
     ];
     let mut rows: Vec<QueuedRow> = Vec::new();
-    for branch in DUE_SELECT.iter() {
+    for branch in &DUE_SELECT[..branches(query)] {
         rows.extend(
             branch_rows(conn, branch, &values, |row| {
                 Ok(QueuedRow {
@@ -166,7 +175,7 @@ pub(super) fn take_due(conn: &Connection, take: &TakeDue) -> Result<Vec<Taken>, 
         &cutoff,
     ];
     let mut rows: Vec<(RawRow, QueuedExtra)> = Vec::new();
-    for branch in TAKE_SELECT.iter() {
+    for branch in &TAKE_SELECT[..branches(query)] {
         rows.extend(
             branch_rows(conn, branch, &values, |row| {
                 Ok((
@@ -246,7 +255,7 @@ pub(super) fn take_due(conn: &Connection, take: &TakeDue) -> Result<Vec<Taken>, 
 
 /// The due rows [`due`] reads; its parameters are the present, the limit, the `not_sent`
 /// delay and the `unknown` delay.
-static DUE_SELECT: LazyLock<[String; 4]> = LazyLock::new(|| {
+pub(super) static DUE_SELECT: LazyLock<[String; 4]> = LazyLock::new(|| {
     due_branches(
         Dialect::Sqlite,
         QUEUED_COLUMNS,
@@ -258,7 +267,7 @@ static DUE_SELECT: LazyLock<[String; 4]> = LazyLock::new(|| {
 
 /// The due rows a take reads, with the ledger's columns and the outbox's; its parameters are
 /// the present, the `not_sent` delay, the `unknown` delay, the limit and the window's cutoff.
-static TAKE_SELECT: LazyLock<[String; 4]> = LazyLock::new(|| {
+pub(super) static TAKE_SELECT: LazyLock<[String; 4]> = LazyLock::new(|| {
     due_branches(
         Dialect::Sqlite,
         &format!("{COLUMNS}, request_headers, request_body, queued_at, not_before"),
@@ -267,6 +276,12 @@ static TAKE_SELECT: LazyLock<[String; 4]> = LazyLock::new(|| {
         Some("?5"),
     )
 });
+
+/// How many of [`due_branches`]' statements `query` runs: the first (queued rows) alone when
+/// it asks for queued rows only.
+fn branches(query: &DueQuery) -> usize {
+    if query.queued_only { 1 } else { 4 }
+}
 
 /// The rows of one of [`due_branches`]' statements, its parameters bound by their numbers
 /// from `values` (each branch uses some of them).

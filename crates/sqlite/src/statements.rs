@@ -8,7 +8,9 @@ use std::time::SystemTime;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::storage;
-use idempotent_retry_ledger::sql::{COLUMNS, RawRow, TABLE, as_stored, response_columns};
+use idempotent_retry_ledger::sql::{
+    COLUMNS, Dialect, RawRow, TABLE, as_stored, limit_of, response_columns,
+};
 use idempotent_retry_ledger::{
     AttemptUpdate, Claim, Claimed, Finish, LedgerError, OperationRecord, Renew, to_millis,
 };
@@ -68,10 +70,11 @@ static FINISH: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// At most `?2` rows expired at `?1`; never a queued one, which is not sent yet.
-static PURGE: LazyLock<String> = LazyLock::new(|| {
+pub(super) static PURGE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "DELETE FROM {TABLE} WHERE key IN \
-         (SELECT key FROM {TABLE} WHERE expires_at <= ?1 AND status <> 'queued' LIMIT ?2)"
+         (SELECT key FROM {TABLE} WHERE expires_at <= ?1 AND status <> 'queued' LIMIT {})",
+        limit_of(Dialect::Sqlite, "?2")
     )
 });
 
