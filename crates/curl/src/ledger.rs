@@ -79,12 +79,14 @@ impl Opened {
         }
     }
 
-    /// Closes the ledger once the client's handle is gone, for at most `limit`: an SQLite
-    /// file checkpoints its WAL, so the next run opens a short one.
+    /// Closes the ledger once the client's handle is gone, for at most `limit`. An SQLite
+    /// file keeps its WAL (`SqliteLedger::close_keeping_log`): every write of the run was
+    /// synced into it before it was answered, and a checkpoint per run would cost two more
+    /// syncs here and two in the next run, which would create the log again.
     pub(crate) async fn close(self, limit: std::time::Duration) {
         match self {
             Opened::Sqlite(ledger, _) => {
-                ledger.close(limit).await;
+                ledger.close_keeping_log(limit).await;
             }
             #[cfg(feature = "postgres")]
             Opened::Postgres(_) => {}

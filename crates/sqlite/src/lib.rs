@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use rusqlite::config::DbConfig;
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 
 use self::writer::Writer;
@@ -89,6 +90,10 @@ struct Inner {
     thread: Option<std::thread::JoinHandle<()>>,
     path: PathBuf,
 }
+
+/// The longest WAL [`SqliteLedger::close_keeping_log`] leaves beside the file: the next
+/// process reads it through when it opens the file.
+const KEPT_LOG_LIMIT: u64 = 512 * 1024;
 
 /// How long dropping the last handle waits for the writer thread to checkpoint the WAL into
 /// the file and close it (milliseconds, as a rule): long enough that a process which exits
@@ -232,6 +237,43 @@ impl SqliteLedger {
     /// thread to checkpoint it, so a process that ends right after (the end of `main`) leaves
     /// no WAL behind; call this to wait longer, or to know that it closed.
     pub async fn close(self, limit: std::time::Duration) -> bool {
+        self.close_with(limit, false).await
+    }
+
+    /// [`close`](Self::close), leaving the WAL beside the file instead of checkpointing it
+    /// while it holds at most 512 KiB: for a short-lived process (idemcurl, a script) that
+    /// opens the ledger for one operation. Every write it made is already on the disk in the
+    /// WAL (each was synced before it was answered), so nothing is lost; the checkpoint's two
+    /// syncs (the log's, the file's) are skipped, and so are the next process's two (the log's
+    /// new header and its directory) for a log it would otherwise create again. The next
+    /// process to open the file reads the kept log through once (SQLite's recovery of a log no
+    /// open connection holds), which the 512 KiB bound keeps short; a longer log is
+    /// checkpointed as by [`close`](Self::close). A copy of the ledger is then the file with
+    /// its `-wal` (or one made with SQLite's `.backup`). Returns as [`close`](Self::close)
+    /// does.
+    pub async fn close_keeping_log(self, limit: std::time::Duration) -> bool {
+        self.close_with(limit, true).await
+    }
+
+    async fn close_with(self, limit: std::time::Duration, keep_log: bool) -> bool {
+        let short_log = || {
+            std::fs::metadata(format!("{}-wal", self.inner.path.display()))
+                .is_ok_and(|log| log.len() <= KEPT_LOG_LIMIT)
+        };
+        if keep_log
+            && Arc::strong_count(&self.inner) == 1
+            && let Some(writer) = &self.inner.writer
+            && short_log()
+        {
+            // The writer's connection closes last, and closing is what checkpoints: told not to.
+            // Should it refuse, the log is checkpointed as by `close`.
+            let _ = writer
+                .alone(|conn| {
+                    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
+                        .map_err(|err| storage(err, "cannot keep the log at close"))
+                })
+                .await;
+        }
         let Ok(mut inner) = Arc::try_unwrap(self.inner) else {
             return false;
         };
@@ -607,9 +649,9 @@ impl Ledger for SqliteLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use idempotent_retry_ledger::LedgerErrorKind;
     use idempotent_retry_ledger::from_millis;
     use idempotent_retry_ledger::sql::{Dialect, STEPS};
+    use idempotent_retry_ledger::{LedgerErrorKind, OperationStatus, SavedResponse};
 
     #[test]
     fn an_sqlite_older_than_the_floor_is_refused_by_name() {
@@ -643,6 +685,79 @@ mod tests {
         assert_eq!(
             again.schema_version().await.expect("version"),
             SqliteLedger::SCHEMA_VERSION
+        );
+    }
+
+    #[tokio::test]
+    async fn close_keeping_log_leaves_a_short_wal_that_the_next_open_reads() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("kept.db");
+        let wal = dir.path().join("kept.db-wal");
+        let ledger = SqliteLedger::open(&path).await.expect("opens");
+        ledger.claim(&claim_of("kept")).await.expect("claims");
+        assert!(
+            ledger.close_keeping_log(Duration::from_secs(10)).await,
+            "closed"
+        );
+        assert!(wal.exists(), "the WAL is kept beside the file");
+        // What the WAL holds is the ledger's: the next process reads it.
+        let again = SqliteLedger::open(&path).await.expect("opens again");
+        let row = again.get("kept").await.expect("reads").expect("the row");
+        assert_eq!(row.key, "kept");
+        // A log past the bound is checkpointed as by `close`.
+        let long = vec![b'x'; 64 * 1024];
+        for n in 0..12 {
+            let key = format!("long-{n}");
+            again.claim(&claim_of(&key)).await.expect("claims");
+            let finish = Finish::new(
+                key.clone(),
+                format!("run-{key}"),
+                OperationStatus::Succeeded,
+                Some(SavedResponse::new(200, Vec::new(), Some(long.clone()))),
+            )
+            .expect("a finish");
+            again.finish(&finish).await.expect("finishes");
+        }
+        assert!(std::fs::metadata(&wal).expect("the WAL").len() > KEPT_LOG_LIMIT);
+        assert!(
+            again.close_keeping_log(Duration::from_secs(10)).await,
+            "closed"
+        );
+        assert!(!wal.exists(), "a long WAL is checkpointed and removed");
+    }
+
+    /// Work that writes nothing (the migration of a current file) is answered without a
+    /// sync: a short-lived process opening the ledger pays for its writes only.
+    #[tokio::test]
+    async fn a_migration_that_finds_the_file_current_is_answered_without_a_sync() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("current.db");
+        drop(SqliteLedger::open(&path).await.expect("creates"));
+        let syncs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&syncs);
+        let ledger = SqliteLedger::open_with(&path, move |conn| {
+            writer::Writer::spawn_hooked(
+                conn,
+                None,
+                Some(Box::new(move |_| {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Ok(())
+                })),
+            )
+        })
+        .await
+        .expect("opens");
+        ledger.migrate().await.expect("current");
+        assert_eq!(
+            syncs.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "nothing written, nothing synced"
+        );
+        ledger.claim(&claim_of("written")).await.expect("claims");
+        assert_eq!(
+            syncs.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "a write is synced"
         );
     }
 

@@ -181,6 +181,22 @@ impl Writer {
     }
 }
 
+/// What the connection has written, as far as SQLite counts it: rows changed, the schema's
+/// cookie (any DDL) and the user version (a migration's step). The same before and after a
+/// piece of work means it wrote nothing; `None` when SQLite cannot say, which counts as a
+/// change.
+fn written(conn: &Connection) -> Option<(u64, i64, i64)> {
+    let pragma = |name| {
+        conn.pragma_query_value(None, name, |row| row.get::<_, i64>(0))
+            .ok()
+    };
+    Some((
+        conn.total_changes(),
+        pragma("schema_version")?,
+        pragma("user_version")?,
+    ))
+}
+
 /// The error of a call the writer thread can no longer answer: it died (a panic), so nothing
 /// it had not acknowledged was written.
 fn stopped() -> LedgerError {
@@ -276,9 +292,16 @@ impl Batcher {
             };
             let first = match job {
                 Job::Alone(work) => {
+                    let before = written(&self.conn);
                     let answer = work(&mut self.conn);
-                    self.durability.committed(vec![answer]);
-                    self.durability.flush();
+                    if before.is_some() && before == written(&self.conn) {
+                        // Nothing written (the migration of a current file, a setting): no sync
+                        // to wait for, and every earlier write was synced at its own turn.
+                        answer.send();
+                    } else {
+                        self.durability.committed(vec![answer]);
+                        self.durability.flush();
+                    }
                     continue;
                 }
                 Job::Batched(write) => write,
