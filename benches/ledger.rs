@@ -33,7 +33,9 @@
 //! - `--rounds N` (default 5), `--operations N` per contender and round (default 2000; a
 //!   quarter of it at concurrency 1);
 //! - `--concurrency 1,16,64` (the default) and `--only none,sqlite,hand-sqlite` to pick
-//!   contenders (`none`, `memory`, `sqlite`, `hand-sqlite`, `postgres`, `hand-postgres`);
+//!   contenders (`none`, `memory`, `sqlite`, `hand-sqlite`, `postgres`, `hand-postgres`,
+//!   and, only when named, `memory-sealed` and `sqlite-sealed`: the same ledgers with
+//!   `LedgerOptions::seal_keys`, every saved answer sealed);
 //! - `--pool N`: the pool size of both PostgreSQL contenders (default 16, the ledger's
 //!   default);
 //! - `--svg PATH`: also draw throughput against concurrency per ledger (`docs/ledger.svg`);
@@ -116,6 +118,13 @@ impl Options {
         options
     }
 
+    /// Whether `--only` names `name` (the contenders left out by default).
+    fn names(&self, name: &str) -> bool {
+        self.only
+            .as_ref()
+            .is_some_and(|only| only.iter().any(|o| o == name))
+    }
+
     fn wants(&self, name: &str) -> bool {
         // No ledger is always measured: every ratio is taken against it.
         name == "none"
@@ -137,7 +146,17 @@ impl Options {
 }
 
 fn client(ledger: Option<impl Ledger>) -> Client {
-    let builder = Client::builder();
+    sealing_client(ledger, false)
+}
+
+/// [`client`], its saved answers sealed (`LedgerOptions::seal_keys`) when `sealed`.
+fn sealing_client(ledger: Option<impl Ledger>, sealed: bool) -> Client {
+    let mut builder = Client::builder();
+    if sealed {
+        let key = idempotent_retry::ledger::SealKey::new("bench", [7; 32]).expect("a seal key");
+        builder =
+            builder.ledger_options(idempotent_retry::ledger::LedgerOptions::new().seal_keys([key]));
+    }
     match ledger {
         Some(ledger) => builder.ledger(ledger),
         None => builder,
@@ -217,6 +236,22 @@ async fn contenders(options: &Options, dir: &Path) -> (Vec<Contender>, Vec<Strin
     let mut durability = Vec::new();
     if options.wants("memory") {
         contenders.push(Contender::ours("memory", client(Some(MemoryLedger::new()))));
+    }
+    if options.names("memory-sealed") {
+        contenders.push(Contender::ours(
+            "memory-sealed",
+            sealing_client(Some(MemoryLedger::new()), true),
+        ));
+    }
+    #[cfg(feature = "sqlite")]
+    if options.names("sqlite-sealed") {
+        let ledger = idempotent_retry::ledger::SqliteLedger::open(dir.join("sealed.db"))
+            .await
+            .expect("sqlite");
+        contenders.push(Contender::ours(
+            "sqlite-sealed",
+            sealing_client(Some(ledger), true),
+        ));
     }
     #[cfg(feature = "sqlite")]
     if options.wants("sqlite") {

@@ -56,6 +56,15 @@ export interface CreateFetchOptions {
   maxSavedBody?: number
   /** Whether a succeeded operation whose answer was not saved is sent again with its key. Default `true`. */
   fetchUnsavedAnswers?: boolean
+  /**
+   * Keys that seal saved answers at rest, each `'ID:HEX'` (an id, a colon, 64 hex digits of
+   * secret). The first seals; every key opens the rows sealed under its id (rotation: new key
+   * first, old ones kept until their rows expire). An answer no key opens is refused, never
+   * replayed. Default none (answers stored as they came).
+   */
+  sealKeys?: string[]
+  /** Query parameters whose values a ledger row's URL keeps; every other is stored as `…`. Default none. */
+  keepQueryParams?: string[]
 }
 
 /** The retry budget's numbers (the AWS SDKs' standard ones by default). */

@@ -38,6 +38,8 @@ const OPTIONS = {
   fetchUnsavedAnswers: 'fetchUnsavedAnswers',
   redirect: 'redirect',
   allowKeyTo: 'allowKeyTo',
+  sealKeys: 'sealKeys',
+  keepQueryParams: 'keepQueryParams',
 }
 const BUDGET = {
   capacity: 'budgetCapacity',

@@ -32,6 +32,7 @@ mod options;
 pub(crate) mod reconcile;
 mod release;
 mod renewal;
+pub(crate) mod seal;
 mod session;
 
 pub use idempotent_retry_ledger::*;
@@ -42,6 +43,7 @@ pub use idempotent_retry_postgres::{PostgresLedger, PostgresLedgerBuilder};
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use idempotent_retry_sqlite::SqliteLedger;
 pub use options::{LeaseHeldPolicy, LedgerOptions};
+pub use seal::{InvalidSealKey, SealKey};
 
 pub(crate) use bounded::Bounded;
 pub(crate) use renewal::{kept, wait_unless_lost};

@@ -7,6 +7,7 @@ use std::time::Duration;
 use http::HeaderName;
 use http::header::{CONTENT_TYPE, LOCATION};
 
+use super::seal::SealKey;
 use crate::keys::key::IdempotencyKey;
 
 /// What a run does when another live run holds the operation's lease.
@@ -72,6 +73,8 @@ pub struct LedgerOptions {
     pub(crate) worker: String,
     pub(crate) call_timeout: Duration,
     pub(crate) fetch_unsaved_answers: bool,
+    pub(crate) keep_query_params: Vec<String>,
+    pub(crate) seal_keys: Vec<SealKey>,
 }
 
 impl fmt::Debug for LedgerOptions {
@@ -86,6 +89,8 @@ impl fmt::Debug for LedgerOptions {
             .field("worker", &self.worker)
             .field("call_timeout", &self.call_timeout)
             .field("fetch_unsaved_answers", &self.fetch_unsaved_answers)
+            .field("keep_query_params", &self.keep_query_params)
+            .field("seal_keys", &self.seal_keys)
             .finish()
     }
 }
@@ -121,6 +126,8 @@ impl LedgerOptions {
             on_lease_held: LeaseHeldPolicy::WAIT,
             worker: IdempotencyKey::random().into_string(),
             fetch_unsaved_answers: true,
+            keep_query_params: Vec::new(),
+            seal_keys: Vec::new(),
         }
     }
 
@@ -259,6 +266,54 @@ impl LedgerOptions {
         self
     }
 
+    /// The query parameters whose values a row's URLs keep (compared by name as written in
+    /// the URL, case included). Every other query value is stored as `…` (`?api_key=…`), in
+    /// the row's URL and in the URL that answered; names stay, and the fragment is dropped. The
+    /// request's fingerprint still covers the whole URL, so a changed query is still another
+    /// request. Rows queued through the outbox keep the URL they are sent to (`docs/ledger.md`,
+    /// "Secrets at rest").
+    ///
+    /// Default: none. The crate cannot tell which names carry secrets (`key`, `sig`, `code`,
+    /// `state`, a provider's own), and a value kept by mistake stays readable for the row's
+    /// retention, while one redacted by mistake costs only a detail an operator can find in
+    /// the application's own records; list the harmless ones you want to read
+    /// (`["page", "limit"]`).
+    pub fn keep_query_params<S: Into<String>>(
+        mut self,
+        names: impl IntoIterator<Item = S>,
+    ) -> Self {
+        self.keep_query_params = names.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Seals saved answers at rest: each final response's headers and body are encrypted
+    /// (XChaCha20-Poly1305) with the first key before the ledger stores them, bound to their
+    /// row (a blob copied onto another row does not open), and the row records that key's id.
+    /// Every key opens the rows sealed with its id, so a rotation puts the new key first and
+    /// keeps the old ones until the rows they sealed expire. The status and the URLs stay in
+    /// the clear.
+    ///
+    /// A sealed answer that no configured key opens (none configured included) is never
+    /// replayed: the run fails with [`ErrorKind::Ledger`](crate::ErrorKind::Ledger), nothing
+    /// sent, its source a [`LedgerError`](crate::ledger::LedgerError) of kind
+    /// [`Sealed`](crate::ledger::LedgerErrorKind::Sealed) naming the key id it needs.
+    ///
+    /// Default: none; answers are stored as they came.
+    pub fn seal_keys(mut self, keys: impl IntoIterator<Item = SealKey>) -> Self {
+        self.seal_keys = keys.into_iter().collect();
+        self
+    }
+
+    /// A row's URL as it is stored: without credentials, its query values redacted but
+    /// those of [`keep_query_params`](Self::keep_query_params), without a fragment.
+    pub(crate) fn stored_url(&self, url: &reqwest::Url) -> String {
+        let plain = crate::message::url::without_credentials(url);
+        match idempotent_retry_ledger::redact_query(&plain, &self.keep_query_params) {
+            std::borrow::Cow::Borrowed(_) => plain,
+            std::borrow::Cow::Owned(redacted) => redacted,
+        }
+    }
+
     pub(crate) fn retention_for(&self, scope: &str) -> Duration {
         self.scope_retention
             .get(scope)
@@ -287,5 +342,23 @@ mod tests {
         );
         assert_ne!(LedgerOptions::new().worker, LedgerOptions::new().worker);
         assert!(format!("{options:?}").contains("stripe.v2"));
+    }
+
+    #[test]
+    fn a_stored_url_keeps_only_the_listed_query_values() {
+        let url =
+            reqwest::Url::parse("https://u:p@h.example/v1?api_key=S&page=2#frag").expect("a URL");
+        assert_eq!(
+            LedgerOptions::new().stored_url(&url),
+            "https://h.example/v1?api_key=…&page=…"
+        );
+        assert_eq!(
+            LedgerOptions::new()
+                .keep_query_params(["page"])
+                .stored_url(&url),
+            "https://h.example/v1?api_key=…&page=2"
+        );
+        let plain = reqwest::Url::parse("https://h.example/v1").expect("a URL");
+        assert_eq!(LedgerOptions::new().stored_url(&plain), plain.as_str());
     }
 }

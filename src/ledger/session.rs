@@ -21,7 +21,6 @@ use crate::keys::fingerprint::RequestFingerprint;
 use crate::keys::key::IdempotencyKey;
 use crate::ledger::reconcile::{self, Context, Reconciled, Reconcilers};
 use crate::message::exchange::RetryResponse;
-use crate::message::url::without_credentials;
 use crate::outcome::error::{Error, ErrorKind};
 use crate::outcome::exposure::Exposure;
 use crate::outcome::held::HeldOperation;
@@ -97,6 +96,8 @@ pub(crate) struct LedgerRun {
     /// The request's URL as the row records it: an answer from another URL (a redirect was
     /// followed) is saved with the URL that gave it.
     url: Option<String>,
+    /// The request's fingerprint, to which a sealed answer is bound.
+    fingerprint: String,
     /// The lease's renewal, shared with the keeper polled beside the run.
     pub(crate) keeper: Arc<LeaseKeeper>,
     /// How long the claim waited for another run's lease.
@@ -236,8 +237,8 @@ pub(crate) async fn claim<R: RetryResponse>(
         window,
         attempt_timeout,
     } = operation;
-    let url = fingerprint.url().map(without_credentials);
     let options = &handle.options;
+    let url = fingerprint.url().map(|url| options.stored_url(url));
     let retention = options.retention_for(&scope).max(window.saturating_mul(2));
     let owner = [options.worker.as_str(), IdempotencyKey::random().as_str()].join("/");
     // A run of this key abandoned in this process a moment ago may still be giving its lease
@@ -344,6 +345,24 @@ pub(crate) async fn claim<R: RetryResponse>(
             return Err(Error::key_reuse(report, held));
         }
         if existing.status == OperationStatus::Succeeded {
+            let mut existing = existing;
+            if let Some(saved) = existing.response.take() {
+                let opened = super::seal::open(
+                    &options.seal_keys,
+                    &existing.key,
+                    &existing.fingerprint,
+                    saved,
+                )
+                .map_err(|source| {
+                    Error::ledger(
+                        report_of(waited),
+                        false,
+                        "could not open the operation's saved answer; nothing was sent",
+                        source,
+                    )
+                })?;
+                existing.response = Some(opened);
+            }
             if let Some(saved) = existing
                 .response
                 .as_ref()
@@ -715,6 +734,7 @@ impl LedgerRun {
             owner,
             first_attempt_at: record.first_attempt_at,
             url: record.url.clone(),
+            fingerprint: record.fingerprint.clone(),
             keeper: Arc::new(keeper),
             lease_wait: waited,
             exposure,
@@ -772,6 +792,9 @@ impl LedgerRun {
         status: OperationStatus,
         response: Option<SavedResponse>,
     ) -> Result<Finish, LedgerError> {
+        let keys = &self.handle.options.seal_keys;
+        let response = response
+            .map(|saved| super::seal::seal(keys, self.key.as_str(), &self.fingerprint, saved));
         let finish = Finish::new(
             self.key.as_str(),
             std::mem::take(&mut self.owner),
@@ -892,7 +915,7 @@ impl LedgerRun {
         if let Some(answered) = response.answered_url()
             && self.url.as_deref() != Some(answered.as_str())
         {
-            let answered = without_credentials(answered);
+            let answered = self.handle.options.stored_url(answered);
             if self.url.as_deref() != Some(answered.as_str()) {
                 saved = saved.answered_at(answered);
             }

@@ -43,7 +43,8 @@ const CREDENTIAL_HEADERS: &[&str] = &[
 /// ```
 ///
 /// Credentials are never stored: a request carrying `Authorization`, `Proxy-Authorization`,
-/// `Cookie`, an API-key header or a URL with a user name is refused at enqueue; the dispatcher
+/// `Cookie`, an API-key header, a URL with a user name or a query value under a
+/// credential-looking name (`?api_key=`, `?token=`, `?sig=`) is refused at enqueue; the dispatcher
 /// adds them at send time (the client's default headers, or
 /// [`Dispatcher::headers_for`](super::Dispatcher::headers_for)).
 ///
@@ -160,7 +161,9 @@ impl Enqueue {
     /// # Errors
     ///
     /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) for a URL that is not absolute
-    /// `http` or `https`, a URL with a user name or password, a credential header, an
+    /// `http` or `https`, a URL with a user name or password or a query value under a name
+    /// that looks like a credential's (`api_key`, `token`, `sig`, `password`: see
+    /// `idempotent_retry::ledger::looks_like_credential`), a credential header, an
     /// idempotency-key header (pass [`key`](Self::key)), or a header or body that could not
     /// be built.
     pub fn operation(&self, now: SystemTime) -> Result<(IdempotencyKey, QueuedOperation), Error> {
@@ -186,6 +189,20 @@ impl Enqueue {
                  add them at send time (the client's default headers, or \
                  Dispatcher::headers_for)",
                 without_credentials(&url)
+            )));
+        }
+        // A queued row keeps the URL it is sent to, query values included (a claim's row
+        // redacts them): a value under a credential's name is refused, as the headers are.
+        if let Some((name, _)) = url.query_pairs().find(|(name, value)| {
+            !value.is_empty() && idempotent_retry_ledger::looks_like_credential(name)
+        }) {
+            return Err(Error::builder(format!(
+                "outbox: the query parameter {name:?} of {} looks like a credential, and a \
+                 queued row keeps its URL as it will be sent: pass the credential in a header \
+                 added at send time (the client's default headers, or \
+                 Dispatcher::headers_for), or send the request with the client directly, \
+                 whose rows redact query values",
+                crate::message::url::redacted(&url)
             )));
         }
         for name in self.headers.keys() {
@@ -295,6 +312,25 @@ mod tests {
             assert!(!err.to_string().contains("sk_live"), "{err}");
             assert!(!err.to_string().contains("pw@"), "{err}");
         }
+    }
+
+    #[test]
+    fn a_query_value_under_a_credential_name_is_refused_and_not_repeated() {
+        for url in [
+            "https://api.example.com/x?api_key=QSECRET",
+            "https://api.example.com/x?page=2&access_token=QSECRET",
+            "https://api.example.com/x?sig=QSECRET",
+        ] {
+            let err = built(&Enqueue::post(url)).expect_err("a credential in the query");
+            assert_eq!(err.kind(), crate::ErrorKind::Builder);
+            assert!(err.to_string().contains("looks like a credential"), "{err}");
+            assert!(err.to_string().contains("headers_for"), "{err}");
+            assert!(!err.to_string().contains("QSECRET"), "{err}");
+        }
+        // Harmless names, and an empty value, are queued with the URL as it will be sent.
+        let (_, operation) =
+            built(&Enqueue::post("https://api.example.com/x?page=2&token=")).expect("queued");
+        assert_eq!(operation.url, "https://api.example.com/x?page=2&token=");
     }
 
     #[test]

@@ -43,6 +43,7 @@ mod properties;
 mod quick_start_wal;
 mod reconcile;
 mod replay_proof;
+mod secrets_at_rest;
 mod support_selftest;
 mod testkit;
 mod torture;

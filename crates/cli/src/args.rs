@@ -41,6 +41,7 @@ pub(crate) enum Action {
     Show {
         key: String,
         json: bool,
+        reveal: bool,
     },
     Resolve {
         key: String,
@@ -194,12 +195,23 @@ pub(crate) fn command(name: &'static str) -> Command {
                      {MIN_PREFIX} characters that only one key starts with; an ambiguous prefix \
                      is refused with the first keys that start with it. The text shows the saved \
                      body's first lines (control characters escaped), or its size and first bytes \
-                     in hex when it is not UTF-8; --json has all of it."
+                     in hex when it is not UTF-8; --json has all of it. The values of saved \
+                     headers that look like credentials are masked unless --reveal is given; a \
+                     sealed answer shows the id of the key that sealed it, never its contents."
                 ))
                 .arg(key().help(format!(
                     "The idempotency key, or a unique prefix of it ({MIN_PREFIX} characters or more)"
                 )))
-                .arg(json()),
+                .arg(json())
+                .arg(
+                    Arg::new("reveal")
+                        .long("reveal")
+                        .action(ArgAction::SetTrue)
+                        .help(
+                            "Print the values of saved headers that look like credentials \
+                             (Set-Cookie, Authorization, names with token or key), masked by default",
+                        ),
+                ),
         )
         .subcommand(
             Command::new("resolve")
@@ -368,6 +380,7 @@ pub(crate) fn invocation(
         "show" => Action::Show {
             key: key(),
             json: json(),
+            reveal: sub.get_flag("reveal"),
         },
         "resolve" => Action::Resolve {
             key: key(),

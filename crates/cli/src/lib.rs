@@ -374,7 +374,7 @@ async fn execute(name: &str, invocation: Invocation) -> Result<Ending, Failure> 
             }
             let rows = ledger.list(&filter).await?;
             if json {
-                let rows: Vec<_> = rows.iter().map(render::json).collect();
+                let rows: Vec<_> = rows.iter().map(|row| render::json(row, false)).collect();
                 print(
                     &mut out,
                     &format!("{}\n", pretty(&serde_json::Value::Array(rows))),
@@ -384,15 +384,18 @@ async fn execute(name: &str, invocation: Invocation) -> Result<Ending, Failure> 
             }
             Ok(Ending::Done)
         }
-        Action::Show { key, json } => {
+        Action::Show { key, json, reveal } => {
             let row = match find(ledger, &key).await? {
                 Found::Row(row) => row,
                 Found::Nothing(why) => return Ok(Ending::Nothing(why)),
             };
             if json {
-                print(&mut out, &format!("{}\n", pretty(&render::json(&row))));
+                print(
+                    &mut out,
+                    &format!("{}\n", pretty(&render::json(&row, reveal))),
+                );
             } else {
-                print(&mut out, &render::record(&row, now));
+                print(&mut out, &render::record(&row, now, reveal));
             }
             Ok(Ending::Done)
         }

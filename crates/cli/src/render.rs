@@ -4,7 +4,9 @@
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
 
-use idempotent_retry::ledger::{OperationRecord, OperationStatus};
+use idempotent_retry::ledger::{
+    OperationRecord, OperationStatus, SavedResponse, looks_like_credential,
+};
 use serde_json::{Value, json};
 
 /// RFC 3339, to the second when the time has no milliseconds, else to the millisecond.
@@ -87,8 +89,28 @@ pub(crate) fn table(rows: &[OperationRecord], now: SystemTime) -> String {
     out
 }
 
-/// The whole record, one field a line.
-pub(crate) fn record(row: &OperationRecord, now: SystemTime) -> String {
+/// What a masked header value shows.
+const MASKED: &str = "… (masked: --reveal prints it)";
+
+/// A saved answer's headers, each value that looks like a credential's (see
+/// `looks_like_credential`) replaced by `mask` unless `reveal`.
+fn headers<'a>(
+    saved: &'a SavedResponse,
+    reveal: bool,
+    mask: &'a str,
+) -> impl Iterator<Item = (&'a str, &'a str)> {
+    saved.headers.iter().map(move |(name, value)| {
+        if reveal || !looks_like_credential(name) {
+            (name.as_str(), value.as_str())
+        } else {
+            (name.as_str(), mask)
+        }
+    })
+}
+
+/// The whole record, one field a line; header values that look like credentials masked unless
+/// `reveal`.
+pub(crate) fn record(row: &OperationRecord, now: SystemTime, reveal: bool) -> String {
     let mut lines: Vec<(&str, String)> = vec![
         ("key", row.key.clone()),
         ("scope", row.scope.clone()),
@@ -152,6 +174,12 @@ pub(crate) fn record(row: &OperationRecord, now: SystemTime) -> String {
         row.response.as_ref().map_or_else(
             || "none".to_owned(),
             |saved| match &saved.body {
+                Some(_) if saved.sealed_with.is_some() => format!(
+                    "{}, sealed with key id {} (headers and body encrypted; the client's \
+                     LedgerOptions::seal_keys open it)",
+                    saved.status,
+                    saved.sealed_with.as_deref().unwrap_or_default()
+                ),
                 Some(body) => format!("{}, {} bytes saved", saved.status, body.len()),
                 None => match saved
                     .headers
@@ -178,9 +206,20 @@ pub(crate) fn record(row: &OperationRecord, now: SystemTime) -> String {
             format!("{answered} (a redirect was followed)"),
         ));
     }
+    if let Some(saved) = row
+        .response
+        .as_ref()
+        .filter(|saved| !saved.headers.is_empty())
+    {
+        let lines_of: Vec<String> = headers(saved, reveal, MASKED)
+            .map(|(name, value)| body_line(&format!("{name}: {value}")))
+            .collect();
+        lines.push(("headers", lines_of.join("\n")));
+    }
     if let Some(body) = row
         .response
         .as_ref()
+        .filter(|saved| saved.sealed_with.is_none())
         .and_then(|saved| saved.body.as_deref())
     {
         lines.push(("body", body_text(body)));
@@ -311,8 +350,9 @@ fn describe_status(row: &OperationRecord) -> String {
     format!("{} ({meaning})", row.status)
 }
 
-/// The record as JSON, times in RFC 3339.
-pub(crate) fn json(row: &OperationRecord) -> Value {
+/// The record as JSON, times in RFC 3339; header values that look like credentials masked
+/// (`"…"`) unless `reveal`; a sealed answer's body left out, its key id given.
+pub(crate) fn json(row: &OperationRecord, reveal: bool) -> Value {
     json!({
         "key": row.key,
         "scope": row.scope,
@@ -327,14 +367,16 @@ pub(crate) fn json(row: &OperationRecord) -> Value {
         "lease_expires_at": row.lease_expires_at.map(time),
         "response": row.response.as_ref().map(|saved| {
             // A body that is not UTF-8 is given in hex, never altered to fit a JSON string.
-            let body = saved.body.as_deref();
+            let body = saved.body.as_deref().filter(|_| saved.sealed_with.is_none());
             let text = body.and_then(|body| std::str::from_utf8(body).ok());
+            let shown: Vec<(&str, &str)> = headers(saved, reveal, "…").collect();
             json!({
                 "status": saved.status,
-                "headers": saved.headers,
+                "headers": shown,
                 "body": text,
                 "body_hex": body.filter(|_| text.is_none()).map(|body| hex(body, "")),
                 "url": saved.url,
+                "sealed_with": saved.sealed_with,
             })
         }),
         "resolution": row.resolution.as_ref().map(|note| json!({

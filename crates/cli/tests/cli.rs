@@ -263,6 +263,79 @@ async fn list_show_and_duplicates_print_every_status_as_the_golden_files_say() {
     );
 }
 
+#[tokio::test]
+async fn show_masks_credential_headers_unless_revealed_and_names_a_seal_key() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("ledger.db");
+    let ledger = SqliteLedger::open(&path).await.expect("open");
+    let answers = [
+        (
+            "key-created",
+            SavedResponse::new(
+                201,
+                vec![
+                    ("content-type".into(), "application/json".into()),
+                    ("set-cookie".into(), "session=COOKIESECRET".into()),
+                    ("x-api-key".into(), "sk_live_HEADERSECRET".into()),
+                    ("location".into(), "/v1/keys/7".into()),
+                ],
+                Some(br#"{"id":"key_7"}"#.to_vec()),
+            ),
+        ),
+        (
+            "key-sealed",
+            SavedResponse::new(201, Vec::new(), None)
+                .sealed("2025-06", vec![1, 0xde, 0xad, 0xbe, 0xef]),
+        ),
+    ];
+    for (key, saved) in answers {
+        ledger
+            .claim(&claim(key, "keys", "f-key", 0))
+            .await
+            .expect("claim");
+        ledger
+            .finish(
+                &Finish::new(
+                    key,
+                    format!("worker-a/{key}"),
+                    OperationStatus::Succeeded,
+                    Some(saved),
+                )
+                .expect("valid")
+                .with_last_attempt(at(30)),
+            )
+            .await
+            .expect("finish");
+    }
+    drop(ledger);
+    closed(&path).await;
+
+    let masked = ok(&run(&path, &["show", "key-created"]));
+    golden("show-masked.txt", &masked);
+    let masked_json = ok(&run(&path, &["show", "key-created", "--json"]));
+    golden("show-masked.json", &masked_json);
+    for shown in [&masked, &masked_json] {
+        assert!(!shown.contains("COOKIESECRET"), "{shown}");
+        assert!(!shown.contains("HEADERSECRET"), "{shown}");
+    }
+    let listed = ok(&run(&path, &["list", "--json"]));
+    assert!(!listed.contains("HEADERSECRET"), "{listed}");
+    let revealed = ok(&run(&path, &["show", "key-created", "--reveal"]));
+    assert!(
+        revealed.contains("set-cookie: session=COOKIESECRET"),
+        "{revealed}"
+    );
+    assert!(
+        revealed.contains("x-api-key: sk_live_HEADERSECRET"),
+        "{revealed}"
+    );
+    golden("show-sealed.txt", &ok(&run(&path, &["show", "key-sealed"])));
+    golden(
+        "show-sealed.json",
+        &ok(&run(&path, &["show", "key-sealed", "--json"])),
+    );
+}
+
 /// The file's bytes and modification time, and its schema version.
 async fn state(path: &Path) -> (Vec<u8>, SystemTime, u32) {
     (

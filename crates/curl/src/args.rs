@@ -101,8 +101,12 @@ pub(crate) struct Invocation {
     pub(crate) in_progress_wait: Duration,
     pub(crate) max_saved_body: usize,
     pub(crate) refetch: bool,
+    pub(crate) seal_keys: Vec<idempotent_retry::ledger::SealKey>,
     pub(crate) report: ReportFormat,
 }
+
+/// The environment variable naming the file of seal keys when `--seal-keys` is not given.
+pub(crate) const SEAL_KEYS_ENV: &str = "IDEMCURL_SEAL_KEYS";
 
 /// The default `--scope`: the ledger scope and the `--key-from` derivation's.
 pub(crate) const DEFAULT_SCOPE: &str = "idemcurl";
@@ -186,6 +190,7 @@ pub(crate) fn command() -> Command {
         .arg(value("lease-wait", "lease-wait", "DURATION").default_value(DEFAULT_LEASE_WAIT).help("How long to wait for another run sending the same key to finish"))
         .arg(value("in-progress-wait", "in-progress-wait", "DURATION").default_value(DEFAULT_IN_PROGRESS_WAIT).help("How long to wait out a receiver that answers \"in progress\" (a keyed 409: another request with the key, often an earlier attempt, still runs there); those answers are waits, not counted toward --retry; then exit 76, outcome unknown (0s: stop at the first)"))
         .arg(value("max-saved-body", "max-saved-body", "SIZE").default_value("1MiB").help("The longest answer body the ledger keeps for a re-run (bytes, or 64KiB, 1MiB, 8MiB). Default 1 MiB: what idemcurl reads whole inside an attempt, so an answer it replays was read whole first, with room for documents larger than an API's JSON. A longer answer is written out whole but not kept: a re-run sends it again with its key, for the receiver to answer from its store"))
+        .arg(value("seal-keys", "seal-keys", "FILE").value_parser(clap::value_parser!(PathBuf)).help("Seal saved answers at rest with the keys in FILE, one ID:HEX a line (an id, a colon, 64 hex digits: `openssl rand -hex 32`; # comments): the first seals, every one opens the answers sealed under its id. Keys never go on the command line; IDEMCURL_SEAL_KEYS names the file when this is not given. Default: none, answers kept as they came"))
         .arg(flag("no-refetch", "no-refetch").help("On a re-run of an operation whose answer was longer than --max-saved-body, send nothing and exit 79 instead of sending it again with its key (for a receiver that does not answer a key from its store)"))
         .arg(value("report", "report", "FORMAT").value_parser(["text", "json"]).default_value("text").help("The report on stderr: a line of text, or a JSON object for programs"))
 }
@@ -295,12 +300,47 @@ pub(crate) fn invocation(matches: &ArgMatches) -> Result<Invocation, String> {
             None => DEFAULT_MAX_SAVED_BODY,
         },
         refetch: !matches.get_flag("no-refetch"),
+        seal_keys: match path("seal-keys")
+            .or_else(|| std::env::var_os(SEAL_KEYS_ENV).map(PathBuf::from))
+        {
+            Some(file) => seal_keys(&file)?,
+            None => Vec::new(),
+        },
         report: if text("report").as_deref() == Some("json") {
             ReportFormat::Json
         } else {
             ReportFormat::Text
         },
     })
+}
+
+/// The seal keys in `file`: one `ID:HEX` a line, blank lines and `#` comments skipped, the
+/// first sealing. The message of an error names the file and the line, never the secret.
+fn seal_keys(file: &std::path::Path) -> Result<Vec<idempotent_retry::ledger::SealKey>, String> {
+    let text = std::fs::read_to_string(file).map_err(|err| {
+        format!(
+            "--seal-keys {}: cannot read it ({err}); give a file of ID:HEX lines",
+            file.display()
+        )
+    })?;
+    let mut keys = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        keys.push(
+            line.parse()
+                .map_err(|err| format!("--seal-keys {} line {}: {err}", file.display(), n + 1))?,
+        );
+    }
+    if keys.is_empty() {
+        return Err(format!(
+            "--seal-keys {}: no key in it; give one ID:HEX a line, the sealing key first",
+            file.display()
+        ));
+    }
+    Ok(keys)
 }
 
 /// A positive number of seconds, as curl takes them (`2`, `0.5`).
@@ -358,6 +398,29 @@ mod tests {
             .try_get_matches_from(std::iter::once("idemcurl").chain(args.iter().copied()))
             .map_err(|err| err.to_string())?;
         invocation(&matches)
+    }
+
+    #[test]
+    fn seal_keys_come_from_a_file_never_echoing_a_secret() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let file = dir.path().join("keys");
+        let good = format!("k2:{}", "22".repeat(32));
+        std::fs::write(
+            &file,
+            format!("# new first\n\n{good}\nk1:{}\n", "11".repeat(32)),
+        )
+        .expect("keys");
+        let path = file.to_str().expect("UTF-8");
+        let run = parse(&["--seal-keys", path, "http://h/"]).expect("valid keys");
+        let ids: Vec<&str> = run.seal_keys.iter().map(|key| key.id()).collect();
+        assert_eq!(ids, ["k2", "k1"]);
+        std::fs::write(&file, format!("{good}\nk1:SECRETNOTHEX\n")).expect("keys");
+        let err = parse(&["--seal-keys", path, "http://h/"]).expect_err("a bad key");
+        assert!(err.contains("line 2: invalid seal key"), "{err}");
+        assert!(!err.contains("SECRETNOTHEX"), "{err}");
+        std::fs::write(&file, "# nothing\n").expect("keys");
+        let err = parse(&["--seal-keys", path, "http://h/"]).expect_err("no key");
+        assert!(err.contains("no key in it"), "{err}");
     }
 
     #[test]

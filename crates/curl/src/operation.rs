@@ -308,6 +308,7 @@ async fn operate(invocation: &Invocation, slot: &mut Option<ledger::Opened>) -> 
     let options = LedgerOptions::new()
         .max_body(invocation.max_saved_body)
         .fetch_unsaved_answers(invocation.refetch)
+        .seal_keys(invocation.seal_keys.iter().cloned())
         .on_lease_held(match LeaseHeldPolicy::WAIT {
             LeaseHeldPolicy::Wait { poll, .. } => LeaseHeldPolicy::Wait {
                 poll,
@@ -444,6 +445,7 @@ fn command_line_hints(message: &str) -> String {
              key",
         ),
         ("LedgerOptions::max_body", "--max-saved-body"),
+        ("LedgerOptions::seal_keys", "--seal-keys FILE"),
         (
             "RetryPolicy::with_max_in_progress_wait",
             "--in-progress-wait",

@@ -5,7 +5,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue, Method, StatusCode};
-use idempotent_retry::ledger::{LeaseHeldPolicy, LedgerOptions, SqliteLedger};
+use idempotent_retry::ledger::{LeaseHeldPolicy, LedgerOptions, SealKey, SqliteLedger};
 use idempotent_retry::{
     Client, IDEMPOTENCY_KEY, IdempotencyKey, RedirectPolicy, RetryBudget, RetryBudgetConfig,
     RetryPolicy,
@@ -74,6 +74,12 @@ pub struct Settings {
     pub max_saved_body: Option<usize>,
     /// `LedgerOptions::fetch_unsaved_answers` (default `true`).
     pub fetch_unsaved_answers: bool,
+    /// `LedgerOptions::seal_keys`, each as `ID:HEX` (`SealKey`'s text form), the first
+    /// sealing (default: none, answers stored as they came).
+    pub seal_keys: Vec<String>,
+    /// `LedgerOptions::keep_query_params`: the query parameters whose values a row's URL
+    /// keeps (default: none).
+    pub keep_query_params: Vec<String>,
     /// Origins besides a request's own that its key may go to on a redirect
     /// (`RedirectPolicy::allow_key_to`).
     pub allow_key_to: Vec<String>,
@@ -114,6 +120,8 @@ impl Default for Settings {
             answer_read_limit: None,
             max_saved_body: None,
             fetch_unsaved_answers: true,
+            seal_keys: Vec::new(),
+            keep_query_params: Vec::new(),
             allow_key_to: Vec::new(),
             follow_redirects: false,
         }
@@ -260,8 +268,8 @@ impl Engine {
     ///
     /// # Errors
     ///
-    /// A value error for an invalid policy, header name, PEM file, proxy URL or origin in
-    /// `allow_key_to`; not-found or I/O errors for a TLS file that cannot be read; a runtime
+    /// A value error for an invalid policy, header name, PEM file, proxy URL, origin in
+    /// `allow_key_to` or seal key; not-found or I/O errors for a TLS file that cannot be read; a runtime
     /// error when the ledger cannot be opened or the HTTP client cannot be built.
     pub fn new(settings: Settings) -> Result<Engine, HostError> {
         let mut policy = RetryPolicy::default();
@@ -311,6 +319,15 @@ impl Engine {
             options = options.max_body(bytes);
         }
         options = options.fetch_unsaved_answers(settings.fetch_unsaved_answers);
+        let seal_keys = settings
+            .seal_keys
+            .iter()
+            .map(|text| text.parse::<SealKey>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|err| HostError::value(format!("seal_keys: {err}")))?;
+        options = options
+            .seal_keys(seal_keys)
+            .keep_query_params(settings.keep_query_params.iter().cloned());
         let http = settings
             .connection
             .apply(reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()))?

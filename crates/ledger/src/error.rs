@@ -20,6 +20,9 @@ pub enum LedgerErrorKind {
     LeaseLost,
     /// An argument was refused (a purge limit of 0, say).
     InvalidInput,
+    /// A saved answer is sealed and no configured key opens it: the message names the key id
+    /// it needs and where to configure it. Nothing was sent.
+    Sealed,
 }
 
 impl fmt::Display for LedgerErrorKind {
@@ -29,6 +32,7 @@ impl fmt::Display for LedgerErrorKind {
             LedgerErrorKind::Corrupt => "ledger storage is corrupt",
             LedgerErrorKind::LeaseLost => "lease lost",
             LedgerErrorKind::InvalidInput => "invalid ledger input",
+            LedgerErrorKind::Sealed => "sealed answer not opened",
         })
     }
 }

@@ -36,6 +36,7 @@ mod clock;
 mod error;
 mod memory;
 pub mod outbox;
+mod redact;
 mod renew;
 mod resolution;
 #[doc(hidden)]
@@ -48,6 +49,7 @@ pub use clock::{LedgerClock, rebase};
 pub use clock::{clock_reading, millis_after};
 pub use error::{LedgerError, LedgerErrorKind};
 pub use memory::MemoryLedger;
+pub use redact::{REDACTED_VALUE, looks_like_credential, redact_query};
 pub use renew::Renew;
 pub use resolution::{
     ReconcileClaim, Resolution, ResolutionKind, ResolutionNote, Resolve, reconcilable,
@@ -92,6 +94,10 @@ impl FromStr for OperationStatus {
 /// A [`Ledger`] stores it as it is given and hands it back unchanged: the status, every
 /// header pair in order (duplicates included), and the body byte for byte, where an empty
 /// body (`Some(vec![])`) and an absent one (`None`) stay distinct.
+///
+/// A sealed response ([`sealed_with`](Self::sealed_with) set) holds no headers, and its body
+/// is the ciphertext of the headers and body together: the client seals and opens it with
+/// the keys in its `LedgerOptions`; a ledger stores it as any other.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SavedResponse {
@@ -104,6 +110,9 @@ pub struct SavedResponse {
     /// The URL that gave this answer when it is not the request's: the last hop of the
     /// redirects the request followed. `None` when the request's own URL answered.
     pub url: Option<String>,
+    /// The id of the key that sealed the headers and body into [`body`](Self::body), when
+    /// they are sealed; `None` for a response kept in the clear.
+    pub sealed_with: Option<String>,
 }
 
 impl SavedResponse {
@@ -115,7 +124,19 @@ impl SavedResponse {
             headers,
             body,
             url: None,
+            sealed_with: None,
         }
+    }
+
+    /// The response, its headers and body sealed with the key `key_id` into `body`, the
+    /// ciphertext ([`sealed_with`](Self::sealed_with)): what a ledger stores for a client
+    /// that seals its answers. The headers are cleared.
+    #[must_use]
+    pub fn sealed(mut self, key_id: impl Into<String>, ciphertext: Vec<u8>) -> Self {
+        self.headers = Vec::new();
+        self.body = Some(ciphertext);
+        self.sealed_with = Some(key_id.into());
+        self
     }
 
     /// The response, answered at `url` rather than at the request's URL (a redirect was
@@ -474,16 +495,20 @@ impl Claim {
     /// [`NotSent`](OperationStatus::NotSent) or [`Queued`](OperationStatus::Queued) row
     /// becomes this claim's request: its scope,
     /// fingerprint, method and URL, a window from [`now`](Self::now), kept at least until
-    /// [`expires_at`](Self::expires_at); its attempts and resolution stay. Returns its status
-    /// before. A [`Ledger`] outside this crate calls it on the row it stores, after
+    /// [`expires_at`](Self::expires_at); its attempts and resolution stay. Such a row of the
+    /// same request (fingerprint) keeps its own method and URL: a queued row's is the URL its
+    /// dispatcher sends to, which a claim's (query values redacted) must not replace. Returns
+    /// its status before. A [`Ledger`] outside this crate calls it on the row it stores, after
     /// [`may_take_over`](Self::may_take_over), in one atomic step.
     pub fn take_over(&self, row: &mut OperationRecord) -> OperationStatus {
         let previous = row.status;
         if matches!(previous, OperationStatus::NotSent | OperationStatus::Queued) {
+            if row.fingerprint != self.fingerprint {
+                row.method.clone_from(&self.method);
+                row.url.clone_from(&self.url);
+            }
             row.scope.clone_from(&self.scope);
             row.fingerprint.clone_from(&self.fingerprint);
-            row.method.clone_from(&self.method);
-            row.url.clone_from(&self.url);
             row.first_attempt_at = self.now;
             row.expires_at = row.expires_at.max(self.expires_at);
         }
@@ -1482,6 +1507,17 @@ mod tests {
         assert_eq!(taken.first_attempt_at, t(7200), "a new window");
         assert_eq!(taken.expires_at, t(90_000));
         assert_eq!(taken.attempts, 3, "the history stays");
+        // A queued row taken by its own request keeps the URL its dispatcher sends to.
+        let queued = OperationRecord {
+            status: OperationStatus::Queued,
+            fingerprint: "g".to_owned(),
+            url: Some("http://127.0.0.1:8081/charges?page=2".to_owned()),
+            ..row.clone()
+        };
+        let mut taken = queued.clone();
+        assert_eq!(claim.take_over(&mut taken), OperationStatus::Queued);
+        assert_eq!(taken.url, queued.url);
+        assert_eq!(taken.status, OperationStatus::InFlight);
         // A row that reached a receiver keeps its request.
         for status in [OperationStatus::FailedFinal, OperationStatus::Unknown] {
             let reached = OperationRecord {

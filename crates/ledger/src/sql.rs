@@ -13,7 +13,7 @@ pub const TABLE: &str = "idempotent_operations";
 
 /// The schema version this crate reads and writes: the table shape `schema` creates is
 /// version 1. A change to the shape raises it by one and appends a step to [`STEPS`].
-pub const SCHEMA_VERSION: u32 = 6;
+pub const SCHEMA_VERSION: u32 = 7;
 
 /// Where PostgreSQL keeps the version: a table of one row (SQLite uses `PRAGMA user_version`).
 pub const VERSION_TABLE: &str = "idempotent_operations_schema";
@@ -50,6 +50,9 @@ pub struct Step {
     pub columns: &'static [(&'static str, &'static str)],
     /// The statements, in order, for a dialect.
     pub statements: fn(Dialect) -> Vec<String>,
+    /// Whether the step then redacts the URLs already stored ([`REDACT_SELECT`],
+    /// [`REDACT_UPDATE`], [`redacted_urls`]), a rewrite SQL alone cannot do.
+    pub redact_urls: bool,
 }
 
 impl Step {
@@ -69,6 +72,7 @@ pub const STEPS: &[Step] = &[
         // checked with [`probe`] once the last step has run.
         columns: &[],
         statements: |dialect| vec![schema(dialect.bytes_type()), index()],
+        redact_urls: false,
     },
     Step {
         from: 1,
@@ -89,6 +93,7 @@ pub const STEPS: &[Step] = &[
                 "CREATE INDEX IF NOT EXISTS {TABLE}_status ON {TABLE} (status, first_attempt_at)"
             )]
         },
+        redact_urls: false,
     },
     Step {
         from: 2,
@@ -98,6 +103,7 @@ pub const STEPS: &[Step] = &[
         // row.
         columns: &[],
         statements: |_| Vec::new(),
+        redact_urls: false,
     },
     Step {
         from: 3,
@@ -105,6 +111,7 @@ pub const STEPS: &[Step] = &[
         // row already there, whose answers came from their request's URL or were not kept.
         columns: &[("response_url", "TEXT")],
         statements: |_| Vec::new(),
+        redact_urls: false,
     },
     Step {
         from: 4,
@@ -128,6 +135,7 @@ pub const STEPS: &[Step] = &[
                 outbox_view(dialect),
             ]
         },
+        redact_urls: false,
     },
     Step {
         from: 5,
@@ -154,12 +162,58 @@ pub const STEPS: &[Step] = &[
             ],
             Dialect::Postgres => Vec::new(),
         },
+        redact_urls: false,
+    },
+    Step {
+        from: 6,
+        // Secrets at rest: the id of the key that sealed a saved answer (NULL for one kept in
+        // the clear, as every row already there is), and the query values of the URLs already
+        // stored redacted, except in rows a dispatcher may still send (`REDACT_SELECT`).
+        columns: &[("response_key_id", "TEXT")],
+        statements: |_| Vec::new(),
+        redact_urls: true,
     },
 ];
 
 /// The condition of SQLite's expiry and status indexes (from version 6): every row but the
 /// queued ones. A statement that reads through either repeats it, word for word.
 pub const NOT_QUEUED: &str = "status <> 'queued'";
+
+/// The rows whose stored URLs may hold a query value or a fragment, for the step that redacts
+/// them: key, URL, answered URL. Left out: rows queued through the outbox that a dispatcher may
+/// still send (queued, in flight, not sent or unknown), whose URL is the one it sends to.
+pub const REDACT_SELECT: &str = "SELECT key, url, response_url FROM idempotent_operations \
+     WHERE (url LIKE '%?%' OR url LIKE '%#%' OR response_url LIKE '%?%' \
+            OR response_url LIKE '%#%') \
+       AND NOT (queued_at IS NOT NULL \
+                AND status IN ('queued', 'in_flight', 'not_sent', 'unknown'))";
+
+/// The redacted URLs written back. Parameters: key, URL, answered URL (SQLite's `?N` and
+/// PostgreSQL's `$N` alike).
+pub fn redact_update(dialect: Dialect) -> String {
+    match dialect {
+        Dialect::Sqlite => {
+            format!("UPDATE {TABLE} SET url = ?2, response_url = ?3 WHERE key = ?1")
+        }
+        Dialect::Postgres => {
+            format!("UPDATE {TABLE} SET url = $2, response_url = $3 WHERE key = $1")
+        }
+    }
+}
+
+/// A row's URL and answered URL as the redacting step leaves them (every query value redacted:
+/// the step knows no caller's list of names to keep); `None` when neither changes.
+pub fn redacted_urls(
+    url: Option<&str>,
+    response_url: Option<&str>,
+) -> Option<(Option<String>, Option<String>)> {
+    let redact = |stored: Option<&str>| {
+        stored.map(|stored| super::redact_query(stored, &[] as &[&str]).into_owned())
+    };
+    let (new_url, new_response_url) = (redact(url), redact(response_url));
+    (new_url.as_deref() != url || new_response_url.as_deref() != response_url)
+        .then_some((new_url, new_response_url))
+}
 
 /// A [`Step`] column's type that is the dialect's byte string (`BLOB` or `BYTEA`).
 const BYTES: &str = "BYTES";
@@ -404,11 +458,11 @@ pub fn shape_error() -> LedgerError {
 pub const COLUMNS: &str = "key, scope, fingerprint, status, attempts, first_attempt_at, \
      last_attempt_at, lease_owner, lease_expires_at, response_status, response_headers, \
      response_body, expires_at, method, url, resolution, resolved_by, resolved_at, \
-     resolution_reason, response_url";
+     resolution_reason, response_url, response_key_id";
 
 /// How many columns [`COLUMNS`] names: a statement that returns something after them reads it
 /// at this index.
-pub const COLUMN_COUNT: usize = 20;
+pub const COLUMN_COUNT: usize = 21;
 
 /// The version-1 table, with the body column's type (`BLOB` or `BYTEA`) filled in.
 fn schema(bytes_type: &str) -> String {
@@ -576,6 +630,7 @@ pub struct RawRow {
     pub resolved_at: Option<i64>,
     pub resolution_reason: Option<String>,
     pub response_url: Option<String>,
+    pub response_key_id: Option<String>,
 }
 
 impl RawRow {
@@ -605,6 +660,7 @@ impl RawRow {
                     headers,
                     body: self.response_body,
                     url: self.response_url,
+                    sealed_with: self.response_key_id,
                 })
             }
         };
@@ -655,13 +711,14 @@ pub fn as_stored(mut record: OperationRecord) -> OperationRecord {
 }
 
 /// The saved response's columns, as a statement binds them: status, headers as JSON, body,
-/// and the URL that answered when it is not the request's.
+/// the URL that answered when it is not the request's, and the id of the key that sealed it.
 #[derive(Debug, Default)]
 pub struct ResponseColumns {
     pub status: Option<i64>,
     pub headers: Option<String>,
     pub body: Option<Vec<u8>>,
     pub url: Option<String>,
+    pub key_id: Option<String>,
 }
 
 /// The saved response's columns (all `None` without one).
@@ -674,6 +731,7 @@ pub fn response_columns(response: Option<&SavedResponse>) -> ResponseColumns {
             headers: serde_json::to_string(&saved.headers).ok(),
             body: saved.body.clone(),
             url: saved.url.clone(),
+            key_id: saved.sealed_with.clone(),
         },
     }
 }
@@ -731,6 +789,7 @@ mod tests {
             resolved_at: Some(5_000),
             resolution_reason: None,
             response_url: Some("https://api.example.com/v1/charges/".into()),
+            response_key_id: None,
         }
     }
 
@@ -759,6 +818,44 @@ mod tests {
         );
         assert_eq!(columns.body.as_deref(), Some(&b"ok"[..]));
         assert_eq!(columns.url, response.url);
+        assert_eq!(columns.key_id, None);
+        let mut sealed = raw();
+        sealed.response_key_id = Some("k2".into());
+        let sealed = sealed
+            .into_record()
+            .expect("valid")
+            .response
+            .expect("saved");
+        assert_eq!(sealed.sealed_with.as_deref(), Some("k2"));
+        assert_eq!(
+            response_columns(Some(&sealed)).key_id.as_deref(),
+            Some("k2")
+        );
+    }
+
+    #[test]
+    fn the_redacting_step_changes_only_urls_with_a_query_or_a_fragment() {
+        assert_eq!(
+            redacted_urls(Some("https://h/v1/charges"), None),
+            None,
+            "nothing to redact"
+        );
+        assert_eq!(
+            redacted_urls(
+                Some("https://h/charges?api_key=S"),
+                Some("https://h/done?sig=S#t")
+            ),
+            Some((
+                Some("https://h/charges?api_key=…".to_owned()),
+                Some("https://h/done?sig=…".to_owned())
+            ))
+        );
+        assert_eq!(
+            redacted_urls(None, Some("https://h/done?x=1")),
+            Some((None, Some("https://h/done?x=…".to_owned())))
+        );
+        assert!(REDACT_SELECT.contains(TABLE));
+        assert!(redact_update(Dialect::Postgres).contains("$3"));
     }
 
     #[test]

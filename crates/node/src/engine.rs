@@ -77,6 +77,10 @@ pub struct EngineOptions {
     pub redirect: Option<String>,
     /// Origins besides a request's own that its key may go to on a redirect.
     pub allow_key_to: Option<Vec<String>>,
+    /// Keys that seal saved answers at rest, each `ID:HEX`, the first sealing.
+    pub seal_keys: Option<Vec<String>>,
+    /// Query parameters whose values a ledger row's URL keeps.
+    pub keep_query_params: Option<Vec<String>>,
 }
 
 /// One request's parts as `fetch` normalized them.
@@ -195,6 +199,8 @@ impl Engine {
             max_saved_body: options.max_saved_body.map(|n| n as usize),
             fetch_unsaved_answers: options.fetch_unsaved_answers.unwrap_or(true),
             allow_key_to: options.allow_key_to.unwrap_or_default(),
+            seal_keys: options.seal_keys.unwrap_or_default(),
+            keep_query_params: options.keep_query_params.unwrap_or_default(),
             follow_redirects,
         };
         let inner = host::Engine::new(settings).map_err(to_js)?;

@@ -71,6 +71,8 @@ pub(super) struct BatchAnswer {
     pub(super) response_body: Option<Vec<u8>>,
     /// The URL that answered, when it is not the request's.
     pub(super) response_url: Option<String>,
+    /// The id of the key that sealed the saved answer, when it is sealed.
+    pub(super) response_key_id: Option<String>,
     /// Whether the finish counts the run's last attempt (`Finish::last_attempt_at`).
     pub(super) counted: bool,
     /// The present its stamp is taken from, for a ledger on the caller's clock; `None`: the
@@ -409,7 +411,8 @@ async fn together(
     let counted: Vec<bool> = outcomes().map(|o| o.counted).collect();
     let bases: Vec<Option<i64>> = outcomes().map(|o| o.base).collect();
     let answered_at: Vec<Option<&str>> = outcomes().map(|o| o.response_url.as_deref()).collect();
-    let outcome_rows: [&(dyn ToSql + Sync); 9] = [
+    let key_ids: Vec<Option<&str>> = outcomes().map(|o| o.response_key_id.as_deref()).collect();
+    let outcome_rows: [&(dyn ToSql + Sync); 10] = [
         &finished,
         &holders,
         &statuses,
@@ -419,6 +422,7 @@ async fn together(
         &counted,
         &bases,
         &answered_at,
+        &key_ids,
     ];
 
     let (begun, inserted, changed, committed) = tokio::join!(
@@ -542,7 +546,7 @@ async fn finish_alone(pool: &Pool, outcome: &BatchAnswer) -> Result<bool, Ledger
         .prepare_cached(&statements::FINISH)
         .await
         .map_err(|err| database(err, what))?;
-    let params: [&(dyn ToSql + Sync); 9] = [
+    let params: [&(dyn ToSql + Sync); 10] = [
         &outcome.key,
         &outcome.owner,
         &outcome.status,
@@ -552,6 +556,7 @@ async fn finish_alone(pool: &Pool, outcome: &BatchAnswer) -> Result<bool, Ledger
         &outcome.counted,
         &outcome.base,
         &outcome.response_url,
+        &outcome.response_key_id,
     ];
     client
         .execute(&statement, &params)
@@ -592,6 +597,7 @@ mod tests {
             response_headers: Some("[]".to_owned()),
             response_body: Some(b"ok".to_vec()),
             response_url: None,
+            response_key_id: None,
             counted: true,
             base: Some(1_704_067_201_000),
         }

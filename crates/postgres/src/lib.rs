@@ -412,6 +412,7 @@ impl Ledger for PostgresLedger {
                     response_headers: response.headers,
                     response_body: response.body,
                     response_url: response.url,
+                    response_key_id: response.key_id,
                     counted: finish.last_attempt_at.is_some(),
                     base: finish.last_attempt_at.and_then(|at| self.clock.base(at)),
                 })

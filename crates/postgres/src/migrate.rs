@@ -5,7 +5,8 @@ use tokio_postgres::{Client, IsolationLevel};
 use super::failure::{database, is_shape};
 use idempotent_retry_ledger::LedgerError;
 use idempotent_retry_ledger::sql::{
-    Dialect, SCHEMA_VERSION, VERSION_TABLE, add_column, next_step, probe, shape_error, version_from,
+    Dialect, REDACT_SELECT, SCHEMA_VERSION, VERSION_TABLE, add_column, next_step, probe,
+    redact_update, redacted_urls, shape_error, version_from,
 };
 
 /// Key of the advisory lock that serializes concurrent migrations.
@@ -60,6 +61,9 @@ async fn apply_next_step(client: &mut Client) -> Result<bool, LedgerError> {
             }
         })?;
     }
+    if step.redact_urls {
+        redact_urls(&tx).await?;
+    }
     // The columns the crate reads are those of the latest version only.
     if step.to() == SCHEMA_VERSION {
         tx.prepare(&probe())
@@ -78,6 +82,32 @@ async fn apply_next_step(client: &mut Client) -> Result<bool, LedgerError> {
         .await
         .map_err(|err| database(err, "cannot commit the migration"))?;
     Ok(true)
+}
+
+/// Redacts the query values of the URLs already stored, in the migration's transaction (the
+/// rows a dispatcher may still send are left: [`REDACT_SELECT`]).
+async fn redact_urls(tx: &tokio_postgres::Transaction<'_>) -> Result<(), LedgerError> {
+    let what = "cannot redact the stored URLs";
+    let rows = tx
+        .query(REDACT_SELECT, &[])
+        .await
+        .map_err(|err| database(err, what))?;
+    let update = tx
+        .prepare(&redact_update(Dialect::Postgres))
+        .await
+        .map_err(|err| database(err, what))?;
+    for row in rows {
+        let decode = |err| LedgerError::corrupt("cannot decode a stored URL").with_source(err);
+        let key: String = row.try_get(0).map_err(decode)?;
+        let url: Option<String> = row.try_get(1).map_err(decode)?;
+        let response_url: Option<String> = row.try_get(2).map_err(decode)?;
+        if let Some((url, response_url)) = redacted_urls(url.as_deref(), response_url.as_deref()) {
+            tx.execute(&update, &[&key, &url, &response_url])
+                .await
+                .map_err(|err| database(err, what))?;
+        }
+    }
+    Ok(())
 }
 
 /// The version in the version table, or 0 when there is none. Two statements, not one

@@ -63,6 +63,7 @@ static RESOLVE: LazyLock<String> = LazyLock::new(|| {
         "response_headers = $5",
         "response_body = $6",
         "response_url = $14",
+        "response_key_id = $15",
         &from,
         &keep,
         "resolution = coalesce($9::TEXT, resolution)",
@@ -143,6 +144,7 @@ pub(super) async fn resolve(
                 &note.and_then(|n| n.reason.as_deref()),
                 &base,
                 &response.url,
+                &response.key_id,
             ],
         )
         .await

@@ -35,6 +35,7 @@ pub(super) fn read_row(row: &Row) -> Result<OperationRecord, LedgerError> {
         resolved_at: row.try_get(17).map_err(decode)?,
         resolution_reason: row.try_get(18).map_err(decode)?,
         response_url: row.try_get(19).map_err(decode)?,
+        response_key_id: row.try_get(20).map_err(decode)?,
     };
     raw.into_record()
 }

@@ -86,10 +86,11 @@ pub(super) static TAKE_OVER: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE {TABLE} AS t SET status = 'in_flight', lease_owner = $2, \
          lease_expires_at = {lease}, response_status = NULL, \
-         response_headers = NULL, response_body = NULL, response_url = NULL, fingerprint = $4, \
+         response_headers = NULL, response_body = NULL, response_url = NULL, \
+         response_key_id = NULL, fingerprint = $4, \
          scope = CASE WHEN {fresh} THEN $7 ELSE t.scope END, \
-         method = CASE WHEN {fresh} THEN $8 ELSE t.method END, \
-         url = CASE WHEN {fresh} THEN $9 ELSE t.url END, \
+         method = CASE WHEN {fresh} AND t.fingerprint <> $4 THEN $8 ELSE t.method END, \
+         url = CASE WHEN {fresh} AND t.fingerprint <> $4 THEN $9 ELSE t.url END, \
          first_attempt_at = CASE WHEN {fresh} THEN {now} ELSE t.first_attempt_at END, \
          expires_at = CASE WHEN {fresh} THEN GREATEST(t.expires_at, {retention}) \
          ELSE t.expires_at END \
@@ -149,6 +150,7 @@ pub(super) static FINISH: LazyLock<String> = LazyLock::new(|| {
         "response_headers = $5",
         "response_body = $6",
         "response_url = $9",
+        "response_key_id = $10",
         // The run's last attempt, when the finish carries it (`Finish::last_attempt_at`).
         "attempts = attempts + CASE WHEN $7 THEN 1 ELSE 0 END",
         &stamp,
@@ -178,6 +180,7 @@ pub(super) static FINISH_MANY: LazyLock<String> = LazyLock::new(|| {
         "response_headers = u.response_headers",
         "response_body = u.response_body",
         "response_url = u.response_url",
+        "response_key_id = u.response_key_id",
         "attempts = t.attempts + CASE WHEN u.counted THEN 1 ELSE 0 END",
         &stamp,
     ]
@@ -185,9 +188,9 @@ pub(super) static FINISH_MANY: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE {TABLE} AS t SET {assignments} \
          FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::INTEGER[], $5::TEXT[], \
-         $6::BYTEA[], $7::BOOLEAN[], $8::BIGINT[], $9::TEXT[]) \
+         $6::BYTEA[], $7::BOOLEAN[], $8::BIGINT[], $9::TEXT[], $10::TEXT[]) \
          AS u(key, owner, status, response_status, response_headers, response_body, \
-         counted, base, response_url) \
+         counted, base, response_url, response_key_id) \
          WHERE t.key = u.key AND t.lease_owner = u.owner AND t.status = 'in_flight' \
          RETURNING t.key"
     )
@@ -278,7 +281,7 @@ pub(super) static TAKE_DUE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE {TABLE} AS t SET status = 'in_flight', lease_owner = $6, \
          lease_expires_at = {lease}, response_status = NULL, response_headers = NULL, \
-         response_body = NULL, response_url = NULL, \
+         response_body = NULL, response_url = NULL, response_key_id = NULL, \
          first_attempt_at = CASE WHEN {fresh} THEN {now} ELSE t.first_attempt_at END, \
          expires_at = CASE WHEN {fresh} THEN GREATEST(t.expires_at, {retention}) \
          ELSE t.expires_at END \
@@ -315,7 +318,7 @@ mod tests {
     fn the_take_over_returns_the_old_status_after_the_row() {
         assert_eq!(COLUMNS.split(", ").count(), PREVIOUS_STATUS);
         assert!(
-            TAKE_OVER.ends_with("t.response_url, old.status"),
+            TAKE_OVER.ends_with("t.response_key_id, old.status"),
             "{}",
             *TAKE_OVER
         );

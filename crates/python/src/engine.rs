@@ -83,12 +83,15 @@ impl Engine {
     /// sent again with its key inside its window (`True`, the default), or refused with
     /// `answer_not_saved` (`False`). `allow_key_to` are the origins besides a request's own
     /// that the key may go to on a redirect httpx follows (`RedirectPolicy::allow_key_to`;
-    /// default: none).
+    /// default: none). `seal_keys` (`ID:HEX` strings, the first sealing) is
+    /// `LedgerOptions::seal_keys`: saved answers encrypted at rest (default: none);
+    /// `keep_query_params` is `LedgerOptions::keep_query_params`: the query parameters whose
+    /// values a row's URL keeps (default: none, every value stored as `…`).
     ///
     /// # Errors
     ///
-    /// `ValueError` for an invalid policy, duration, header name, PEM file, proxy URL,
-    /// origin in `allow_key_to`, `answer_read_limit` or `max_saved_body`; `FileNotFoundError`/`OSError` for a TLS file
+    /// `ValueError` for an invalid policy, duration, header name, PEM file, proxy URL, seal
+    /// key, origin in `allow_key_to`, `answer_read_limit` or `max_saved_body`; `FileNotFoundError`/`OSError` for a TLS file
     /// that cannot be read; `RuntimeError` when the ledger cannot be opened or the HTTP client cannot be built.
     #[new]
     #[pyo3(signature = (
@@ -120,6 +123,8 @@ impl Engine {
         max_saved_body = None,
         fetch_unsaved_answers = true,
         allow_key_to = None,
+        seal_keys = None,
+        keep_query_params = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -151,6 +156,8 @@ impl Engine {
         max_saved_body: Option<i64>,
         fetch_unsaved_answers: bool,
         allow_key_to: Option<Vec<String>>,
+        seal_keys: Option<Vec<String>>,
+        keep_query_params: Option<Vec<String>>,
     ) -> PyResult<Engine> {
         let settings = host::Settings {
             max_attempts,
@@ -182,6 +189,8 @@ impl Engine {
             max_saved_body: bytes("max_saved_body", max_saved_body, "65536, 64 KiB")?,
             fetch_unsaved_answers,
             allow_key_to: allow_key_to.unwrap_or_default(),
+            seal_keys: seal_keys.unwrap_or_default(),
+            keep_query_params: keep_query_params.unwrap_or_default(),
             // httpx follows redirects, or not (`follow_redirects`): the engine follows none
             // live, and continues an operation on the hop httpx re-issues (`after` in `send`).
             follow_redirects: false,

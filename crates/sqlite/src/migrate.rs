@@ -6,7 +6,8 @@ use rusqlite::{Connection, TransactionBehavior};
 use super::storage;
 use idempotent_retry_ledger::LedgerError;
 use idempotent_retry_ledger::sql::{
-    Dialect, SCHEMA_VERSION, TABLE, add_column, next_step, probe, shape_error, version_from,
+    Dialect, REDACT_SELECT, SCHEMA_VERSION, TABLE, add_column, next_step, probe, redact_update,
+    redacted_urls, shape_error, version_from,
 };
 
 /// The file's `PRAGMA user_version`, as a schema version.
@@ -68,6 +69,9 @@ fn apply_next_step(conn: &mut Connection) -> Result<(), LedgerError> {
             return Err(storage(err, "cannot migrate"));
         }
     }
+    if step.redact_urls {
+        redact_urls(&tx)?;
+    }
     // The columns the crate reads are those of the latest version only.
     if step.to() == SCHEMA_VERSION {
         check_shape(&tx)?;
@@ -76,4 +80,29 @@ fn apply_next_step(conn: &mut Connection) -> Result<(), LedgerError> {
         .map_err(|err| storage(err, "cannot record the schema version"))?;
     tx.commit()
         .map_err(|err| storage(err, "cannot commit the migration"))
+}
+
+/// Redacts the query values of the URLs already stored, in the migration's transaction (the
+/// rows a dispatcher may still send are left: [`REDACT_SELECT`]).
+fn redact_urls(conn: &Connection) -> Result<(), LedgerError> {
+    let failed = |err| storage(err, "cannot redact the stored URLs");
+    let rows: Vec<(String, Option<String>, Option<String>)> = conn
+        .prepare(REDACT_SELECT)
+        .and_then(|mut statement| {
+            statement
+                .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))?
+                .collect()
+        })
+        .map_err(failed)?;
+    let mut update = conn
+        .prepare(&redact_update(Dialect::Sqlite))
+        .map_err(failed)?;
+    for (key, url, response_url) in rows {
+        if let Some((url, response_url)) = redacted_urls(url.as_deref(), response_url.as_deref()) {
+            update
+                .execute(rusqlite::params![key, url, response_url])
+                .map_err(failed)?;
+        }
+    }
+    Ok(())
 }

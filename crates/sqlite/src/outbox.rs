@@ -235,7 +235,7 @@ pub(super) fn take_due(conn: &Connection, take: &TakeDue) -> Result<Vec<Taken>, 
     conn.prepare_cached(&format!(
         "UPDATE {TABLE} SET status = 'in_flight', lease_owner = ?1, lease_expires_at = ?2, \
          response_status = NULL, response_headers = NULL, response_body = NULL, \
-         response_url = NULL, \
+         response_url = NULL, response_key_id = NULL, \
          first_attempt_at = CASE WHEN status IN ('queued', 'not_sent') THEN ?3 \
          ELSE first_attempt_at END, \
          expires_at = CASE WHEN status IN ('queued', 'not_sent') THEN max(expires_at, ?4) \

@@ -24,6 +24,7 @@ static RESOLVE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE {TABLE} SET status = ?3, lease_owner = NULL, lease_expires_at = NULL, \
          response_status = ?4, response_headers = ?5, response_body = ?6, response_url = ?13, \
+         response_key_id = ?14, \
          first_attempt_at = coalesce(?7, first_attempt_at), \
          expires_at = max(expires_at, coalesce(?8, expires_at)), \
          resolution = coalesce(?9, resolution), \
@@ -78,6 +79,7 @@ pub(super) fn resolve(conn: &Connection, resolve: &Resolve) -> Result<(), Ledger
                 note.map(|n| to_millis(n.at)),
                 note.and_then(|n| n.reason.as_deref()),
                 response.url,
+                response.key_id,
             ])
         })
         .map_err(|err| storage(err, "cannot record the resolution"))?;

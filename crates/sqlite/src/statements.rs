@@ -36,7 +36,7 @@ static TAKE_OVER: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE {TABLE} SET status = 'in_flight', lease_owner = ?2, lease_expires_at = ?3, \
          response_status = NULL, response_headers = NULL, response_body = NULL, \
-         response_url = NULL, scope = ?4, fingerprint = ?5, method = ?6, url = ?7, first_attempt_at = ?8, \
+         response_url = NULL, response_key_id = NULL, scope = ?4, fingerprint = ?5, method = ?6, url = ?7, first_attempt_at = ?8, \
          expires_at = ?9 \
          WHERE key = ?1"
     )
@@ -64,6 +64,7 @@ static FINISH: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE {TABLE} SET status = ?3, lease_owner = NULL, lease_expires_at = NULL, \
          response_status = ?4, response_headers = ?5, response_body = ?6, response_url = ?8, \
+         response_key_id = ?9, \
          attempts = attempts + (?7 IS NOT NULL), last_attempt_at = coalesce(?7, last_attempt_at) \
          WHERE key = ?1 AND lease_owner = ?2 AND status = 'in_flight'"
     )
@@ -100,6 +101,7 @@ pub(super) fn read_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
         resolved_at: row.get(17)?,
         resolution_reason: row.get(18)?,
         response_url: row.get(19)?,
+        response_key_id: row.get(20)?,
     })
 }
 
@@ -236,6 +238,7 @@ pub(super) fn finish(conn: &Connection, finish: &Finish) -> Result<(), LedgerErr
                 response.body,
                 finish.last_attempt_at.map(to_millis),
                 response.url,
+                response.key_id,
             ])
         })
         .map_err(|err| storage(err, "cannot record the outcome"))?;

@@ -251,7 +251,15 @@ pub(crate) async fn reconcile(cx: Context<'_>, key: &str) -> Result<Reconciled, 
         Ok(held) => held,
         Err(outcome) => return Ok(outcome),
     };
-    let resolution = reconciler.reconcile(&held.row).await;
+    let resolution = match reconciler.reconcile(&held.row).await {
+        Resolution::Done(saved) => Resolution::Done(crate::ledger::seal::seal(
+            &cx.options.seal_keys,
+            &held.row.key,
+            &held.row.fingerprint,
+            saved,
+        )),
+        other => other,
+    };
     let by = format!("{} (worker {})", reconciler.name(), cx.options.worker);
     let retention = cx
         .options

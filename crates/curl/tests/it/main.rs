@@ -4,6 +4,7 @@
 mod cut_answers;
 mod parity;
 mod process;
+mod sealed;
 mod support;
 mod tls;
 mod unsaved_answers;

@@ -55,6 +55,7 @@ pub(crate) fn idemcurl(state: &Path) -> tokio::process::Command {
     command
         .env_remove("IDEMPOTENT_RETRY_RUN")
         .env_remove("IDEMPOTENT_RETRY_STEP")
+        .env_remove("IDEMCURL_SEAL_KEYS")
         .env("XDG_STATE_HOME", state)
         .env("HOME", state)
         .stdin(Stdio::null())

@@ -110,6 +110,8 @@ class Engine:
         max_saved_body: Optional[int] = None,
         fetch_unsaved_answers: bool = True,
         allow_key_to: Optional[Sequence[str]] = None,
+        seal_keys: Optional[Sequence[str]] = None,
+        keep_query_params: Optional[Sequence[str]] = None,
     ) -> Engine: ...
     @property
     def key_header(self) -> str:

@@ -557,6 +557,22 @@ def _origins(origins: object) -> List[str]:
     return list(origins)
 
 
+def _strings(option: str, values: object) -> List[str]:
+    """The engine's list for an option that takes a list of str (``seal_keys=``,
+    ``keep_query_params=``)."""
+    if isinstance(values, (str, bytes)) or not isinstance(
+        values, (list, tuple, frozenset, set)
+    ):
+        raise TypeError(
+            f"{option}: {type(values).__name__} is not a list of str; pass a list such as "
+            '["k1:..."]'
+        )
+    for value in values:
+        if not isinstance(value, str):
+            raise TypeError(f"{option}: an entry of type {type(value).__name__} is not a str")
+    return list(values)
+
+
 _OPTIONS_DOC = """
     Every option is keyword-only; ``ValueError`` for an invalid one (a zero ``max_attempts``,
     a ``base_delay`` above ``max_delay``, a negative duration, a bad header name, a TLS file
@@ -656,6 +672,16 @@ _OPTIONS_DOC = """
             last answer, not done. ``TypeError`` for anything but a list of str, ``ValueError``
             for one that is not a ``scheme://host[:port]`` origin. Default: none, the
             request's own origin only.
+        seal_keys: keys that seal saved answers at rest, each ``"ID:HEX"`` (an id, a colon,
+            64 hexadecimal digits of secret: ``openssl rand -hex 32``). The first seals each
+            answer's headers and body (XChaCha20-Poly1305, bound to its row); every key opens
+            the rows sealed under its id, so a rotation puts the new key first and keeps the
+            old ones until their rows expire. A sealed answer no given key opens is never
+            replayed: ``LedgerError`` naming the key id it needs, nothing sent. Read keys from
+            a secret store, not from source. ``ValueError`` for a key not of that form.
+            Default: none, answers stored as they came.
+        keep_query_params: the query parameters whose values a ledger row's URL keeps; every
+            other value is stored as ``…`` (``?api_key=…``), names kept. Default: none.
         raise_on_unknown: what an operation whose retries stopped on a response that is not a
             final answer gives (every attempt answered 503, a 429 whose ``Retry-After`` is
             longer than ``max_retry_after``, a 409 "in progress" past
@@ -714,6 +740,8 @@ class SyncEngineTransport:
         fetch_unsaved_answers: bool = True,
         raise_on_unknown: Optional[bool] = None,
         allow_key_to: Sequence[str] = (),
+        seal_keys: Sequence[str] = (),
+        keep_query_params: Sequence[str] = (),
     ) -> None:
         self._raise_on_unknown = _raise_on_unknown(raise_on_unknown)
         # None leaves an option at the engine's default.
@@ -741,6 +769,8 @@ class SyncEngineTransport:
             max_saved_body=max_saved_body,
             fetch_unsaved_answers=fetch_unsaved_answers,
             allow_key_to=_origins(allow_key_to),
+            seal_keys=_strings("seal_keys", seal_keys),
+            keep_query_params=_strings("keep_query_params", keep_query_params),
             **_tls(verify, cert),
         )
 
