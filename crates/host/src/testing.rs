@@ -4,10 +4,25 @@
 
 use std::time::Duration;
 
-use idempotent_retry_testkit::{Fault, When};
+use idempotent_retry_testkit::{Fault, Receiver, When};
 
 use crate::error::HostError;
 use crate::runtime::runtime;
+
+/// Each arrival at `receiver`, as a line for people: its number, method, path and key, and
+/// what the receiver did with it.
+pub fn log_lines(receiver: &Receiver) -> Vec<String> {
+    receiver
+        .log()
+        .iter()
+        .map(|arrival| {
+            format!(
+                "#{} {} {} key={:?}: {arrival}",
+                arrival.number, arrival.method, arrival.path, arrival.key
+            )
+        })
+        .collect()
+}
 
 /// When a fault strikes: the `request`th arrival, or the `attempt`th arrival with `key`.
 ///

@@ -129,16 +129,7 @@ impl Receiver {
     /// Each arrival, as a line for people (what the receiver did with it).
     #[napi]
     pub fn log(&self) -> Vec<String> {
-        self.inner
-            .log()
-            .iter()
-            .map(|arrival| {
-                format!(
-                    "#{} {} {} key={:?}: {arrival}",
-                    arrival.number, arrival.method, arrival.path, arrival.key
-                )
-            })
-            .collect()
+        host::log_lines(&self.inner)
     }
 
     /// Waits until `n` requests have arrived or `withinMs` passed; resolves to how many
