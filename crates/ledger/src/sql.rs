@@ -51,7 +51,7 @@ pub struct Step {
     /// The statements, in order, for a dialect.
     pub statements: fn(Dialect) -> Vec<String>,
     /// Whether the step then redacts the URLs already stored ([`REDACT_SELECT`],
-    /// [`REDACT_UPDATE`], [`redacted_urls`]), a rewrite SQL alone cannot do.
+    /// [`redact_update`], [`redacted_urls`]), a rewrite SQL alone cannot do.
     pub redact_urls: bool,
 }
 
