@@ -646,6 +646,24 @@ impl ClientBuilder {
                 "the attempt header and the key header must differ",
             ));
         }
+        let keys = &self.ledger_options.seal_keys;
+        if let Some((at, key)) = keys
+            .iter()
+            .enumerate()
+            .find(|(at, key)| keys[..*at].iter().any(|earlier| earlier.id() == key.id()))
+        {
+            return Err(Error::builder(format!(
+                "seal keys: the id {:?} is given twice (keys {} and {} of the list): the rows \
+                 sealed under it would open with one of the two only; give each key an id of \
+                 its own",
+                key.id(),
+                keys.iter()
+                    .position(|earlier| earlier.id() == key.id())
+                    .unwrap_or(0)
+                    + 1,
+                at + 1
+            )));
+        }
         Ok(())
     }
 
@@ -895,7 +913,8 @@ impl ClientBuilder {
     /// [`ErrorKind::Builder`](crate::ErrorKind::Builder) when a policy is invalid (see
     /// [`RetryPolicy::validate`]), when an origin given to
     /// [`RedirectPolicy::allow_key_to`] is not one, when the attempt header is the key header,
-    /// or when no
+    /// when two of [`LedgerOptions::seal_keys`](crate::ledger::LedgerOptions::seal_keys)'s keys
+    /// share an id, or when no
     /// `reqwest::Client` was given and the default one cannot be built (its TLS back end or
     /// resolver configuration failed to load).
     pub fn build(mut self) -> Result<Client, Error> {
@@ -927,6 +946,30 @@ mod tests {
     #[test]
     fn client_is_send_sync_clone() {
         assert_traits::<Client>();
+    }
+
+    #[test]
+    fn two_seal_keys_with_one_id_are_refused_at_build() {
+        use crate::ledger::{LedgerOptions, SealKey};
+        let key = |id: &str, byte: u8| SealKey::new(id, [byte; 32]).expect("a valid key");
+        let err = Client::builder()
+            .ledger_options(LedgerOptions::new().seal_keys([
+                key("k2", 2),
+                key("k1", 1),
+                key("k2", 3),
+            ]))
+            .build()
+            .expect_err("one id twice");
+        assert_eq!(err.kind(), crate::ErrorKind::Builder);
+        let said = err.to_string();
+        assert!(
+            said.contains("\"k2\" is given twice (keys 1 and 3"),
+            "{said}"
+        );
+        Client::builder()
+            .ledger_options(LedgerOptions::new().seal_keys([key("k2", 2), key("k1", 1)]))
+            .build()
+            .expect("two ids");
     }
 
     #[test]

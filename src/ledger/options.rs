@@ -298,6 +298,9 @@ impl LedgerOptions {
     /// sent, its source a [`LedgerError`](crate::ledger::LedgerError) of kind
     /// [`Sealed`](crate::ledger::LedgerErrorKind::Sealed) naming the key id it needs.
     ///
+    /// Each key's id must be its own: [`ClientBuilder::build`](crate::ClientBuilder::build)
+    /// refuses two keys with one id.
+    ///
     /// Default: none; answers are stored as they came.
     pub fn seal_keys(mut self, keys: impl IntoIterator<Item = SealKey>) -> Self {
         self.seal_keys = keys.into_iter().collect();
