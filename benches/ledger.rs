@@ -34,7 +34,7 @@
 //!   quarter of it at concurrency 1);
 //! - `--concurrency 1,16,64` (the default) and `--only none,sqlite,hand-sqlite` to pick
 //!   contenders (`none`, `memory`, `sqlite`, `hand-sqlite`, `postgres`, `hand-postgres`,
-//!   and, only when named, `memory-sealed` and `sqlite-sealed`: the same ledgers with
+//!   and, only when named, `memory-sealed`, `sqlite-sealed` and `postgres-sealed`: the same ledgers with
 //!   `LedgerOptions::seal_keys`, every saved answer sealed);
 //! - `--pool N`: the pool size of both PostgreSQL contenders (default 16, the ledger's
 //!   default);
@@ -291,6 +291,17 @@ async fn contenders(options: &Options, dir: &Path) -> (Vec<Contender>, Vec<Strin
             durability.push(hand::postgres_settings("postgres", &connection).await);
             drop(connection);
             contenders.push(Contender::ours("postgres", client(Some(ledger))));
+        }
+        if options.names("postgres-sealed") {
+            let url = fresh_database(&base).await;
+            let ledger = idempotent_retry::ledger::PostgresLedger::connect(&url)
+                .await
+                .expect("postgres");
+            ledger.migrate().await.expect("migrate");
+            contenders.push(Contender::ours(
+                "postgres-sealed",
+                sealing_client(Some(ledger), true),
+            ));
         }
         if options.wants("hand-postgres") {
             let url = fresh_database(&base).await;
