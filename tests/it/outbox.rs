@@ -14,11 +14,7 @@ use idempotent_retry::{Client, ErrorKind, IdempotencyKey, RetryPolicy};
 use idempotent_retry_testkit::{Fault, Receiver, When};
 
 fn policy() -> RetryPolicy {
-    RetryPolicy::default()
-        .with_base_delay(Duration::from_millis(1))
-        .with_max_delay(Duration::from_millis(5))
-        .with_attempt_timeout(Duration::from_secs(5))
-        .with_max_attempts(3)
+    crate::support::fast().with_max_attempts(3)
 }
 
 /// The ledger's file, migrated, with the caller's own `orders` table beside it.

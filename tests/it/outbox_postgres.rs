@@ -8,7 +8,7 @@ use std::time::Duration;
 use idempotent_retry::ledger::{Ledger as _, LedgerOptions, OperationStatus, PostgresLedger};
 use idempotent_retry::outbox::postgres::tokio_postgres::{self, NoTls};
 use idempotent_retry::outbox::{self, Dispatcher, Enqueue, Enqueued};
-use idempotent_retry::{Client, ErrorKind, IdempotencyKey, RetryPolicy};
+use idempotent_retry::{Client, ErrorKind, IdempotencyKey};
 use idempotent_retry_testkit::Receiver;
 
 use crate::support::*;
@@ -21,12 +21,7 @@ async fn ledger(url: &str) -> PostgresLedger {
 
 fn client(ledger: &PostgresLedger, worker: &str) -> Client {
     Client::builder()
-        .policy(
-            RetryPolicy::default()
-                .with_base_delay(Duration::from_millis(1))
-                .with_max_delay(Duration::from_millis(5))
-                .with_attempt_timeout(Duration::from_secs(5)),
-        )
+        .policy(fast())
         .ledger(ledger.clone())
         .ledger_options(LedgerOptions::new().worker(worker))
         .build()

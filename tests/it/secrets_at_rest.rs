@@ -6,13 +6,12 @@
 #![cfg(all(feature = "sqlite", feature = "postgres"))]
 
 use std::path::Path;
-use std::time::Duration;
 
 use http::header::{CONTENT_TYPE, SET_COOKIE};
 use idempotent_retry::ledger::{
     Ledger, LedgerError, LedgerErrorKind, LedgerOptions, PostgresLedger, SealKey, SqliteLedger,
 };
-use idempotent_retry::{Client, ErrorKind, IdempotencyKey, RetryPolicy, RetryReport};
+use idempotent_retry::{Client, ErrorKind, IdempotencyKey, RetryReport};
 use idempotent_retry_postgres::tokio_postgres;
 use idempotent_retry_sqlite::rusqlite;
 use idempotent_retry_testkit::{Receiver, Reply};
@@ -52,12 +51,7 @@ async fn receiver() -> Receiver {
 
 fn client(ledger: impl Ledger, keys: Vec<SealKey>) -> Client {
     Client::builder()
-        .policy(
-            RetryPolicy::default()
-                .with_base_delay(Duration::from_millis(1))
-                .with_max_delay(Duration::from_millis(5))
-                .with_attempt_timeout(Duration::from_secs(5)),
-        )
+        .policy(fast())
         .ledger(ledger)
         .ledger_options(
             LedgerOptions::new()

@@ -289,23 +289,7 @@ async fn show_masks_credential_headers_unless_revealed_and_names_a_seal_key() {
         ),
     ];
     for (key, saved) in answers {
-        ledger
-            .claim(&claim(key, "keys", "f-key", 0))
-            .await
-            .expect("claim");
-        ledger
-            .finish(
-                &Finish::new(
-                    key,
-                    format!("worker-a/{key}"),
-                    OperationStatus::Succeeded,
-                    Some(saved),
-                )
-                .expect("valid")
-                .with_last_attempt(at(30)),
-            )
-            .await
-            .expect("finish");
+        succeed(&ledger, claim(key, "keys", "f-key", 0), saved).await;
     }
     drop(ledger);
     closed(&path).await;
@@ -419,16 +403,21 @@ async fn ledger_with_body(path: &Path, key: &str, body: Vec<u8>) {
 /// A succeeded row of `key` with the saved answer `saved`.
 async fn ledger_with_answer(path: &Path, key: &str, saved: SavedResponse) {
     let ledger = SqliteLedger::open(path).await.expect("open");
-    let claimed = ledger
-        .claim(&claim(key, "exports", "f-body", 0))
-        .await
-        .expect("claim");
+    succeed(&ledger, claim(key, "exports", "f-body", 0), saved).await;
+    drop(ledger);
+    closed(path).await;
+}
+
+/// Claims `claim` as a new row and finishes it succeeded with `saved`, its last attempt at
+/// second 30.
+async fn succeed(ledger: &SqliteLedger, claim: Claim, saved: SavedResponse) {
+    let claimed = ledger.claim(&claim).await.expect("claim");
     assert!(matches!(claimed, Claimed::New(_)), "{claimed:?}");
     ledger
         .finish(
             &Finish::new(
-                key,
-                format!("worker-a/{key}"),
+                claim.key.clone(),
+                claim.owner.clone(),
                 OperationStatus::Succeeded,
                 Some(saved),
             )
@@ -437,8 +426,6 @@ async fn ledger_with_answer(path: &Path, key: &str, saved: SavedResponse) {
         )
         .await
         .expect("finish");
-    drop(ledger);
-    closed(path).await;
 }
 
 #[tokio::test]

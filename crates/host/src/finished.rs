@@ -179,53 +179,42 @@ impl Finished {
                     r.is_refetched(),
                 )
             });
-        match Received::read(response, limit).await {
-            Ok(received) => Finished {
-                received: Some(received),
-                attempts,
-                key,
-                replayed,
-                url: url.clone(),
-                elapsed,
-                lease_wait,
-                unrecorded,
-                in_progress_waits,
-                in_progress_wait,
-                refetched,
-                error_status: None,
-                outcome: "done",
-                error_kind: None,
-                failure: None,
-                message: None,
-                history,
-            },
-            Err(err) => Finished {
-                received: None,
-                attempts,
-                key,
-                replayed,
-                url,
-                elapsed,
-                lease_wait,
-                unrecorded,
-                in_progress_waits,
-                in_progress_wait,
-                refetched,
-                error_status: None,
-                outcome: "done",
-                error_kind: Some("body"),
-                failure: Some(if err.is_timeout() {
+        let read = Received::read(response, limit).await;
+        let mut finished = Finished {
+            received: None,
+            attempts,
+            key,
+            replayed,
+            url,
+            elapsed,
+            lease_wait,
+            unrecorded,
+            in_progress_waits,
+            in_progress_wait,
+            refetched,
+            error_status: None,
+            outcome: "done",
+            error_kind: None,
+            failure: None,
+            message: None,
+            history,
+        };
+        match read {
+            Ok(received) => finished.received = Some(received),
+            Err(err) => {
+                finished.error_kind = Some("body");
+                finished.failure = Some(if err.is_timeout() {
                     "timeout"
                 } else {
                     "connection_closed"
-                }),
-                message: Some(format!(
+                });
+                finished.message = Some(format!(
                     "the response's head arrived, then its body was cut off: {}",
                     with_causes(&err)
-                )),
-                history,
-            },
+                ));
+            }
         }
+        finished
     }
 
     /// An error, with the last attempt's response when it has one (its body read when it is

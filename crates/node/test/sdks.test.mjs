@@ -117,6 +117,23 @@ function completion(text) {
   }
 }
 
+/** Two POSTs to `path` arrived, the same key and body on both, and the fake ran it once. */
+function assertOneOperation(api, path) {
+  assert.deepEqual(
+    api.arrivals.map((a) => [a.method, a.url]),
+    [
+      ['POST', path],
+      ['POST', path],
+    ],
+  )
+  const [first, second] = api.arrivals
+  assert.ok(first.key, 'the first arrival carries a key')
+  assert.equal(second.key, first.key)
+  assert.equal(second.body, first.body)
+  assert.equal(api.effectsFor(first.key), 1)
+  assert.equal(api.effects(), 1)
+}
+
 test('openai-node: a 503 then the completion is one key on both arrivals and one effect', async (t) => {
   const api = fakeApi(() => completion('Paris'), (n) => (n === 1 ? 503 : null))
   const origin = await listen(t, api.server)
@@ -133,20 +150,7 @@ test('openai-node: a 503 then the completion is one key on both arrivals and one
   })
 
   assert.equal(result.choices[0].message.content, 'Paris')
-  assert.equal(api.arrivals.length, 2)
-  assert.deepEqual(
-    api.arrivals.map((a) => [a.method, a.url]),
-    [
-      ['POST', '/v1/chat/completions'],
-      ['POST', '/v1/chat/completions'],
-    ],
-  )
-  const [first, second] = api.arrivals
-  assert.ok(first.key, 'the first arrival carries a key')
-  assert.equal(second.key, first.key)
-  assert.equal(second.body, first.body)
-  assert.equal(api.effectsFor(first.key), 1)
-  assert.equal(api.effects(), 1)
+  assertOneOperation(api, '/v1/chat/completions')
 })
 
 test('openai-node: when every attempt is reset, the SDK throws and the outcome and key are in its causes', async (t) => {
@@ -213,20 +217,7 @@ test('stripe-node: a 503 then the charge, with the SDK choosing the key, is one 
 
   assert.equal(result.id, 'ch_1')
   assert.equal(result.amount, 500)
-  assert.equal(api.arrivals.length, 2)
-  assert.deepEqual(
-    api.arrivals.map((a) => [a.method, a.url]),
-    [
-      ['POST', '/v1/charges'],
-      ['POST', '/v1/charges'],
-    ],
-  )
-  const [first, second] = api.arrivals
-  assert.ok(first.key, 'the first arrival carries a key')
-  assert.equal(second.key, first.key)
-  assert.equal(second.body, first.body)
-  assert.equal(api.effectsFor(first.key), 1)
-  assert.equal(api.effects(), 1)
+  assertOneOperation(api, '/v1/charges')
 })
 
 test('stripe-node: a 503 then the charge, with the caller giving the key, sends that key on both arrivals', async (t) => {
