@@ -18,7 +18,9 @@
 //! start_postgres`).
 //!
 //! Run: `cargo bench --all-features --bench outbox`. Options after `--`: `--rounds N`
-//! (default 5), `--operations N` per contender and round (default 1000).
+//! (default 5), `--operations N` per contender and round (default 1000), `--dispatch-only C`
+//! (part 2 alone at concurrency C, on SQLite, or on PostgreSQL with `--postgres`), `--only
+//! dispatcher|send` (one contender of part 2, for a profiler).
 
 #[allow(
     dead_code,
@@ -365,7 +367,7 @@ async fn main() {
     };
     let rounds = arg("--rounds", 5);
     let operations = arg("--operations", 1000);
-    // `--dispatch-only C`: part 2 alone, on SQLite, at concurrency C (for a profiler).
+    // `--dispatch-only C [--postgres]`: part 2 alone at concurrency C (for a profiler).
     let dispatch_only = arg("--dispatch-only", 0);
     let pg = std::env::var("IDEMPOTENT_RETRY_PG_URL").ok();
     let server = common::start_server().await;
@@ -381,9 +383,29 @@ async fn main() {
     println!("outbox bench: {rounds} rounds, {operations} operations per contender and round");
 
     if dispatch_only > 0 {
-        let pairs =
-            sqlite_dispatch(&sqlite, &path, &server, (operations, dispatch_only), rounds).await;
-        print_dispatch("sqlite", dispatch_only, &pairs);
+        let work = (operations, dispatch_only);
+        if let Some(base) = pg
+            .as_deref()
+            .filter(|_| args.iter().any(|a| a == "--postgres"))
+        {
+            let (db, ledger) = pg_ledger(base).await;
+            let backlog = arg("--backlog", 0);
+            if backlog > 0 {
+                let mut conn = pg_connect(&db).await;
+                let tx = conn.transaction().await.expect("begin");
+                for n in 0..backlog {
+                    outbox::postgres::enqueue(&tx, &enqueue_of(&server, n, "backlog"))
+                        .await
+                        .expect("queued");
+                }
+                tx.commit().await.expect("commit");
+            }
+            let pairs = pg_dispatch(&db, &ledger, &server, work, rounds).await;
+            print_dispatch("postgres", dispatch_only, &pairs);
+        } else {
+            let pairs = sqlite_dispatch(&sqlite, &path, &server, work, rounds).await;
+            print_dispatch("sqlite", dispatch_only, &pairs);
+        }
         return;
     }
 
@@ -395,11 +417,7 @@ async fn main() {
     report_enqueue("sqlite", &figures);
     let mut pg_conn = None;
     if let Some(base) = &pg {
-        let db = idempotent_retry_postgres::testing::create_database(base)
-            .await
-            .expect("a database");
-        let ledger = PostgresLedger::connect(&db).await.expect("connect");
-        ledger.migrate().await.expect("migrate");
+        let (db, ledger) = pg_ledger(base).await;
         let conn = pg_connect(&db).await;
         conn.batch_execute(&format!(
             "CREATE TABLE orders (id TEXT PRIMARY KEY, amount INTEGER); {}",
@@ -429,37 +447,13 @@ async fn main() {
         print_dispatch("sqlite", concurrency, &pairs);
     }
     if let Some((db, ledger)) = &pg_conn {
-        let pg_client = client(ledger.clone());
         for concurrency in [1, 16, 64] {
             let ops = if concurrency == 1 {
                 operations / 4
             } else {
                 operations
             };
-            let mut pairs = Vec::new();
-            for round in 0..rounds {
-                let server = server.clone();
-                pairs.push(
-                    dispatch_against_send(
-                        &pg_client,
-                        async |count, tag| {
-                            let mut conn = pg_connect(db).await;
-                            let tx = conn.transaction().await.expect("begin");
-                            for n in 0..count {
-                                outbox::postgres::enqueue(&tx, &enqueue_of(&server, n, tag))
-                                    .await
-                                    .expect("queued");
-                            }
-                            tx.commit().await.expect("commit");
-                        },
-                        &server,
-                        ops,
-                        concurrency,
-                        round,
-                    )
-                    .await,
-                );
-            }
+            let pairs = pg_dispatch(db, ledger, &server, (ops, concurrency), rounds).await;
             print_dispatch("postgres", concurrency, &pairs);
         }
         // Part 3.
@@ -479,6 +473,51 @@ async fn main() {
             );
         }
     }
+}
+
+/// A new database on the server at `base`, with the ledger's tables.
+async fn pg_ledger(base: &str) -> (String, PostgresLedger) {
+    let db = idempotent_retry_postgres::testing::create_database(base)
+        .await
+        .expect("a database");
+    let ledger = PostgresLedger::connect(&db).await.expect("connect");
+    ledger.migrate().await.expect("migrate");
+    (db, ledger)
+}
+
+/// Part 2 on PostgreSQL: `rounds` rounds of `operations` at `concurrency`.
+async fn pg_dispatch(
+    db: &str,
+    ledger: &PostgresLedger,
+    server: &str,
+    (operations, concurrency): (usize, usize),
+    rounds: usize,
+) -> Vec<[f64; 2]> {
+    let pg_client = client(ledger.clone());
+    let mut pairs = Vec::new();
+    for round in 0..rounds {
+        pairs.push(
+            dispatch_against_send(
+                &pg_client,
+                async |count, tag| {
+                    let mut conn = pg_connect(db).await;
+                    let tx = conn.transaction().await.expect("begin");
+                    for n in 0..count {
+                        outbox::postgres::enqueue(&tx, &enqueue_of(server, n, tag))
+                            .await
+                            .expect("queued");
+                    }
+                    tx.commit().await.expect("commit");
+                },
+                server,
+                operations,
+                concurrency,
+                round,
+            )
+            .await,
+        );
+    }
+    pairs
 }
 
 /// Part 2 on SQLite: `rounds` rounds of `operations` at `concurrency`.

@@ -1,6 +1,7 @@
 //! The dispatcher: reads the operations that are due from the client's ledger and sends each
 //! through the client under its stored key, a bounded number at once, until told to stop.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use crate::client::Client;
 use crate::keys::key::IdempotencyKey;
 use crate::ledger::LedgerError;
 use crate::ledger::outbox::{Backlog, DueQuery, QueuedOperation, TakeDue, Taken};
-use crate::ledger::{HeldRow, LedgerHandle};
+use crate::ledger::{Finish, HeldRow, LedgerHandle, OperationStatus};
 use crate::outcome::error::{Error, ErrorKind};
 use crate::outcome::operation_outcome::Outcome;
 use crate::outcome::report::RetryReport;
@@ -68,7 +69,9 @@ pub struct DispatchPass {
 /// Any number of dispatchers, in one process or many, may share a ledger: each takes the
 /// rows it sends in one statement ([`Ledger::take_due`](crate::ledger::Ledger::take_due)),
 /// holding each under its lease, so one row is sent by one dispatcher at a time; a row whose
-/// dispatcher died is taken again once its lease lapses. Most reads ask for queued rows
+/// dispatcher died is taken again once its lease lapses. A dispatcher reads ahead: it holds
+/// up to twice its concurrency, the rows beyond its sends waiting for the next free slot while
+/// the next read runs (a row that waits a third of its lease is given back as it was). Most reads ask for queued rows
 /// alone; the rows under a lapsed lease, `not_sent` and unknown are read too by a pass's first
 /// read, by the read after one that found the queued rows short, and at least once a second.
 ///
@@ -208,14 +211,15 @@ impl Dispatcher {
         Arc::clone(&self.wake)
     }
 
-    /// One pass: the rows due now, taken in reads of at least a quarter of the free slots
-    /// (so each row sent is already this dispatcher's: no send pays a claim of its own) and
-    /// sent
-    /// through the client, at most [`concurrency`](Self::concurrency) at once, until none is
-    /// due or a [`batch`](Self::batch) has been taken. Returns when every send has ended.
+    /// One pass: the rows due now, taken in reads of several rows (so each row sent is
+    /// already this dispatcher's: no send pays a claim of its own), the next read made while
+    /// the rows taken ahead wait for a slot, and sent through the client, at most
+    /// [`concurrency`](Self::concurrency) at once, until none is due or a
+    /// [`batch`](Self::batch) has been taken. Returns when every send has ended.
     /// Dropping the future abandons the sends in progress: each gives its lease back at once,
     /// its row left not sent (sent again 30 s later) or unknown (for the reconcilers); rows
-    /// taken but not yet started are taken again when their lease lapses.
+    /// taken ahead are given back as they were; rows of a read still in progress are taken
+    /// again when their lease lapses.
     ///
     /// # Errors
     ///
@@ -253,8 +257,8 @@ impl Dispatcher {
     /// [`dispatch_due`](Self::dispatch_due) does, without a pause between reads), and once
     /// none is due and nothing is in flight, a wait of [`idle_poll`](Self::idle_poll) or
     /// until the [`waker`](Self::waker) is notified. When `shutdown` completes, nothing more
-    /// is taken and the sends in progress finish (each is bounded by the client's policy), so
-    /// no lease is left behind.
+    /// is taken, the rows taken ahead are given back as they were, and the sends in progress
+    /// finish (each is bounded by the client's policy), so no lease is left behind.
     ///
     /// # Errors
     ///
@@ -267,9 +271,34 @@ impl Dispatcher {
         loop {
             if !stopping && is_ready(shutdown.as_mut()).await {
                 stopping = true;
+                pump.give_back_ready().await;
             }
-            let left = if stopping { 0 } else { usize::MAX };
-            if pump.step(left).await? {
+            let stepped = if stopping {
+                pump.step(0).await
+            } else {
+                // A step is dropped safely between its events: the sends and the read it
+                // waits on stay in the pump.
+                let stop = {
+                    let mut step = std::pin::pin!(pump.step(usize::MAX));
+                    std::future::poll_fn(|cx| {
+                        if let Poll::Ready(stepped) = step.as_mut().poll(cx) {
+                            return Poll::Ready(Some(stepped));
+                        }
+                        if shutdown.as_mut().poll(cx).is_ready() {
+                            return Poll::Ready(None);
+                        }
+                        Poll::Pending
+                    })
+                    .await
+                };
+                let Some(stepped) = stop else {
+                    stopping = true;
+                    pump.give_back_ready().await;
+                    continue;
+                };
+                stepped
+            };
+            if stepped? {
                 continue;
             }
             // Nothing in flight and no read pending.
@@ -374,6 +403,11 @@ struct Pump<'a> {
     /// The read of due rows in progress: it runs while the sends go on, so slots are filled
     /// again as soon as it returns.
     pending: Option<PendingTake>,
+    /// Rows taken ahead of a free slot, oldest first: the next read runs while they wait, so
+    /// a slot that frees is filled at once instead of after a read's round trip and commit.
+    ready: VecDeque<Ready>,
+    /// Rows taken ahead that waited too long, to give back (as they were) before the next read.
+    returning: Vec<Finish>,
     pass: DispatchPass,
     /// Whether the last read found as many rows as it asked for: more may be due.
     more: bool,
@@ -389,6 +423,8 @@ impl<'a> Pump<'a> {
             dispatcher,
             sending: FuturesUnordered::new(),
             pending: None,
+            ready: VecDeque::new(),
+            returning: Vec::new(),
             pass: DispatchPass::default(),
             more: true,
             rare_read_at: None,
@@ -401,11 +437,77 @@ impl<'a> Pump<'a> {
             .saturating_sub(self.sending.len())
     }
 
-    /// Whether to read now: a quarter of the slots are free (every one at a low
-    /// concurrency), so each read takes several rows at once.
+    /// How many more rows this dispatcher may hold: a slot's worth for each send, and as many
+    /// again taken ahead.
+    fn room(&self) -> usize {
+        (self.dispatcher.concurrency * 2).saturating_sub(self.sending.len() + self.ready.len())
+    }
+
+    /// Whether to read now: fewer than half a round of rows wait for a slot, and there is room
+    /// for an eighth of the slots (any at a low concurrency), so each read takes several rows
+    /// at once.
     fn wants_rows(&self) -> bool {
-        let free = self.free();
-        free > 0 && (free * 8 >= self.dispatcher.concurrency || self.sending.is_empty())
+        let room = self.room();
+        let concurrency = self.dispatcher.concurrency;
+        room > 0
+            && self.ready.len() * 2 < concurrency.max(2)
+            && (room * 8 >= concurrency || self.sending.is_empty())
+    }
+
+    /// Starts the rows taken ahead, oldest first, while slots are free. A row that waited a
+    /// third of its lease (when its keeper would first renew it) is given back instead, its
+    /// status as before, by the next read before it takes rows (so it may take it again).
+    fn start_ready(&mut self) {
+        let Some(handle) = self.dispatcher.client.inner.settings.ledger.as_ref() else {
+            return;
+        };
+        let lease = handle.options.lease;
+        while self.free() > 0
+            && let Some(ready) = self.ready.pop_front()
+        {
+            let waited = crate::time::Clock::now(&crate::time::TokioClock::new())
+                .saturating_duration_since(ready.set_at);
+            if !lease.is_zero() && waited >= lease / 3 {
+                self.pass.due = self.pass.due.saturating_sub(1);
+                self.returning.extend(given_back(ready));
+                self.more = true;
+                continue;
+            }
+            let Ready {
+                taken,
+                owner,
+                set_at,
+            } = ready;
+            let held = HeldRow {
+                owner,
+                record: taken.record,
+                previous: taken.previous,
+                set_at,
+            };
+            self.sending.push(Box::pin(deliver(
+                self.dispatcher.client.clone(),
+                taken.operation,
+                held,
+                self.dispatcher.headers_for.clone(),
+            )));
+        }
+    }
+
+    /// Gives back every row taken ahead and not started (the dispatcher is stopping), once
+    /// the writes are made.
+    async fn give_back_ready(&mut self) {
+        let Some(handle) = self.dispatcher.client.inner.settings.ledger.as_ref() else {
+            return;
+        };
+        self.pass.due = self.pass.due.saturating_sub(self.ready.len());
+        let mut writes = std::mem::take(&mut self.returning);
+        writes.extend(self.ready.drain(..).filter_map(given_back));
+        futures_util::future::join_all(
+            writes
+                .iter()
+                .map(|finish| give_back_now(&*handle.ledger, finish)),
+        )
+        .await;
     }
 
     /// Starts a read of at most `limit` due rows, when there may be some, slots are free and
@@ -417,10 +519,20 @@ impl<'a> Pump<'a> {
     /// The ledger's error when a read fails with nothing in flight; with sends in flight it
     /// is logged and reading stops until they have ended.
     async fn step(&mut self, limit: usize) -> Result<bool, LedgerError> {
-        if self.pending.is_none() && self.more && limit > 0 && self.wants_rows() {
-            self.pending = self.start_take(self.free().min(limit).min(256));
+        self.start_ready();
+        if self.pending.is_none() {
+            let read = self.more && limit > 0 && self.wants_rows();
+            if read || !self.returning.is_empty() {
+                let rows = if read {
+                    self.room().min(limit).min(256)
+                } else {
+                    0
+                };
+                self.pending = self.start_take(rows);
+            }
         }
         if self.pending.is_none() && self.sending.is_empty() {
+            // Nothing waits in `ready` either: with no send in flight every slot is free.
             return Ok(false);
         }
         enum Event {
@@ -452,23 +564,34 @@ impl<'a> Pump<'a> {
         Ok(true)
     }
 
-    /// The read of at most `limit` due rows, under a lease token of its own; `None` without a
-    /// ledger.
+    /// The rows to give back written, then the read of at most `limit` due rows (none when
+    /// `limit` is 0), under a lease token of its own; `None` without a ledger.
     fn start_take(&mut self, limit: usize) -> Option<PendingTake> {
         let handle = self.dispatcher.client.inner.settings.ledger.as_ref()?;
+        let returning = std::mem::take(&mut self.returning);
         // Before the statement sets the leases: the keeper renews early, never late.
         let set_at = crate::time::Clock::now(&crate::time::TokioClock::new());
         let queued_only = self
             .rare_read_at
             .is_some_and(|at| set_at.saturating_duration_since(at) < RARE_EVERY);
-        if !queued_only {
+        if !queued_only && limit > 0 {
             self.rare_read_at = Some(set_at);
         }
         let take = self.dispatcher.take_of(handle, limit, queued_only);
         let ledger = Arc::clone(&handle.ledger);
         Some(Box::pin(async move {
+            futures_util::future::join_all(
+                returning
+                    .iter()
+                    .map(|finish| give_back_now(&*ledger, finish)),
+            )
+            .await;
             Took {
-                taken: ledger.take_due(&take).await,
+                taken: if limit == 0 {
+                    Ok(Vec::new())
+                } else {
+                    ledger.take_due(&take).await
+                },
                 owner: take.owner,
                 asked: limit,
                 set_at,
@@ -488,6 +611,11 @@ impl<'a> Pump<'a> {
                 return Ok(());
             }
         };
+        if took.asked == 0 {
+            // Only gave rows back: they are due again.
+            self.more = true;
+            return Ok(());
+        }
         self.more = taken.len() >= took.asked;
         if took.queued_only && !self.more {
             // The queued rows ran short: read every kind before calling the queue drained.
@@ -495,20 +623,12 @@ impl<'a> Pump<'a> {
             self.rare_read_at = None;
         }
         self.pass.due += taken.len();
-        for taken in taken {
-            let held = HeldRow {
-                owner: took.owner.clone(),
-                record: taken.record,
-                previous: taken.previous,
-                set_at: took.set_at,
-            };
-            self.sending.push(Box::pin(deliver(
-                self.dispatcher.client.clone(),
-                taken.operation,
-                held,
-                self.dispatcher.headers_for.clone(),
-            )));
-        }
+        self.ready.extend(taken.into_iter().map(|taken| Ready {
+            taken,
+            owner: took.owner.clone(),
+            set_at: took.set_at,
+        }));
+        self.start_ready();
         Ok(())
     }
 
@@ -532,6 +652,65 @@ impl<'a> Pump<'a> {
         if let Some(hook) = &self.dispatcher.on_outcome {
             hook(&delivery);
         }
+    }
+}
+
+impl Drop for Pump<'_> {
+    /// A pass dropped half-way gives back the rows it took ahead, as a dropped send gives
+    /// back its own.
+    fn drop(&mut self) {
+        if let Some(handle) = self.dispatcher.client.inner.settings.ledger.as_ref() {
+            let returning = std::mem::take(&mut self.returning);
+            for finish in returning
+                .into_iter()
+                .chain(self.ready.drain(..).filter_map(given_back))
+            {
+                give_back(handle, finish);
+            }
+        }
+    }
+}
+
+/// A row taken ahead of a free slot.
+struct Ready {
+    taken: Taken,
+    /// The lease token it is held under.
+    owner: String,
+    /// When its lease was set, at the latest.
+    set_at: tokio::time::Instant,
+}
+
+/// Gives back a row taken and never started, on a task of its own registered with the
+/// client's releases (so a send of the key through this client waits for it).
+fn give_back(handle: &LedgerHandle, finish: Finish) {
+    let ledger = Arc::clone(&handle.ledger);
+    handle.releases.spawn(finish.key.clone(), async move {
+        give_back_now(&*ledger, &finish).await;
+    });
+}
+
+/// The write that gives back a row taken and never started: a queued or `not_sent` row is
+/// left as it was. `None` for a row taken over from a dead run: it is left to its lease,
+/// which lapses, and the next take counts that run's attempt as it would have.
+fn given_back(ready: Ready) -> Option<Finish> {
+    let previous = ready.taken.previous;
+    if !matches!(previous, OperationStatus::Queued | OperationStatus::NotSent) {
+        return None;
+    }
+    let key = ready.taken.operation.key;
+    match Finish::new(key.clone(), ready.owner, previous, None) {
+        Ok(finish) => Some(finish),
+        Err(err) => {
+            tracing::warn!(key = key.as_str(), error = %err, "could not give back a taken operation; its lease will lapse");
+            None
+        }
+    }
+}
+
+/// Writes `finish`, a give-back; a failure is logged (the lease lapses instead).
+async fn give_back_now(ledger: &dyn crate::ledger::Ledger, finish: &Finish) {
+    if let Err(err) = ledger.finish(finish).await {
+        tracing::warn!(key = finish.key.as_str(), error = %err, "could not give back a taken operation; its lease will lapse");
     }
 }
 
