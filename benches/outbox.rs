@@ -389,17 +389,6 @@ async fn main() {
             .filter(|_| args.iter().any(|a| a == "--postgres"))
         {
             let (db, ledger) = pg_ledger(base).await;
-            let backlog = arg("--backlog", 0);
-            if backlog > 0 {
-                let mut conn = pg_connect(&db).await;
-                let tx = conn.transaction().await.expect("begin");
-                for n in 0..backlog {
-                    outbox::postgres::enqueue(&tx, &enqueue_of(&server, n, "backlog"))
-                        .await
-                        .expect("queued");
-                }
-                tx.commit().await.expect("commit");
-            }
             let pairs = pg_dispatch(&db, &ledger, &server, work, rounds).await;
             print_dispatch("postgres", dispatch_only, &pairs);
         } else {
