@@ -35,7 +35,9 @@
 //! - `--concurrency 1,16,64` (the default) and `--only none,sqlite,hand-sqlite` to pick
 //!   contenders (`none`, `memory`, `sqlite`, `hand-sqlite`, `postgres`, `hand-postgres`,
 //!   and, only when named, `memory-sealed`, `sqlite-sealed` and `postgres-sealed`: the same ledgers with
-//!   `LedgerOptions::seal_keys`, every saved answer sealed);
+//!   `LedgerOptions::seal_keys`, every saved answer sealed, and `hand-postgres-indexed`: the
+//!   hand-written PostgreSQL ledger with the two secondary indexes the crate's keeps, by
+//!   status and by expiry, so its finish is no longer a HOT update);
 //! - `--pool N`: the pool size of both PostgreSQL contenders (default 16, the ledger's
 //!   default);
 //! - `--svg PATH`: also draw throughput against concurrency per ledger (`docs/ledger.svg`);
@@ -305,10 +307,18 @@ async fn contenders(options: &Options, dir: &Path) -> (Vec<Contender>, Vec<Strin
         }
         if options.wants("hand-postgres") {
             let url = fresh_database(&base).await;
-            let ledger = hand::Postgres::connect(&url, options.pool.unwrap_or(16)).await;
+            let ledger = hand::Postgres::connect(&url, options.pool.unwrap_or(16), false).await;
             durability.push(ledger.durability().await);
             contenders.push(Contender {
                 name: "hand-postgres",
+                runner: Runner::HandPostgres(ledger),
+            });
+        }
+        if options.names("hand-postgres-indexed") {
+            let url = fresh_database(&base).await;
+            let ledger = hand::Postgres::connect(&url, options.pool.unwrap_or(16), true).await;
+            contenders.push(Contender {
+                name: "hand-postgres-indexed",
                 runner: Runner::HandPostgres(ledger),
             });
         }
@@ -623,6 +633,10 @@ mod hand {
 
         use super::{OWNER, Row, http, post};
 
+        /// `hand-postgres-indexed`: the two secondary indexes the crate's ledger keeps for its
+        /// sweeps, `list` and purge (by status and time, by expiry), on the same table.
+        const INDEXES: &str = "CREATE INDEX ops_status ON ops (status, lease_until);
+            CREATE INDEX ops_expires_at ON ops (expires_at)";
         /// The table, in a database of its own: one index, the primary key's.
         const TABLE: &str = "CREATE TABLE ops (
             key             TEXT PRIMARY KEY,
@@ -650,7 +664,11 @@ mod hand {
         }
 
         impl Postgres {
-            pub(in super::super) async fn connect(url: &str, size: usize) -> Postgres {
+            pub(in super::super) async fn connect(
+                url: &str,
+                size: usize,
+                indexed: bool,
+            ) -> Postgres {
                 let config: tokio_postgres::Config = url.parse().expect("a PostgreSQL URL");
                 let manager = Manager::from_config(
                     config,
@@ -664,12 +682,15 @@ mod hand {
                     .runtime(Runtime::Tokio1)
                     .build()
                     .expect("the pool");
-                pool.get()
-                    .await
-                    .expect("a pooled connection")
-                    .batch_execute(TABLE)
-                    .await
-                    .expect("the table");
+                let connection = pool.get().await.expect("a pooled connection");
+                connection.batch_execute(TABLE).await.expect("the table");
+                if indexed {
+                    connection
+                        .batch_execute(INDEXES)
+                        .await
+                        .expect("the indexes");
+                }
+                drop(connection);
                 Postgres { pool, http: http() }
             }
 
