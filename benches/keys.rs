@@ -4,12 +4,17 @@
 //! Run: `cargo bench --bench keys`.
 //!
 //! `cargo bench --bench keys -- --paired` times `for_tool_call` and the baseline in turns
-//! instead (the order alternating every round, each turn 16 calls), 20 000 rounds per
-//! argument size, so both run under the same background load; it prints each one's median
-//! per call and the median of the per-round ratios, with a 95% interval from a bootstrap over
-//! rounds (1 000 resamples, seeded). Criterion measures one function for seconds and then the
-//! other, and on a shared machine the load can change between the two by more than the ratio
-//! being measured.
+//! instead (the order alternating every round, each turn 16 calls), 20 000 rounds at 1 KB,
+//! 1 000 at 100 KB and 100 at 1 MB, so both run under the same background load; it prints
+//! each one's median per call and the median of the per-round ratios, with a 95% interval
+//! from a bootstrap over rounds (1 000 resamples, seeded). Criterion measures one function
+//! for seconds and then the other, and on a shared machine the load can change between the
+//! two by more than the ratio being measured.
+//!
+//! `cargo bench --bench keys -- --one WHICH BYTES CALLS` runs one contender alone, for a
+//! profiler (`perf record`, `valgrind --tool=callgrind` on the bench binary): `ours`
+//! (`for_tool_call`), `canonical` (`canonical::to_string`), `to_vec` or `baseline`, on
+//! arguments of about `BYTES` bytes (default 102400), `CALLS` times (default 1000).
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -117,7 +122,8 @@ fn paired() {
     println!("|---|---:|---:|---:|");
     for (name, size, rounds) in [
         ("1 KB", 1024, PAIRED_ROUNDS),
-        ("64 KB", 64 * 1024, PAIRED_ROUNDS / 20),
+        ("100 KB", 100 * 1024, PAIRED_ROUNDS / 20),
+        ("1 MB", 1024 * 1024, PAIRED_ROUNDS / 200),
     ] {
         let args = args_of_size(size);
         let ours = || {
@@ -181,9 +187,46 @@ fn paired() {
     }
 }
 
+/// One of the two contenders alone, `calls` times on arguments of `bytes`, for a profiler.
+fn one(which: &str, bytes: usize, calls: u32) {
+    let args = args_of_size(bytes);
+    for _ in 0..calls {
+        match which {
+            "ours" => {
+                black_box(IdempotencyKey::for_tool_call(
+                    black_box("send_email"),
+                    black_box(&args),
+                ));
+            }
+            "canonical" => {
+                black_box(canonical::to_string(black_box(&args)));
+            }
+            "to_vec" => {
+                black_box(serde_json::to_vec(black_box(&args)).unwrap_or_default());
+            }
+            "baseline" => {
+                let bytes = serde_json::to_vec(black_box(&args)).unwrap_or_default();
+                black_box(Sha256::digest(&bytes));
+            }
+            other => panic!("--one takes ours, canonical, to_vec or baseline, not {other}"),
+        }
+    }
+}
+
 fn main() {
-    if std::env::args().any(|arg| arg == "--paired") {
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|arg| arg == "--paired") {
         paired();
+        return;
+    }
+    if let Some(at) = args.iter().position(|arg| arg == "--one") {
+        let operand = |i: usize| args.get(at + i).map(String::as_str);
+        let which = operand(1).unwrap_or("ours");
+        let bytes = operand(2)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(100 * 1024);
+        let calls = operand(3).and_then(|n| n.parse().ok()).unwrap_or(1_000);
+        one(which, bytes, calls);
         return;
     }
     benches();

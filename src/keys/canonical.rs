@@ -495,13 +495,11 @@ fn write_string(out: &mut impl Sink, string: &str) {
     let bytes = string.as_bytes();
     // Start of the run of bytes that need no escape and are not yet written.
     let mut run_start = 0;
-    for (index, &byte) in bytes.iter().enumerate() {
-        let escape = ESCAPES[usize::from(byte)];
-        if escape == 0 {
-            continue;
-        }
+    while let Some(index) = next_escape(bytes, run_start) {
         // Every escaped byte is ASCII, so the run ends at a char boundary.
         out.put(&bytes[run_start..index]);
+        let byte = bytes[index];
+        let escape = ESCAPES[usize::from(byte)];
         if escape == b'u' {
             push_unicode_escape(out, byte);
         } else {
@@ -511,6 +509,40 @@ fn write_string(out: &mut impl Sink, string: &str) {
     }
     out.put(&bytes[run_start..]);
     out.put(b"\"");
+}
+
+/// The index of the first byte of `bytes` from `from` on that needs an escape, if any.
+///
+/// Eight bytes at a time while none of them does ([`word_needs_escape`]), then byte by byte:
+/// most strings need no escape at all, or few.
+fn next_escape(bytes: &[u8], from: usize) -> Option<usize> {
+    let mut at = from;
+    for word in bytes[from..].chunks_exact(8) {
+        let word = u64::from_le_bytes(word.try_into().expect("chunks of eight bytes"));
+        if word_needs_escape(word) {
+            break;
+        }
+        at += 8;
+    }
+    // From the first word that needs an escape (which holds one), or from the tail.
+    bytes[at..]
+        .iter()
+        .position(|&byte| ESCAPES[usize::from(byte)] != 0)
+        .map(|offset| at + offset)
+}
+
+/// Whether any of the eight bytes of `word` needs an escape: a C0 control (below 0x20), `"`
+/// or `\`. Exact: the borrows of the subtractions can only mark bytes above one that needs
+/// an escape, never make one up in a word that has none.
+fn word_needs_escape(word: u64) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    // A byte below `n` (at most 0x80) leaves its high bit set in `word - n` and clear in
+    // `word`; a zero byte does so for `n` = 1.
+    let below = |word: u64, n: u8| word.wrapping_sub(ONES * u64::from(n)) & !word;
+    let quotes = word ^ (ONES * u64::from(b'"'));
+    let backslashes = word ^ (ONES * u64::from(b'\\'));
+    (below(word, 0x20) | below(quotes, 1) | below(backslashes, 1)) & HIGHS != 0
 }
 
 /// Appends a C0 control byte as a lowercase `\u00xx` escape.
@@ -849,7 +881,7 @@ mod tests {
             any::<u64>().prop_map(Value::from),
             json_double().prop_map(Value::from),
             any::<String>().prop_map(Value::String),
-            "[\\x00-\\x20\"\\\\/a\u{e000}\u{1f600}]{0,6}".prop_map(Value::String),
+            "[\\x00-\\x20\"\\\\/a\u{e000}\u{1f600}]{0,20}".prop_map(Value::String),
         ];
         leaf.prop_recursive(6, 64, 8, |inner| {
             prop_oneof![
@@ -867,10 +899,28 @@ mod tests {
         })
     }
 
-    /// RFC 8785 the plain way, to hold the walk against: recursive, and every object's
-    /// members sorted by UTF-16 code units.
+    /// RFC 8785 the plain way, to hold the walk against: recursive, every object's members
+    /// sorted by UTF-16 code units, every string escaped a character at a time.
     fn reference(value: &Value) -> String {
         match value {
+            Value::String(text) => {
+                let mut literal = String::from("\"");
+                for c in text.chars() {
+                    match c {
+                        '"' => literal.push_str("\\\""),
+                        '\\' => literal.push_str("\\\\"),
+                        '\u{8}' => literal.push_str("\\b"),
+                        '\t' => literal.push_str("\\t"),
+                        '\n' => literal.push_str("\\n"),
+                        '\u{c}' => literal.push_str("\\f"),
+                        '\r' => literal.push_str("\\r"),
+                        c if c < ' ' => literal.push_str(&format!("\\u{:04x}", u32::from(c))),
+                        c => literal.push(c),
+                    }
+                }
+                literal.push('"');
+                literal
+            }
             Value::Array(items) => {
                 let items: Vec<String> = items.iter().map(reference).collect();
                 format!("[{}]", items.join(","))
@@ -982,7 +1032,46 @@ mod tests {
         );
     }
 
+    /// Bytes around the ones that need an escape, and those themselves.
+    fn escape_edge_byte() -> impl Strategy<Value = u8> {
+        prop_oneof![
+            prop::sample::select(vec![
+                0x00u8, 0x01, 0x08, 0x1f, 0x20, 0x21, b'"', 0x23, b'[', b'\\', b']', 0x7f, 0x80,
+                0x9f, 0xa2, 0xdc, 0xff, b'a',
+            ]),
+            any::<u8>(),
+        ]
+    }
+
     proptest! {
+        /// The word-at-a-time test agrees with the escape table on every byte of the word.
+        #[test]
+        fn a_word_needs_an_escape_exactly_when_one_of_its_bytes_does(
+            word in prop_oneof![
+                any::<u64>(),
+                prop::array::uniform8(escape_edge_byte()).prop_map(u64::from_le_bytes),
+            ]
+        ) {
+            let expected = word
+                .to_le_bytes()
+                .iter()
+                .any(|&byte| super::ESCAPES[usize::from(byte)] != 0);
+            prop_assert_eq!(super::word_needs_escape(word), expected);
+        }
+
+        /// The word-at-a-time scan finds the byte a byte-at-a-time scan finds.
+        #[test]
+        fn the_scan_for_an_escape_finds_the_first_byte_that_needs_one(
+            bytes in prop::collection::vec(escape_edge_byte(), 0..40),
+            from in 0usize..40,
+        ) {
+            let from = from.min(bytes.len());
+            let expected = (from..bytes.len()).find(|&at| {
+                matches!(bytes[at], 0x00..=0x1f | b'"' | b'\\')
+            });
+            prop_assert_eq!(super::next_escape(&bytes, from), expected);
+        }
+
         #[test]
         fn output_reparses_to_the_input_and_is_a_fixed_point(value in arbitrary_json()) {
             let text = canonical_json(&value);
