@@ -7,11 +7,16 @@
 //! most [`MAX_BATCH`]) and runs them on a task of their own: the new keys in one
 //! `INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING` (in key order, so two batches
 //! racing for the same keys take their locks in the same order), the outcomes in one
-//! `UPDATE ... FROM unnest(...)`, both in one transaction. A call that finds no other in the
-//! group's hands goes out at once as its own single statement, from the caller's own task (no
-//! hop to the dispatcher and back: one at a time costs what it would without batching); under
-//! load the calls that queued while the slots were busy share the next commit. Each caller is
-//! answered after the commit: whether its row was inserted, whether its outcome was written.
+//! `UPDATE ... FROM unnest(...)`, both in one transaction.
+//!
+//! How much is batched follows demand. A call goes out at once as its own single statement,
+//! from the caller's own task (no hop to the dispatcher and back), while fewer calls than the
+//! pool's connections less three are out that way and no batch runs or waits: at moderate
+//! load the server groups the commits of concurrent sessions itself, and a batch of two or
+//! three costs more statements than it saves. Past that limit, and while a batch is under way,
+//! calls wait for the next batch, and the calls that queued while the slots were busy share
+//! its commit: under heavy load, few large batches. Each caller is answered after the commit:
+//! whether its row was inserted, whether its outcome was written.
 //!
 //! Each row of a batch is as atomic as the single statement it replaces: of any number of
 //! workers inserting one key, exactly one gets the row, and an outcome is written only by the
@@ -111,16 +116,19 @@ pub(super) struct Group {
     jobs: Mutex<Option<mpsc::UnboundedSender<Job>>>,
     /// The calls in the group's hands, whether sent alone or waiting for a batch.
     busy: Arc<AtomicUsize>,
+    /// The calls out as statements of their own, and how many may be at once.
+    alone: Arc<AtomicUsize>,
+    alone_limit: usize,
 }
 
 /// One call counted in [`Group::busy`] until it is answered or its caller has gone.
 struct Busy(Arc<AtomicUsize>);
 
 impl Busy {
-    /// Counts a call in; `true` when no other call was in the group's hands.
-    fn enter(count: &Arc<AtomicUsize>) -> (Busy, bool) {
-        let alone = count.fetch_add(1, Ordering::AcqRel) == 0;
-        (Busy(Arc::clone(count)), alone)
+    /// Counts a call in; how many were counted before it.
+    fn enter(count: &Arc<AtomicUsize>) -> (Busy, usize) {
+        let before = count.fetch_add(1, Ordering::AcqRel);
+        (Busy(Arc::clone(count)), before)
     }
 }
 
@@ -133,10 +141,28 @@ impl Drop for Busy {
 impl Group {
     pub(super) fn new(pool: Pool) -> Group {
         Group {
+            alone_limit: alone_limit(&pool),
             pool,
             jobs: Mutex::new(None),
             busy: Arc::new(AtomicUsize::new(0)),
+            alone: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    /// A turn to go out alone: while fewer calls than the limit are out alone and no batch
+    /// runs or waits, a call is its own statement (the server groups the commits of
+    /// concurrent sessions itself, and a small batch costs more statements than it saves);
+    /// past it, calls wait for the next batch, which shares one commit among all of them.
+    fn alone_turn(&self, alone_before: bool) -> Option<Busy> {
+        let (turn, before) = Busy::enter(&self.alone);
+        (alone_before || before < self.alone_limit && self.batching() == 0).then_some(turn)
+    }
+
+    /// The calls waiting for a batch or in one.
+    fn batching(&self) -> usize {
+        self.busy
+            .load(Ordering::Acquire)
+            .saturating_sub(self.alone.load(Ordering::Acquire))
     }
 
     /// Claims a new key in the next batch: the start of its row's window, as the database
@@ -144,8 +170,8 @@ impl Group {
     /// by waiting: it goes out at once as its own statement, from the caller's task, without
     /// the hop to the dispatcher and back.
     pub(super) async fn insert(&self, row: NewRow) -> Result<Option<i64>, LedgerError> {
-        let (_busy, alone) = Busy::enter(&self.busy);
-        if alone {
+        let (_busy, before) = Busy::enter(&self.busy);
+        if let Some(_turn) = self.alone_turn(before == 0) {
             return insert_alone(&self.pool, &row).await;
         }
         let (reply, answer) = oneshot::channel();
@@ -161,8 +187,8 @@ impl Group {
     /// Writes an outcome in the next batch: whether the lease holder's row changed. Alone, as
     /// for [`insert`](Self::insert), it goes out at once as its own statement.
     pub(super) async fn finish(&self, outcome: BatchAnswer) -> Result<bool, LedgerError> {
-        let (_busy, alone) = Busy::enter(&self.busy);
-        if alone {
+        let (_busy, before) = Busy::enter(&self.busy);
+        if let Some(_turn) = self.alone_turn(before == 0) {
             return finish_alone(&self.pool, &outcome).await;
         }
         let (reply, answer) = oneshot::channel();
@@ -205,6 +231,16 @@ fn stopped() -> LedgerError {
 /// serves the statements that are not batched (take-overs, reads, attempts).
 fn slots(pool: &Pool) -> usize {
     pool.status().max_size.clamp(1, 2)
+}
+
+/// How many calls may be out alone at once: the pool's connections less the batch slots and
+/// one more for the statements that are never batched (reads, take-overs, renewals), at
+/// least one.
+fn alone_limit(pool: &Pool) -> usize {
+    pool.status()
+        .max_size
+        .saturating_sub(slots(pool) + 1)
+        .max(1)
 }
 
 /// Starts the dispatcher on the current runtime; it ends when the returned sender and its
@@ -667,6 +703,47 @@ mod tests {
                 .await;
         drop(dropped);
         assert_eq!(group.busy.load(Ordering::SeqCst), 0);
+    }
+
+    /// Below the pool's limit for calls out alone (16 connections: 13), concurrent calls
+    /// each go out as their own statement and no dispatcher starts; past it, the calls left
+    /// over wait for a batch.
+    #[cfg_attr(
+        no_postgres_server,
+        ignore = "needs PostgreSQL: set IDEMPOTENT_RETRY_PG_URL (bash .ci/run starts a server)"
+    )]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_calls_go_out_alone_up_to_the_limit_and_batch_past_it() {
+        let Some(base) = server_url() else { return };
+        let (pool, _) = ledger(&base, 16).await;
+        let group = Group::new(pool);
+        assert_eq!(group.alone_limit, 13);
+        let some = futures_util::future::join_all(
+            (0..8).map(|n| group.insert(new_row(&format!("some-{n}"), "run-some"))),
+        )
+        .await;
+        assert!(
+            some.into_iter()
+                .all(|inserted| inserted.expect("inserted").is_some())
+        );
+        assert!(
+            group.jobs.lock().expect("lock").is_none(),
+            "eight calls at once, all alone: no dispatcher"
+        );
+        let many = futures_util::future::join_all(
+            (0..40).map(|n| group.insert(new_row(&format!("many-{n}"), "run-many"))),
+        )
+        .await;
+        assert!(
+            many.into_iter()
+                .all(|inserted| inserted.expect("inserted").is_some())
+        );
+        assert!(
+            group.jobs.lock().expect("lock").is_some(),
+            "forty calls at once: those past the limit went to a batch"
+        );
+        assert_eq!(group.busy.load(Ordering::SeqCst), 0);
+        assert_eq!(group.alone.load(Ordering::SeqCst), 0);
     }
 
     /// One batch of inserts and finishes, a key twice among them and a finish whose lease is
