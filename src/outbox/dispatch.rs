@@ -408,6 +408,8 @@ struct Pump<'a> {
     ready: VecDeque<Ready>,
     /// Rows taken ahead that waited too long, to give back (as they were) before the next read.
     returning: Vec<Finish>,
+    /// The dispatcher is stopping: rows a read still brings back are given back, not sent.
+    stopping: bool,
     pass: DispatchPass,
     /// Whether the last read found as many rows as it asked for: more may be due.
     more: bool,
@@ -425,6 +427,7 @@ impl<'a> Pump<'a> {
             pending: None,
             ready: VecDeque::new(),
             returning: Vec::new(),
+            stopping: false,
             pass: DispatchPass::default(),
             more: true,
             rare_read_at: None,
@@ -496,6 +499,7 @@ impl<'a> Pump<'a> {
     /// Gives back every row taken ahead and not started (the dispatcher is stopping), once
     /// the writes are made.
     async fn give_back_ready(&mut self) {
+        self.stopping = true;
         let Some(handle) = self.dispatcher.client.inner.settings.ledger.as_ref() else {
             return;
         };
@@ -621,6 +625,16 @@ impl<'a> Pump<'a> {
             // The queued rows ran short: read every kind before calling the queue drained.
             self.more = true;
             self.rare_read_at = None;
+        }
+        if self.stopping {
+            self.returning.extend(taken.into_iter().filter_map(|taken| {
+                given_back(Ready {
+                    taken,
+                    owner: took.owner.clone(),
+                    set_at: took.set_at,
+                })
+            }));
+            return Ok(());
         }
         self.pass.due += taken.len();
         self.ready.extend(taken.into_iter().map(|taken| Ready {
