@@ -23,8 +23,10 @@
 //! PostgreSQL server's processes, read from `/proc`) is the figure that the machine's load
 //! moves least; a second table splits this process's share by thread: the main thread (which
 //! polls every operation's future), the runtime's workers (the client's connections and the
-//! server) and the rest (the SQLite ledger's writer). Tokio names its blocking threads as it
-//! names its workers, so `hand-sqlite`'s `spawn_blocking` calls count among the workers.
+//! server) and the rest (the SQLite ledger's writer), beside the process's context switches per
+//! operation (each wait for another thread's answer costs one at least). Tokio names its
+//! blocking threads as it names its workers, so `hand-sqlite`'s `spawn_blocking` calls count
+//! among the workers.
 //!
 //! Run: `cargo bench --all-features --bench ledger` (a minute or two). The PostgreSQL
 //! contenders run when `IDEMPOTENT_RETRY_PG_URL` is set (`source .ci/postgres.sh &&
@@ -868,6 +870,8 @@ struct Cell {
     /// CPU time per operation, one per round: this process's, by [`Part`], then the
     /// PostgreSQL server's.
     cpu: Vec<([f64; PARTS], f64)>,
+    /// This process's context switches per operation, one per round.
+    switches: Vec<f64>,
 }
 
 /// The threads of this process, grouped by what they run.
@@ -898,23 +902,29 @@ fn part_of(pid: &str, tid: &str, comm: &str) -> usize {
 struct CpuTime {
     parts: [u64; PARTS],
     server: u64,
+    /// Context switches of this process's threads, voluntary and not: every wait for another
+    /// thread (a ledger writer's answer, a blocking task's) is one at least.
+    switches: u64,
 }
 
 impl CpuTime {
     fn now() -> CpuTime {
         let pid = std::process::id().to_string();
         let mut parts = [0; PARTS];
+        let mut switches = 0;
         for task in std::fs::read_dir("/proc/self/task").into_iter().flatten() {
             let Ok(task) = task else { continue };
             let tid = task.file_name().to_string_lossy().into_owned();
             let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
             parts[part_of(&pid, &tid, comm.trim_end())] += ran(&task.path());
+            switches += switched(&task.path());
         }
         CpuTime {
             parts,
             server: postgres_processes()
                 .map(|pid| sum_schedstat(std::fs::read_dir(format!("/proc/{pid}/task")).ok()))
                 .sum(),
+            switches,
         }
     }
 
@@ -926,6 +936,16 @@ impl CpuTime {
             per(self.server, before.server),
         )
     }
+}
+
+/// A thread's context switches so far, voluntary and not, from its `status`.
+fn switched(task: &Path) -> u64 {
+    std::fs::read_to_string(task.join("status"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|line| line.contains("ctxt_switches:"))
+        .filter_map(|line| line.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
 }
 
 /// The first field of a thread's `schedstat`: nanoseconds it ran on a CPU.
@@ -994,6 +1014,7 @@ fn main() {
             let operations = options.operations_at(concurrency);
             let mut rates = vec![Vec::new(); clients.len()];
             let mut cpu = vec![Vec::new(); clients.len()];
+            let mut switches = vec![Vec::new(); clients.len()];
             for round in 0..options.rounds {
                 for turn in 0..clients.len() {
                     let which = (round + turn) % clients.len();
@@ -1009,7 +1030,11 @@ fn main() {
                     )
                     .await;
                     rates[which].push(rate);
-                    cpu[which].push(CpuTime::now().per_operation_since(&before, operations));
+                    let after = CpuTime::now();
+                    cpu[which].push(after.per_operation_since(&before, operations));
+                    switches[which].push(
+                        after.switches.saturating_sub(before.switches) as f64 / operations as f64,
+                    );
                 }
             }
             for (i, contender) in clients.iter().enumerate() {
@@ -1022,6 +1047,7 @@ fn main() {
                     name: contender.name,
                     concurrency,
                     cpu: cpu[i].clone(),
+                    switches: switches[i].clone(),
                     rates: rates[i].clone(),
                     ratios,
                 });
@@ -1064,7 +1090,7 @@ fn main() {
         options.rounds
     );
     println!(
-        "| in flight | ledger | {} |\n|---:|---|{}",
+        "| in flight | ledger | {} | context switches/op, bench process |\n|---:|---|{}---:|",
         PART_NAMES.join(" | "),
         "---:|".repeat(PARTS)
     );
@@ -1075,11 +1101,13 @@ fn main() {
                 format!("{:.1}", median(&mut part))
             })
             .collect();
+        let mut switches = cell.switches.clone();
         println!(
-            "| {} | {} | {} |",
+            "| {} | {} | {} | {:.1} |",
             cell.concurrency,
             cell.name,
-            parts.join(" | ")
+            parts.join(" | "),
+            median(&mut switches)
         );
     }
     vs_hand(&cells, &options);
