@@ -19,8 +19,9 @@
 //!
 //! Run: `cargo bench --all-features --bench outbox`. Options after `--`: `--rounds N`
 //! (default 5), `--operations N` per contender and round (default 1000), `--dispatch-only C`
-//! (part 2 alone at concurrency C, on SQLite, or on PostgreSQL with `--postgres`), `--only
-//! dispatcher|send` (one contender of part 2, for a profiler).
+//! (part 2 alone at concurrency C, on SQLite, or on PostgreSQL with `--postgres`, there with
+//! `--backlog N` operations queued before the rounds, as part 1 leaves them in a whole run),
+//! `--only dispatcher|send` (one contender of part 2, for a profiler).
 
 #[allow(
     dead_code,
@@ -389,6 +390,17 @@ async fn main() {
             .filter(|_| args.iter().any(|a| a == "--postgres"))
         {
             let (db, ledger) = pg_ledger(base).await;
+            let backlog = arg("--backlog", 0);
+            if backlog > 0 {
+                let mut conn = pg_connect(&db).await;
+                let tx = conn.transaction().await.expect("begin");
+                for n in 0..backlog {
+                    outbox::postgres::enqueue(&tx, &enqueue_of(&server, n, "backlog"))
+                        .await
+                        .expect("queued");
+                }
+                tx.commit().await.expect("commit");
+            }
             let pairs = pg_dispatch(&db, &ledger, &server, work, rounds).await;
             print_dispatch("postgres", dispatch_only, &pairs);
         } else {

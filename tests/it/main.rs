@@ -37,6 +37,7 @@ mod metrics;
 mod multipart;
 mod outbox;
 mod outbox_postgres;
+mod outbox_queued_only;
 mod outbox_read_ahead;
 mod outbox_torture;
 #[cfg(feature = "internals")]

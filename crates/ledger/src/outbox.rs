@@ -139,7 +139,9 @@ pub struct DueQuery {
     pub unknown_after: Option<Duration>,
     /// Only queued rows whose time has come: a ledger may then leave out the rows under a
     /// lapsed lease, the `not_sent` ones and the unknown ones (each a read of its own in
-    /// SQLite), which a dispatcher reads now and then rather than at every read.
+    /// SQLite; in PostgreSQL, reads through the status index, which keeps the entries of rows
+    /// that have moved on until a vacuum), which a dispatcher reads now and then rather than
+    /// at every read. Both SQL ledgers honour it.
     pub queued_only: bool,
 }
 

@@ -218,18 +218,23 @@ pub(super) async fn backlog(
 }
 
 /// The due rows `take` selects, taken in one statement at the present (`base`, or the
-/// database's).
+/// database's): queued rows alone when the query asks for them alone.
 pub(super) async fn take_due(
     client: &deadpool_postgres::Object,
     base: Option<i64>,
     take: &TakeDue,
 ) -> Result<Vec<Taken>, LedgerError> {
     let what = "cannot take the due operations";
+    let query = &take.query;
+    let text = if query.queued_only {
+        &statements::TAKE_QUEUED
+    } else {
+        &statements::TAKE_DUE
+    };
     let statement = client
-        .prepare_cached(&statements::TAKE_DUE)
+        .prepare_cached(text)
         .await
         .map_err(|err| database(err, what))?;
-    let query = &take.query;
     let rows = client
         .query(
             &statement,

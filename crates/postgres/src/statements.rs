@@ -255,7 +255,16 @@ pub(super) static DUE: LazyLock<String> = LazyLock::new(|| {
 /// the `unknown` delay (NULL: never), the limit, the cutoff's offset (negative), owner, lease
 /// length, retention. Returns the row's columns, then its old status, then the outbox's
 /// columns (headers, body, queued at, not before).
-pub(super) static TAKE_DUE: LazyLock<String> = LazyLock::new(|| {
+pub(super) static TAKE_DUE: LazyLock<String> = LazyLock::new(|| take_due(false));
+
+/// [`TAKE_DUE`] for queued rows alone (`DueQuery::queued_only`): the rare kinds (under a
+/// lapsed lease, `not_sent`, unknown) are read through the status index, whose entries for
+/// rows that have since moved on stay until a vacuum (a bitmap scan cannot mark them dead), so
+/// most reads leave them out. Same parameters.
+pub(super) static TAKE_QUEUED: LazyLock<String> = LazyLock::new(|| take_due(true));
+
+/// The take, of every kind of due row or of queued rows alone.
+fn take_due(queued_only: bool) -> String {
     let columns = COLUMNS
         .split(", ")
         .map(|c| format!("t.{c}"))
@@ -263,13 +272,26 @@ pub(super) static TAKE_DUE: LazyLock<String> = LazyLock::new(|| {
         .join(", ");
     let fresh = "old.status IN ('queued', 'not_sent')";
     let cutoff = plus("$1", "$5");
-    let chosen = idempotent_retry_ledger::sql::due_query(
-        idempotent_retry_ledger::sql::Dialect::Postgres,
-        "key, not_before",
-        (&now("$1"), "$4"),
-        ("$2::BIGINT", "$3::BIGINT"),
-        Some(&cutoff),
-    );
+    let dialect = idempotent_retry_ledger::sql::Dialect::Postgres;
+    let delays = ("$2::BIGINT", "$3::BIGINT");
+    let chosen = if queued_only {
+        let [queued, ..] = idempotent_retry_ledger::sql::due_branches(
+            dialect,
+            "key, not_before",
+            (&now("$1"), "$4"),
+            delays,
+            Some(&cutoff),
+        );
+        queued
+    } else {
+        idempotent_retry_ledger::sql::due_query(
+            dialect,
+            "key, not_before",
+            (&now("$1"), "$4"),
+            delays,
+            Some(&cutoff),
+        )
+    };
     // Checked again as each row is locked: a row another take has just committed (in flight
     // now, under its live lease) no longer meets it, and is left.
     let due = idempotent_retry_ledger::sql::due_condition(
@@ -295,7 +317,7 @@ pub(super) static TAKE_DUE: LazyLock<String> = LazyLock::new(|| {
         now = now("$1"),
         retention = plus("$1", "$8"),
     )
-});
+}
 
 /// The backlog: how many rows are queued, and how long (milliseconds) the oldest has waited
 /// at the present (`$1`, the base).
