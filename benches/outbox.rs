@@ -6,7 +6,8 @@
 //!    primary key): the whole transaction (what the caller waits for, its commit's sync
 //!    included) and, inside one long transaction, the insert alone (the CPU either costs).
 //! 2. **Dispatch.** Operations already queued, sent by a `Dispatcher` at 1, 16 and 64 in
-//!    flight, against the same number of keyed `send()`s through the same client and ledger at
+//!    flight (`run_until`, as a service runs it, stopped once it has delivered as many as were
+//!    queued; its in-flight sends then finish and count), against the same number of keyed `send()`s through the same client and ledger at
 //!    the same concurrency (each a new key: a claim, the request, a finish).
 //! 3. **Delivery latency** (PostgreSQL): from an enqueue's commit to the request's arrival at
 //!    the server, with a dispatcher woken by `LISTEN/NOTIFY`, and with one polling every
@@ -237,17 +238,34 @@ async fn dispatch_against_send(
         let started;
         if contender == 0 {
             queue(operations, &tag).await;
+            // As a dispatcher runs in a service: `run_until`, stopped once it has delivered
+            // as many operations as were queued (each counted as its outcome is written).
+            let delivered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let enough = Arc::new(Notify::new());
             let dispatcher = Dispatcher::new(client.clone())
                 .expect("a ledger")
-                .concurrency(concurrency);
+                .concurrency(concurrency)
+                .on_outcome({
+                    let (delivered, enough) = (Arc::clone(&delivered), Arc::clone(&enough));
+                    move |delivery| {
+                        assert!(
+                            matches!(delivery.outcome, idempotent_retry::Outcome::Done { .. }),
+                            "{delivery:?}"
+                        );
+                        let count = delivered.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                        if count + 1 == operations {
+                            enough.notify_one();
+                        }
+                    }
+                });
             started = now();
-            let mut sent = 0;
-            while sent < operations {
-                let pass = dispatcher.dispatch_due().await.expect("a pass");
-                assert_eq!(pass.done, pass.due, "{pass:?}");
-                assert!(pass.due > 0, "the queue ran dry at {sent} of {operations}");
-                sent += pass.due;
-            }
+            dispatcher
+                .run_until(async { enough.notified().await })
+                .await
+                .expect("the dispatcher ran");
+            let sent = delivered.load(std::sync::atomic::Ordering::Acquire);
+            rates[contender] = sent as f64 / started.elapsed().as_secs_f64();
+            continue;
         } else {
             started = now();
             futures_util::stream::iter(0..operations)
