@@ -43,8 +43,9 @@
 //! - `--quick-start`: the README quick start's shape instead (`Client::builder().build()`, a
 //!   keyed JSON POST of `{"amount":100,"currency":"eur"}` with `.json()`, a key derived per
 //!   request), against bare reqwest + a 30 s timeout and against reqwest-middleware +
-//!   `RetryTransientMiddleware` (3 retries) sending the same request (`--only quick-ours`,
-//!   `quick-peer`, `quick-bare` alone).
+//!   `RetryTransientMiddleware` (3 retries) sending the same request, without a timeout as the
+//!   peer's own quick start does and with the 30 s one ours sets on every attempt (`--only
+//!   quick-ours`, `quick-peer`, `quick-peer-timeout`, `quick-bare` alone).
 //! - `--current-thread`: everything (server and client) on one thread, for counting
 //!   instructions with `valgrind --tool=callgrind`: with one thread the same requests take the
 //!   same path through the code every run, where the two workers' timing varies how often a
@@ -72,11 +73,13 @@ const CONTENDERS: [Contender; 5] = [
     Contender::Peer,
     Contender::PeerWithTimeout,
 ];
-/// The quick start's shape (`--quick-start`): the floor first, then ours, then the peer.
-const QUICK_START: [Contender; 3] = [
+/// The quick start's shape (`--quick-start`): the floor first, then ours, then the peer, then
+/// the peer with the timeout ours sets.
+const QUICK_START: [Contender; 4] = [
     Contender::QuickBare,
     Contender::QuickOurs,
     Contender::QuickPeer,
+    Contender::QuickPeerTimeout,
 ];
 /// The floor the differences are taken against: bare reqwest with a timeout.
 const FLOOR: usize = 1;
@@ -254,9 +257,11 @@ async fn quick_start(clients: &Clients, url: &str, clock: &TokioClock, rounds: u
         );
     }
     println!(
-        "\nquick start, median / bare reqwest + timeout: ours {:.3}, peer {:.3}",
+        "\nquick start, median / bare reqwest + timeout: ours {:.3}, peer {:.3}, peer + timeout \
+         {:.3}",
         medians[1].as_secs_f64() / medians[0].as_secs_f64(),
         medians[2].as_secs_f64() / medians[0].as_secs_f64(),
+        medians[3].as_secs_f64() / medians[0].as_secs_f64(),
     );
 }
 

@@ -80,6 +80,8 @@ pub enum Contender {
     /// The same request through `reqwest-middleware` + `RetryTransientMiddleware`
     /// (`ExponentialBackoff`, 3 retries) over bare reqwest, the key as the header.
     QuickPeer,
+    /// [`QuickPeer`](Self::QuickPeer) with the 30 s timeout our client sets on every attempt.
+    QuickPeerTimeout,
 }
 
 /// The quick start's JSON body, serialized by each client's `.json()`.
@@ -109,7 +111,7 @@ impl Contender {
     /// Every contender `overhead_paired.rs --only` takes: [`ALL`](Self::ALL), and the peer
     /// with a timeout.
     #[allow(dead_code, reason = "only overhead_paired.rs has a command line")]
-    pub const EVERY: [Contender; 9] = [
+    pub const EVERY: [Contender; 10] = [
         Contender::Bare,
         Contender::BareWithTimeout,
         Contender::Ours,
@@ -119,6 +121,7 @@ impl Contender {
         Contender::QuickBare,
         Contender::QuickOurs,
         Contender::QuickPeer,
+        Contender::QuickPeerTimeout,
     ];
 
     /// The name a result row carries.
@@ -133,6 +136,9 @@ impl Contender {
             Contender::QuickBare => "bare reqwest + timeout, quick start",
             Contender::QuickOurs => "idempotent-retry, quick start",
             Contender::QuickPeer => "reqwest-middleware + reqwest-retry, quick start",
+            Contender::QuickPeerTimeout => {
+                "reqwest-middleware + reqwest-retry + timeout, quick start"
+            }
         }
     }
 
@@ -149,6 +155,7 @@ impl Contender {
             Contender::QuickBare => "quick-bare",
             Contender::QuickOurs => "quick-ours",
             Contender::QuickPeer => "quick-peer",
+            Contender::QuickPeerTimeout => "quick-peer-timeout",
         }
     }
 }
@@ -273,10 +280,13 @@ impl Clients {
                 .send()
                 .await
                 .expect("200"),
-            Contender::QuickPeer => {
+            Contender::QuickPeer | Contender::QuickPeerTimeout => {
                 let key = IdempotencyKey::derive("checkout.charge", &[ORDER]);
-                self.quick_peer
-                    .post(url)
+                let mut request = self.quick_peer.post(url);
+                if let Contender::QuickPeerTimeout = contender {
+                    request = request.timeout(TIMEOUT);
+                }
+                request
                     .header("idempotency-key", key.as_str())
                     .json(&CHARGE)
                     .send()
