@@ -13,7 +13,7 @@ pub const TABLE: &str = "idempotent_operations";
 
 /// The schema version this crate reads and writes: the table shape `schema` creates is
 /// version 1. A change to the shape raises it by one and appends a step to [`STEPS`].
-pub const SCHEMA_VERSION: u32 = 7;
+pub const SCHEMA_VERSION: u32 = 8;
 
 /// Where PostgreSQL keeps the version: a table of one row (SQLite uses `PRAGMA user_version`).
 pub const VERSION_TABLE: &str = "idempotent_operations_schema";
@@ -173,7 +173,49 @@ pub const STEPS: &[Step] = &[
         statements: |_| Vec::new(),
         redact_urls: true,
     },
+    Step {
+        from: 7,
+        // PostgreSQL's enqueue as a function: the caller's statement is a call the server
+        // plans in microseconds, and the insert inside keeps its plan for the session
+        // (PL/pgSQL caches it), where the statement it replaces was parsed and planned at
+        // every enqueue. SQLite's enqueue is prepared on the caller's connection already.
+        columns: &[],
+        statements: |dialect| match dialect {
+            Dialect::Postgres => vec![POSTGRES_ENQUEUE_FUNCTION.to_owned()],
+            Dialect::Sqlite => Vec::new(),
+        },
+        redact_urls: false,
+    },
 ];
+
+/// The channel a queued operation is announced on at its transaction's commit (its key as
+/// the payload), for dispatchers that `LISTEN` (PostgreSQL).
+pub const QUEUED_CHANNEL: &str = "idempotent_retry_queued";
+
+/// PostgreSQL's enqueue (schema version 8): inserts a queued row on the database's clock and,
+/// when it was inserted, announces its key on [`QUEUED_CHANNEL`] (delivered at the commit);
+/// returns the key, or NULL when the key had a row. Arguments: key, scope, fingerprint, the
+/// delay before it is due and the delay plus its retention (milliseconds), method, URL,
+/// headers (JSON), body.
+pub const POSTGRES_ENQUEUE_FUNCTION: &str = "CREATE OR REPLACE FUNCTION idempotent_retry_enqueue(\
+     p_key TEXT, p_scope TEXT, p_fingerprint TEXT, p_delay BIGINT, p_kept BIGINT, \
+     p_method TEXT, p_url TEXT, p_headers TEXT, p_body BYTEA) RETURNS TEXT \
+     LANGUAGE plpgsql AS $enqueue$ \
+     DECLARE \
+       present BIGINT := floor(extract(epoch FROM statement_timestamp()) * 1000)::BIGINT; \
+       inserted TEXT; \
+     BEGIN \
+       INSERT INTO idempotent_operations (key, scope, fingerprint, status, attempts, \
+         first_attempt_at, expires_at, method, url, queued_at, not_before, request_headers, \
+         request_body) \
+       VALUES (p_key, p_scope, p_fingerprint, 'queued', 0, present, present + p_kept, \
+         p_method, p_url, present, present + p_delay, p_headers, p_body) \
+       ON CONFLICT (key) DO NOTHING RETURNING key INTO inserted; \
+       IF inserted IS NOT NULL THEN \
+         PERFORM pg_notify('idempotent_retry_queued', inserted); \
+       END IF; \
+       RETURN inserted; \
+     END $enqueue$";
 
 /// The condition of SQLite's expiry and status indexes (from version 6): every row but the
 /// queued ones. A statement that reads through either repeats it, word for word.

@@ -8,11 +8,12 @@ use tokio_postgres::error::SqlState;
 use idempotent_retry_ledger::LedgerError;
 
 /// Whether the error says the storage has another shape than this crate wrote: a missing
-/// table or column, a column of another type.
+/// table, column or function, a column of another type.
 pub(super) fn is_shape(err: &tokio_postgres::Error) -> bool {
     err.code().is_some_and(|code| {
         *code == SqlState::UNDEFINED_TABLE
             || *code == SqlState::UNDEFINED_COLUMN
+            || *code == SqlState::UNDEFINED_FUNCTION
             || *code == SqlState::DATATYPE_MISMATCH
     })
 }
@@ -55,6 +56,12 @@ fn shape_message(code: &SqlState, what: &str) -> Option<String> {
         Some(format!(
             "{what}: table {table} lacks a column this release reads (an older schema): run \
              `PostgresLedger::migrate()` once every worker runs this release"
+        ))
+    } else if *code == SqlState::UNDEFINED_FUNCTION {
+        Some(format!(
+            "{what}: the database lacks the function idempotent_retry_enqueue (a schema \
+             older than version 8): run `PostgresLedger::migrate()` once (or \
+             `idempotent-retry-ledger --postgres URL migrate`)"
         ))
     } else {
         None

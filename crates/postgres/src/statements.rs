@@ -216,26 +216,20 @@ pub(super) static PURGE: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// An operation queued in the caller's transaction, on the database's clock, and announced
-/// on [`QUEUED_CHANNEL`] (delivered at the transaction's commit), in one statement sent with
-/// its parameters' types (no prepare: one round trip). Parameters: key, scope, fingerprint,
-/// the delay before it is due and the delay plus its retention (milliseconds, held below a
-/// century by the caller, so the sums stay in BIGINT), method, URL, headers (JSON), body.
-/// Returns the key when the row was inserted, nothing when the key had one.
+/// on [`QUEUED_CHANNEL`] (delivered at the transaction's commit): a call of the enqueue
+/// function of schema version 8 (`sql::POSTGRES_ENQUEUE_FUNCTION`), sent with its parameters'
+/// types (no prepare: one round trip; the insert inside keeps its plan for the session).
+/// Parameters: key, scope, fingerprint, the delay before it is due and the delay plus its
+/// retention (milliseconds, held below a century by the caller, so the sums stay in BIGINT),
+/// method, URL, headers (JSON), body. Returns the key when the row was inserted, nothing when
+/// the key had one.
 pub(super) static ENQUEUE: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "WITH inserted AS (INSERT INTO {TABLE} (key, scope, fingerprint, status, attempts, \
-         first_attempt_at, expires_at, method, url, queued_at, not_before, request_headers, \
-         request_body) \
-         SELECT $1, $2, $3, 'queued', 0, present.ms, present.ms + $5, $6, $7, present.ms, \
-         present.ms + $4, $8, $9 FROM (SELECT {DB_NOW} AS ms) AS present \
-         ON CONFLICT (key) DO NOTHING RETURNING key) \
-         SELECT key, pg_notify('{QUEUED_CHANNEL}', key)::TEXT FROM inserted"
-    )
+    "SELECT queued FROM idempotent_retry_enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9) AS queued \
+     WHERE queued IS NOT NULL"
+        .to_owned()
 });
 
-/// The channel a queued operation is announced on at its transaction's commit (its key as
-/// the payload), for dispatchers that `LISTEN`.
-pub const QUEUED_CHANNEL: &str = "idempotent_retry_queued";
+pub use idempotent_retry_ledger::sql::QUEUED_CHANNEL;
 
 /// The due rows, on the present (`$1`, the base), with a limit (`$2`), the `not_sent` delay
 /// (`$3`) and the `unknown` one (`$4`, NULL: never), in milliseconds.
