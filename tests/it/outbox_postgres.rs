@@ -319,3 +319,32 @@ async fn an_sqlx_transaction_queues_and_rolls_back_like_the_others() {
     assert_eq!((pass.due, pass.done), (1, 1), "{pass:?}");
     assert_eq!(receiver.keys(), vec![Some(keys[0].to_string())]);
 }
+
+#[tokio::test]
+async fn a_database_migrated_before_the_enqueue_function_says_to_migrate() {
+    let Some(url) = fresh_postgres_database().await else {
+        return;
+    };
+    let ledger = ledger(&url).await;
+    let conn = caller(&url).await;
+    // A store as version 7 left it: the table, without the enqueue function.
+    conn.batch_execute(
+        "DROP FUNCTION idempotent_retry_enqueue(TEXT, TEXT, TEXT, BIGINT, BIGINT, TEXT, TEXT, \
+         TEXT, BYTEA); UPDATE idempotent_operations_schema SET version = 7",
+    )
+    .await
+    .expect("back to version 7");
+    let err = outbox::postgres::enqueue(&conn, &charge("https://a.example.com/x", "ord_v7"))
+        .await
+        .expect_err("no function");
+    assert_eq!(err.kind(), ErrorKind::Ledger);
+    assert!(
+        err.to_string().contains("run `PostgresLedger::migrate()`"),
+        "{err}"
+    );
+    // Migrating again puts it back, and the enqueue goes through.
+    ledger.migrate().await.expect("migrate");
+    outbox::postgres::enqueue(&conn, &charge("https://a.example.com/x", "ord_v7"))
+        .await
+        .expect("queued");
+}
