@@ -7,7 +7,6 @@
 //! The limits and the exact waits run on virtual time; the receivers that hold a key in
 //! progress for a while run on the real clock, and assert no duration but upper bounds.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::*;
@@ -18,7 +17,6 @@ use idempotent_retry::{
 };
 use idempotent_retry_testkit::{self as testkit, Delivery, Handling, Receiver, Reply};
 use serde_json::json;
-use tokio::sync::Semaphore;
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
@@ -79,48 +77,13 @@ fn assert_waits_then_answer(report: &RetryReport) {
     );
 }
 
-/// A receiver whose handler holds the key in progress for at least `hold`, and until the test
-/// opens the gate; `started` gets a permit when the handler starts.
-struct Held {
-    receiver: Receiver,
-    started: Arc<Semaphore>,
-    gate: Arc<Semaphore>,
-}
-
-async fn held_receiver(hold: Duration) -> Held {
-    let started = Arc::new(Semaphore::new(0));
-    let gate = Arc::new(Semaphore::new(0));
-    let receiver = Receiver::builder()
-        .handler({
-            let (started, gate) = (started.clone(), gate.clone());
-            move |delivery: Delivery| {
-                let (started, gate) = (started.clone(), gate.clone());
-                async move {
-                    started.add_permits(1);
-                    tokio::time::sleep(hold).await;
-                    gate.acquire().await.expect("gate").forget();
-                    let n = delivery.record_effect();
-                    Reply::json(200, &json!({ "charge": n }))
-                }
-            }
-        })
-        .start()
-        .await
-        .expect("receiver");
-    Held {
-        receiver,
-        started,
-        gate,
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receiver_in_progress_for_3s_then_200_completes_with_one_effect_under_3_attempts() {
     let Held {
         receiver,
         started,
         gate,
-    } = held_receiver(secs(3)).await;
+    } = held_receiver(secs(3), 200).await;
     let k = key("three-seconds");
     // Another delivery of the operation holds the key: a plain send, not retried.
     let original = tokio::spawn({

@@ -5,64 +5,19 @@
 #![cfg(feature = "sqlite")]
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use idempotent_retry::ledger::{Ledger as _, LedgerOptions, OperationStatus, SqliteLedger};
 use idempotent_retry::outbox::sqlite::rusqlite::Connection;
 use idempotent_retry::outbox::{self, Dispatcher, Enqueue};
 use idempotent_retry::{Client, IdempotencyKey};
-use idempotent_retry_testkit::{Delivery, Receiver, Reply};
+use idempotent_retry_testkit::Receiver;
 use serde_json::json;
-use tokio::sync::Semaphore;
+
+use crate::support::held_receiver;
 
 /// Bound on every wait for something outside the test's own task.
 const BOUND: Duration = Duration::from_secs(10);
-
-/// A receiver that holds every request until the test lets one through, after a pause of
-/// `hold`; `started` gets a permit as each request arrives.
-struct Held {
-    receiver: Receiver,
-    started: Arc<Semaphore>,
-    gate: Arc<Semaphore>,
-}
-
-async fn held_receiver(hold: Duration) -> Held {
-    let started = Arc::new(Semaphore::new(0));
-    let gate = Arc::new(Semaphore::new(0));
-    let receiver = Receiver::builder()
-        .handler({
-            let (started, gate) = (started.clone(), gate.clone());
-            move |delivery: Delivery| {
-                let (started, gate) = (started.clone(), gate.clone());
-                async move {
-                    started.add_permits(1);
-                    tokio::time::sleep(hold).await;
-                    gate.acquire().await.expect("gate").forget();
-                    let n = delivery.record_effect();
-                    Reply::json(201, &json!({ "charge": n }))
-                }
-            }
-        })
-        .start()
-        .await
-        .expect("receiver");
-    Held {
-        receiver,
-        started,
-        gate,
-    }
-}
-
-impl Held {
-    async fn arrived(&self) {
-        tokio::time::timeout(BOUND, self.started.acquire())
-            .await
-            .expect("a request arrives")
-            .expect("open")
-            .forget();
-    }
-}
 
 /// Two charges queued and committed; their keys in queue order.
 async fn two_queued(path: &Path, url: &str) -> (SqliteLedger, [IdempotencyKey; 2]) {
@@ -127,7 +82,7 @@ fn first_sent(receiver: &Receiver, keys: &[IdempotencyKey; 2]) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_row_is_taken_while_one_is_sent_and_each_is_sent_once() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let held = held_receiver(Duration::ZERO).await;
+    let held = held_receiver(Duration::ZERO, 201).await;
     let (ledger, keys) = two_queued(
         &dir.path().join("shop.db"),
         &held.receiver.url("/v1/charges"),
@@ -166,7 +121,7 @@ async fn the_next_row_is_taken_while_one_is_sent_and_each_is_sent_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_gives_back_the_rows_taken_ahead_as_they_were() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let held = held_receiver(Duration::ZERO).await;
+    let held = held_receiver(Duration::ZERO, 201).await;
     let (ledger, keys) = two_queued(
         &dir.path().join("shop.db"),
         &held.receiver.url("/v1/charges"),
@@ -223,7 +178,7 @@ async fn stopping_gives_back_the_rows_taken_ahead_as_they_were() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pass_dropped_half_way_gives_back_the_rows_taken_ahead() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let held = held_receiver(Duration::ZERO).await;
+    let held = held_receiver(Duration::ZERO, 201).await;
     let (ledger, keys) = two_queued(
         &dir.path().join("shop.db"),
         &held.receiver.url("/v1/charges"),
@@ -254,7 +209,7 @@ async fn a_row_that_waited_a_third_of_its_lease_is_given_back_and_sent_by_a_late
     let dir = tempfile::tempdir().expect("temp dir");
     // The first send is held past a third of the lease: 400 ms of 900.
     let lease = Duration::from_millis(900);
-    let held = held_receiver(Duration::from_millis(400)).await;
+    let held = held_receiver(Duration::from_millis(400), 201).await;
     let (ledger, keys) = two_queued(
         &dir.path().join("shop.db"),
         &held.receiver.url("/v1/charges"),

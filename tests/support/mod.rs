@@ -10,6 +10,7 @@ pub mod crash;
 pub mod fault_proxy;
 #[cfg(all(feature = "tower", feature = "middleware"))]
 pub mod front;
+pub mod held;
 pub mod ledgers;
 pub mod logs;
 pub mod policy;
@@ -19,6 +20,7 @@ pub mod raw;
 pub mod server;
 
 pub use crash::*;
+pub use held::*;
 pub use ledgers::*;
 pub use logs::*;
 pub use policy::*;
