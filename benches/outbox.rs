@@ -211,9 +211,9 @@ fn client(ledger: impl Ledger) -> Client {
 }
 
 /// Part 2: operations per second delivered by a dispatcher and sent with `send()`.
-async fn dispatch_against_send(
+async fn dispatch_round(
     client: &Client,
-    queue: impl AsyncFn(usize, &str),
+    queue: &impl AsyncFn(usize, &str),
     url: &str,
     operations: usize,
     concurrency: usize,
@@ -288,6 +288,21 @@ async fn dispatch_against_send(
         rates[contender] = operations as f64 / started.elapsed().as_secs_f64();
     }
     rates
+}
+
+/// Part 2, `rounds` rounds of [`dispatch_round`] with a ledger's own way to `queue`.
+async fn dispatch_against_send(
+    client: &Client,
+    queue: impl AsyncFn(usize, &str),
+    url: &str,
+    (operations, concurrency): (usize, usize),
+    rounds: usize,
+) -> Vec<[f64; 2]> {
+    let mut pairs = Vec::new();
+    for round in 0..rounds {
+        pairs.push(dispatch_round(client, &queue, url, operations, concurrency, round).await);
+    }
+    pairs
 }
 
 /// The server of part 3: answers 200 and tells the bench when each request arrived.
@@ -512,31 +527,23 @@ async fn pg_dispatch(
     (operations, concurrency): (usize, usize),
     rounds: usize,
 ) -> Vec<[f64; 2]> {
-    let pg_client = client(ledger.clone());
-    let mut pairs = Vec::new();
-    for round in 0..rounds {
-        pairs.push(
-            dispatch_against_send(
-                &pg_client,
-                async |count, tag| {
-                    let mut conn = pg_connect(db).await;
-                    let tx = conn.transaction().await.expect("begin");
-                    for n in 0..count {
-                        outbox::postgres::enqueue(&tx, &enqueue_of(server, n, tag))
-                            .await
-                            .expect("queued");
-                    }
-                    tx.commit().await.expect("commit");
-                },
-                server,
-                operations,
-                concurrency,
-                round,
-            )
-            .await,
-        );
-    }
-    pairs
+    dispatch_against_send(
+        &client(ledger.clone()),
+        async |count, tag| {
+            let mut conn = pg_connect(db).await;
+            let tx = conn.transaction().await.expect("begin");
+            for n in 0..count {
+                outbox::postgres::enqueue(&tx, &enqueue_of(server, n, tag))
+                    .await
+                    .expect("queued");
+            }
+            tx.commit().await.expect("commit");
+        },
+        server,
+        (operations, concurrency),
+        rounds,
+    )
+    .await
 }
 
 /// Part 2 on SQLite: `rounds` rounds of `operations` at `concurrency`.
@@ -547,29 +554,21 @@ async fn sqlite_dispatch(
     (operations, concurrency): (usize, usize),
     rounds: usize,
 ) -> Vec<[f64; 2]> {
-    let sqlite_client = client(sqlite.clone());
-    let mut pairs = Vec::new();
-    for round in 0..rounds {
-        pairs.push(
-            dispatch_against_send(
-                &sqlite_client,
-                async |count, tag| {
-                    let mut conn = Connection::open(path).expect("open");
-                    let tx = conn.transaction().expect("begin");
-                    for n in 0..count {
-                        outbox::sqlite::enqueue(&tx, &enqueue_of(server, n, tag)).expect("queued");
-                    }
-                    tx.commit().expect("commit");
-                },
-                server,
-                operations,
-                concurrency,
-                round,
-            )
-            .await,
-        );
-    }
-    pairs
+    dispatch_against_send(
+        &client(sqlite.clone()),
+        async |count, tag| {
+            let mut conn = Connection::open(path).expect("open");
+            let tx = conn.transaction().expect("begin");
+            for n in 0..count {
+                outbox::sqlite::enqueue(&tx, &enqueue_of(server, n, tag)).expect("queued");
+            }
+            tx.commit().expect("commit");
+        },
+        server,
+        (operations, concurrency),
+        rounds,
+    )
+    .await
 }
 
 fn report_enqueue(ledger: &str, figures: &[[f64; 4]]) {
