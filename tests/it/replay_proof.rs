@@ -14,7 +14,6 @@
 //! millisecond delays. It prints its seed; `REPLAY_SEED=<seed> REPLAY_SCHEDULES=1` replays one.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
@@ -26,7 +25,8 @@ use idempotent_retry_testkit::{
 use rand::rngs::StdRng;
 use rand::{RngExt as _, SeedableRng as _};
 use serde_json::json;
-use tokio::sync::Semaphore;
+
+use crate::support::{Held, held_receiver};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -93,42 +93,6 @@ async fn send_email(
         .json(&email())
         .send()
         .await
-}
-
-/// A receiver whose handler holds each run in progress until the test opens the gate, so
-/// what meets a run in progress does so whatever the machine's speed.
-struct Gated {
-    receiver: Receiver,
-    /// Gains one permit each time a handler starts running.
-    started: Arc<Semaphore>,
-    /// One permit lets one waiting handler record its effect and answer 200.
-    gate: Arc<Semaphore>,
-}
-
-async fn gated_receiver() -> Gated {
-    let started = Arc::new(Semaphore::new(0));
-    let gate = Arc::new(Semaphore::new(0));
-    let receiver = Receiver::builder()
-        .handler({
-            let (started, gate) = (started.clone(), gate.clone());
-            move |delivery: Delivery| {
-                let (started, gate) = (started.clone(), gate.clone());
-                async move {
-                    started.add_permits(1);
-                    gate.acquire().await.expect("gate").forget();
-                    let n = delivery.record_effect();
-                    Reply::json(200, &json!({"email": n}))
-                }
-            }
-        })
-        .start()
-        .await
-        .expect("receiver");
-    Gated {
-        receiver,
-        started,
-        gate,
-    }
 }
 
 /// What one logical operation came to.
@@ -263,7 +227,7 @@ async fn a_delivery_replayed_sequentially_has_one_effect_and_one_answer() {
 async fn fifty_concurrent_deliveries_of_one_key_have_one_effect_and_one_answer() {
     // The first run is held open until every task has been answered at least once, so most
     // meet 409 and retry through it.
-    let Gated { receiver, gate, .. } = gated_receiver().await;
+    let Held { receiver, gate, .. } = held_receiver(Duration::ZERO, 200).await;
     // Patient enough for any machine: the 409s last until the slowest of the 50 tasks has
     // arrived, and a task that ran out of attempts first would fail the test for a slow start,
     // not for a wrong answer. The bounded waits below end a broken run instead.
@@ -554,11 +518,11 @@ async fn crash_after_arrival<F: Future<Output = ()>>(
 async fn a_crash_while_the_handler_runs_then_a_new_client_with_the_derived_key_has_one_effect() {
     // The handler is held in progress until the test lets it finish, whatever the machine's
     // speed.
-    let Gated {
+    let Held {
         receiver,
         started,
         gate,
-    } = gated_receiver().await;
+    } = held_receiver(Duration::ZERO, 200).await;
     let key = step_key("conv_crash", 4);
     crash_after_arrival(&receiver, &key, || async {
         started.acquire().await.expect("handler started").forget();
