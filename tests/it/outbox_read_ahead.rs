@@ -11,10 +11,9 @@ use idempotent_retry::ledger::{Ledger as _, LedgerOptions, OperationStatus, Sqli
 use idempotent_retry::outbox::sqlite::rusqlite::Connection;
 use idempotent_retry::outbox::{self, Dispatcher, Enqueue};
 use idempotent_retry::{Client, IdempotencyKey};
-use idempotent_retry_testkit::Receiver;
 use serde_json::json;
 
-use crate::support::held_receiver;
+use crate::support::{Held, held_receiver};
 
 /// Bound on every wait for something outside the test's own task.
 const BOUND: Duration = Duration::from_secs(10);
@@ -66,38 +65,76 @@ async fn until_status(ledger: &SqliteLedger, key: &IdempotencyKey, wanted: Opera
     .unwrap_or_else(|_| panic!("{} never became {wanted:?}", key.as_str()));
 }
 
-/// Which of the two keys the receiver saw first.
-fn first_sent(receiver: &Receiver, keys: &[IdempotencyKey; 2]) -> usize {
-    let first = receiver
-        .keys()
-        .into_iter()
-        .flatten()
-        .next()
-        .expect("a keyed request");
-    keys.iter()
-        .position(|k| k.as_str() == first)
-        .expect("one of ours")
+/// Two charges queued in a ledger of their own, a receiver that holds each request (at least
+/// `hold`, then until the test lets it through) and a dispatcher of one slot under `lease`.
+struct Shop {
+    _dir: tempfile::TempDir,
+    held: Held,
+    ledger: SqliteLedger,
+    keys: [IdempotencyKey; 2],
+    dispatcher: Dispatcher,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_next_row_is_taken_while_one_is_sent_and_each_is_sent_once() {
+async fn shop(hold: Duration, lease: Duration) -> Shop {
     let dir = tempfile::tempdir().expect("temp dir");
-    let held = held_receiver(Duration::ZERO, 201).await;
+    let held = held_receiver(hold, 201).await;
     let (ledger, keys) = two_queued(
         &dir.path().join("shop.db"),
         &held.receiver.url("/v1/charges"),
     )
     .await;
-    let dispatcher = one_at_a_time(&ledger, Duration::from_secs(30));
-    let pass = tokio::spawn(async move { dispatcher.dispatch_due().await });
+    let dispatcher = one_at_a_time(&ledger, lease);
+    Shop {
+        _dir: dir,
+        held,
+        ledger,
+        keys,
+        dispatcher,
+    }
+}
 
-    held.arrived().await;
-    let sending = first_sent(&held.receiver, &keys);
-    let ahead = &keys[1 - sending];
+impl Shop {
+    /// Waits for the first send to reach the receiver: the index of its key, and the other
+    /// key, the one taken ahead.
+    async fn first_send(&self) -> (usize, &IdempotencyKey) {
+        self.held.arrived().await;
+        let first = self
+            .held
+            .receiver
+            .keys()
+            .into_iter()
+            .flatten()
+            .next()
+            .expect("a keyed request");
+        let sending = self
+            .keys
+            .iter()
+            .position(|k| k.as_str() == first)
+            .expect("one of ours");
+        (sending, &self.keys[1 - sending])
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_row_is_taken_while_one_is_sent_and_each_is_sent_once() {
+    let shop = shop(Duration::ZERO, Duration::from_secs(30)).await;
+    let Shop {
+        held,
+        ledger,
+        keys,
+        dispatcher,
+        ..
+    } = &shop;
+    let pass = tokio::spawn({
+        let dispatcher = dispatcher.clone();
+        async move { dispatcher.dispatch_due().await }
+    });
+
+    let (_, ahead) = shop.first_send().await;
     // One slot, one send at the receiver; the other row is already this dispatcher's.
     assert_eq!(held.receiver.arrivals(), 1);
     assert_eq!(
-        status(&ledger, ahead).await,
+        status(ledger, ahead).await,
         (OperationStatus::InFlight, 0, true)
     );
 
@@ -108,10 +145,10 @@ async fn the_next_row_is_taken_while_one_is_sent_and_each_is_sent_once() {
         .expect("joined")
         .expect("a pass");
     assert_eq!((pass.due, pass.done), (2, 2), "{pass:?}");
-    for key in &keys {
+    for key in keys {
         assert_eq!(held.receiver.effects_for(key.as_str()), 1);
         assert_eq!(
-            status(&ledger, key).await,
+            status(ledger, key).await,
             (OperationStatus::Succeeded, 1, false)
         );
     }
@@ -120,14 +157,14 @@ async fn the_next_row_is_taken_while_one_is_sent_and_each_is_sent_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_gives_back_the_rows_taken_ahead_as_they_were() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let held = held_receiver(Duration::ZERO, 201).await;
-    let (ledger, keys) = two_queued(
-        &dir.path().join("shop.db"),
-        &held.receiver.url("/v1/charges"),
-    )
-    .await;
-    let dispatcher = one_at_a_time(&ledger, Duration::from_secs(30));
+    let shop = shop(Duration::ZERO, Duration::from_secs(30)).await;
+    let Shop {
+        held,
+        ledger,
+        keys,
+        dispatcher,
+        ..
+    } = &shop;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let run = tokio::spawn({
         let dispatcher = dispatcher.clone();
@@ -140,15 +177,13 @@ async fn stopping_gives_back_the_rows_taken_ahead_as_they_were() {
         }
     });
 
-    held.arrived().await;
-    let sending = first_sent(&held.receiver, &keys);
-    let ahead = &keys[1 - sending];
-    until_status(&ledger, ahead, OperationStatus::InFlight).await;
+    let (sending, ahead) = shop.first_send().await;
+    until_status(ledger, ahead, OperationStatus::InFlight).await;
     stop.send(()).expect("running");
     // Given back while the send in progress is still held at the receiver.
-    until_status(&ledger, ahead, OperationStatus::Queued).await;
+    until_status(ledger, ahead, OperationStatus::Queued).await;
     assert_eq!(
-        status(&ledger, ahead).await,
+        status(ledger, ahead).await,
         (OperationStatus::Queued, 0, false)
     );
 
@@ -160,7 +195,7 @@ async fn stopping_gives_back_the_rows_taken_ahead_as_they_were() {
         .expect("stopped cleanly");
     assert_eq!(held.receiver.arrivals(), 1);
     assert_eq!(
-        status(&ledger, &keys[sending]).await,
+        status(ledger, &keys[sending]).await,
         (OperationStatus::Succeeded, 1, false)
     );
 
@@ -170,35 +205,35 @@ async fn stopping_gives_back_the_rows_taken_ahead_as_they_were() {
     assert_eq!((pass.due, pass.done), (1, 1), "{pass:?}");
     assert_eq!(held.receiver.effects_for(ahead.as_str()), 1);
     assert_eq!(
-        status(&ledger, ahead).await,
+        status(ledger, ahead).await,
         (OperationStatus::Succeeded, 1, false)
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pass_dropped_half_way_gives_back_the_rows_taken_ahead() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let held = held_receiver(Duration::ZERO, 201).await;
-    let (ledger, keys) = two_queued(
-        &dir.path().join("shop.db"),
-        &held.receiver.url("/v1/charges"),
-    )
-    .await;
-    let dispatcher = one_at_a_time(&ledger, Duration::from_secs(30));
-    let pass = tokio::spawn(async move { dispatcher.dispatch_due().await });
+    let shop = shop(Duration::ZERO, Duration::from_secs(30)).await;
+    let Shop {
+        held,
+        ledger,
+        dispatcher,
+        ..
+    } = &shop;
+    let pass = tokio::spawn({
+        let dispatcher = dispatcher.clone();
+        async move { dispatcher.dispatch_due().await }
+    });
 
-    held.arrived().await;
-    let sending = first_sent(&held.receiver, &keys);
-    let ahead = &keys[1 - sending];
-    until_status(&ledger, ahead, OperationStatus::InFlight).await;
+    let (_, ahead) = shop.first_send().await;
+    until_status(ledger, ahead, OperationStatus::InFlight).await;
     pass.abort();
     let _ = pass.await;
 
     // The row taken ahead is queued again, untouched; the abandoned send is left for a resend
     // under its key (its request reached the receiver).
-    until_status(&ledger, ahead, OperationStatus::Queued).await;
+    until_status(ledger, ahead, OperationStatus::Queued).await;
     assert_eq!(
-        status(&ledger, ahead).await,
+        status(ledger, ahead).await,
         (OperationStatus::Queued, 0, false)
     );
     assert_eq!(held.receiver.arrivals(), 1);
@@ -206,16 +241,15 @@ async fn a_pass_dropped_half_way_gives_back_the_rows_taken_ahead() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_that_waited_a_third_of_its_lease_is_given_back_and_sent_by_a_later_take() {
-    let dir = tempfile::tempdir().expect("temp dir");
     // The first send is held past a third of the lease: 400 ms of 900.
-    let lease = Duration::from_millis(900);
-    let held = held_receiver(Duration::from_millis(400), 201).await;
-    let (ledger, keys) = two_queued(
-        &dir.path().join("shop.db"),
-        &held.receiver.url("/v1/charges"),
-    )
-    .await;
-    let dispatcher = one_at_a_time(&ledger, lease);
+    let shop = shop(Duration::from_millis(400), Duration::from_millis(900)).await;
+    let Shop {
+        held,
+        ledger,
+        keys,
+        dispatcher,
+        ..
+    } = &shop;
     held.gate.add_permits(2);
     let pass = tokio::time::timeout(BOUND, dispatcher.dispatch_due())
         .await
@@ -225,10 +259,10 @@ async fn a_row_that_waited_a_third_of_its_lease_is_given_back_and_sent_by_a_late
     // Sent once each, the one taken ahead as a first attempt of a later take: no attempt of a
     // dead run counted, as a row left to a lapsed lease would have had.
     assert_eq!((pass.due, pass.done), (2, 2), "{pass:?}");
-    for key in &keys {
+    for key in keys {
         assert_eq!(held.receiver.effects_for(key.as_str()), 1);
         assert_eq!(
-            status(&ledger, key).await,
+            status(ledger, key).await,
             (OperationStatus::Succeeded, 1, false)
         );
     }
