@@ -496,6 +496,15 @@ impl<'a> Pump<'a> {
         }
     }
 
+    /// The writes that give back every row taken ahead and not started, and those waiting to
+    /// be given back; the rows taken ahead leave the pass's count.
+    fn all_given_back(&mut self) -> Vec<Finish> {
+        self.pass.due = self.pass.due.saturating_sub(self.ready.len());
+        let mut writes = std::mem::take(&mut self.returning);
+        writes.extend(self.ready.drain(..).filter_map(given_back));
+        writes
+    }
+
     /// Gives back every row taken ahead and not started (the dispatcher is stopping), once
     /// the writes are made.
     async fn give_back_ready(&mut self) {
@@ -503,9 +512,7 @@ impl<'a> Pump<'a> {
         let Some(handle) = self.dispatcher.client.inner.settings.ledger.as_ref() else {
             return;
         };
-        self.pass.due = self.pass.due.saturating_sub(self.ready.len());
-        let mut writes = std::mem::take(&mut self.returning);
-        writes.extend(self.ready.drain(..).filter_map(given_back));
+        let writes = self.all_given_back();
         futures_util::future::join_all(
             writes
                 .iter()
@@ -581,7 +588,7 @@ impl<'a> Pump<'a> {
         if !queued_only && limit > 0 {
             self.rare_read_at = Some(set_at);
         }
-        let take = self.dispatcher.take_of(handle, limit, queued_only);
+        let take = (limit > 0).then(|| self.dispatcher.take_of(handle, limit, queued_only));
         let ledger = Arc::clone(&handle.ledger);
         Some(Box::pin(async move {
             futures_util::future::join_all(
@@ -590,13 +597,13 @@ impl<'a> Pump<'a> {
                     .map(|finish| give_back_now(&*ledger, finish)),
             )
             .await;
+            let (taken, owner) = match take {
+                Some(take) => (ledger.take_due(&take).await, take.owner),
+                None => (Ok(Vec::new()), String::new()),
+            };
             Took {
-                taken: if limit == 0 {
-                    Ok(Vec::new())
-                } else {
-                    ledger.take_due(&take).await
-                },
-                owner: take.owner,
+                taken,
+                owner,
                 asked: limit,
                 set_at,
                 queued_only,
@@ -673,12 +680,9 @@ impl Drop for Pump<'_> {
     /// A pass dropped half-way gives back the rows it took ahead, as a dropped send gives
     /// back its own.
     fn drop(&mut self) {
+        let writes = self.all_given_back();
         if let Some(handle) = self.dispatcher.client.inner.settings.ledger.as_ref() {
-            let returning = std::mem::take(&mut self.returning);
-            for finish in returning
-                .into_iter()
-                .chain(self.ready.drain(..).filter_map(given_back))
-            {
+            for finish in writes {
                 give_back(handle, finish);
             }
         }
