@@ -181,7 +181,7 @@ pub const STEPS: &[Step] = &[
         // every enqueue. SQLite's enqueue is prepared on the caller's connection already.
         columns: &[],
         statements: |dialect| match dialect {
-            Dialect::Postgres => vec![POSTGRES_ENQUEUE_FUNCTION.to_owned()],
+            Dialect::Postgres => vec![postgres_enqueue_function()],
             Dialect::Sqlite => Vec::new(),
         },
         redact_urls: false,
@@ -197,25 +197,29 @@ pub const QUEUED_CHANNEL: &str = "idempotent_retry_queued";
 /// returns the key, or NULL when the key had a row. Arguments: key, scope, fingerprint, the
 /// delay before it is due and the delay plus its retention (milliseconds), method, URL,
 /// headers (JSON), body.
-pub const POSTGRES_ENQUEUE_FUNCTION: &str = "CREATE OR REPLACE FUNCTION idempotent_retry_enqueue(\
-     p_key TEXT, p_scope TEXT, p_fingerprint TEXT, p_delay BIGINT, p_kept BIGINT, \
-     p_method TEXT, p_url TEXT, p_headers TEXT, p_body BYTEA) RETURNS TEXT \
-     LANGUAGE plpgsql AS $enqueue$ \
-     DECLARE \
-       present BIGINT := floor(extract(epoch FROM statement_timestamp()) * 1000)::BIGINT; \
-       inserted TEXT; \
-     BEGIN \
-       INSERT INTO idempotent_operations (key, scope, fingerprint, status, attempts, \
-         first_attempt_at, expires_at, method, url, queued_at, not_before, request_headers, \
-         request_body) \
-       VALUES (p_key, p_scope, p_fingerprint, 'queued', 0, present, present + p_kept, \
-         p_method, p_url, present, present + p_delay, p_headers, p_body) \
-       ON CONFLICT (key) DO NOTHING RETURNING key INTO inserted; \
-       IF inserted IS NOT NULL THEN \
-         PERFORM pg_notify('idempotent_retry_queued', inserted); \
-       END IF; \
-       RETURN inserted; \
-     END $enqueue$";
+pub fn postgres_enqueue_function() -> String {
+    format!(
+        "CREATE OR REPLACE FUNCTION idempotent_retry_enqueue(\
+         p_key TEXT, p_scope TEXT, p_fingerprint TEXT, p_delay BIGINT, p_kept BIGINT, \
+         p_method TEXT, p_url TEXT, p_headers TEXT, p_body BYTEA) RETURNS TEXT \
+         LANGUAGE plpgsql AS $enqueue$ \
+         DECLARE \
+           present BIGINT := floor(extract(epoch FROM statement_timestamp()) * 1000)::BIGINT; \
+           inserted TEXT; \
+         BEGIN \
+           INSERT INTO {TABLE} (key, scope, fingerprint, status, attempts, \
+             first_attempt_at, expires_at, method, url, queued_at, not_before, \
+             request_headers, request_body) \
+           VALUES (p_key, p_scope, p_fingerprint, 'queued', 0, present, present + p_kept, \
+             p_method, p_url, present, present + p_delay, p_headers, p_body) \
+           ON CONFLICT (key) DO NOTHING RETURNING key INTO inserted; \
+           IF inserted IS NOT NULL THEN \
+             PERFORM pg_notify('{QUEUED_CHANNEL}', inserted); \
+           END IF; \
+           RETURN inserted; \
+         END $enqueue$"
+    )
+}
 
 /// The condition of SQLite's expiry and status indexes (from version 6): every row but the
 /// queued ones. A statement that reads through either repeats it, word for word.

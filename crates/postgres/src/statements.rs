@@ -217,7 +217,7 @@ pub(super) static PURGE: LazyLock<String> = LazyLock::new(|| {
 
 /// An operation queued in the caller's transaction, on the database's clock, and announced
 /// on [`QUEUED_CHANNEL`] (delivered at the transaction's commit): a call of the enqueue
-/// function of schema version 8 (`sql::POSTGRES_ENQUEUE_FUNCTION`), sent with its parameters'
+/// function of schema version 8 (`sql::postgres_enqueue_function`), sent with its parameters'
 /// types (no prepare: one round trip; the insert inside keeps its plan for the session).
 /// Parameters: key, scope, fingerprint, the delay before it is due and the delay plus its
 /// retention (milliseconds, held below a century by the caller, so the sums stay in BIGINT),
