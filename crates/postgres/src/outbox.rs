@@ -54,7 +54,7 @@ pub async fn enqueue(
         (&operation.body, Type::BYTEA),
     ];
     let inserted = client
-        .query_typed(statements::ENQUEUE.as_str(), &params)
+        .query_typed(statements::ENQUEUE, &params)
         .await
         .map_err(|err| database(err, what))?
         .pop();
@@ -74,7 +74,7 @@ pub async fn enqueue(
 /// method, URL, [`EnqueueParams::headers`] and body; a row back means it was inserted.
 #[must_use]
 pub fn enqueue_statement() -> &'static str {
-    statements::ENQUEUE.as_str()
+    statements::ENQUEUE
 }
 
 /// The statement that reads the fingerprint and status of a key's row (`$1`), after an

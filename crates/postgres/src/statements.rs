@@ -223,11 +223,9 @@ pub(super) static PURGE: LazyLock<String> = LazyLock::new(|| {
 /// retention (milliseconds, held below a century by the caller, so the sums stay in BIGINT),
 /// method, URL, headers (JSON), body. Returns the key when the row was inserted, nothing when
 /// the key had one.
-pub(super) static ENQUEUE: LazyLock<String> = LazyLock::new(|| {
-    "SELECT queued FROM idempotent_retry_enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9) AS queued \
-     WHERE queued IS NOT NULL"
-        .to_owned()
-});
+pub(super) const ENQUEUE: &str = "SELECT queued FROM \
+     idempotent_retry_enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9) AS queued \
+     WHERE queued IS NOT NULL";
 
 pub use idempotent_retry_ledger::sql::QUEUED_CHANNEL;
 
