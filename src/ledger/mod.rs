@@ -46,7 +46,7 @@ pub use options::{LeaseHeldPolicy, LedgerOptions};
 pub use seal::{InvalidSealKey, SealKey};
 
 pub(crate) use bounded::Bounded;
-pub(crate) use renewal::{kept, wait_unless_lost};
+pub(crate) use renewal::{kept, renew_every, wait_unless_lost};
 pub(crate) use session::{
     Begin, HeldRow, LedgerHandle, LedgerRun, Operation, can_replay, claim, resume,
 };

@@ -30,6 +30,12 @@ pub(crate) fn real_now() -> Instant {
     crate::time::TokioClock::new().now()
 }
 
+/// How long after it was set a lease is renewed: a third of its length, never more often
+/// than every millisecond however short it is.
+pub(crate) fn renew_every(lease: Duration) -> Duration {
+    (lease / 3).max(Duration::from_millis(1))
+}
+
 /// What the keeper and the run share of one lease.
 #[derive(Debug)]
 pub(crate) struct LeaseKeeper {
@@ -101,8 +107,7 @@ impl LeaseKeeper {
         if self.lease.is_zero() {
             return std::future::pending().await;
         }
-        // Never more often than every millisecond, however short the lease.
-        let every = (self.lease / 3).max(Duration::from_millis(1));
+        let every = renew_every(self.lease);
         let retry_every = (self.lease / 10).max(Duration::from_millis(1));
         loop {
             // A lease too long for the clock (`Duration::MAX`) never needs renewing.

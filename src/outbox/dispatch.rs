@@ -470,7 +470,7 @@ impl<'a> Pump<'a> {
         {
             let waited = crate::time::Clock::now(&crate::time::TokioClock::new())
                 .saturating_duration_since(ready.set_at);
-            if !lease.is_zero() && waited >= lease / 3 {
+            if !lease.is_zero() && waited >= crate::ledger::renew_every(lease) {
                 self.pass.due = self.pass.due.saturating_sub(1);
                 self.returning.extend(given_back(ready));
                 self.more = true;
