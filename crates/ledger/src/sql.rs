@@ -192,6 +192,10 @@ pub const STEPS: &[Step] = &[
 /// the payload), for dispatchers that `LISTEN` (PostgreSQL).
 pub const QUEUED_CHANNEL: &str = "idempotent_retry_queued";
 
+/// The database's present in PostgreSQL, in milliseconds since the epoch: the statement's
+/// start, so every time one statement writes is the same instant.
+pub const POSTGRES_NOW: &str = "floor(extract(epoch FROM statement_timestamp()) * 1000)::BIGINT";
+
 /// PostgreSQL's enqueue (schema version 8): inserts a queued row on the database's clock and,
 /// when it was inserted, announces its key on [`QUEUED_CHANNEL`] (delivered at the commit);
 /// returns the key, or NULL when the key had a row. Arguments: key, scope, fingerprint, the
@@ -204,7 +208,7 @@ pub fn postgres_enqueue_function() -> String {
          p_method TEXT, p_url TEXT, p_headers TEXT, p_body BYTEA) RETURNS TEXT \
          LANGUAGE plpgsql AS $enqueue$ \
          DECLARE \
-           present BIGINT := floor(extract(epoch FROM statement_timestamp()) * 1000)::BIGINT; \
+           present BIGINT := {POSTGRES_NOW}; \
            inserted TEXT; \
          BEGIN \
            INSERT INTO {TABLE} (key, scope, fingerprint, status, attempts, \

@@ -7,7 +7,7 @@ use idempotent_retry_ledger::sql::{COLUMN_COUNT, COLUMNS, TABLE};
 
 /// The database's present in milliseconds since the epoch: the start of the statement, so
 /// every time one statement writes is the same instant.
-const DB_NOW: &str = "floor(extract(epoch FROM statement_timestamp()) * 1000)::BIGINT";
+const DB_NOW: &str = idempotent_retry_ledger::sql::POSTGRES_NOW;
 
 /// A statement's present: the parameter `base` when it is set (a ledger on the caller's clock
 /// sends the caller's `now`), else the database's own ([`DB_NOW`]).
